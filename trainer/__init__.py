@@ -1,0 +1,1 @@
+"""Elastic PyTorch trainer: ``python -m trainer --help`` (launched by torchrun)."""
