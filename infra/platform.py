@@ -38,6 +38,11 @@ class Fabric:
     # Sidecar containers (Kubernetes Container dicts) run as native sidecars (init containers with
     # restartPolicy Always), e.g. the TCPX receive-datapath manager.
     sidecars: Sequence[Mapping[str, Any]] = ()
+    # Extra pod networks on GKE multi-networking: one per fabric NIC, each
+    # {"name": <Network object name>, "vpc": Output[str], "subnet": Output[str],
+    #  "deviceMode": "NetDevice" | "RDMA"}; the k8s layer creates GKENetworkParamSet + Network
+    # objects from these, and `annotations` refers to them by name. Empty on AWS.
+    networks: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,7 +128,9 @@ class ClusterPlatform:
     vpc_cidr: str
     pod_cidr: str
     storage_class: StorageClassSpec
-    identities: Mapping[str, WorkloadIdentity]  # keys: "trainer", "cache", "mlflow"
+    # Keys: "cache", "mlflow", and "trainer/<team>" for each team (each team's trainer may read the
+    # datasets bucket and read/write only <checkpoints bucket>/<team>/).
+    identities: Mapping[str, WorkloadIdentity]
     registry: Registry
     internal_lb_annotations: Mapping[str, str]  # Service annotations for an internal load balancer
     # Resources that must exist before workloads are deployed (node groups, add-ons, access entries).

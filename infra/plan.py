@@ -1,0 +1,216 @@
+"""Offline plan: run the real Pulumi program under mocks, with no CLI and no cloud.
+
+Usage:
+    python -m infra.plan --stack aws-dev                 # reads stacks/Pulumi.aws-dev.yaml
+    python -m infra.plan --stack-file path/Pulumi.x.yaml # check any settings file before committing it
+    python -m infra.plan --stack gcp-prod --out build/plan --quiet
+
+Writes `OUT/<stack>.json`:
+    {"project", "stack", "resources": [{"urn", "type", "name", "parent", "inputs"}], "outputs": {...}}
+with the engine's camelCase inputs and every secret replaced by "[secret]", and every Kubernetes
+object as YAML under `OUT/<stack>/k8s/`. Prints resources by type and the stack outputs. A bad
+configuration prints the error (every bad key) and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import runpy
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra import config as stack_config
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAM = ROOT / "infra" / "__main__.py"
+SECRET = "[secret]"
+# The engine marks secret values with this signature key (see pulumi.runtime.rpc).
+_SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+_SIG_KEY = "4dabf18193072939515e22adb298388d"
+
+
+def stack_file_for(name: str) -> Path:
+    return ROOT / "stacks" / f"Pulumi.{name}.yaml"
+
+
+def read_stack_file(path: Path) -> tuple[str, dict[str, Any]]:
+    """Return (stack name, raw config) from a `Pulumi.<stack>.yaml` settings file."""
+    match = re.fullmatch(r"Pulumi\.(.+)\.yaml", path.name)
+    if not match:
+        raise stack_config.ConfigError([f"{path}: a stack settings file must be named Pulumi.<stack>.yaml"])
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise stack_config.ConfigError([f"{path}: no such stack settings file"]) from None
+    except yaml.YAMLError as exc:
+        raise stack_config.ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+    raw = doc.get("config")
+    if not isinstance(raw, dict):
+        raise stack_config.ConfigError([f"{path}: must have a top-level 'config:' mapping"])
+    return match.group(1), raw
+
+
+def redact(value: Any) -> Any:
+    """Replace engine-marked secrets (at any depth) by a fixed marker."""
+    if isinstance(value, dict):
+        if value.get(_SIG_KEY) == _SECRET_SIG:
+            return SECRET
+        return {k: redact(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v) for v in value]
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """Make mock state JSON-friendly: whole floats back to ints, unknowns to None."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+def run_program(stack: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """Validate settings, run infra/__main__.py under mocks and return the plan document."""
+    import pulumi
+    from pulumi.runtime import mocks as runtime_mocks
+    from pulumi.runtime import settings as runtime_settings
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    from infra.mocks import MockContext, PlanMocks
+
+    cfg = stack_config.parse(raw, stack)  # fails here, before any resource, on a bad value
+    ctx = MockContext(region=cfg.region, project=cfg.project or "acme-ml")
+
+    records: dict[str, dict[str, Any]] = {}
+
+    class RecordingMonitor(runtime_mocks.MockMonitor):
+        """Keeps each resource's inputs and parent, which the stock mock monitor drops."""
+
+        def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+            response = super().RegisterResource(request)
+            if request.type != "pulumi:pulumi:Stack":
+                from pulumi.runtime import rpc
+
+                inputs = rpc.deserialize_properties(request.object)
+                records[response.urn] = {
+                    "urn": response.urn,
+                    "type": request.type,
+                    "name": request.name,
+                    "parent": request.parent or None,
+                    "inputs": _plain(redact(inputs)),
+                }
+            return response
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()})
+    mocks = PlanMocks(ctx)
+    pulumi.runtime.set_mocks(mocks, project=stack_config.PROJECT, stack=stack, preview=False,
+                             monitor=RecordingMonitor(mocks))
+
+    _sync_await(run_pulumi_func(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
+
+    outputs: dict[str, Any] = {}
+    root = runtime_settings.get_root_resource()
+    for name, value in sorted(root.outputs.items()):
+        out = pulumi.Output.from_input(value)
+        resolved = _sync_await(out.future())
+        outputs[name] = SECRET if _sync_await(out.is_secret()) else _plain(redact(resolved))
+    loop.close()
+    return {
+        "project": stack_config.PROJECT,
+        "stack": stack,
+        "resources": list(records.values()),
+        "outputs": outputs,
+    }
+
+
+def kubernetes_objects(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every typed Kubernetes object in the plan (Helm releases and providers excluded)."""
+    objects = []
+    for res in plan["resources"]:
+        typ = res["type"]
+        if not typ.startswith("kubernetes:") or typ.startswith(("kubernetes:helm", "pulumi:providers")):
+            continue
+        inputs = res["inputs"]
+        if "apiVersion" not in inputs or "kind" not in inputs:
+            continue
+        obj = {k: v for k, v in inputs.items() if v not in (None, {}, [])}
+        objects.append(obj)
+    return objects
+
+
+def write_plan(plan: dict[str, Any], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    stack = plan["stack"]
+    path = out / f"{stack}.json"
+    path.write_text(json.dumps(plan, indent=2, sort_keys=True))
+    k8s_dir = out / stack / "k8s"
+    if k8s_dir.exists():
+        for old in k8s_dir.glob("*.yaml"):
+            old.unlink()
+    k8s_dir.mkdir(parents=True, exist_ok=True)
+    for obj in kubernetes_objects(plan):
+        meta = obj.get("metadata") or {}
+        ns = meta.get("namespace") or "cluster"
+        fname = f"{ns}--{obj['kind']}--{meta.get('name', 'unnamed')}.yaml".lower()
+        (k8s_dir / re.sub(r"[^a-z0-9.\-]+", "-", fname)).write_text(yaml.safe_dump(obj, sort_keys=False))
+    return path
+
+
+def summary(plan: dict[str, Any]) -> str:
+    counts = Counter(r["type"] for r in plan["resources"])
+    lines = [f"Plan for stack {plan['stack']}: {len(plan['resources'])} resources"]
+    width = max((len(t) for t in counts), default=10)
+    for typ, n in sorted(counts.items()):
+        lines.append(f"  {typ:<{width}}  {n:>4}")
+    lines.append("Outputs:")
+    for name, value in plan["outputs"].items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        lines.append(f"  {name}: {text if len(text) < 120 else text[:117] + '...'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__.split("\n\n")[0])
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--stack", help="stack name: reads stacks/Pulumi.<stack>.yaml")
+    which.add_argument("--stack-file", type=Path, help="any stack settings file named Pulumi.<stack>.yaml")
+    parser.add_argument("--out", type=Path, default=Path("build/plan"), help="output directory")
+    parser.add_argument("--quiet", action="store_true", help="print only the output path")
+    args = parser.parse_args(argv)
+
+    path = args.stack_file or stack_file_for(args.stack)
+    started = time.perf_counter()
+    try:
+        stack, raw = read_stack_file(path)
+        plan = run_program(stack, raw)
+    except stack_config.ConfigError as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 2
+    written = write_plan(plan, args.out)
+    if not args.quiet:
+        print(summary(plan))
+        print(f"Kubernetes objects: {len(kubernetes_objects(plan))} (YAML in {args.out / plan['stack'] / 'k8s'})")
+        print(f"Planned in {time.perf_counter() - started:.1f} s -> {written}")
+    else:
+        print(written)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
