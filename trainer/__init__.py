@@ -1,1 +1,1 @@
-"""Elastic PyTorch trainer: ``python -m trainer --help`` (launched by torchrun)."""
+"""gpt-train's elastic PyTorch trainer: `python -m trainer --help` (or under torchrun, see docs/trainer.md)."""

@@ -1,0 +1,375 @@
+"""Trainer configuration: one tree of frozen dataclasses, named presets, YAML files and dotted overrides.
+
+Usage:
+    from trainer.config import build_config
+    cfg = build_config("tiny", config_file=None, overrides=["train.steps=50", "model.norm=rmsnorm"])
+    cfg.train.steps            # 50
+    flatten(cfg)               # {"model.n_layer": 2, ...} for MLflow params
+
+Every key has one type. An override naming a key that does not exist, or a value that does not parse as the
+key's type, raises ConfigError naming the key; the command line turns that into exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type, or inconsistent with another one."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    n_layer: int = 2  # transformer blocks
+    n_head: int = 4  # attention heads per block
+    d_model: int = 64  # residual stream width
+    context: int = 64  # tokens per sequence (T)
+    vocab_size: int = 264  # must be >= the dataset's vocab_size (manifest)
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    pos: Literal["learned", "rope"] = "learned"
+    dropout: float = 0.0
+    mlp_ratio: int = 4  # hidden width of the MLP = mlp_ratio * d_model
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    steps: int = 200  # optimizer steps
+    global_batch_tokens: int = 4096  # tokens per optimizer step over all workers, constant under elasticity
+    micro_batch_size: int = 8  # sequences per forward/backward on one worker
+    lr: float = 3e-3  # peak learning rate after warmup
+    min_lr: float = 3e-4  # floor of the cosine decay
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    seed: int = 1234
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = False  # torch.compile the model
+    activation_checkpointing: bool = False  # recompute each block in backward to save memory
+    deterministic: bool = True  # torch.use_deterministic_algorithms (warn-only on CUDA kernels without one)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    uri: str = "synthetic"  # dataset manifest URI (file://, s3://, gs://) or "synthetic"
+    endpoint_url: str = ""  # S3-compatible endpoint override; "" = env TRAINER_S3_ENDPOINT_URL or AWS default
+    cache_dir: str = ""  # local shard cache; "" = RUN_DIR/cache
+    cache_max_bytes: int = 20 * 2**30
+    prefetch_shards: int = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    local_dir: str = ""  # "" = RUN_DIR/checkpoints
+    remote_uri: str = ""  # "" = no upload; s3://, gs://, file://
+    every_steps: int = 50  # 0 = only at the end and on SIGTERM
+    keep: int = 3  # newest checkpoints kept locally and remotely
+    async_save: bool = True  # write in the background while training continues
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsConfig:
+    port: int = 0  # Prometheus port of local rank 0 (each worker binds port + LOCAL_RANK); 0 = off
+    log_every: int = 10  # steps between console/JSONL metric lines
+    batch_hash: bool = False  # log a hash of each global batch's window indices (elasticity checks)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackingConfig:
+    enabled: bool = True
+    uri: str = ""  # "" = env MLFLOW_TRACKING_URI, else an embedded local store under runs/
+    experiment: str = "gpu-train"
+    register_name: str = ""  # "" = don't register the final model
+    log_every: int = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+# ---------------------------------------------------------------------------------------------- presets
+# Real presets use GPT-2's vocabulary padded to a multiple of 64 (50257 -> 50304), which keeps the embedding
+# and output matmuls on tensor-core friendly shapes (https://github.com/karpathy/nanoGPT, model.py).
+GPT2_VOCAB = 50304
+
+
+def tiny() -> Config:
+    """Seconds on a CPU; byte-level vocabulary that covers `python -m trainer.data synth` output."""
+    return Config()
+
+
+def gpt2_124m() -> Config:
+    """GPT-2 small shape (12 x 768, 12 heads, 1024 context): ~124M parameters with tied embeddings."""
+    return Config(
+        model=ModelConfig(n_layer=12, n_head=12, d_model=768, context=1024, vocab_size=GPT2_VOCAB),
+        train=TrainConfig(
+            steps=5000, global_batch_tokens=524288, micro_batch_size=16, lr=6e-4, min_lr=6e-5,
+            warmup_steps=200,
+        ),
+        checkpoint=CheckpointConfig(every_steps=500),
+    )
+
+
+def gpt2_350m() -> Config:
+    """GPT-2 medium shape (24 x 1024, 16 heads, 1024 context): ~350M parameters."""
+    return Config(
+        model=ModelConfig(n_layer=24, n_head=16, d_model=1024, context=1024, vocab_size=GPT2_VOCAB),
+        train=TrainConfig(
+            steps=10000, global_batch_tokens=524288, micro_batch_size=8, lr=3e-4, min_lr=3e-5,
+            warmup_steps=500,
+        ),
+        checkpoint=CheckpointConfig(every_steps=500),
+    )
+
+
+def one_b() -> Config:
+    """~1.1B parameters (20 x 2048, 16 heads, 2048 context), RMSNorm + RoPE."""
+    return Config(
+        model=ModelConfig(
+            n_layer=20, n_head=16, d_model=2048, context=2048, vocab_size=GPT2_VOCAB, norm="rmsnorm", pos="rope"
+        ),
+        train=TrainConfig(
+            steps=20000, global_batch_tokens=1048576, micro_batch_size=4, lr=3e-4, min_lr=3e-5,
+            warmup_steps=1000, activation_checkpointing=True,
+        ),
+        checkpoint=CheckpointConfig(every_steps=500),
+    )
+
+
+def seven_b() -> Config:
+    """~6.6B parameters (32 x 4096, 32 heads, 4096 context), sharded with FSDP2."""
+    return Config(
+        model=ModelConfig(
+            n_layer=32, n_head=32, d_model=4096, context=4096, vocab_size=GPT2_VOCAB, norm="rmsnorm", pos="rope"
+        ),
+        train=TrainConfig(
+            steps=50000, global_batch_tokens=4194304, micro_batch_size=1, lr=1.5e-4, min_lr=1.5e-5,
+            warmup_steps=2000, parallel="fsdp", activation_checkpointing=True,
+        ),
+        checkpoint=CheckpointConfig(every_steps=250),
+    )
+
+
+PRESETS: dict[str, Callable[[], Config]] = {
+    "tiny": tiny,
+    "gpt2-124m": gpt2_124m,
+    "gpt2-350m": gpt2_350m,
+    "1b": one_b,
+    "7b": seven_b,
+}
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Convert a YAML or command-line value to the key's declared type, or raise ConfigError naming the key."""
+    origin = typing.get_origin(typ)
+    if origin is Literal:
+        choices = typing.get_args(typ)
+        if value not in choices:
+            raise ConfigError(f"{key}: must be one of {', '.join(map(str, choices))} (got {value!r})")
+        return value
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise ConfigError(f"{key}: expected a boolean (true/false), got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {typ}")
+
+
+def _apply(cfg: Config, key: str, raw: Any) -> Config:
+    parts = key.split(".")
+    if len(parts) != 2:
+        raise ConfigError(f"{key}: keys are section.name, e.g. train.steps (sections: {', '.join(_sections())})")
+    section, name = parts
+    if section not in _sections():
+        raise ConfigError(f"{key}: unknown section {section!r} (sections: {', '.join(_sections())})")
+    sub = getattr(cfg, section)
+    types_ = _field_types(type(sub))
+    if name not in types_:
+        raise ConfigError(f"{key}: unknown key (keys in {section}: {', '.join(types_)})")
+    value = _coerce(key, raw, types_[name])
+    return replace(cfg, **{section: replace(sub, **{name: value})})
+
+
+def _sections() -> list[str]:
+    return [f.name for f in fields(Config)]
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected section.key=value")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: top level must be a mapping of sections")
+    flat: dict[str, Any] = {}
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"--config {path}: section {section!r} must be a mapping")
+        for name, value in values.items():
+            flat[f"{section}.{name}"] = value
+    return flat
+
+
+def build_config(
+    preset: str = "tiny", config_file: Path | None = None, overrides: Iterable[str] = ()
+) -> Config:
+    """Preset, then the YAML file, then command-line overrides (last wins); validated as a whole."""
+    if preset not in PRESETS:
+        raise ConfigError(f"--preset: unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    cfg = PRESETS[preset]()
+    if config_file is not None:
+        for key, value in load_yaml(config_file).items():
+            cfg = _apply(cfg, key, value)
+    for text in overrides:
+        key, value = parse_override(text)
+        cfg = _apply(cfg, key, value)
+    if not cfg.metrics.port and os.environ.get("TRAINER_METRICS_PORT"):
+        cfg = _apply(cfg, "metrics.port", os.environ["TRAINER_METRICS_PORT"])
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    m, t = cfg.model, cfg.train
+    positive = {
+        "model.n_layer": m.n_layer, "model.n_head": m.n_head, "model.d_model": m.d_model,
+        "model.context": m.context, "model.vocab_size": m.vocab_size, "model.mlp_ratio": m.mlp_ratio,
+        "train.steps": t.steps, "train.global_batch_tokens": t.global_batch_tokens,
+        "train.micro_batch_size": t.micro_batch_size, "checkpoint.keep": cfg.checkpoint.keep,
+        "metrics.log_every": cfg.metrics.log_every, "tracking.log_every": cfg.tracking.log_every,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0 (got {value})")
+    non_negative = {
+        "train.warmup_steps": t.warmup_steps, "train.grad_clip": t.grad_clip, "train.lr": t.lr,
+        "train.min_lr": t.min_lr, "train.weight_decay": t.weight_decay,
+        "checkpoint.every_steps": cfg.checkpoint.every_steps, "metrics.port": cfg.metrics.port,
+        "data.prefetch_shards": cfg.data.prefetch_shards,
+    }
+    for key, value in non_negative.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0 (got {value})")
+    if m.d_model % m.n_head:
+        raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
+    if m.pos == "rope" and (m.d_model // m.n_head) % 2:
+        raise ConfigError(f"model.pos=rope needs an even head size (model.d_model / model.n_head = "
+                          f"{m.d_model // m.n_head})")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout must be in [0, 1) (got {m.dropout})")
+    if t.min_lr > t.lr:
+        raise ConfigError(f"train.min_lr ({t.min_lr}) must be <= train.lr ({t.lr})")
+    if t.global_batch_tokens % m.context:
+        raise ConfigError(
+            f"train.global_batch_tokens ({t.global_batch_tokens}) must be a multiple of model.context "
+            f"({m.context})"
+        )
+
+
+def batch_layout(cfg: Config, world_size: int) -> tuple[int, int]:
+    """(global batch in sequences, micro batches per rank per step) for this world size.
+
+    The global batch is fixed by the config; the number of accumulation steps absorbs the world size.
+    """
+    sequences = cfg.train.global_batch_tokens // cfg.model.context
+    per_step = world_size * cfg.train.micro_batch_size
+    if sequences % per_step:
+        raise ConfigError(
+            f"train.global_batch_tokens / model.context = {sequences} sequences is not divisible by "
+            f"world size ({world_size}) x train.micro_batch_size ({cfg.train.micro_batch_size}) = {per_step}; "
+            "change train.global_batch_tokens or train.micro_batch_size"
+        )
+    return sequences, sequences // per_step
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config from to_dict() output (e.g. a checkpoint's resolved config)."""
+    cfg = Config()
+    for section, values in data.items():
+        for name, value in values.items():
+            cfg = _apply(cfg, f"{section}.{name}", value)
+    return cfg
+
+
+def flatten(cfg: Config) -> dict[str, Any]:
+    return {f"{s}.{k}": v for s, sub in to_dict(cfg).items() for k, v in sub.items()}
+
+
+def reference() -> list[tuple[str, str, Any]]:
+    """(key, type, default) for every key, for --help and the docs."""
+    rows = []
+    for sec in fields(Config):
+        sub = getattr(Config(), sec.name)
+        for name, typ in _field_types(type(sub)).items():
+            tname = "|".join(typing.get_args(typ)) if typing.get_origin(typ) is Literal else typ.__name__
+            rows.append((f"{sec.name}.{name}", tname, getattr(sub, name)))
+    return rows

@@ -1,0 +1,68 @@
+"""Model FLOPs per token, GPU peak throughput and MFU.
+
+Usage:
+    from trainer.flops import flops_per_token, gpu_peak_flops, mfu
+    f = flops_per_token(non_embedding_params, n_layer, n_head, head_dim, context)
+    peak = gpu_peak_flops("NVIDIA H100 80GB HBM3")        # 989.4e12, or None when unknown / CPU
+    mfu(tokens_per_s, f, peak, world_size)               # ratio in [0, 1], or None
+
+FLOPs per token follow the PaLM paper's accounting (https://arxiv.org/abs/2204.02311, appendix B):
+6N for the forward and backward matmuls over the N non-embedding parameters, plus 12 * L * H * Q * T for
+attention scores and values (L layers, H heads, head size Q, context T). MFU ignores activation recomputation.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Dense (no sparsity) BF16 tensor-core peaks in FLOP/s, per GPU, from the vendors' datasheets:
+#  H100 SXM / PCIe, H200: https://www.nvidia.com/en-us/data-center/h100/ , /h200/  (989.4 / 756 / 989.4 TFLOPS;
+#    the datasheets print 2x these "with sparsity")
+#  A100: https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf (312)
+#  B200: https://www.nvidia.com/en-us/data-center/dgx-b200/ (72 PFLOPS FP8 sparse per 8 GPUs -> 2.25 PF BF16 dense)
+#  L4: https://www.nvidia.com/en-us/data-center/l4/ (242 sparse -> 121)
+#  L40S: https://www.nvidia.com/en-us/data-center/l40s/ (733 sparse -> 362)
+#  A10G (AWS g5): https://d1.awsstatic.com/product-marketing/ec2/NVIDIA_AWS_A10G_DataSheet_FINAL_02_17_2022.pdf (125)
+#  V100 has no BF16 tensor cores; its FP16 figure (125) is listed because autocast falls back to it there.
+# Keys are matched as substrings of torch.cuda.get_device_name(), most specific first.
+GPU_PEAK_BF16: tuple[tuple[str, float], ...] = (
+    ("GB200", 2500e12),
+    ("B200", 2250e12),
+    ("H200", 989.4e12),
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989.4e12),  # SXM (HBM3) parts report e.g. "NVIDIA H100 80GB HBM3"
+    ("H800", 989.4e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10G", 125e12),
+    ("A10", 125e12),
+    ("V100", 125e12),
+)
+
+
+def gpu_peak_flops(device_name: str | None) -> float | None:
+    """Dense BF16 peak FLOP/s for a CUDA device name, None for CPUs and unknown devices."""
+    if not device_name:
+        return None
+    for key, peak in GPU_PEAK_BF16:
+        if key.lower() in device_name.lower():
+            return peak
+    return None
+
+
+def flops_per_token(non_embedding_params: int, n_layer: int, n_head: int, head_dim: int, context: int) -> int:
+    return 6 * non_embedding_params + 12 * n_layer * n_head * head_dim * context
+
+
+def mfu(tokens_per_s: float, flops_token: float, peak_per_gpu: float | None, world_size: int) -> float | None:
+    """Model FLOPs utilisation in [0, 1] over all GPUs of the job; None when the peak is unknown."""
+    if peak_per_gpu is None or peak_per_gpu <= 0 or world_size <= 0 or not math.isfinite(tokens_per_s):
+        return None
+    return tokens_per_s * flops_token / (peak_per_gpu * world_size)
+
+
+def format_mfu(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"

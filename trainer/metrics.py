@@ -1,0 +1,145 @@
+"""Training metrics: a Prometheus endpoint per worker, a JSONL log and the loss-curve plot.
+
+Usage:
+    m = TrainerMetrics(port=9100 + local_rank)      # port 0: no HTTP endpoint, metrics still kept
+    m.observe_step(step=..., loss=..., tokens=..., step_s=..., data_wait_s=..., fwd_bwd_s=..., optim_s=...,
+                   ckpt_block_s=..., tokens_per_s=..., mfu=None)
+    m.observe_checkpoint(duration_s, finished_unix)
+    log = JsonlLog(run_dir / "metrics.jsonl"); log.write({"step": 1, "loss": 5.5})
+    plot_loss(run_dir / "metrics.jsonl", run_dir / "loss.png")
+
+The metric names are fixed (dashboards and alerts use them) and carry no labels; Prometheus adds job/pod/instance,
+and each rank is a separate endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# Step phases of a tiny CPU model take milliseconds, a 7B step on GPUs seconds to a minute.
+_STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class TrainerMetrics:
+    def __init__(self, port: int = 0) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.step = Gauge("trainer_step", "Last completed optimizer step", registry=r)
+        self.loss = Gauge("trainer_loss", "Training loss of the last step (mean over the global batch)", registry=r)
+        self.tokens_per_second = Gauge(
+            "trainer_tokens_per_second", "Global training throughput in tokens per second", registry=r
+        )
+        self.mfu = Gauge("trainer_mfu", "Model FLOPs utilisation (0..1); NaN where the GPU peak is unknown",
+                         registry=r)
+        # prometheus_client appends _total to counters itself.
+        self.tokens = Counter("trainer_tokens", "Tokens trained on since this process started (global)",
+                              registry=r)
+        self.step_seconds = Histogram("trainer_step_seconds", "Wall time of one optimizer step",
+                                      buckets=_STEP_BUCKETS, registry=r)
+        self.data_wait = Histogram("trainer_data_wait_seconds", "Time per step spent waiting for input batches",
+                                   buckets=_STEP_BUCKETS, registry=r)
+        self.fwd_bwd = Histogram("trainer_forward_backward_seconds", "Forward + backward time per step",
+                                 buckets=_STEP_BUCKETS, registry=r)
+        self.optimizer = Histogram("trainer_optimizer_seconds", "Gradient clipping + optimizer step time",
+                                   buckets=_STEP_BUCKETS, registry=r)
+        self.ckpt_blocking = Histogram(
+            "trainer_checkpoint_blocking_seconds", "Time training was blocked by a checkpoint save",
+            buckets=_STEP_BUCKETS, registry=r,
+        )
+        self.ckpt_duration = Gauge("trainer_checkpoint_duration_seconds",
+                                   "Duration of the last complete checkpoint save (incl. background write)",
+                                   registry=r)
+        self.ckpt_last_success = Gauge("trainer_checkpoint_last_success_timestamp_seconds",
+                                       "Unix time of the last successful checkpoint", registry=r)
+        self.restarts = Gauge("trainer_restarts_total", "Restarts of the worker group so far (torchrun)",
+                              registry=r)
+        self.last_step_ts = Gauge("trainer_last_step_timestamp_seconds", "Unix time of the last completed step",
+                                  registry=r)
+        self.mfu.set(math.nan)
+        self.server = None
+        if port:
+            self.server, _thread = start_http_server(port, registry=r)
+
+    def observe_step(
+        self, *, step: int, loss: float, tokens: int, step_s: float, data_wait_s: float, fwd_bwd_s: float,
+        optim_s: float, ckpt_block_s: float, tokens_per_s: float, mfu: float | None, now: float,
+    ) -> None:
+        self.step.set(step)
+        self.loss.set(loss)
+        self.tokens.inc(tokens)
+        self.step_seconds.observe(step_s)
+        self.data_wait.observe(data_wait_s)
+        self.fwd_bwd.observe(fwd_bwd_s)
+        self.optimizer.observe(optim_s)
+        self.ckpt_blocking.observe(ckpt_block_s)
+        self.tokens_per_second.set(tokens_per_s)
+        self.mfu.set(math.nan if mfu is None else mfu)
+        self.last_step_ts.set(now)
+
+    def observe_checkpoint(self, duration_s: float, finished_unix: float) -> None:
+        self.ckpt_duration.set(duration_s)
+        self.ckpt_last_success.set(finished_unix)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+class JsonlLog:
+    """Append-only JSON lines, flushed per line so a killed run keeps everything up to its last step."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = path.open("a", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSONL log; a line cut short by a kill is ignored."""
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def plot_loss(metrics_path: Path, out_path: Path) -> Path:
+    """Loss against step from metrics.jsonl (the last value per step wins after a resume)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_step: dict[int, float] = {}
+    for rec in read_jsonl(metrics_path):
+        if rec.get("event") == "step" and "loss" in rec:
+            by_step[int(rec["step"])] = float(rec["loss"])
+    steps = sorted(by_step)
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot(steps, [by_step[s] for s in steps], linewidth=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (nats/token)")
+    ax.set_title("Training loss")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    tmp = out_path.with_name(out_path.name + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(out_path)
+    return out_path
