@@ -21,9 +21,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from trainer.data.cache import ShardCache
+    from trainer.data.manifest import Manifest
 
 
 class ShardSource(Protocol):
@@ -54,6 +58,8 @@ class Dataset:
         eot_id: int,
         manifest_sha256: str,
         prefetch_shards: int,
+        manifest: Manifest | None = None,
+        cache: ShardCache | None = None,
     ) -> None:
         if context < 1:
             raise ValueError(f"context must be >= 1 (got {context})")
@@ -64,6 +70,8 @@ class Dataset:
         self.eot_id = eot_id
         self.manifest_sha256 = manifest_sha256
         self.prefetch_shards = prefetch_shards
+        self.manifest = manifest  # None for the in-memory synthetic dataset
+        self.cache = cache
         self._source = source
         self._offsets: list[np.ndarray | None] = []
         counts = []

@@ -170,7 +170,9 @@ class Manifest:
             where = f"shards[{i}]"
             sd = p.obj(raw_shard, where)
             tokens = p.positive(sd, where, "tokens")
-            data = FileRef(p.name(sd, where, "file"), p.positive(sd, where, "bytes"), p.sha(sd, where, "sha256"))
+            data = FileRef(
+                p.name(sd, where, "file"), p.positive(sd, where, "bytes"), p.sha(sd, where, "sha256")
+            )
             if data.bytes != tokens * itemsize:
                 raise ManifestError(
                     f"{uri}: key '{where}.bytes' ({data.bytes}) != tokens ({tokens}) x {itemsize} ({dtype})"

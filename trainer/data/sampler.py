@@ -135,9 +135,7 @@ class GlobalSampler:
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not in a world of size {world}")
         if self.global_batch_size % world:
-            raise ValueError(
-                f"global batch {self.global_batch_size} is not divisible by world size {world}"
-            )
+            raise ValueError(f"global batch {self.global_batch_size} is not divisible by world size {world}")
         per = self.global_batch_size // world
         start = step * self.global_batch_size + rank * per
         if step < 0:
