@@ -291,14 +291,14 @@ class _Sender(threading.Thread):
                         "MLflow tracking queue is full (%d metric points pending): dropping the oldest, "
                         "%d dropped so far", self.options.max_pending_metrics, self.dropped_metrics,
                     )
-            self.cond.notify()
+            self.cond.notify_all()
 
     def put(self, op: _Op) -> None:
         with self.cond:
             if self.closing:
                 return
             self.ops.append(op)
-            self.cond.notify()
+            self.cond.notify_all()
 
     def pending(self) -> int:
         with self.cond:
@@ -337,6 +337,7 @@ class _Sender(threading.Thread):
                 self.in_flight = 0
                 if work == self.terminate_status:
                     self.terminate_status = None
+                self.cond.notify_all()  # wakes flush()
             work = None
             backoff = self.options.initial_backoff_s
         self.first_attempt.set()
@@ -729,6 +730,20 @@ class Tracker:
         lineage = {k: clip(v, 100_000) for k, v in lineage.items() if len(k) <= MAX_KEY}
         self._sender.put(_Op("register", (model_dir, name, lineage)))
 
+    def flush(self, timeout_s: float) -> bool:
+        """Wait at most timeout_s until everything queued so far is sent; True when it was."""
+        sender = self._sender
+        if sender is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        with sender.cond:
+            while sender.is_alive() and (sender.points or sender.ops or sender.in_flight or sender.run_id is None):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                sender.cond.wait(timeout=min(left, 0.5))
+        return sender.pending() == 0 and sender.run_id is not None
+
     def close(self, *, status: str = "FINISHED", timeout_s: float | None = None) -> None:
         """Mark the run `status`, wait at most timeout_s (default options.flush_timeout_s) to send what is
         queued, then give up with a warning. Never raises; calling it twice is harmless."""
@@ -750,7 +765,7 @@ class Tracker:
             left = sender.pending()
             if left:
                 _LOG.warning(
-                    "MLflow tracking: gave up after %.0f s with %d updates not sent to %s (server unreachable)",
+                    "MLflow tracking: gave up after %.1f s with %d updates not sent to %s (server unreachable)",
                     timeout, left, self.tracking_uri,
                 )
             if sender.dropped_metrics:

@@ -1,0 +1,142 @@
+"""Tracker helpers and behaviour that need no server: `.venv/bin/pytest tests/trainer/test_tracking.py -q`.
+
+The embedded SQLite store is exercised for real; the unreachable-server cases point the tracker at a port
+nothing listens on.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from trainer.config import TrackingConfig
+from trainer.tracking import (
+    MAX_PARAM_VALUE,
+    TAG_CHECKPOINT_URI,
+    TAG_IMAGE_DIGEST,
+    Tracker,
+    TrackerOptions,
+    clip,
+    flatten,
+    local_store,
+    resolve_tracking_uri,
+    ui_hint,
+)
+
+FAST = TrackerOptions(start_timeout_s=5, initial_backoff_s=0.05, max_backoff_s=0.2, flush_timeout_s=30)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_uri_precedence_config_then_env_then_local_store(tmp_path):
+    run_dir = tmp_path / "runs" / "exp1"
+    env = {"MLFLOW_TRACKING_URI": "http://mlflow.mlflow.svc.cluster.local:5000"}
+    assert resolve_tracking_uri("https://mlflow.example.org", run_dir, env) == "https://mlflow.example.org"
+    assert resolve_tracking_uri("", run_dir, env) == env["MLFLOW_TRACKING_URI"]
+    local = resolve_tracking_uri("", run_dir, {})
+    assert local == f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    assert local_store(run_dir).artifacts_dir == tmp_path / "runs" / "mlartifacts"
+
+
+def test_bad_uri_names_its_source(tmp_path):
+    with pytest.raises(ValueError, match=r"tracking\.uri 'mlflow\.db'"):
+        resolve_tracking_uri("mlflow.db", tmp_path / "r", {})
+    with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI 'ftp://x'"):
+        resolve_tracking_uri("", tmp_path / "r", {"MLFLOW_TRACKING_URI": "ftp://x"})
+    assert resolve_tracking_uri("postgresql+psycopg2://u@db/mlflow", tmp_path, {}).startswith("postgresql")
+
+
+def test_flatten_and_clip():
+    assert flatten({"train": {"lr": 3e-4, "opt": {"beta": 0.9}}, "seed": 1}) == {
+        "train.lr": 3e-4, "train.opt.beta": 0.9, "seed": 1,
+    }
+    long = "x" * (MAX_PARAM_VALUE + 50)
+    clipped = clip(long, MAX_PARAM_VALUE)
+    assert len(clipped) == MAX_PARAM_VALUE and clipped.endswith("[truncated]")
+    assert clip("short", MAX_PARAM_VALUE) == "short"
+
+
+def test_ui_hint_tells_how_to_open_each_kind_of_store():
+    local = ui_hint("sqlite:////data/runs/mlflow.db", experiment_id="1", run_id="abc")
+    assert "mlflow ui --backend-store-uri sqlite:////data/runs/mlflow.db" in local
+    assert "/data/runs/mlartifacts" in local and "#/experiments/1/runs/abc" in local
+    cluster = ui_hint("http://mlflow.mlflow.svc.cluster.local:5000", experiment_id="2", run_id="r")
+    assert "kubectl -n mlflow port-forward svc/mlflow 5000:5000" in cluster
+    assert "http://mlflow.mlflow.svc.cluster.local:5000/#/experiments/2/runs/r" in cluster
+    assert "port-forward" not in ui_hint("https://mlflow.example.org", run_id="r")
+
+
+def test_disabled_tracker_ignores_calls_and_keeps_the_resumed_id(tmp_path):
+    run_dir = tmp_path / "runs" / "r"
+    for tracker in (
+        Tracker.create(TrackingConfig(), run_dir=run_dir, resume_run_id="abc", enabled=False),
+        Tracker.create(TrackingConfig(enabled=False), run_dir=run_dir, resume_run_id="abc"),
+    ):
+        tracker.log_params({"a": 1})
+        tracker.log_metrics({"loss": 1.0}, step=0)
+        tracker.log_checkpoint(0, "file:///x")
+        tracker.close()
+        assert tracker.run_id == "abc" and not tracker.enabled and tracker.ui_hint() == ""
+    assert not (tmp_path / "runs").exists()
+
+
+def test_embedded_store_records_a_run(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("TRAINER_IMAGE_DIGEST", "sha256:" + "ab" * 32)
+    run_dir = tmp_path / "runs" / "tiny"
+    run_dir.mkdir(parents=True)
+    tracker = Tracker.create(TrackingConfig(experiment="unit"), run_dir=run_dir, options=FAST)
+    tracker.log_params({"model": {"n_layer": 2}, "data.uri": "synthetic", "note": "y" * 7000})
+    for step in range(5):
+        tracker.log_metrics({"loss": 5.0 - step, "mfu": None}, step=step)
+    (run_dir / "summary.json").write_text('{"step": 5}')
+    tracker.log_artifact(run_dir / "summary.json")
+    (run_dir / "summary.json").write_text('{"step": "rewritten after queueing"}')
+    tracker.log_checkpoint(4, "file:///ckpt/step_4")
+    tracker.close()
+
+    store = local_store(run_dir)
+    assert store.db_path.is_file()
+    client = MlflowClient(store.tracking_uri)
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "tiny"
+    assert run.data.params["model.n_layer"] == "2" and len(run.data.params["note"]) == MAX_PARAM_VALUE
+    assert run.data.tags[TAG_IMAGE_DIGEST] == "sha256:" + "ab" * 32
+    assert run.data.tags[TAG_CHECKPOINT_URI] == "file:///ckpt/step_4"
+    assert [m.step for m in client.get_metric_history(tracker.run_id, "loss")] == [0, 1, 2, 3, 4]
+    assert "mfu" not in run.data.metrics
+    # Artifacts land under runs/mlartifacts; the uploaded summary is the one queued, not the rewrite.
+    summary = Path(client.download_artifacts(tracker.run_id, "summary.json", str(tmp_path / "dl")))
+    assert summary.read_text() == '{"step": 5}'
+    assert str(store.artifacts_dir) in run.info.artifact_uri
+    full = Path(client.download_artifacts(tracker.run_id, "params_full_values.json", str(tmp_path / "dl")))
+    assert "y" * 7000 in full.read_text()
+    assert tracker.run_id in tracker.ui_hint()
+
+
+def test_unreachable_server_buffers_drops_oldest_and_warns_once(tmp_path, caplog):
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    options = TrackerOptions(max_pending_metrics=10, start_timeout_s=5, initial_backoff_s=0.05,
+                             max_backoff_s=0.1, flush_timeout_s=0.5)
+    caplog.set_level(logging.INFO, logger="trainer.tracking")
+    tracker = Tracker.create(TrackingConfig(uri=uri), run_dir=tmp_path / "r", options=options)
+    assert tracker.run_id is None  # the server never answered; training goes on without an id
+    for step in range(25):
+        tracker.log_metrics({"loss": float(step)}, step=step)
+    assert tracker.dropped_metrics == 15
+    assert not tracker.flush(0.3)
+    tracker.close()  # gives up after the bounded timeout, without raising
+    tracker.close()  # twice is harmless
+    unreachable = [r for r in caplog.records if "is unreachable" in r.getMessage()]
+    assert len(unreachable) == 1 and unreachable[0].levelno == logging.WARNING
+    dropped = [r for r in caplog.records if "dropp" in r.getMessage()]
+    assert dropped and "15" in dropped[-1].getMessage()
+    assert any("gave up" in r.getMessage() for r in caplog.records)
