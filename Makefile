@@ -1,0 +1,63 @@
+# gpu-train: the two first commands are `make train` and `make test`; both set everything up.
+#   make train              set up, then train the tiny preset locally on 2 CPU workers (torchrun, elastic)
+#   make test               set up, then ruff, pytest (all tests), and the policy check over every stack's plan
+#   make plan STACK=aws-dev offline plan of one stack under Pulumi mocks -> build/plan/
+#   make bench              benchmarks, side by side, -> build/bench/results.json
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+CHECKOV_VENV := .venv-checkov
+STACKS := $(patsubst stacks/Pulumi.%.yaml,%,$(wildcard stacks/Pulumi.*.yaml))
+# Re-install only when the pinned dependencies change.
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-3.3.30
+
+.PHONY: setup tools train test lint plan plans policy bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	# torch first and exactly pinned: a CPU machine gets the CPU build, a GPU machine the CUDA build.
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@rm -f $(VENV)/.installed-* && touch $@
+
+# checkov pins versions that conflict with ours, so it lives in its own virtualenv.
+$(CHECKOV_STAMP):
+	@test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install -q "checkov==3.3.30"
+	@touch $@
+
+# promtool (Debian package `prometheus`) checks and unit-tests the alert rules.
+tools: $(CHECKOV_STAMP)
+	@command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
+	  elif command -v sudo >/dev/null; then sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
+	  else echo "promtool is missing: install the Debian/Ubuntu package 'prometheus'" >&2; exit 1; fi; }
+	@promtool --version 2>&1 | head -1
+
+lint: setup
+	$(BIN)/ruff check .
+
+plans: setup
+	@rm -rf build/plan
+	@for s in $(STACKS); do $(BIN)/python -m infra.plan --stack $$s --out build/plan --quiet || exit 1; done
+
+plan: setup
+	@test -n "$(STACK)" || { echo "usage: make plan STACK=<$(STACKS)>" >&2; exit 2; }
+	$(BIN)/python -m infra.plan --stack $(STACK) --out build/plan
+
+policy: plans
+	$(BIN)/python -m policies.check build/plan/*.json
+
+test: setup tools lint policy
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf build runs .pytest_cache .ruff_cache
