@@ -149,23 +149,23 @@ class LimitsConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class StackConfig:
-    cloud: Cloud
-    environment: Environment
-    region: str
-    zones: tuple[str, ...]
+    cloud: Cloud  # which cloud layer builds the platform
+    environment: Environment  # prod turns on HA defaults; dev/staging require scale-to-zero GPU pools
+    region: str  # AWS region or GCP region
+    zones: tuple[str, ...]  # zones the network spans (3 recommended)
     stack: str = ""  # the Pulumi stack name (not a setting; filled in by the loader)
     project: str = ""  # GCP project id (GCP only)
     tags: Mapping[str, str] = field(default_factory=dict)  # extra tags / labels on every resource
-    network: NetworkConfig = field(default_factory=NetworkConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    gpu_pools: tuple[GpuPoolConfig, ...] = ()
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
-    teams: tuple[TeamConfig, ...] = ()
-    job: JobConfig | None = None
-    image: ImageConfig = field(default_factory=ImageConfig)
-    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)  # address plan and NAT
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # control plane and system nodes
+    gpu_pools: tuple[GpuPoolConfig, ...] = ()  # at least one GPU node pool
+    cache: CacheConfig = field(default_factory=CacheConfig)  # Alluxio NVMe cache
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)  # Prometheus, Grafana, alerts
+    teams: tuple[TeamConfig, ...] = ()  # tenants: namespace, queue and GPU quota each
+    job: JobConfig | None = None  # the stack's training job (none: the platform only)
+    image: ImageConfig = field(default_factory=ImageConfig)  # trainer image source
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)  # tracking server and registry
+    limits: LimitsConfig = field(default_factory=LimitsConfig)  # guard rails checked here and by policy
 
     @property
     def is_prod(self) -> bool:

@@ -162,3 +162,16 @@ def test_settings_are_frozen():
     cfg = config.parse(raw_stack("aws-dev"), "aws-dev")
     with pytest.raises(AttributeError):
         cfg.region = "eu-west-1"  # type: ignore[misc]
+
+
+def test_every_setting_is_documented():
+    import dataclasses
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    classes = [config.StackConfig, config.NetworkConfig, config.ClusterConfig, config.GpuPoolConfig,
+               config.CacheConfig, config.MonitoringConfig, config.TeamConfig, config.JobConfig,
+               config.ImageConfig, config.MlflowConfig, config.LimitsConfig]
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if f.name != "stack":
+                assert f"| `{config._camel(f.name)}` |" in doc, f"{cls.__name__}.{f.name} missing from docs"
