@@ -1,0 +1,96 @@
+"""GCP cloud layer: `build_platform(cfg, tags)` creates the GKE platform and returns its contract.
+
+Usage (infra/__main__.py does this): `platform = infra.gcp.build_platform(cfg, naming.common_tags(cfg))`.
+
+Every resource gets its project (and region where it has one) passed explicitly and its labels
+passed explicitly, so the program never depends on ambient `gcp:project` / `gcp:region` settings
+or on provider default labels. Order: keys (and their service-agent grants) -> network, storage,
+registry -> cluster -> GPU pools -> workload identities. See docs/gcp.md.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra import naming
+from infra.config import StackConfig
+from infra.gcp.cluster import GkeCluster, GkeClusterArgs
+from infra.gcp.gpu_pools import GpuNodePool, GpuNodePoolArgs
+from infra.gcp.identity import Identities, IdentitiesArgs
+from infra.gcp.keys import Keys, KeysArgs
+from infra.gcp.network import PRIVATE_GOOGLE_APIS, Network, NetworkArgs, pool_fabric_key
+from infra.gcp.registry import ArtifactRegistry, ArtifactRegistryArgs
+from infra.gcp.storage import Storage, StorageArgs
+from infra.platform import Buckets, ClusterPlatform, StorageClassSpec
+
+# Where the Kubernetes layer RAID0s and mounts the GPU nodes' raw local NVMe SSDs. On COS the
+# stateful partition is the writable, node-lifetime disk area; GKE's own ephemeral-SSD mode uses a
+# sibling directory, so this one never collides with it.
+NVME_HOST_PATH = "/mnt/stateful_partition/gpu-train/nvme-raid"
+OBJECT_STORE_ENDPOINT = "https://storage.googleapis.com"
+INTERNAL_LB = {"networking.gke.io/load-balancer-type": "Internal"}
+
+
+def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
+    labels = dict(tags)
+    project = gcp.organizations.get_project_output(project_id=cfg.project)
+
+    keys = Keys("keys", KeysArgs(cfg=cfg, labels=labels, project_number=project.number))
+    network = Network("network", NetworkArgs(cfg=cfg, labels=labels))
+    storage = Storage("storage", StorageArgs(cfg=cfg, labels=labels, kms_key=keys.key_ids["storage"]),
+                      opts=pulumi.ResourceOptions(depends_on=[keys.grants["storage"]]))
+    registry = ArtifactRegistry(
+        "registry", ArtifactRegistryArgs(cfg=cfg, labels=labels, kms_key=keys.key_ids["registry"]),
+        opts=pulumi.ResourceOptions(depends_on=[keys.grants["registry"]]))
+    fabric_pools = [p for p in cfg.gpu_pools if pool_fabric_key(p) is not None]
+    cluster = GkeCluster(
+        "cluster",
+        GkeClusterArgs(cfg=cfg, labels=labels, network=network.network, subnet=network.subnet,
+                       database_key=keys.key_ids["gke"], disk_key=keys.key_ids["disks"],
+                       multi_networking=bool(fabric_pools), registry=registry.repository),
+        opts=pulumi.ResourceOptions(depends_on=[keys.grants["gke"], keys.grants["disks"], network.nat]))
+
+    names: dict[str, pulumi.Output[str]] = {}
+    for (key, suffix), net in network.fabric_networks.items():
+        names[next(v.name for v in network.fabric[key].vpcs if v.suffix == suffix)] = net.name
+    names.update({sub_name: sub.name for sub_name, sub in network.fabric_subnets.items()})
+    pools = []
+    for p in cfg.gpu_pools:
+        key = pool_fabric_key(p)
+        pools.append(GpuNodePool(
+            f"gpu-{p.name}",
+            GpuNodePoolArgs(cfg=cfg, pool=p, labels=labels, cluster=cluster.cluster,
+                            service_account=cluster.node_service_account.email,
+                            disk_key=keys.key_ids["disks"],
+                            fabric=network.fabric[key] if key else None, networks=names),
+            opts=pulumi.ResourceOptions(depends_on=[keys.grants["disks"], cluster.system_pool])))
+    identities = Identities("identities", IdentitiesArgs(cfg=cfg, buckets=storage.buckets))
+
+    return ClusterPlatform(
+        cloud="gcp",
+        region=cfg.region,
+        cluster_name=cluster.cluster.name,
+        kubernetes_version=cfg.cluster.kubernetes_version,
+        provider=cluster.provider,
+        kubeconfig=cluster.kubeconfig,
+        gpu_pools=[p.contract for p in pools],
+        system_node_selector={naming.SYSTEM_LABEL: "true"},
+        nvme_host_path=NVME_HOST_PATH,
+        nvme_setup="daemonset",
+        buckets=Buckets(datasets=storage.uris["datasets"], checkpoints=storage.uris["checkpoints"],
+                        artifacts=storage.uris["artifacts"]),
+        object_store_endpoint=OBJECT_STORE_ENDPOINT,
+        # storage.googleapis.com resolves to private.googleapis.com inside the VPC (network.py).
+        object_store_cidrs=[PRIVATE_GOOGLE_APIS],
+        api_server_cidrs=[cfg.cluster.master_cidr],
+        vpc_cidr=cfg.network.vpc_cidr,
+        pod_cidr=cfg.network.pod_cidr,
+        storage_class=StorageClassSpec(
+            name="pd-balanced-cmek", provisioner="pd.csi.storage.gke.io",
+            parameters={"type": "pd-balanced", "disk-encryption-kms-key": keys.key_ids["disks"]}),
+        identities=identities.contract,
+        registry=registry.contract,
+        internal_lb_annotations=INTERNAL_LB,
+        ready=[cluster.system_pool, *[p.node_pool for p in pools]],
+    )

@@ -55,3 +55,45 @@ def machine_spec(machine_type: str) -> MachineSpec:
     except KeyError:
         known = ", ".join(sorted(CATALOG))
         raise KeyError(f"unknown GCE GPU machine type {machine_type!r} (known: {known})") from None
+
+
+# --------------------------------------------------------------------------------------------
+# GPU fabric networks per machine type.
+# --------------------------------------------------------------------------------------------
+
+# GPUDirect NICs run with jumbo frames; Google's guides create every fabric VPC with MTU 8244
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx#create-vpcs-subnets).
+FABRIC_MTU = 8244
+# The guides number fabric subnets 192.168.<N>.0/24; each fabric subnet is one /24 from this block.
+FABRIC_BLOCK = "192.168.0.0/16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricVpc:
+    """One extra VPC that GPU nodes of a fabric machine type attach to."""
+
+    suffix: str  # name part: "gvnic-1".."gvnic-8" or "rdma"
+    rdma: bool  # RoCE VPC (network profile <zone>-vpc-roce) rather than a gVNIC one
+    subnets: int  # subnets in this VPC; each subnet is one NIC on the node
+    mtu: int = FABRIC_MTU
+
+
+def fabric_vpcs(machine_type: str) -> tuple[FabricVpc, ...]:
+    """The extra VPCs a machine type's GPU NICs need, in NIC order (eth1, eth2, ...).
+
+    A3 High (TCPX) has 4 and A3 Mega (TCPXO) 8 GPU NICs, each on its own gVNIC VPC with one
+    subnet. A3 Ultra and A4 have one more gVNIC NIC (eth1) plus 8 RDMA NICs, which all sit on a
+    single RoCE VPC with one subnet per NIC
+    (https://cloud.google.com/ai-hypercomputer/docs/create/gke-ai-hypercompute-custom).
+    """
+    spec = machine_spec(machine_type)
+    gvnic = tuple(FabricVpc(suffix=f"gvnic-{i + 1}", rdma=False, subnets=1)
+                  for i in range(spec.extra_gvnic_networks))
+    if spec.rdma_nics:
+        return (*gvnic, FabricVpc(suffix="rdma", rdma=True, subnets=spec.rdma_nics))
+    return gvnic
+
+
+def fabric_nic_count(machine_type: str) -> int:
+    """How many additional NICs (one per fabric subnet) a node of this machine type gets."""
+    return sum(v.subnets for v in fabric_vpcs(machine_type))

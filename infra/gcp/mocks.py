@@ -1,11 +1,18 @@
 """GCP answers for offline plans: invokes the program calls and provider-computed properties.
 
-Usage: used by `infra.mocks.PlanMocks`; see that module for the contract.
+Usage: used by `infra.mocks.PlanMocks`; see that module for the contract. Invoke results use the
+engine's camelCase keys; `computed` returns the output properties the real provider fills in and
+that the program reads (emails, endpoints, the cluster CA, repository ids, self links).
 """
 
 from __future__ import annotations
 
+import base64
 from typing import Any
+
+PROJECT_NUMBER = "123456789012"
+# A syntactically valid PEM body is not needed by anything offline; base64 like the real field.
+CLUSTER_CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nmock-gke-ca\n-----END CERTIFICATE-----\n").decode()
 
 
 def invoke(token: str, args: dict[str, Any], ctx) -> dict[str, Any] | None:
@@ -13,11 +20,33 @@ def invoke(token: str, args: dict[str, Any], ctx) -> dict[str, Any] | None:
         return {"project": ctx.project, "region": ctx.region, "zone": f"{ctx.region}-a",
                 "accessToken": "ya29.mock-token", "id": ctx.project}
     if token == "gcp:organizations/getProject:getProject":
-        return {"projectId": ctx.project, "number": "123456789012", "name": ctx.project, "id": ctx.project}
+        project = args.get("projectId") or ctx.project
+        return {"projectId": project, "number": PROJECT_NUMBER, "name": project, "id": f"projects/{project}"}
     return None
 
 
 def computed(typ: str, name: str, inputs: dict[str, Any], ctx) -> dict[str, Any]:
     if not typ.startswith("gcp:"):
         return {}
-    return {"selfLink": f"https://www.googleapis.com/compute/v1/projects/{ctx.project}/{name}"}
+    project = inputs.get("project") or ctx.project
+    base = f"https://www.googleapis.com/compute/v1/projects/{project}"
+    out: dict[str, Any] = {"selfLink": f"{base}/{name}"}
+    if typ == "gcp:compute/network:Network":
+        out["selfLink"] = f"{base}/global/networks/{inputs.get('name', name)}"
+    elif typ == "gcp:compute/subnetwork:Subnetwork":
+        out["selfLink"] = f"{base}/regions/{inputs.get('region', ctx.region)}/subnetworks/{inputs.get('name', name)}"
+    elif typ == "gcp:serviceaccount/account:Account":
+        email = f"{inputs['accountId']}@{project}.iam.gserviceaccount.com"
+        out.update(email=email, member=f"serviceAccount:{email}",
+                   name=f"projects/{project}/serviceAccounts/{email}", uniqueId="100000000000000000001")
+    elif typ == "gcp:container/cluster:Cluster":
+        private = (inputs.get("privateClusterConfig") or {}).get("enablePrivateEndpoint")
+        out.update(endpoint="172.16.0.2" if private else "34.118.0.10",
+                   masterAuth={**(inputs.get("masterAuth") or {}), "clusterCaCertificate": CLUSTER_CA},
+                   masterVersion=f"{inputs.get('minMasterVersion', '1.33')}.5-gke.1000")
+    elif typ == "gcp:artifactregistry/repository:Repository":
+        out.update(name=inputs.get("repositoryId", name),
+                   registryUri=f"{inputs.get('location')}-docker.pkg.dev/{project}/{inputs.get('repositoryId')}")
+    elif typ == "gcp:storage/bucket:Bucket":
+        out.update(url=f"gs://{inputs.get('name', name)}")
+    return out

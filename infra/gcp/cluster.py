@@ -1,0 +1,205 @@
+"""GKE Standard cluster: private nodes, Workload Identity, Dataplane V2, CMEK, system pool.
+
+Usage (inside the Pulumi program; `build_platform` does this):
+    cluster = GkeCluster("cluster", GkeClusterArgs(cfg=cfg, labels=tags, network=net.network,
+                         subnet=net.subnet, database_key=..., disk_key=..., multi_networking=True,
+                         registry=reg.repository), opts)
+    cluster.provider   # pulumi_kubernetes provider for everything in infra/k8s/
+    cluster.node_service_account.email   # GPU pools use the same least-privilege account
+
+`kubeconfig(...)`, `location(cfg)` and `maintenance_exclusion()` are pure and tested without mocks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from infra import naming
+from infra.config import StackConfig
+from infra.gcp.network import POD_RANGE, SERVICE_RANGE
+
+# Only what a node needs: ship logs and metrics, read images
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa).
+NODE_ROLES = (
+    "roles/logging.logWriter",
+    "roles/monitoring.metricWriter",
+    "roles/monitoring.viewer",
+    "roles/stackdriver.resourceMetadata.writer",
+)
+REGISTRY_READER = "roles/artifactregistry.reader"
+DEFAULT_SYSTEM_MACHINE = "e2-standard-4"
+# A fixed start keeps the exclusion stable between runs; the exclusion lasts until the cluster's
+# minor version leaves support, so a run is never interrupted by a minor or node upgrade
+# (https://cloud.google.com/kubernetes-engine/docs/concepts/maintenance-windows-and-exclusions).
+EXCLUSION_START = "2025-01-01T00:00:00Z"
+EXCLUSION_NAME = "no-minor-or-node-upgrades"
+# Patch upgrades of the control plane are still allowed, on weekend nights (UTC).
+WINDOW_START, WINDOW_END, WINDOW_RECURRENCE = ("2025-01-04T02:00:00Z", "2025-01-04T08:00:00Z",
+                                               "FREQ=WEEKLY;BYDAY=SA,SU")
+
+
+def location(cfg: StackConfig) -> str:
+    """Regional control plane (three replicas) or zonal (zones[0]) per cluster.regional."""
+    return cfg.region if cfg.cluster.regional else cfg.zones[0]
+
+
+def workload_pool(project: str) -> str:
+    return f"{project}.svc.id.goog"
+
+
+def authorized_networks(cfg: StackConfig) -> list[dict[str, str]]:
+    """Who may reach the API server: the node network always, plus the configured CIDRs when
+    the public endpoint is on (config validation already refuses 0.0.0.0/0)."""
+    nets = [{"cidr_block": cfg.network.vpc_cidr, "display_name": "nodes"}]
+    if cfg.cluster.endpoint_public_access:
+        nets += [{"cidr_block": c, "display_name": f"operators-{i}"}
+                 for i, c in enumerate(cfg.cluster.public_access_cidrs)]
+    return nets
+
+
+def maintenance_exclusion() -> dict[str, object]:
+    return {"exclusion_name": EXCLUSION_NAME, "start_time": EXCLUSION_START,
+            "exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES",
+                                  "end_time_behavior": "UNTIL_END_OF_SUPPORT"}}
+
+
+def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
+    """A kubeconfig that authenticates with gke-gcloud-auth-plugin (no static credentials)."""
+    doc = {
+        "apiVersion": "v1", "kind": "Config", "current-context": name, "preferences": {},
+        "clusters": [{"name": name, "cluster": {"server": f"https://{endpoint}",
+                                                "certificate-authority-data": ca_certificate}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "users": [{"name": name, "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "gke-gcloud-auth-plugin",
+            "provideClusterInfo": True,
+            "interactiveMode": "Never",
+            "installHint": "Install gke-gcloud-auth-plugin: gcloud components install gke-gcloud-auth-plugin",
+        }}}],
+    }
+    return json.dumps(doc, indent=2)
+
+
+def shielded_config() -> gcp.container.NodePoolNodeConfigShieldedInstanceConfigArgs:
+    return gcp.container.NodePoolNodeConfigShieldedInstanceConfigArgs(enable_secure_boot=True,
+                                                                      enable_integrity_monitoring=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GkeClusterArgs:
+    cfg: StackConfig  # cluster settings
+    labels: dict[str, str]  # common labels (GCE resource labels on the cluster and its nodes)
+    network: gcp.compute.Network  # the cluster VPC
+    subnet: gcp.compute.Subnetwork  # the node subnet with the pods/services secondary ranges
+    database_key: pulumi.Input[str]  # KMS key for etcd application-layer secrets encryption
+    disk_key: pulumi.Input[str]  # KMS key for node boot disks
+    multi_networking: bool  # turn on GKE multi-networking (needed by fabric pools)
+    registry: gcp.artifactregistry.Repository  # nodes may pull from it (and only it, of ours)
+
+
+class GkeCluster(pulumi.ComponentResource):
+    """The GKE control plane, the node service account, the system pool and a k8s provider."""
+
+    def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-train:gcp:GkeCluster", name, None, opts)
+        cfg, c = args.cfg, args.cfg.cluster
+        child = pulumi.ResourceOptions(parent=self)
+
+        self.node_service_account = gcp.serviceaccount.Account(
+            f"{name}-nodes", account_id=naming.resource_name(cfg, "nodes", max_len=30), project=cfg.project,
+            display_name=f"GKE nodes of {cfg.stack}", opts=child)
+        node_member = self.node_service_account.email.apply(lambda e: f"serviceAccount:{e}")
+        self.node_roles = [gcp.projects.IAMMember(f"{name}-nodes-{role.split('/')[1]}", project=cfg.project,
+                                                  role=role, member=node_member, opts=child)
+                           for role in NODE_ROLES]
+        self.node_roles.append(gcp.artifactregistry.RepositoryIamMember(
+            f"{name}-nodes-registry-reader", project=cfg.project, location=cfg.region,
+            repository=args.registry.name, role=REGISTRY_READER, member=node_member, opts=child))
+
+        self.cluster = gcp.container.Cluster(
+            f"{name}-gke", name=naming.resource_name(cfg, "gke", max_len=40), project=cfg.project,
+            location=location(cfg), node_locations=list(cfg.zones) if c.regional else None,
+            network=args.network.id, subnetwork=args.subnet.id,
+            ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(
+                cluster_secondary_range_name=POD_RANGE, services_secondary_range_name=SERVICE_RANGE),
+            private_cluster_config=gcp.container.ClusterPrivateClusterConfigArgs(
+                enable_private_nodes=True, enable_private_endpoint=not c.endpoint_public_access,
+                master_ipv4_cidr_block=c.master_cidr),
+            master_authorized_networks_config=gcp.container.ClusterMasterAuthorizedNetworksConfigArgs(
+                cidr_blocks=[gcp.container.ClusterMasterAuthorizedNetworksConfigCidrBlockArgs(**n)
+                             for n in authorized_networks(cfg)],
+                gcp_public_cidrs_access_enabled=False),
+            database_encryption=gcp.container.ClusterDatabaseEncryptionArgs(state="ENCRYPTED",
+                                                                            key_name=args.database_key),
+            workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
+                workload_pool=workload_pool(cfg.project)),
+            enable_shielded_nodes=True,
+            datapath_provider="ADVANCED_DATAPATH",
+            enable_multi_networking=args.multi_networking or None,
+            release_channel=gcp.container.ClusterReleaseChannelArgs(channel=c.release_channel),
+            min_master_version=c.kubernetes_version,
+            maintenance_policy=gcp.container.ClusterMaintenancePolicyArgs(
+                recurring_window=gcp.container.ClusterMaintenancePolicyRecurringWindowArgs(
+                    start_time=WINDOW_START, end_time=WINDOW_END, recurrence=WINDOW_RECURRENCE),
+                maintenance_exclusions=[gcp.container.ClusterMaintenancePolicyMaintenanceExclusionArgs(
+                    exclusion_name=EXCLUSION_NAME, start_time=EXCLUSION_START,
+                    exclusion_options=gcp.container.ClusterMaintenancePolicyMaintenanceExclusionExclusionOptionsArgs(
+                        scope="NO_MINOR_OR_NODE_UPGRADES", end_time_behavior="UNTIL_END_OF_SUPPORT"))]),
+            addons_config=gcp.container.ClusterAddonsConfigArgs(
+                gce_persistent_disk_csi_driver_config=gcp.container.ClusterAddonsConfigGcePersistentDiskCsiDriverConfigArgs(
+                    enabled=True)),
+            logging_config=gcp.container.ClusterLoggingConfigArgs(
+                enable_components=["SYSTEM_COMPONENTS", "WORKLOADS"]),
+            monitoring_config=gcp.container.ClusterMonitoringConfigArgs(enable_components=["SYSTEM_COMPONENTS"]),
+            # The default pool only exists while the cluster is created; it is then deleted in
+            # favour of the pools below, but it still gets the hardened node settings.
+            remove_default_node_pool=True, initial_node_count=1,
+            node_config=gcp.container.ClusterNodeConfigArgs(
+                service_account=self.node_service_account.email,
+                oauth_scopes=["https://www.googleapis.com/auth/cloud-platform"],
+                boot_disk_kms_key=args.disk_key,
+                shielded_instance_config=gcp.container.ClusterNodeConfigShieldedInstanceConfigArgs(
+                    enable_secure_boot=True, enable_integrity_monitoring=True),
+                workload_metadata_config=gcp.container.ClusterNodeConfigWorkloadMetadataConfigArgs(
+                    mode="GKE_METADATA")),
+            resource_labels=args.labels,
+            deletion_protection=cfg.is_prod,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_roles,
+                                        ignore_changes=["nodeConfig", "initialNodeCount"]))
+
+        self.system_pool = gcp.container.NodePool(
+            f"{name}-system", name="system", project=cfg.project, location=location(cfg),
+            cluster=self.cluster.name,
+            initial_node_count=c.system_nodes_min,
+            autoscaling=gcp.container.NodePoolAutoscalingArgs(
+                total_min_node_count=c.system_nodes_min, total_max_node_count=c.system_nodes_max,
+                location_policy="BALANCED"),
+            management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+            node_config=gcp.container.NodePoolNodeConfigArgs(
+                machine_type=c.system_node_type or DEFAULT_SYSTEM_MACHINE,
+                image_type="COS_CONTAINERD", disk_type="pd-balanced", disk_size_gb=100,
+                boot_disk_kms_key=args.disk_key,
+                service_account=self.node_service_account.email,
+                oauth_scopes=["https://www.googleapis.com/auth/cloud-platform"],
+                labels={naming.SYSTEM_LABEL: "true"},
+                resource_labels=args.labels,
+                shielded_instance_config=shielded_config(),
+                workload_metadata_config=gcp.container.NodePoolNodeConfigWorkloadMetadataConfigArgs(
+                    mode="GKE_METADATA"),
+                gvnic=gcp.container.NodePoolNodeConfigGvnicArgs(enabled=True)),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["initialNodeCount"]))
+
+        ca = self.cluster.master_auth.apply(lambda m: m.cluster_ca_certificate)
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(self.cluster.name, self.cluster.endpoint, ca).apply(
+            lambda a: kubeconfig(f"gke_{cfg.project}_{location(cfg)}_{a[0]}", a[1], a[2])))
+        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig,
+                                     enable_server_side_apply=True,
+                                     opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_pool]))
+        self.register_outputs({"name": self.cluster.name, "endpoint": self.cluster.endpoint,
+                               "node_service_account": self.node_service_account.email})

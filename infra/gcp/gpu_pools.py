@@ -1,0 +1,143 @@
+"""GKE GPU node pools: one per gpuPools entry, scaled by the cluster autoscaler.
+
+Usage (inside the Pulumi program; `build_platform` does this):
+    pool = GpuNodePool(f"gpu-{p.name}", GpuNodePoolArgs(cfg=cfg, pool=p, labels=tags, cluster=...,
+                       service_account=..., disk_key=..., fabric=net.fabric.get(key), networks=...), opts)
+    pool.contract   # infra.platform.GpuPool
+
+The GPU driver version (DEFAULT or LATEST driver of the node's GKE version) is part of the node
+template: changing gpuPools[].gpuDriverVersion replaces the pool, which drains and recreates
+every node of it, so change it between runs. `capacity_settings`, `autoscaling_settings` and
+`node_labels` are pure and tested without mocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra import naming
+from infra.config import GpuPoolConfig, StackConfig
+from infra.gcp.catalog import machine_spec
+from infra.gcp.cluster import location, shielded_config
+from infra.gcp.fabric import fabric_contract
+from infra.gcp.network import FabricSetPlan
+from infra.platform import GpuPool
+
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+
+
+def capacity_settings(pool: GpuPoolConfig) -> dict[str, Any]:
+    """Node-config fields for spot, on-demand or a specific reservation."""
+    if pool.capacity == "spot":
+        return {"spot": True}
+    if pool.capacity == "reservation":
+        return {"reservation_affinity": {"consume_reservation_type": "SPECIFIC_RESERVATION",
+                                         "key": RESERVATION_KEY, "values": [pool.reservation_id]}}
+    if pool.capacity == "on-demand":
+        return {"reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}}
+    raise ValueError(f"gpuPools {pool.name!r}: capacity {pool.capacity!r} is not available on GCP")
+
+
+def autoscaling_settings(pool: GpuPoolConfig) -> dict[str, Any]:
+    """Totals across zones; spot takes capacity wherever it is (ANY), others spread (BALANCED)."""
+    return {"total_min_node_count": pool.min_nodes, "total_max_node_count": pool.max_nodes,
+            "location_policy": "ANY" if pool.capacity == "spot" else "BALANCED"}
+
+
+def node_locations(cfg: StackConfig, pool: GpuPoolConfig) -> list[str]:
+    """Fabric pools (compact placement) and pinned pools live in one zone; others in all."""
+    return [pool.zone] if pool.zone else list(cfg.zones)
+
+
+def node_labels(pool: GpuPoolConfig, fabric_kind: str) -> dict[str, str]:
+    spec = machine_spec(pool.instance_type)
+    return {**pool.labels, **naming.pool_node_labels(pool.name, pool.capacity, fabric_kind, spec.gpu_type)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuNodePoolArgs:
+    cfg: StackConfig  # stack settings (location, zones)
+    pool: GpuPoolConfig  # this pool's settings
+    labels: dict[str, str]  # common labels (GCE resource labels on the nodes)
+    cluster: gcp.container.Cluster  # the cluster the pool belongs to
+    service_account: pulumi.Input[str]  # least-privilege node service account email
+    disk_key: pulumi.Input[str]  # CMEK for boot disks
+    fabric: FabricSetPlan | None  # the fabric VPCs this pool attaches to (None: no fabric)
+    networks: dict[str, pulumi.Output[str]]  # GCE network/subnet name -> Output name (dependencies)
+
+
+class GpuNodePool(pulumi.ComponentResource):
+    """One GPU node pool and its contract entry."""
+
+    def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-train:gcp:GpuNodePool", name, None, opts)
+        cfg, pool, fset = args.cfg, args.pool, args.fabric
+        spec = machine_spec(pool.instance_type)
+        kind = fset.kind if fset is not None else "none"
+        cap = capacity_settings(pool)
+        affinity = cap.get("reservation_affinity")
+        network_config = None
+        if fset is not None:
+            network_config = gcp.container.NodePoolNetworkConfigArgs(
+                additional_node_network_configs=[
+                    gcp.container.NodePoolNetworkConfigAdditionalNodeNetworkConfigArgs(
+                        network=args.networks[vpc.name], subnetwork=args.networks[sub.name])
+                    for vpc, sub in fset.nics()])
+        self.node_pool = gcp.container.NodePool(
+            f"{name}-pool", name=pool.name, project=cfg.project, location=location(cfg),
+            cluster=args.cluster.name, node_locations=node_locations(cfg, pool),
+            initial_node_count=pool.min_nodes if not cfg.cluster.regional or pool.zone else None,
+            autoscaling=gcp.container.NodePoolAutoscalingArgs(**autoscaling_settings(pool)),
+            placement_policy=gcp.container.NodePoolPlacementPolicyArgs(type="COMPACT")
+            if fset is not None else None,
+            # Upgrades replace one node at a time with no surge node (spare GPU capacity for a
+            # surge node rarely exists, and a reservation has none); the cluster's maintenance
+            # exclusion keeps node upgrades away while runs last.
+            management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+            upgrade_settings=gcp.container.NodePoolUpgradeSettingsArgs(max_surge=0, max_unavailable=1,
+                                                                       strategy="SURGE"),
+            network_config=network_config,
+            node_config=gcp.container.NodePoolNodeConfigArgs(
+                machine_type=pool.instance_type,
+                image_type="COS_CONTAINERD",
+                disk_type="pd-ssd" if fset is not None else "pd-balanced", disk_size_gb=200,
+                boot_disk_kms_key=args.disk_key,
+                guest_accelerators=[gcp.container.NodePoolNodeConfigGuestAcceleratorArgs(
+                    type=spec.accelerator, count=spec.gpus,
+                    gpu_driver_installation_config=gcp.container
+                    .NodePoolNodeConfigGuestAcceleratorGpuDriverInstallationConfigArgs(
+                        gpu_driver_version=pool.gpu_driver_version))],
+                spot=cap.get("spot"),
+                reservation_affinity=gcp.container.NodePoolNodeConfigReservationAffinityArgs(**affinity)
+                if affinity else None,
+                # The machine's local SSDs as raw NVMe block devices; the Kubernetes layer RAID0s
+                # and mounts them for the data cache.
+                local_nvme_ssd_block_config=gcp.container.NodePoolNodeConfigLocalNvmeSsdBlockConfigArgs(
+                    local_ssd_count=spec.local_ssds),
+                service_account=args.service_account,
+                oauth_scopes=["https://www.googleapis.com/auth/cloud-platform"],
+                labels=node_labels(pool, kind),
+                resource_labels={**args.labels, "gpu-pool": pool.name},
+                taints=[gcp.container.NodePoolNodeConfigTaintArgs(
+                    key=naming.GPU_TAINT["key"], value=naming.GPU_TAINT["value"], effect="NO_SCHEDULE")],
+                shielded_instance_config=shielded_config(),
+                workload_metadata_config=gcp.container.NodePoolNodeConfigWorkloadMetadataConfigArgs(
+                    mode="GKE_METADATA"),
+                gvnic=gcp.container.NodePoolNodeConfigGvnicArgs(enabled=True)),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["initialNodeCount"]))
+
+        self.contract = GpuPool(
+            name=pool.name, instance_type=pool.instance_type, capacity=pool.capacity,
+            gpu_type=spec.gpu_type, gpus_per_node=spec.gpus, min_nodes=pool.min_nodes,
+            max_nodes=pool.max_nodes, zone=pool.zone,
+            node_selector={naming.POOL_LABEL: pool.name},
+            tolerations=[{"key": naming.GPU_TAINT["key"], "operator": "Equal",
+                          "value": naming.GPU_TAINT["value"], "effect": naming.GPU_TAINT["effect"]}],
+            fabric=fabric_contract(fset, pool.instance_type, args.networks),
+            provisioner="node-pool",
+        )
+        self.register_outputs({"name": self.node_pool.name})

@@ -1,0 +1,122 @@
+"""Least-privilege Google service accounts bound to Kubernetes service accounts (Workload Identity).
+
+Usage (inside the Pulumi program; `build_platform` does this):
+    ids = Identities("identities", IdentitiesArgs(cfg=cfg, buckets=storage.buckets), opts)
+    ids.contract["trainer/research"].annotations["iam.gke.io/gcp-service-account"]
+
+Who gets what (the bucket grants are built by the pure `bucket_grants`):
+- trainer/<team> (team-<team>/trainer): read datasets; read/write objects under
+  <checkpoints>/<team>/ only (an IAM condition on the object name); list the checkpoints bucket.
+- cache (alluxio/alluxio): read datasets.
+- mlflow (mlflow/mlflow): read/write the artifacts bucket.
+
+Listing nuance: `storage.objects.list` is checked on the bucket, not on object names, so an IAM
+condition on `resource.name` cannot narrow it to a prefix. Trainers therefore also get
+roles/storage.legacyBucketReader (list + bucket metadata, no object reads) on the checkpoints
+bucket: they can see other teams' object names, never their contents or write to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from infra import naming
+from infra.config import StackConfig
+from infra.gcp.cluster import workload_pool
+from infra.platform import WorkloadIdentity
+
+OBJECT_VIEWER = "roles/storage.objectViewer"
+OBJECT_USER = "roles/storage.objectUser"
+BUCKET_LISTER = "roles/storage.legacyBucketReader"
+WI_USER = "roles/iam.workloadIdentityUser"
+GSA_ANNOTATION = "iam.gke.io/gcp-service-account"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BucketGrant:
+    bucket: str  # purpose: datasets | checkpoints | artifacts
+    role: str
+    prefix: str = ""  # "" = whole bucket; else objects under <prefix>/ only
+
+
+def identities(cfg: StackConfig) -> dict[str, tuple[str, str]]:
+    """Identity key -> (namespace, Kubernetes service account)."""
+    ids = {"cache": (naming.CACHE_NAMESPACE, naming.CACHE_SERVICE_ACCOUNT),
+           "mlflow": (naming.MLFLOW_NAMESPACE, naming.MLFLOW_SERVICE_ACCOUNT)}
+    for team in cfg.teams:
+        ids[f"trainer/{team.name}"] = (naming.team_namespace(team.name), naming.TRAINER_SERVICE_ACCOUNT)
+    return ids
+
+
+def bucket_grants(key: str) -> list[BucketGrant]:
+    """The bucket roles of one identity."""
+    if key == "cache":
+        return [BucketGrant(bucket="datasets", role=OBJECT_VIEWER)]
+    if key == "mlflow":
+        return [BucketGrant(bucket="artifacts", role=OBJECT_USER)]
+    if key.startswith("trainer/"):
+        team = key.split("/", 1)[1]
+        return [BucketGrant(bucket="datasets", role=OBJECT_VIEWER),
+                BucketGrant(bucket="checkpoints", role=OBJECT_USER, prefix=team),
+                BucketGrant(bucket="checkpoints", role=BUCKET_LISTER)]
+    raise KeyError(f"no bucket grants defined for identity {key!r}")
+
+
+def prefix_condition(bucket: str, prefix: str) -> dict[str, str]:
+    """IAM condition limiting an object role to <bucket>/<prefix>/..."""
+    return {"title": f"only-{prefix}-prefix",
+            "description": f"objects under gs://{bucket}/{prefix}/ only",
+            "expression": f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{prefix}/")'}
+
+
+def wi_member(project: str, namespace: str, ksa: str) -> str:
+    return f"serviceAccount:{workload_pool(project)}[{namespace}/{ksa}]"
+
+
+def account_id(cfg: StackConfig, key: str) -> str:
+    """A 6-30 character service account id, unique per stack and identity."""
+    return naming.resource_name(cfg, key.replace("/", "-"), max_len=30)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdentitiesArgs:
+    cfg: StackConfig  # project and teams
+    buckets: dict[str, gcp.storage.Bucket]  # purpose -> bucket
+
+
+class Identities(pulumi.ComponentResource):
+    """One Google service account per workload identity, with Workload Identity and bucket IAM."""
+
+    def __init__(self, name: str, args: IdentitiesArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-train:gcp:Identities", name, None, opts)
+        cfg = args.cfg
+        child = pulumi.ResourceOptions(parent=self)
+        self.accounts: dict[str, gcp.serviceaccount.Account] = {}
+        self.contract: dict[str, WorkloadIdentity] = {}
+        for key, (namespace, ksa) in identities(cfg).items():
+            slug = key.replace("/", "-")
+            gsa = gcp.serviceaccount.Account(
+                f"{name}-{slug}", account_id=account_id(cfg, key), project=cfg.project,
+                display_name=f"{cfg.stack} {key} ({namespace}/{ksa})", opts=child)
+            gcp.serviceaccount.IAMMember(
+                f"{name}-{slug}-wi", service_account_id=gsa.name, role=WI_USER,
+                member=wi_member(cfg.project, namespace, ksa), opts=child)
+            member = gsa.email.apply(lambda e: f"serviceAccount:{e}")
+            for grant in bucket_grants(key):
+                bucket = args.buckets[grant.bucket]
+                role_slug = grant.role.rsplit(".", 1)[-1].lower()
+                condition = None
+                if grant.prefix:
+                    cond = bucket.name.apply(lambda b, p=grant.prefix: prefix_condition(b, p))
+                    condition = gcp.storage.BucketIAMMemberConditionArgs(
+                        title=cond["title"], description=cond["description"], expression=cond["expression"])
+                gcp.storage.BucketIAMMember(
+                    f"{name}-{slug}-{grant.bucket}-{role_slug}", bucket=bucket.name, role=grant.role,
+                    member=member, condition=condition, opts=child)
+            self.accounts[key] = gsa
+            self.contract[key] = WorkloadIdentity(namespaces=[namespace], name=ksa,
+                                                  annotations={GSA_ANNOTATION: gsa.email})
+        self.register_outputs({"accounts": {k: a.email for k, a in self.accounts.items()}})
