@@ -1,0 +1,139 @@
+"""The AWS cloud layer: builds the ClusterPlatform contract on EKS.
+
+Usage (from infra/__main__.py):
+    from infra.aws import build_platform
+    platform = build_platform(cfg, naming.common_tags(cfg))
+
+Order: KMS keys -> network -> buckets -> registry -> EKS cluster (add-ons, system nodes, provider)
+-> GPU managed node groups (reserved and EFA pools) -> Karpenter (elastic pools) -> workload
+identities. See docs/aws.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import naming
+from infra.aws.catalog import instance_spec
+from infra.aws.cluster import Cluster, ClusterArgs
+from infra.aws.gpu_nodes import (
+    NVME_HOST_PATH,
+    GpuNodeGroups,
+    GpuNodeGroupsArgs,
+    PoolInput,
+    fabric_for,
+    provisioner_for,
+)
+from infra.aws.identities import WorkloadIdentities, WorkloadIdentitiesArgs, bindings
+from infra.aws.karpenter import Karpenter, KarpenterArgs
+from infra.aws.keys import Keys, KeysArgs
+from infra.aws.network import Network, NetworkArgs
+from infra.aws.registry import ContainerRegistry, RegistryArgs
+from infra.aws.storage import Storage, StorageArgs
+from infra.config import StackConfig
+from infra.platform import Buckets, ClusterPlatform, GpuPool, StorageClassSpec
+
+# The S3 gateway endpoint routes to S3's public address ranges (via the prefix list), so pods'
+# NetworkPolicies must allow 443 to them; S3 publishes no small fixed range to name instead.
+OBJECT_STORE_CIDRS = ("0.0.0.0/0",)
+INTERNAL_LB_ANNOTATIONS = {
+    "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+    "service.beta.kubernetes.io/aws-load-balancer-type": "external",
+    "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
+}
+
+
+def gpu_tolerations() -> list[dict[str, str]]:
+    t = naming.GPU_TAINT
+    return [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}]
+
+
+def storage_class_parameters(key_arn: pulumi.Input[str]) -> Mapping[str, pulumi.Input[str]]:
+    return {"type": "gp3", "encrypted": "true", "kmsKeyId": key_arn, "csi.storage.k8s.io/fstype": "ext4"}
+
+
+def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
+    if cfg.cloud != "aws":
+        raise ValueError(f"infra.aws.build_platform needs gpu-train:cloud aws (got {cfg.cloud!r})")
+    account_id = aws.get_caller_identity().account_id
+    region = cfg.region
+    cluster_name = naming.prefix(cfg)
+    karpenter_role = f"{cluster_name}-karpenter"
+    ebs_csi_role = f"{cluster_name}-ebs-csi"
+    role_arn = f"arn:aws:iam::{account_id}:role/{{}}".format
+
+    keys = Keys("keys", KeysArgs(prefix=cluster_name, account_id=account_id, region=region,
+                                 ebs_user_role_arns=[role_arn(karpenter_role), role_arn(ebs_csi_role)], tags=tags))
+    network = Network("network", NetworkArgs(
+        cluster_name=cluster_name, region=region, account_id=account_id, zones=cfg.zones,
+        vpc_cidr=cfg.network.vpc_cidr, pod_cidr=cfg.network.pod_cidr, nat=cfg.network.nat,
+        flow_logs=cfg.network.flow_logs, logs_key_arn=keys.arns["logs"], tags=tags))
+    storage = Storage("storage", StorageArgs(prefix=cluster_name, account_id=account_id, region=region,
+                                             key_arn=keys.arns["s3"], force_destroy=not cfg.is_prod, tags=tags))
+    registry = ContainerRegistry("registry", RegistryArgs(name=f"{cluster_name}-trainer", key_arn=keys.arns["ecr"],
+                                                          force_delete=not cfg.is_prod, tags=tags))
+    system_labels = {naming.SYSTEM_LABEL: "true"}
+    cluster = Cluster("cluster", ClusterArgs(
+        cluster_name=cluster_name, kubernetes_version=cfg.cluster.kubernetes_version, region=region,
+        account_id=account_id, vpc_id=network.vpc_id, subnet_ids=network.private_subnet_ids,
+        pod_subnets={z: s.id for z, s in network.pod_subnets.items()}, service_cidr=cfg.network.service_cidr,
+        endpoint_public_access=cfg.cluster.endpoint_public_access,
+        public_access_cidrs=cfg.cluster.public_access_cidrs, secrets_key_arn=keys.arns["eks"],
+        ebs_key_arn=keys.arns["ebs"], logs_key_arn=keys.arns["logs"],
+        system_node_type=cfg.cluster.system_node_type or "m6i.xlarge",
+        system_nodes_min=cfg.cluster.system_nodes_min, system_nodes_max=cfg.cluster.system_nodes_max,
+        system_labels=system_labels, ebs_csi_role_name=ebs_csi_role, tags=tags))
+
+    group_pools = [PoolInput(pool=p, spec=instance_spec(p.instance_type))
+                   for p in cfg.gpu_pools if provisioner_for(p) == "node-group"]
+    elastic = [(p, instance_spec(p.instance_type)) for p in cfg.gpu_pools if provisioner_for(p) == "karpenter"]
+    gpu = GpuNodeGroups("gpu", GpuNodeGroupsArgs(
+        cluster_name=cluster.cluster_name, endpoint=cluster.endpoint, ca_data=cluster.ca_data,
+        service_cidr=cfg.network.service_cidr, kubernetes_version=cfg.cluster.kubernetes_version,
+        vpc_id=network.vpc_id, subnets={z: s.id for z, s in network.private_subnets.items()},
+        node_security_group_id=cluster.cluster_security_group_id, node_role_arn=cluster.node_role.arn,
+        ebs_key_arn=keys.arns["ebs"], pools=group_pools, tags=tags),
+        opts=pulumi.ResourceOptions(depends_on=cluster.addons[:3]))
+    ready: list[pulumi.Resource] = [*cluster.ready, *gpu.node_groups]
+    if elastic:
+        karpenter = Karpenter("karpenter", KarpenterArgs(
+            cluster_name=cluster_name, cluster_arn=cluster.cluster_arn, endpoint=cluster.endpoint, region=region,
+            account_id=account_id, zones=cfg.zones, controller_role_name=karpenter_role,
+            sqs_key_arn=keys.arns["sqs"], ebs_key_arn=keys.arns["ebs"],
+            kubernetes_version=cfg.cluster.kubernetes_version, provider=cluster.provider,
+            system_selector=system_labels, pools=elastic, depends_on=cluster.ready, tags=tags),
+            opts=pulumi.ResourceOptions(depends_on=[cluster.cluster]))
+        ready += [karpenter.release, *karpenter.node_pools]
+
+    identities = WorkloadIdentities("identities", WorkloadIdentitiesArgs(
+        cluster_name=cluster.cluster_name, role_prefix=cluster_name, account_id=account_id,
+        bindings=bindings([t.name for t in cfg.teams], cache=cfg.cache.enabled, mlflow=cfg.mlflow.enabled),
+        resources={**storage.names, "s3_key": keys.arns["s3"]}, depends_on=cluster.addons[:1], tags=tags))
+    ready += identities.associations
+
+    pools = []
+    for p in cfg.gpu_pools:
+        spec = instance_spec(p.instance_type)
+        fabric = gpu.fabrics.get(p.name) or fabric_for(p, spec.network_cards)
+        pools.append(GpuPool(
+            name=p.name, instance_type=p.instance_type, capacity=p.capacity, gpu_type=spec.gpu_type,
+            gpus_per_node=spec.gpus, min_nodes=p.min_nodes, max_nodes=p.max_nodes, zone=p.zone,
+            node_selector={naming.POOL_LABEL: p.name}, tolerations=gpu_tolerations(), fabric=fabric,
+            provisioner=provisioner_for(p)))
+
+    return ClusterPlatform(
+        cloud="aws", region=region, cluster_name=cluster.cluster_name,
+        kubernetes_version=cfg.cluster.kubernetes_version, provider=cluster.provider, kubeconfig=cluster.kubeconfig,
+        gpu_pools=pools, system_node_selector=system_labels, nvme_host_path=NVME_HOST_PATH, nvme_setup="bootstrap",
+        buckets=Buckets(datasets=storage.uris["datasets"], checkpoints=storage.uris["checkpoints"],
+                        artifacts=storage.uris["artifacts"]),
+        object_store_endpoint=f"https://s3.{region}.amazonaws.com", object_store_cidrs=list(OBJECT_STORE_CIDRS),
+        # EKS places its control-plane ENIs in the node subnets, so the API server is inside the VPC range.
+        api_server_cidrs=[cfg.network.vpc_cidr], vpc_cidr=cfg.network.vpc_cidr, pod_cidr=cfg.network.pod_cidr,
+        storage_class=StorageClassSpec(name="gp3-encrypted", provisioner="ebs.csi.aws.com",
+                                       parameters=storage_class_parameters(keys.arns["ebs"])),
+        identities=identities.identities, registry=registry.registry,
+        internal_lb_annotations=dict(INTERNAL_LB_ANNOTATIONS), ready=ready)

@@ -1,0 +1,259 @@
+"""EKS control plane, core add-ons, the system node group and the Kubernetes provider.
+
+Usage:
+    cluster = Cluster("cluster", ClusterArgs(...))
+    cluster.provider      # pulumi_kubernetes.Provider for the Kubernetes layer
+    cluster.kubeconfig    # secret Output[str]; authenticates with `aws eks get-token`
+
+Authentication mode is API (access entries only, no aws-auth ConfigMap). Workloads get AWS
+credentials through EKS Pod Identity (the eks-pod-identity-agent add-on); an IAM OIDC provider is
+registered too, so IRSA remains available to charts that only support it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.aws import iam
+
+LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+# vpc-cni >= 1.18.4 is required for efa-only network interfaces
+# (https://docs.aws.amazon.com/eks/latest/userguide/node-efa.html); this is the version AWS lists
+# for Kubernetes 1.33 (https://docs.aws.amazon.com/eks/latest/userguide/managing-vpc-cni.html).
+VPC_CNI_VERSION = "v1.20.1-eksbuild.3"
+MIN_VPC_CNI = (1, 18, 4)
+# Other add-ons use the version EKS marks as default for the cluster's Kubernetes version.
+DEFAULT_VERSION_ADDONS = ("kube-proxy", "eks-pod-identity-agent", "coredns", "aws-ebs-csi-driver")
+SYSTEM_ROOT_GB = 50
+
+
+def addon_version_ok(version: str, minimum: tuple[int, ...] = MIN_VPC_CNI) -> bool:
+    """True if an add-on version like 'v1.20.1-eksbuild.3' is at least `minimum`."""
+    core = version.lstrip("v").split("-", 1)[0]
+    try:
+        parts = tuple(int(p) for p in core.split("."))
+    except ValueError:
+        raise ValueError(f"add-on version {version!r} is not like v1.2.3-eksbuild.N") from None
+    return parts >= minimum
+
+
+def vpc_cni_configuration() -> dict:
+    """VPC CNI settings: custom networking (pods on the secondary range via per-AZ ENIConfigs).
+
+    https://docs.aws.amazon.com/eks/latest/userguide/cni-custom-network.html
+    """
+    return {"env": {
+        "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG": "true",
+        # Each node picks the ENIConfig named after its availability zone.
+        "ENI_CONFIG_LABEL_DEF": "topology.kubernetes.io/zone",
+    }}
+
+
+def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> str:
+    """A kubeconfig that gets short-lived tokens from `aws eks get-token` (no static credentials)."""
+    return json.dumps({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}],
+        "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
+        "current-context": cluster_name,
+        "users": [{"name": cluster_name, "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "aws",
+            "args": ["eks", "get-token", "--cluster-name", cluster_name, "--region", region, "--output", "json"],
+            "interactiveMode": "Never",
+        }}}],
+    }, indent=2)
+
+
+def eni_config(zone: str, subnet_id: str, security_group_ids: Sequence[str]) -> dict:
+    """The ENIConfig object for one AZ (pure; named after the zone, see ENI_CONFIG_LABEL_DEF)."""
+    return {"apiVersion": "crd.k8s.amazonaws.com/v1alpha1", "kind": "ENIConfig", "metadata": {"name": zone},
+            "spec": {"subnet": subnet_id, "securityGroups": list(security_group_ids)}}
+
+
+def metadata_options(hop_limit: int) -> aws.ec2.LaunchTemplateMetadataOptionsArgs:
+    """IMDSv2 only. Hop limit 1 keeps containers (one hop further) away from the node's role
+    credentials; pods get their own credentials from the Pod Identity agent instead."""
+    if hop_limit not in (1, 2):
+        raise ValueError(f"IMDS hop limit must be 1 or 2 (got {hop_limit})")
+    return aws.ec2.LaunchTemplateMetadataOptionsArgs(http_endpoint="enabled", http_tokens="required",
+                                                     http_put_response_hop_limit=hop_limit,
+                                                     instance_metadata_tags="disabled")
+
+
+def root_volume(key_arn: pulumi.Input[str], size_gb: int) -> aws.ec2.LaunchTemplateBlockDeviceMappingArgs:
+    """Encrypted gp3 root volume (customer-managed key) for AL2023 (/dev/xvda)."""
+    return aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+        device_name="/dev/xvda",
+        ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(volume_type="gp3", volume_size=size_gb, encrypted="true",
+                                                            kms_key_id=key_arn, delete_on_termination="true"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterArgs:
+    cluster_name: str  # EKS cluster name (also the Karpenter discovery tag value)
+    kubernetes_version: str  # e.g. "1.33"
+    region: str  # for the kubeconfig token command
+    account_id: str  # for trust policies
+    vpc_id: pulumi.Input[str]  # the cluster VPC
+    subnet_ids: Sequence[pulumi.Input[str]]  # private node subnets, one per AZ
+    pod_subnets: Mapping[str, pulumi.Input[str]]  # zone -> pod subnet id (custom networking)
+    service_cidr: str  # Kubernetes service range
+    endpoint_public_access: bool  # public API endpoint on (limited to public_access_cidrs)
+    public_access_cidrs: Sequence[str]  # allowed CIDRs for a public endpoint
+    secrets_key_arn: pulumi.Input[str]  # KMS key for envelope encryption of Secrets
+    ebs_key_arn: pulumi.Input[str]  # KMS key for node root volumes
+    logs_key_arn: pulumi.Input[str]  # KMS key for the control-plane log group
+    system_node_type: str  # instance type of the system node group
+    system_nodes_min: int  # system node group bounds
+    system_nodes_max: int
+    system_labels: Mapping[str, str]  # labels on system nodes
+    ebs_csi_role_name: str  # role name the EBS CSI driver's Pod Identity uses
+    tags: Mapping[str, str]  # common tags
+
+
+class Cluster(pulumi.ComponentResource):
+    def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-train:aws:Cluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        tags = dict(args.tags)
+        if not addon_version_ok(VPC_CNI_VERSION):
+            raise ValueError(f"vpc-cni {VPC_CNI_VERSION} is older than 1.18.4, which efa-only interfaces need")
+
+        role = aws.iam.Role(f"{name}-control-plane", assume_role_policy=json.dumps(iam.service_trust("eks.amazonaws.com")),
+                            tags=tags, opts=child)
+        for i, arn in enumerate(iam.CLUSTER_MANAGED_POLICIES):
+            aws.iam.RolePolicyAttachment(f"{name}-control-plane-{i}", role=role.name, policy_arn=arn, opts=child)
+
+        # EKS writes control-plane logs to this fixed name; creating it first lets us encrypt it.
+        log_group = aws.cloudwatch.LogGroup(f"{name}-control-plane", name=f"/aws/eks/{args.cluster_name}/cluster",
+                                            retention_in_days=90, kms_key_id=args.logs_key_arn, tags=tags, opts=child)
+
+        self.cluster = aws.eks.Cluster(
+            name, name=args.cluster_name, version=args.kubernetes_version, role_arn=role.arn,
+            vpc_config=aws.eks.ClusterVpcConfigArgs(
+                subnet_ids=list(args.subnet_ids), endpoint_private_access=True,
+                endpoint_public_access=args.endpoint_public_access,
+                public_access_cidrs=list(args.public_access_cidrs) if args.endpoint_public_access else None),
+            kubernetes_network_config=aws.eks.ClusterKubernetesNetworkConfigArgs(service_ipv4_cidr=args.service_cidr),
+            encryption_config=aws.eks.ClusterEncryptionConfigArgs(
+                resources=["secrets"],
+                provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=args.secrets_key_arn)),
+            enabled_cluster_log_types=list(LOG_TYPES),
+            # API mode: access entries only. The identity running `pulumi up` becomes cluster admin so
+            # it can create the Kubernetes layer; other humans get access entries from their teams.
+            access_config=aws.eks.ClusterAccessConfigArgs(authentication_mode="API",
+                                                          bootstrap_cluster_creator_admin_permissions=True),
+            # Add-ons are managed below, pinned, instead of the unmanaged defaults.
+            bootstrap_self_managed_addons=False,
+            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group]))
+        cluster = self.cluster
+        self.cluster_name = cluster.name
+        self.cluster_arn = cluster.arn
+        self.endpoint = cluster.endpoint
+        self.ca_data = cluster.certificate_authority.apply(lambda c: c.data)
+        self.cluster_security_group_id = cluster.vpc_config.apply(lambda v: v.cluster_security_group_id)
+        # Karpenter finds the security group for its nodes by this tag.
+        aws.ec2.Tag(f"{name}-sg-discovery", resource_id=self.cluster_security_group_id,
+                    key="karpenter.sh/discovery", value=args.cluster_name, opts=child)
+
+        issuer = cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
+        self.oidc_provider = aws.iam.OpenIdConnectProvider(f"{name}-oidc", url=issuer,
+                                                           client_id_lists=["sts.amazonaws.com"], tags=tags, opts=child)
+
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(cluster.name, self.endpoint, self.ca_data).apply(
+            lambda a: kubeconfig(a[0], a[1], a[2], args.region)))
+        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
+                                     opts=child)
+
+        # Node role for managed node groups (system and reserved GPU pools); EKS creates its access entry.
+        self.node_role = aws.iam.Role(f"{name}-nodes", name=f"{args.cluster_name}-nodes",
+                                      assume_role_policy=json.dumps(iam.service_trust("ec2.amazonaws.com")),
+                                      tags=tags, opts=child)
+        for i, arn in enumerate(iam.NODE_MANAGED_POLICIES):
+            aws.iam.RolePolicyAttachment(f"{name}-nodes-{i}", role=self.node_role.name, policy_arn=arn, opts=child)
+
+        # Add-ons a node needs to become Ready come first; CoreDNS and EBS CSI need running nodes.
+        cni_role = self._pod_role(f"{name}-vpc-cni", args, iam.CNI_MANAGED_POLICY, f"{args.cluster_name}-vpc-cni")
+        self.addons: list[aws.eks.Addon] = []
+        pia = aws.eks.Addon(f"{name}-eks-pod-identity-agent", cluster_name=cluster.name,
+                            addon_name="eks-pod-identity-agent", addon_version=self._default_version(
+                                "eks-pod-identity-agent", args), resolve_conflicts_on_update="OVERWRITE",
+                            tags=tags, opts=child)
+        cni = aws.eks.Addon(
+            f"{name}-vpc-cni", cluster_name=cluster.name, addon_name="vpc-cni", addon_version=VPC_CNI_VERSION,
+            configuration_values=json.dumps(vpc_cni_configuration()), resolve_conflicts_on_update="OVERWRITE",
+            pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(role_arn=cni_role.arn,
+                                                                                service_account="aws-node")],
+            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[pia]))
+        proxy = aws.eks.Addon(f"{name}-kube-proxy", cluster_name=cluster.name, addon_name="kube-proxy",
+                              addon_version=self._default_version("kube-proxy", args),
+                              resolve_conflicts_on_update="OVERWRITE", tags=tags, opts=child)
+
+        # One ENIConfig per AZ: pods get addresses from that zone's pod subnet.
+        self.eni_configs = []
+        for zone, subnet_id in args.pod_subnets.items():
+            body = pulumi.Output.all(subnet_id, self.cluster_security_group_id).apply(
+                lambda a, z=zone: eni_config(z, a[0], [a[1]]))
+            self.eni_configs.append(k8s.apiextensions.CustomResource(
+                f"{name}-eniconfig-{zone}", api_version="crd.k8s.amazonaws.com/v1alpha1", kind="ENIConfig",
+                metadata={"name": zone}, spec=body.apply(lambda b: b["spec"]),
+                opts=pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=[cni])))
+
+        lt = aws.ec2.LaunchTemplate(
+            f"{name}-system", description=f"{args.cluster_name} system nodes",
+            metadata_options=metadata_options(1),
+            block_device_mappings=[root_volume(args.ebs_key_arn, SYSTEM_ROOT_GB)],
+            network_interfaces=[aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+                device_index=0, associate_public_ip_address="false", delete_on_termination="true",
+                security_groups=[self.cluster_security_group_id])],
+            tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=r, tags=tags)
+                                for r in ("instance", "volume", "network-interface")],
+            tags=tags, opts=child)
+        self.system_nodes = aws.eks.NodeGroup(
+            f"{name}-system", cluster_name=cluster.name, node_group_name="system", node_role_arn=self.node_role.arn,
+            subnet_ids=list(args.subnet_ids), ami_type="AL2023_x86_64_STANDARD", capacity_type="ON_DEMAND",
+            instance_types=[args.system_node_type],
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(min_size=args.system_nodes_min,
+                                                              max_size=args.system_nodes_max,
+                                                              desired_size=args.system_nodes_min),
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
+            labels=dict(args.system_labels), update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[cni, proxy, pia, *self.eni_configs]))
+
+        ebs_role = self._pod_role(f"{name}-ebs-csi", args, iam.EBS_CSI_MANAGED_POLICY, args.ebs_csi_role_name)
+        aws.iam.RolePolicy(f"{name}-ebs-csi-kms", role=ebs_role.id,
+                           policy=pulumi.Output.from_input(args.ebs_key_arn).apply(
+                               lambda k: json.dumps(iam.ebs_kms_policy(k))), opts=child)
+        after_nodes = pulumi.ResourceOptions(parent=self, depends_on=[self.system_nodes])
+        coredns = aws.eks.Addon(f"{name}-coredns", cluster_name=cluster.name, addon_name="coredns",
+                                addon_version=self._default_version("coredns", args),
+                                resolve_conflicts_on_update="OVERWRITE", tags=tags, opts=after_nodes)
+        ebs = aws.eks.Addon(
+            f"{name}-aws-ebs-csi-driver", cluster_name=cluster.name, addon_name="aws-ebs-csi-driver",
+            addon_version=self._default_version("aws-ebs-csi-driver", args), resolve_conflicts_on_update="OVERWRITE",
+            pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
+                role_arn=ebs_role.arn, service_account="ebs-csi-controller-sa")],
+            tags=tags, opts=after_nodes)
+        self.addons = [pia, cni, proxy, coredns, ebs]
+        self.ready: list[pulumi.Resource] = [self.system_nodes, *self.addons, *self.eni_configs]
+        self.register_outputs({"cluster_name": self.cluster_name, "endpoint": self.endpoint,
+                               "kubeconfig": self.kubeconfig})
+
+    def _default_version(self, addon: str, args: ClusterArgs) -> pulumi.Output[str]:
+        return aws.eks.get_addon_version_output(addon_name=addon, kubernetes_version=args.kubernetes_version,
+                                                most_recent=False).version
+
+    def _pod_role(self, res: str, args: ClusterArgs, managed: str, role_name: str) -> aws.iam.Role:
+        role = aws.iam.Role(res, name=role_name, assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)),
+                            tags=dict(args.tags), opts=pulumi.ResourceOptions(parent=self))
+        aws.iam.RolePolicyAttachment(res, role=role.name, policy_arn=managed, opts=pulumi.ResourceOptions(parent=self))
+        return role
+

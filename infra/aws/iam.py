@@ -1,0 +1,198 @@
+"""IAM policy documents (pure dicts) for every role the AWS layer creates.
+
+Usage: `json.dumps(trainer_policy("research", datasets_bucket="b1", checkpoints_bucket="b2", s3_key_arn=k))`.
+
+Each document is scoped to exact buckets, prefixes, keys, queues and the cluster's tags. Tests read
+them directly (tests/infra/aws/test_iam.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+VERSION = "2012-10-17"
+
+
+def _doc(*statements: dict) -> dict:
+    return {"Version": VERSION, "Statement": list(statements)}
+
+
+def pod_identity_trust(account_id: str) -> dict:
+    """Trust policy for EKS Pod Identity: the pods.eks.amazonaws.com principal, this account only.
+
+    https://docs.aws.amazon.com/eks/latest/userguide/pod-id-role.html
+    """
+    return _doc({
+        "Effect": "Allow",
+        "Principal": {"Service": "pods.eks.amazonaws.com"},
+        "Action": ["sts:AssumeRole", "sts:TagSession"],
+        "Condition": {"StringEquals": {"aws:SourceAccount": account_id}},
+    })
+
+
+def service_trust(service: str, account_id: str | None = None) -> dict:
+    """Trust policy for an AWS service principal; with `account_id`, only on this account's behalf."""
+    statement: dict = {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}
+    if account_id:
+        # Confused-deputy guard: https://docs.aws.amazon.com/IAM/latest/UserGuide/confused-deputy.html
+        statement["Condition"] = {"StringEquals": {"aws:SourceAccount": account_id}}
+    return _doc(statement)
+
+
+def _s3_kms(s3_key_arn: str, actions: Sequence[str]) -> dict:
+    return {"Sid": "BucketKey", "Effect": "Allow", "Action": list(actions), "Resource": s3_key_arn}
+
+
+def _read_bucket(sid: str, bucket: str) -> list[dict]:
+    return [
+        {"Sid": f"{sid}List", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+         "Resource": f"arn:aws:s3:::{bucket}"},
+        {"Sid": f"{sid}Read", "Effect": "Allow", "Action": ["s3:GetObject", "s3:GetObjectVersion"],
+         "Resource": f"arn:aws:s3:::{bucket}/*"},
+    ]
+
+
+def trainer_policy(team: str, *, datasets_bucket: str, checkpoints_bucket: str, s3_key_arn: str) -> dict:
+    """A team's trainer: read datasets; read/write only <checkpoints>/<team>/; the S3 key only."""
+    if not team or "/" in team or "*" in team:
+        raise ValueError(f"team name {team!r} cannot scope an S3 prefix")
+    return _doc(
+        *_read_bucket("Datasets", datasets_bucket),
+        {"Sid": "CheckpointsListTeamPrefix", "Effect": "Allow", "Action": "s3:ListBucket",
+         "Resource": f"arn:aws:s3:::{checkpoints_bucket}",
+         "Condition": {"StringLike": {"s3:prefix": [f"{team}/", f"{team}/*"]}}},
+        {"Sid": "CheckpointsTeamObjects", "Effect": "Allow",
+         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                    "s3:ListMultipartUploadParts"],
+         "Resource": f"arn:aws:s3:::{checkpoints_bucket}/{team}/*"},
+        # Decrypt to read, GenerateDataKey to write objects under SSE-KMS.
+        _s3_kms(s3_key_arn, ["kms:Decrypt", "kms:GenerateDataKey"]),
+    )
+
+
+def cache_policy(*, datasets_bucket: str, s3_key_arn: str) -> dict:
+    """The Alluxio cache: read-only on the datasets bucket."""
+    return _doc(*_read_bucket("Datasets", datasets_bucket), _s3_kms(s3_key_arn, ["kms:Decrypt"]))
+
+
+def mlflow_policy(*, artifacts_bucket: str, s3_key_arn: str) -> dict:
+    """The MLflow server: read/write the artifacts bucket, nothing else."""
+    return _doc(
+        {"Sid": "ArtifactsList", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+         "Resource": f"arn:aws:s3:::{artifacts_bucket}"},
+        {"Sid": "ArtifactsObjects", "Effect": "Allow",
+         "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
+         "Resource": f"arn:aws:s3:::{artifacts_bucket}/*"},
+        _s3_kms(s3_key_arn, ["kms:Decrypt", "kms:GenerateDataKey"]),
+    )
+
+
+def ebs_kms_policy(ebs_key_arn: str) -> dict:
+    """Extra permissions for the EBS CSI driver: create volumes encrypted with our key.
+
+    The AWS-managed AmazonEBSCSIDriverPolicy covers EC2; KMS use of a customer key must be granted.
+    https://docs.aws.amazon.com/eks/latest/userguide/ebs-csi.html
+    """
+    return _doc(
+        {"Sid": "EbsKeyGrants", "Effect": "Allow",
+         "Action": ["kms:CreateGrant", "kms:ListGrants", "kms:RevokeGrant"], "Resource": ebs_key_arn,
+         "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}}},
+        {"Sid": "EbsKeyUse", "Effect": "Allow",
+         "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"],
+         "Resource": ebs_key_arn},
+    )
+
+
+def karpenter_controller_policy(*, cluster_name: str, cluster_arn: str, region: str, account_id: str,
+                                node_role_arn: str, queue_arn: str, ebs_key_arn: str) -> dict:
+    """Karpenter v1 controller permissions, narrowed to this cluster's tags, region, queue and node role.
+
+    Follows the statements of Karpenter's reference CloudFormation policy
+    (https://karpenter.sh/docs/reference/cloudformation/), restricted to one region and cluster.
+    """
+    ec2 = f"arn:aws:ec2:{region}"
+    owned = {f"aws:RequestTag/kubernetes.io/cluster/{cluster_name}": "owned",
+             "aws:RequestTag/eks:eks-cluster-name": cluster_name}
+    region_only = {"StringEquals": {"aws:RequestedRegion": region}}
+    return _doc(
+        {"Sid": "LaunchFromSharedResources", "Effect": "Allow",
+         "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+         "Resource": [f"{ec2}::image/*", f"{ec2}::snapshot/*", f"{ec2}:*:security-group/*", f"{ec2}:*:subnet/*",
+                      f"{ec2}:*:capacity-reservation/*", f"{ec2}:*:placement-group/*"]},
+        {"Sid": "LaunchTaggedResources", "Effect": "Allow",
+         "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
+         "Resource": [f"{ec2}:*:fleet/*", f"{ec2}:*:instance/*", f"{ec2}:*:volume/*",
+                      f"{ec2}:*:network-interface/*", f"{ec2}:*:launch-template/*",
+                      f"{ec2}:*:spot-instances-request/*"],
+         "Condition": {"StringEquals": owned, "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"}}},
+        {"Sid": "TagOnLaunch", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": [f"{ec2}:*:fleet/*", f"{ec2}:*:instance/*", f"{ec2}:*:volume/*",
+                      f"{ec2}:*:network-interface/*", f"{ec2}:*:launch-template/*",
+                      f"{ec2}:*:spot-instances-request/*"],
+         "Condition": {"StringEquals": {**owned,
+                                        "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"]},
+                       "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"}}},
+        {"Sid": "TagOwnedInstances", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": f"{ec2}:*:instance/*",
+         "Condition": {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned"},
+                       "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
+                       "ForAllValues:StringEquals": {"aws:TagKeys": ["eks:eks-cluster-name",
+                                                                     "karpenter.sh/nodeclaim", "Name"]}}},
+        {"Sid": "DeleteOwned", "Effect": "Allow", "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
+         "Resource": [f"{ec2}:*:instance/*", f"{ec2}:*:launch-template/*"],
+         "Condition": {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned"},
+                       "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"}}},
+        {"Sid": "Describe", "Effect": "Allow",
+         "Action": ["ec2:DescribeAvailabilityZones", "ec2:DescribeImages", "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
+                    "ec2:DescribeSecurityGroups", "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets",
+                    "ec2:DescribeCapacityReservations", "ec2:DescribePlacementGroups"],
+         "Resource": "*", "Condition": region_only},
+        {"Sid": "AmiParameters", "Effect": "Allow", "Action": "ssm:GetParameter",
+         "Resource": f"arn:aws:ssm:{region}::parameter/aws/service/*"},
+        {"Sid": "Pricing", "Effect": "Allow", "Action": "pricing:GetProducts", "Resource": "*"},
+        {"Sid": "InterruptionQueue", "Effect": "Allow",
+         "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"], "Resource": queue_arn},
+        {"Sid": "PassNodeRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": node_role_arn,
+         "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
+        {"Sid": "ManageOwnedInstanceProfiles", "Effect": "Allow",
+         "Action": ["iam:CreateInstanceProfile", "iam:TagInstanceProfile", "iam:AddRoleToInstanceProfile",
+                    "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"],
+         "Resource": f"arn:aws:iam::{account_id}:instance-profile/*",
+         "Condition": {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned",
+                                        "aws:ResourceTag/topology.kubernetes.io/region": region},
+                       "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"}}},
+        {"Sid": "CreateInstanceProfiles", "Effect": "Allow",
+         "Action": ["iam:CreateInstanceProfile", "iam:TagInstanceProfile"],
+         "Resource": f"arn:aws:iam::{account_id}:instance-profile/*",
+         "Condition": {"StringEquals": {f"aws:RequestTag/kubernetes.io/cluster/{cluster_name}": "owned",
+                                        "aws:RequestTag/eks:eks-cluster-name": cluster_name,
+                                        "aws:RequestTag/topology.kubernetes.io/region": region},
+                       "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"}}},
+        {"Sid": "ReadInstanceProfiles", "Effect": "Allow",
+         "Action": ["iam:GetInstanceProfile", "iam:ListInstanceProfiles"], "Resource": "*"},
+        {"Sid": "DescribeCluster", "Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": cluster_arn},
+        # RunInstances with volumes encrypted by our key: EC2 creates grants as the caller.
+        {"Sid": "EbsKey", "Effect": "Allow",
+         "Action": ["kms:CreateGrant", "kms:Decrypt", "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey",
+                    "kms:ReEncrypt*"],
+         "Resource": ebs_key_arn, "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}}},
+    )
+
+
+def flow_logs_policy(log_group_arn: str) -> dict:
+    """VPC Flow Logs: write to one log group."""
+    return _doc({"Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents",
+                                               "logs:DescribeLogStreams"],
+                 "Resource": [log_group_arn, f"{log_group_arn}:*"]})
+
+
+# AWS-managed policies attached by ARN (they track AWS API changes; scoping is by role trust).
+NODE_MANAGED_POLICIES = (
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+    "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+)
+CLUSTER_MANAGED_POLICIES = ("arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",)
+CNI_MANAGED_POLICY = "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy"
+EBS_CSI_MANAGED_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"

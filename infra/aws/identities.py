@@ -1,0 +1,86 @@
+"""Workload identities: one IAM role per workload, bound to its Kubernetes service account by EKS Pod Identity.
+
+Usage:
+    ids = WorkloadIdentities("identities", WorkloadIdentitiesArgs(...))
+    ids.identities["trainer/research"]  # infra.platform.WorkloadIdentity
+
+With Pod Identity the binding lives in EKS (aws.eks.PodIdentityAssociation), not on the service
+account, so the WorkloadIdentity annotations are empty: the Kubernetes layer creates plain service
+accounts with exactly these names and namespaces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import naming
+from infra.aws import iam
+from infra.platform import WorkloadIdentity
+
+
+@dataclass(frozen=True, kw_only=True)
+class Binding:
+    key: str  # platform.identities key: "cache", "mlflow", "trainer/<team>"
+    namespace: str  # Kubernetes namespace of the service account
+    service_account: str  # Kubernetes service account name
+    policy: Callable[[Mapping[str, str]], dict]  # resolved names/ARNs -> IAM policy document
+
+
+def bindings(teams: Sequence[str], cache: bool, mlflow: bool) -> list[Binding]:
+    """Which service accounts get which permissions (pure)."""
+    out = [Binding(key=f"trainer/{team}", namespace=naming.team_namespace(team),
+                   service_account=naming.TRAINER_SERVICE_ACCOUNT,
+                   policy=lambda r, team=team: iam.trainer_policy(team, datasets_bucket=r["datasets"],
+                                                                  checkpoints_bucket=r["checkpoints"],
+                                                                  s3_key_arn=r["s3_key"]))
+           for team in teams]
+    if cache:
+        out.append(Binding(key="cache", namespace=naming.CACHE_NAMESPACE, service_account=naming.CACHE_SERVICE_ACCOUNT,
+                           policy=lambda r: iam.cache_policy(datasets_bucket=r["datasets"], s3_key_arn=r["s3_key"])))
+    if mlflow:
+        out.append(Binding(key="mlflow", namespace=naming.MLFLOW_NAMESPACE,
+                           service_account=naming.MLFLOW_SERVICE_ACCOUNT,
+                           policy=lambda r: iam.mlflow_policy(artifacts_bucket=r["artifacts"], s3_key_arn=r["s3_key"])))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadIdentitiesArgs:
+    cluster_name: pulumi.Input[str]  # EKS cluster for the associations
+    role_prefix: str  # IAM role names are <prefix>-<key>
+    account_id: str  # trust policy source account
+    bindings: Sequence[Binding]  # from `bindings()`
+    resources: Mapping[str, pulumi.Input[str]]  # datasets, checkpoints, artifacts (bucket names), s3_key (ARN)
+    depends_on: Sequence[pulumi.Resource]  # the Pod Identity agent add-on
+    tags: Mapping[str, str]  # common tags
+
+
+class WorkloadIdentities(pulumi.ComponentResource):
+    def __init__(self, name: str, args: WorkloadIdentitiesArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-train:aws:WorkloadIdentities", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        keys = sorted(args.resources)
+        resolved = pulumi.Output.all(*[args.resources[k] for k in keys]).apply(lambda v: dict(zip(keys, v,
+                                                                                                strict=True)))
+        self.identities: dict[str, WorkloadIdentity] = {}
+        self.role_arns: dict[str, pulumi.Output[str]] = {}
+        self.associations: list[aws.eks.PodIdentityAssociation] = []
+        for b in args.bindings:
+            res = f"{name}-{b.key.replace('/', '-')}"
+            role = aws.iam.Role(res, name=f"{args.role_prefix}-{b.key.replace('/', '-')}"[:64],
+                                assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)),
+                                tags=dict(args.tags), opts=child)
+            aws.iam.RolePolicy(res, role=role.id, policy=resolved.apply(lambda r, b=b: json.dumps(b.policy(r))),
+                               opts=child)
+            self.associations.append(aws.eks.PodIdentityAssociation(
+                res, cluster_name=args.cluster_name, namespace=b.namespace, service_account=b.service_account,
+                role_arn=role.arn, tags=dict(args.tags),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))))
+            self.role_arns[b.key] = role.arn
+            self.identities[b.key] = WorkloadIdentity(namespaces=[b.namespace], name=b.service_account, annotations={})
+        self.register_outputs({"role_arns": self.role_arns})

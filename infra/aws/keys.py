@@ -1,0 +1,137 @@
+"""Customer-managed KMS keys, one per purpose, with rotation, a deletion window and least-privilege policies.
+
+Usage:
+    keys = Keys("keys", KeysArgs(prefix="gpu-train-aws-dev", account_id=..., region=..., tags=...))
+    keys.arns["s3"]  # Output[str]
+
+Purposes: eks (Kubernetes secrets), ebs (node and persistent volumes), s3 (buckets), logs
+(CloudWatch log groups), sqs (Karpenter interruption queue), ecr (image repository). The key
+policies are pure functions (`key_policy`) so tests read them without mocks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+
+PURPOSES = ("eks", "ebs", "s3", "logs", "sqs", "ecr")
+DELETION_WINDOW_DAYS = 30
+
+
+def _root_admin(account_id: str) -> dict:
+    # The account root statement lets IAM policies in this account grant key use; without it the
+    # key becomes unmanageable. https://docs.aws.amazon.com/kms/latest/developerguide/key-policy-default.html
+    return {
+        "Sid": "AccountAdministration",
+        "Effect": "Allow",
+        "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
+        "Action": "kms:*",
+        "Resource": "*",
+    }
+
+
+def key_policy(purpose: str, *, account_id: str, region: str, ebs_user_role_arns: Sequence[str] = ()) -> dict:
+    """The key policy for one purpose (pure). `ebs_user_role_arns`: roles that attach encrypted volumes."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"unknown KMS key purpose {purpose!r} (known: {', '.join(PURPOSES)})")
+    statements = [_root_admin(account_id)]
+    use = ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"]
+    if purpose == "logs":
+        # CloudWatch Logs encrypts log groups only for log groups of this account and region.
+        # https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html
+        statements.append({
+            "Sid": "CloudWatchLogs",
+            "Effect": "Allow",
+            "Principal": {"Service": f"logs.{region}.amazonaws.com"},
+            "Action": use,
+            "Resource": "*",
+            "Condition": {"ArnLike": {
+                "kms:EncryptionContext:aws:logs:arn": f"arn:aws:logs:{region}:{account_id}:log-group:*"}},
+        })
+    elif purpose == "sqs":
+        # EventBridge must encrypt the messages it sends to a KMS-encrypted queue.
+        # https://docs.aws.amazon.com/eventbridge/latest/userguide/eb-troubleshooting.html
+        statements.append({
+            "Sid": "EventBridgeToSqs",
+            "Effect": "Allow",
+            "Principal": {"Service": "events.amazonaws.com"},
+            "Action": ["kms:Decrypt", "kms:GenerateDataKey*"],
+            "Resource": "*",
+            "Condition": {"StringEquals": {"aws:SourceAccount": account_id}},
+        })
+    elif purpose == "ebs":
+        # Auto Scaling launches managed-node-group instances with encrypted volumes through its
+        # service-linked role, which needs the key and a grant for EC2.
+        # https://docs.aws.amazon.com/autoscaling/ec2/userguide/key-policy-requirements-EBS-encryption.html
+        # The principals are matched by aws:PrincipalArn rather than named as principals, because KMS
+        # rejects a policy naming a role that does not exist yet (the service-linked role appears
+        # with the first Auto Scaling group of the account).
+        asg = f"arn:aws:iam::{account_id}:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
+        users = {"ArnEquals": {"aws:PrincipalArn": [asg, *ebs_user_role_arns]}}
+        statements.append({
+            "Sid": "VolumeLaunchers",
+            "Effect": "Allow",
+            "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
+            "Action": use,
+            "Resource": "*",
+            "Condition": users,
+        })
+        statements.append({
+            "Sid": "VolumeLaunchersGrants",
+            "Effect": "Allow",
+            "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
+            "Action": "kms:CreateGrant",
+            "Resource": "*",
+            "Condition": {**users, "Bool": {"kms:GrantIsForAWSResource": "true"}},
+        })
+    elif purpose in ("s3", "ecr", "eks"):
+        # Used by the service on behalf of callers, through the caller's IAM permissions, only via
+        # that service (kms:ViaService): a role with kms:Decrypt cannot use the key directly.
+        service = {"s3": "s3", "ecr": "ecr", "eks": "eks"}[purpose]
+        statements.append({
+            "Sid": f"AccountUseVia{service.upper()}",
+            "Effect": "Allow",
+            "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
+            "Action": [*use, "kms:CreateGrant"],
+            "Resource": "*",
+            "Condition": {"StringEquals": {"kms:ViaService": f"{service}.{region}.amazonaws.com",
+                                           "kms:CallerAccount": account_id}},
+        })
+    return {"Version": "2012-10-17", "Id": f"gpu-train-{purpose}", "Statement": statements}
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeysArgs:
+    prefix: str  # alias and description prefix, e.g. gpu-train-aws-dev
+    account_id: str  # the account whose root administers the keys
+    region: str  # for service principals and conditions
+    # Roles that launch or attach encrypted EBS volumes (Karpenter controller, EBS CSI driver, nodes).
+    ebs_user_role_arns: Sequence[pulumi.Input[str]] = field(default_factory=tuple)
+    tags: Mapping[str, str] = field(default_factory=dict)  # common tags
+
+
+class Keys(pulumi.ComponentResource):
+    def __init__(self, name: str, args: KeysArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-train:aws:Keys", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.keys: dict[str, aws.kms.Key] = {}
+        self.arns: dict[str, pulumi.Output[str]] = {}
+        for purpose in PURPOSES:
+            if purpose == "ebs":
+                policy = pulumi.Output.all(*args.ebs_user_role_arns).apply(
+                    lambda roles: json.dumps(key_policy("ebs", account_id=args.account_id, region=args.region,
+                                                        ebs_user_role_arns=list(roles))))
+            else:
+                policy = json.dumps(key_policy(purpose, account_id=args.account_id, region=args.region))
+            key = aws.kms.Key(f"{name}-{purpose}", description=f"{args.prefix} {purpose} encryption",
+                              enable_key_rotation=True, deletion_window_in_days=DELETION_WINDOW_DAYS,
+                              policy=policy, tags={**args.tags, "purpose": purpose}, opts=child)
+            aws.kms.Alias(f"{name}-{purpose}", name=f"alias/{args.prefix}-{purpose}", target_key_id=key.key_id,
+                          opts=child)
+            self.keys[purpose] = key
+            self.arns[purpose] = key.arn
+        self.register_outputs({f"{p}_key_arn": a for p, a in self.arns.items()})
