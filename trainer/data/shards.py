@@ -71,7 +71,9 @@ class CachedShardSource:
         self.shard_tokens = [s.tokens for s in manifest.shards]
         self._max_open = max(max_open, prefetch_shards + 2)
         self._open: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
+        # Re-entrant: a future that is already done runs its done-callback (which takes this lock) at once,
+        # inside prefetch(), which holds it.
+        self._lock = threading.RLock()
         self._inflight: dict[int, Future[Path]] = {}
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, prefetch_shards), thread_name_prefix="shard-prefetch"

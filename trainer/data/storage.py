@@ -308,35 +308,55 @@ class S3Store:
             HTTPClientError,
             NoCredentialsError,
         )
-        from s3transfer.exceptions import RetriesExceededError
 
         url = self.url_of(key)
         where = f" via {self.endpoint}" if self.endpoint else ""
-        if isinstance(exc, ClientError):
-            err = exc.response.get("Error", {})
+        # boto3's transfer manager wraps the botocore error (S3UploadFailedError, RetriesExceededError);
+        # classify by the innermost cause we recognise.
+        cause: BaseException | None = exc
+        seen = exc
+        while cause is not None:
+            if isinstance(cause, ClientError | NoCredentialsError | ConnectionError | HTTPClientError):
+                seen = cause
+                break
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(seen, ClientError):
+            err = seen.response.get("Error", {})
             code = str(err.get("Code", ""))
-            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            status = int(seen.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
             msg = f"{url}{where}: {action} failed: {code or status} {err.get('Message', '')}".rstrip()
             if status == 404 or code in ("404", "NoSuchKey", "NotFound", "NoSuchBucket"):
                 return ObjectNotFoundError(msg, uri=url)
             return StorageError(
                 msg, uri=url, transient=status >= 500 or status == 429 or code in _TRANSIENT_CODES
             )
-        if isinstance(exc, NoCredentialsError):
+        if isinstance(seen, NoCredentialsError):
             return StorageError(
-                f"{url}{where}: no credentials found in the environment or workload identity ({exc})", uri=url
+                f"{url}{where}: no credentials found in the environment or workload identity ({seen})",
+                uri=url,
             )
-        if isinstance(exc, ConnectionError | HTTPClientError | RetriesExceededError):
-            return StorageError(f"{url}{where}: {action} failed: {exc}", uri=url, transient=True)
-        return StorageError(f"{url}{where}: {action} failed: {type(exc).__name__}: {exc}", uri=url)
+        transient = (
+            isinstance(seen, ConnectionError | HTTPClientError) or "RetriesExceeded" in type(exc).__name__
+        )
+        return StorageError(
+            f"{url}{where}: {action} failed: {type(exc).__name__}: {exc}", uri=url, transient=transient
+        )
 
     def _call(self, key: str, action: str, fn: Callable[[], T]) -> T:
+        import boto3.exceptions
+        import s3transfer.exceptions
         from botocore.exceptions import BotoCoreError, ClientError
-        from s3transfer.exceptions import S3TransferFailedError
 
         try:
             return fn()
-        except (ClientError, BotoCoreError, S3TransferFailedError) as exc:
+        except (
+            ClientError,
+            BotoCoreError,
+            boto3.exceptions.Boto3Error,
+            s3transfer.exceptions.RetriesExceededError,
+            s3transfer.exceptions.S3DownloadFailedError,
+            s3transfer.exceptions.S3UploadFailedError,
+        ) as exc:
             raise self._error(key, exc, action) from exc
 
     # -- operations ------------------------------------------------------------------------------------
