@@ -1,0 +1,136 @@
+"""The whole program for gcp-dev and gcp-prod through the plan tool: `pytest tests/infra/gcp/test_plan_gcp.py`."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from tests.conftest import resources_of
+
+STACKS = ["gcp-dev", "gcp-prod"]
+
+
+def one(plan, typ, name_part=""):
+    (res,) = [r for r in resources_of(plan, typ) if name_part in r["name"]]
+    return res["inputs"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_network_is_private_and_closed(plans, stack):
+    plan = plans[stack]
+    subnet = one(plan, "gcp:compute/subnetwork:Subnetwork", "network-nodes")
+    assert subnet["privateIpGoogleAccess"] is True
+    assert {r["rangeName"] for r in subnet["secondaryIpRanges"]} == {"pods", "services"}
+    nat = one(plan, "gcp:compute/routerNat:RouterNat")
+    assert nat["logConfig"]["enable"] is True
+    for fw in resources_of(plan, "gcp:compute/firewall:Firewall"):
+        ranges = fw["inputs"].get("sourceRanges") or []
+        assert fw["inputs"]["direction"] == "INGRESS"
+        assert ranges and all(ipaddress.ip_network(c).prefixlen > 0 for c in ranges), fw["name"]
+    hc = one(plan, "gcp:compute/firewall:Firewall", "health-checks")
+    assert set(hc["sourceRanges"]) == {"35.191.0.0/16", "130.211.0.0/22"}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_everything_is_encrypted_with_our_keys(plans, stack):
+    plan = plans[stack]
+    keys = resources_of(plan, "gcp:kms/cryptoKey:CryptoKey")
+    assert len(keys) == 4 and all(k["inputs"]["rotationPeriod"] == "7776000s" for k in keys)
+    members = {g["inputs"]["member"] for g in resources_of(plan, "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")}
+    assert {m.split("@")[1] for m in members} == {
+        "container-engine-robot.iam.gserviceaccount.com", "gs-project-accounts.iam.gserviceaccount.com",
+        "gcp-sa-artifactregistry.iam.gserviceaccount.com", "compute-system.iam.gserviceaccount.com"}
+    buckets = resources_of(plan, "gcp:storage/bucket:Bucket")
+    assert len(buckets) == 3
+    for b in buckets:
+        i = b["inputs"]
+        assert i["encryption"]["defaultKmsKeyName"].endswith("/cryptoKeys/storage")
+        assert i["uniformBucketLevelAccess"] is True and i["publicAccessPrevention"] == "enforced"
+        assert i["softDeletePolicy"]["retentionDurationSeconds"] > 0
+        assert i["labels"]["stack"] == stack
+    ckpt = next(b["inputs"] for b in buckets if "checkpoints" in b["name"])
+    assert ckpt["versioning"]["enabled"] is True
+    assert {r["action"]["type"] for r in ckpt["lifecycleRules"]} == {"Delete", "AbortIncompleteMultipartUpload"}
+    repo = one(plan, "gcp:artifactregistry/repository:Repository")
+    assert repo["kmsKeyName"].endswith("/cryptoKeys/registry") and repo["dockerConfig"]["immutableTags"] is True
+    assert {p["action"] for p in repo["cleanupPolicies"]} == {"KEEP", "DELETE"}
+    gke = one(plan, "gcp:container/cluster:Cluster")
+    assert gke["databaseEncryption"] == {"state": "ENCRYPTED", "keyName": gke["databaseEncryption"]["keyName"]}
+    assert gke["databaseEncryption"]["keyName"].endswith("/cryptoKeys/gke")
+    for pool in resources_of(plan, "gcp:container/nodePool:NodePool"):
+        assert pool["inputs"]["nodeConfig"]["bootDiskKmsKey"].endswith("/cryptoKeys/disks")
+        assert pool["inputs"]["nodeConfig"]["shieldedInstanceConfig"] == {
+            "enableSecureBoot": True, "enableIntegrityMonitoring": True}
+        assert pool["inputs"]["nodeConfig"]["workloadMetadataConfig"]["mode"] == "GKE_METADATA"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_cluster_is_private_with_workload_identity(plans, stack):
+    gke = one(plans[stack], "gcp:container/cluster:Cluster")
+    assert gke["privateClusterConfig"]["enablePrivateNodes"] is True
+    public = stack == "gcp-prod"
+    assert gke["privateClusterConfig"]["enablePrivateEndpoint"] is (not public)
+    cidrs = {c["cidrBlock"] for c in gke["masterAuthorizedNetworksConfig"]["cidrBlocks"]}
+    assert "0.0.0.0/0" not in cidrs and ("203.0.113.0/24" in cidrs) is public
+    assert gke["workloadIdentityConfig"]["workloadPool"].endswith(".svc.id.goog")
+    assert gke["datapathProvider"] == "ADVANCED_DATAPATH" and gke["enableShieldedNodes"] is True
+    assert gke["removeDefaultNodePool"] is True and gke["initialNodeCount"] == 1
+    (exclusion,) = gke["maintenancePolicy"]["maintenanceExclusions"]
+    assert exclusion["exclusionOptions"]["scope"] == "NO_MINOR_OR_NODE_UPGRADES"
+    assert gke.get("enableMultiNetworking") is (True if public else None)
+    system = one(plans[stack], "gcp:container/nodePool:NodePool", "cluster-system")
+    assert system["nodeConfig"]["labels"] == {"gpu-train.io/system": "true"}
+    roles = {r["inputs"]["role"] for r in resources_of(plans[stack], "gcp:projects/iAMMember:IAMMember")}
+    assert roles == {"roles/logging.logWriter", "roles/monitoring.metricWriter", "roles/monitoring.viewer",
+                     "roles/stackdriver.resourceMetadata.writer"}
+
+
+def test_prod_a3_mega_pools_get_tcpxo_fabric(plans):
+    plan = plans["gcp-prod"]
+    vpcs = [r["inputs"] for r in resources_of(plan, "gcp:compute/network:Network") if "tcpxo" in r["name"]]
+    assert len(vpcs) == 8 and all(v["mtu"] == 8244 for v in vpcs)
+    for name, capacity in (("h100-reserved", "reservation"), ("h100-spot", "spot")):
+        pool = one(plan, "gcp:container/nodePool:NodePool", f"gpu-{name}-pool")
+        node = pool["nodeConfig"]
+        assert len(pool["networkConfig"]["additionalNodeNetworkConfigs"]) == 8
+        assert node["localNvmeSsdBlockConfig"]["localSsdCount"] == 16
+        assert pool["placementPolicy"]["type"] == "COMPACT" and pool["nodeLocations"] == ["us-central1-a"]
+        assert node["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}]
+        assert node["guestAccelerators"][0]["gpuDriverInstallationConfig"]["gpuDriverVersion"] == "LATEST"
+        assert node["gvnic"]["enabled"] is True
+        assert pool["autoscaling"]["locationPolicy"] == ("ANY" if capacity == "spot" else "BALANCED")
+        if capacity == "spot":
+            assert node["spot"] is True
+        else:
+            assert node["reservationAffinity"]["consumeReservationType"] == "SPECIFIC_RESERVATION"
+
+
+def test_dev_l4_pool_scales_from_zero_without_fabric(plans):
+    pool = one(plans["gcp-dev"], "gcp:container/nodePool:NodePool", "gpu-l4-spot")
+    assert pool["autoscaling"]["totalMinNodeCount"] == 0 and "networkConfig" not in pool
+    assert pool["nodeConfig"]["localNvmeSsdBlockConfig"]["localSsdCount"] == 1
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_workload_identity_and_checkpoint_prefix(plans, stack):
+    plan = plans[stack]
+    wi = {r["inputs"]["member"] for r in resources_of(plan, "gcp:serviceaccount/iAMMember:IAMMember")
+          if r["inputs"]["role"] == "roles/iam.workloadIdentityUser"}
+    project = "acme-ml-dev" if stack == "gcp-dev" else "acme-ml-prod"
+    teams = ["research"] if stack == "gcp-dev" else ["research", "applied"]
+    expected = {f"serviceAccount:{project}.svc.id.goog[{ns}]" for ns in
+                ["alluxio/alluxio", "mlflow/mlflow", *[f"team-{t}/trainer" for t in teams]]}
+    assert wi == expected
+    grants = resources_of(plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
+    writers = [g["inputs"] for g in grants if g["inputs"]["role"] in ("roles/storage.objectUser",
+                                                                     "roles/storage.objectAdmin")]
+    ckpt_writers = [g for g in writers if "checkpoints" in g["bucket"]]
+    assert len(ckpt_writers) == len(teams)
+    for g in ckpt_writers:
+        expr = g["condition"]["expression"]
+        assert expr.startswith(f'resource.name.startsWith("projects/_/buckets/{g["bucket"]}/objects/')
+        assert any(expr.endswith(f'/objects/{t}/")') for t in teams)
+    # Nothing writes the datasets bucket; only mlflow writes artifacts.
+    assert not any("datasets" in g["bucket"] for g in writers)
+    assert all("mlflow" in g["member"] for g in writers if "artifacts" in g["bucket"])

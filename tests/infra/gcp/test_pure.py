@@ -1,0 +1,134 @@
+"""Pure planners of the GCP layer, no mocks: `pytest tests/infra/gcp/test_pure.py`."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import pytest
+
+from infra import naming
+from infra.gcp import cluster, fabric, gpu_pools, identity, keys, network, storage
+from tests.infra.gcp.conftest import fabric_pool, stack_cfg
+
+L4 = {"name": "l4", "instanceType": "g2-standard-8", "capacity": "spot", "maxNodes": 2}
+
+
+def test_fabric_sets_share_by_kind_and_split_rdma_by_zone():
+    cfg = stack_cfg([fabric_pool("hi", "a3-highgpu-8g"), fabric_pool("mega-a", "a3-megagpu-8g"),
+                     fabric_pool("mega-b", "a3-megagpu-8g", capacity="reservation"),
+                     fabric_pool("ultra", "a3-ultragpu-8g"), fabric_pool("b200", "a4-highgpu-8g", zone="us-central1-b")])
+    sets = network.fabric_sets(cfg)
+    assert sorted(sets) == ["rdma-us-central1-a", "rdma-us-central1-b", "tcpx", "tcpxo"]
+    assert len(sets["tcpx"].nics()) == 4 and len(sets["tcpxo"].nics()) == 8
+    ultra = sets["rdma-us-central1-a"]
+    assert [v.rdma for v in ultra.vpcs] == [False, True]
+    assert ultra.vpcs[1].zone == "us-central1-a" and len(ultra.vpcs[1].subnets) == 8
+    cidrs = [ipaddress.IPv4Network(s.cidr) for fs in sets.values() for _, s in fs.nics()]
+    assert len(cidrs) == 4 + 8 + 9 + 9
+    for i, a in enumerate(cidrs):
+        assert a.prefixlen == 24
+        assert not any(a.overlaps(b) for b in cidrs[i + 1:])
+    names = [s.k8s_network for fs in sets.values() for _, s in fs.nics()]
+    assert len(set(names)) == len(names)
+
+
+def test_fabric_subnets_skip_configured_ranges():
+    cfg = stack_cfg([fabric_pool("mega", "a3-megagpu-8g")])
+    cfg = cfg.__class__(**{**cfg.__dict__, "network": cfg.network.__class__(
+        vpc_cidr="192.168.0.0/22", pod_cidr="10.12.0.0/14", service_cidr="10.16.0.0/20")})
+    subnets = [ipaddress.IPv4Network(s.cidr) for _, s in network.fabric_sets(cfg)["tcpxo"].nics()]
+    assert not any(s.overlaps(ipaddress.IPv4Network("192.168.0.0/22")) for s in subnets)
+
+
+def test_pools_without_fabric_have_no_set():
+    cfg = stack_cfg([L4])
+    assert network.fabric_sets(cfg) == {}
+    assert network.pool_fabric_key(cfg.gpu_pools[0]) is None
+    assert fabric.fabric_contract(None, "g2-standard-8").kind == "none"
+
+
+def test_roce_profile_and_nat_logging():
+    assert network.roce_network_profile("p", "us-central1-b") == \
+        "projects/p/global/networkProfiles/us-central1-b-vpc-roce"
+    assert network.nat_log_filter(stack_cfg([L4], environment="prod")) == "ALL"
+
+
+@pytest.mark.parametrize(("machine", "kind", "nics"), [
+    ("a3-highgpu-8g", "tcpx", 4), ("a3-megagpu-8g", "tcpxo", 8), ("a3-ultragpu-8g", "rdma", 9)])
+def test_fabric_contract_per_machine(machine, kind, nics):
+    cfg = stack_cfg([fabric_pool("p", machine)])
+    fset = network.fabric_sets(cfg)[network.pool_fabric_key(cfg.gpu_pools[0])]
+    fab = fabric.fabric_contract(fset, machine)
+    assert fab.kind == kind and fab.resources == {}
+    assert fab.annotations["networking.gke.io/default-interface"] == "eth0"
+    interfaces = json.loads(fab.annotations["networking.gke.io/interfaces"])
+    assert interfaces[0] == {"interfaceName": "eth0", "network": "default"}
+    assert [i["network"] for i in interfaces[1:]] == [n["name"] for n in fab.networks]
+    assert len(fab.networks) == nics
+    modes = [n["deviceMode"] for n in fab.networks]
+    if kind == "rdma":
+        assert modes == ["NetDevice"] + ["RDMA"] * 8
+        assert fab.nccl_env["NCCL_NET"] == "gIB" and fab.sidecars == []
+        assert "/usr/local/gib/lib64" in fab.nccl_env["LD_LIBRARY_PATH"]
+    else:
+        assert set(modes) == {"NetDevice"}
+        (sidecar,) = fab.sidecars
+        assert sidecar["restartPolicy"] == "Always"
+        assert sidecar["image"].rsplit(":", 1)[1].startswith("v")
+        ifname_key = "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME" if kind == "tcpx" else "NCCL_FASTRAK_IFNAME"
+        assert fab.nccl_env[ifname_key] == ",".join(f"eth{i}" for i in range(1, nics + 1))
+    assert fab.nccl_env["NCCL_CROSS_NIC"] == "0"
+    mounted = {m["name"] for m in fab.volume_mounts} | {m["name"] for s in fab.sidecars for m in s["volumeMounts"]}
+    assert mounted <= {v["name"] for v in fab.volumes}
+    assert {"name": "nvidia-lib", "hostPath": {"path": "/home/kubernetes/bin/nvidia/lib64"}} in fab.volumes
+
+
+def test_capacity_and_autoscaling():
+    spot, res, od = (stack_cfg([fabric_pool("s", "a3-megagpu-8g"),
+                                fabric_pool("r", "a3-megagpu-8g", capacity="reservation"),
+                                fabric_pool("o", "a3-megagpu-8g", capacity="on-demand")]).gpu_pools)
+    assert gpu_pools.capacity_settings(spot) == {"spot": True}
+    assert gpu_pools.capacity_settings(res)["reservation_affinity"] == {
+        "consume_reservation_type": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name", "values": ["r-res"]}
+    assert "spot" not in gpu_pools.capacity_settings(od)
+    assert gpu_pools.autoscaling_settings(spot)["location_policy"] == "ANY"
+    assert gpu_pools.autoscaling_settings(res) == {"total_min_node_count": 0, "total_max_node_count": 2,
+                                                   "location_policy": "BALANCED"}
+    assert gpu_pools.node_labels(spot, "tcpxo")[naming.POOL_LABEL] == "s"
+
+
+def test_trainer_grants_are_prefix_scoped():
+    grants = identity.bucket_grants("trainer/research")
+    writes = [g for g in grants if g.role == identity.OBJECT_USER]
+    assert [(g.bucket, g.prefix) for g in writes] == [("checkpoints", "research")]
+    assert all(g.bucket != "artifacts" for g in grants)
+    assert identity.prefix_condition("b", "research")["expression"] == \
+        'resource.name.startsWith("projects/_/buckets/b/objects/research/")'
+    assert [g.bucket for g in identity.bucket_grants("cache")] == ["datasets"]
+    assert identity.bucket_grants("cache")[0].role == identity.OBJECT_VIEWER
+    assert [g.bucket for g in identity.bucket_grants("mlflow")] == ["artifacts"]
+    with pytest.raises(KeyError, match="nobody"):
+        identity.bucket_grants("nobody")
+    assert identity.wi_member("p", "team-x", "trainer") == "serviceAccount:p.svc.id.goog[team-x/trainer]"
+
+
+def test_keys_storage_registry_cluster_helpers():
+    agents = keys.service_agents("42")
+    assert agents["gke"] == "serviceAccount:service-42@container-engine-robot.iam.gserviceaccount.com"
+    assert agents["disks"] == "serviceAccount:service-42@compute-system.iam.gserviceaccount.com"
+    assert set(agents) == set(keys.KEY_USES)
+    cfg = stack_cfg([fabric_pool("m", "a3-megagpu-8g")])
+    ckpt = storage.lifecycle_rules("checkpoints", cfg)
+    assert {r["action"]["type"] for r in ckpt} == {"Delete", "AbortIncompleteMultipartUpload"}
+    assert [r["action"]["type"] for r in storage.lifecycle_rules("datasets", cfg)] == \
+        ["AbortIncompleteMultipartUpload"]
+    assert len(storage.bucket_name(cfg, "checkpoints")) <= 63
+    ex = cluster.maintenance_exclusion()
+    assert ex["exclusion_options"]["scope"] == "NO_MINOR_OR_NODE_UPGRADES"
+    kc = json.loads(cluster.kubeconfig("c", "10.0.0.2", "Q0E="))
+    assert kc["users"][0]["user"]["exec"]["command"] == "gke-gcloud-auth-plugin"
+    assert kc["clusters"][0]["cluster"]["server"] == "https://10.0.0.2"
+    assert cluster.location(stack_cfg([L4], regional=False)) == "us-central1-a"
+    assert all(n["cidr_block"] != "0.0.0.0/0" for n in cluster.authorized_networks(cfg))
