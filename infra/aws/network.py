@@ -71,7 +71,7 @@ def plan_subnets(vpc_cidr: str, pod_cidr: str, zones: Sequence[str]) -> list[Zon
     plan = []
     for zone, share, pod in zip(zones, shares, pod_shares, strict=True):
         private, rest = share.subnets(prefixlen_diff=1)
-        public = list(rest.subnets(new_prefix=min(share.prefixlen + 3, 28)))[-1]
+        public = list(rest.subnets(new_prefix=min(share.prefixlen + 4, 28)))[-1]
         plan.append(ZoneSubnets(zone=zone, private=str(private), public=str(public), pods=str(pod)))
     return plan
 
