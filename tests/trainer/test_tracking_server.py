@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -226,3 +227,43 @@ def test_server_outage_does_not_stop_training_and_logging_resumes(server, tmp_pa
     assert sum("is unreachable" in m for m in messages) == 1  # one warning for the whole outage
     assert sum("reachable again" in m for m in messages) == 1
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def _train(server: LocalServer, run_dir: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "trainer", "--preset", "tiny", "--run-dir", str(run_dir),
+           f"train.steps={steps}", "checkpoint.every_steps=5", "data.uri=synthetic", f"tracking.uri={server.uri}",
+           "tracking.experiment=e2e", "tracking.log_every=2", *extra]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["TRAINER_IMAGE_DIGEST"] = "sha256:" + "12" * 32
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_python_m_trainer_logs_registers_and_resumes_one_run(server, tmp_path):
+    run_dir = tmp_path / "run"
+    first = _train(server, run_dir, 12, "tracking.register_name=tiny-e2e")
+    client = MlflowClient(server.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    run_id = run.info.run_id
+    assert run_id in first.stdout  # the end-of-run text says where the run is
+    assert run.data.params["model.n_layer"] and run.data.params["data.uri"] == "synthetic"
+    assert run.data.tags[TAG_DATASET_URI] == "synthetic" and run.data.tags[TAG_IMAGE_DIGEST].endswith("12" * 32)
+    assert {"loss.png", "summary.json", "checkpoints", "model"} <= {a.path for a in client.list_artifacts(run_id)}
+    # The step-time split and throughput; MFU is None on a CPU (unknown peak) and so not logged there.
+    assert {"loss", "tokens_per_s", "data_wait_s", "forward_backward_s", "optimizer_s"} <= run.data.metrics.keys()
+    (version,) = client.search_model_versions("name='tiny-e2e'")
+    assert version.run_id == run_id and version.tags[TAG_DATASET_URI] == "synthetic"
+    assert version.tags[TAG_DATASET_MANIFEST] and version.tags[TAG_IMAGE_DIGEST].endswith("12" * 32)
+    logged_before = _steps(client, run_id)
+    assert logged_before[-1] == 12
+
+    # As if the job died before its last checkpoint: the restart resumes at step 10 and runs 11..12 again.
+    shutil.rmtree(run_dir / "checkpoints" / "step_000000012")
+    second = _train(server, run_dir, 16)
+    assert "resumed from" in second.stdout + second.stderr
+    runs = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    assert [r.info.run_id for r in runs] == [run_id]
+    steps = _steps(client, run_id)
+    assert steps == sorted(set(steps)) and steps[: len(logged_before)] == logged_before and steps[-1] == 16
+    assert client.get_run(run_id).data.tags[TAG_RESUMES] == "1"
