@@ -84,7 +84,7 @@ class TrackingSettings(Protocol):
 class TrackerOptions:
     """Knobs of the background sender; the defaults suit a real run, tests shorten the waits."""
 
-    max_pending_metrics: int = 200_000  # metric points held while the server is unreachable (~50 MB)
+    max_pending_metrics: int = 200_000  # metric points held while the server is unreachable (~35 MB)
     flush_timeout_s: float = 120.0  # close() waits at most this long for the queue (incl. model upload)
     start_timeout_s: float = 10.0  # create() waits at most this long for the run id on the first try
     initial_backoff_s: float = 0.5  # first retry delay after a failure; doubles per failure
