@@ -158,8 +158,11 @@ class Resource:
         if value in ids:
             return True
         if value.startswith(("arn:", "https://", "projects/")):
-            return re.split(r"[:/]", value)[-1] in ids
-        return False
+            value = re.split(r"[:/]", value)[-1]
+            if value in ids:
+                return True
+        # Pulumi auto-names a physical resource "<logical name>-<7 hex>" when no name is given.
+        return re.fullmatch(re.escape(self.name) + r"-[0-9a-f]{7}", value) is not None
 
 
 ResourceCheck = Callable[[Resource, Context], Iterable[str]]
