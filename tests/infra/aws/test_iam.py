@@ -38,7 +38,7 @@ def test_trainer_reads_datasets_and_writes_only_its_team_prefix():
     assert set(kms["Action"]) == {"kms:Decrypt", "kms:GenerateDataKey"}
     # Nothing but S3 and the S3 key.
     assert {a.split(":")[0] for a in _actions(doc)} == {"s3", "kms"}
-    assert not any("*" == a.split(":")[1] for a in _actions(doc))
+    assert not any(a.split(":")[1] == "*" for a in _actions(doc))
     with pytest.raises(ValueError, match="prefix"):
         iam.trainer_policy("a/b", datasets_bucket="ds", checkpoints_bucket="ck", s3_key_arn=KEY)
 
