@@ -1,0 +1,95 @@
+"""The cloud-neutral Kubernetes layer: GPU plugins, NVMe setup, Alluxio cache, monitoring, and
+Kueue/JobSet tenancy, built from the ClusterPlatform contract and the stack's settings.
+
+Usage (infra/__main__.py):
+    from infra.k8s import build_kubernetes
+    kube = build_kubernetes(platform, cfg)
+    # kube.cache_endpoint, kube.local_queue[team], kube.team_namespaces[team], kube.ready, ...
+
+It reads only `platform` and cfg.cache / cfg.monitoring / cfg.teams / cfg.gpu_pools / cfg.is_prod.
+See docs/kubernetes.md and docs/monitoring.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra import naming
+from infra.config import StackConfig
+from infra.k8s import common
+from infra.k8s.cache import Cache, CacheArgs
+from infra.k8s.gpu import GpuStack, GpuStackArgs
+from infra.k8s.monitoring import Monitoring, MonitoringArgs, release_labels
+from infra.k8s.nvme import NvmeSetup, NvmeSetupArgs
+from infra.k8s.storage import EncryptedStorage, StorageArgs
+from infra.k8s.tenancy import Tenancy, TenancyArgs
+from infra.platform import ClusterPlatform
+
+
+@dataclass(frozen=True)
+class KubernetesLayer:
+    """What the job, MLflow and the stack outputs need from the Kubernetes layer."""
+
+    cache_endpoint: str  # S3 endpoint of the Alluxio proxy ("" when the cache is disabled)
+    grafana_url: pulumi.Output[str]  # internal LB URL, or the kubectl port-forward command
+    team_namespaces: Mapping[str, k8s.core.v1.Namespace]  # team -> its Namespace
+    local_queue: Mapping[str, str]  # team -> LocalQueue name in the team namespace
+    storage_class_name: str  # the encrypted StorageClass (e.g. for MLflow's database volume)
+    monitoring_release_label: Mapping[str, str]  # labels a PodMonitor/ServiceMonitor needs
+    ready: Sequence[pulumi.Resource]  # what a job should depend_on (Kueue, JobSet, CRDs, namespaces)
+    monitoring: Monitoring
+    tenancy: Tenancy
+    gpu: GpuStack
+    cache: Cache | None
+    nvme: NvmeSetup | None
+
+
+def build_kubernetes(platform: ClusterPlatform, cfg: StackConfig) -> KubernetesLayer:
+    """Build every Kubernetes-side component for one stack."""
+    if not platform.gpu_pools:
+        raise ValueError("platform.gpu_pools is empty: the Kubernetes layer needs at least one GPU pool")
+    storage = EncryptedStorage("storage", StorageArgs(platform=platform, retain=cfg.is_prod))
+
+    gpu = GpuStack("gpu", GpuStackArgs(platform=platform, namespace=common.GPU_NAMESPACE))
+    nvme = None
+    if platform.nvme_setup == "daemonset":
+        nvme = NvmeSetup("nvme", NvmeSetupArgs(platform=platform, namespace=common.GPU_NAMESPACE,
+                                               depends_on=(gpu.namespace,)))
+
+    team_ns_names = tuple(naming.team_namespace(t.name) for t in cfg.teams)
+    monitoring = Monitoring("monitoring", MonitoringArgs(
+        platform=platform, settings=cfg.monitoring, storage_class=storage.name,
+        team_namespaces=team_ns_names, is_prod=cfg.is_prod, depends_on=(storage,)))
+
+    cache = None
+    if cfg.cache.enabled:
+        cache = Cache("cache", CacheArgs(
+            platform=platform, settings=cfg.cache, storage_class=storage.name,
+            monitoring_labels=release_labels(),
+            depends_on=(storage, monitoring.release, *([nvme] if nvme else []))))
+
+    tenancy = Tenancy("tenancy", TenancyArgs(platform=platform, teams=tuple(cfg.teams),
+                                             cache_enabled=cfg.cache.enabled))
+
+    ready: list[pulumi.Resource] = [
+        tenancy.releases["kueue"], tenancy.releases["jobset"], *tenancy.cluster_queues,
+        *tenancy.team_namespaces.values(), *tenancy.service_accounts.values(), monitoring.release, gpu,
+    ]
+    return KubernetesLayer(
+        cache_endpoint=cache.endpoint if cache else "",
+        grafana_url=monitoring.grafana_url,
+        team_namespaces=dict(tenancy.team_namespaces),
+        local_queue=dict(tenancy.local_queue),
+        storage_class_name=storage.name,
+        monitoring_release_label=release_labels(),
+        ready=ready,
+        monitoring=monitoring,
+        tenancy=tenancy,
+        gpu=gpu,
+        cache=cache,
+        nvme=nvme,
+    )

@@ -1,0 +1,352 @@
+"""Scheduling and tenancy: Kueue and JobSet, one ResourceFlavor per GPU pool, one ClusterQueue per
+team (GPU quota from the settings, borrowing inside one cohort), and per team a namespace with a
+LocalQueue, ResourceQuota, LimitRange, RBAC for its groups, the `trainer` ServiceAccount bound to
+the team's cloud identity, and default-deny NetworkPolicies with only the needed holes.
+
+Usage: `Tenancy("tenancy", TenancyArgs(platform=..., teams=cfg.teams, ...))`; `tenancy.local_queue`
+maps team -> LocalQueue name. Quota arithmetic, Kueue config and every manifest are pure functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+import yaml
+
+from infra import naming
+from infra.config import TeamConfig
+from infra.k8s import common
+from infra.platform import ClusterPlatform, GpuPool
+
+# https://kueue.sigs.k8s.io/docs/installation/#install-a-released-version (Helm, OCI)
+KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
+KUEUE_VERSION = "0.14.3"
+# https://jobset.sigs.k8s.io/docs/installation/ (Helm, OCI)
+JOBSET_CHART = "oci://registry.k8s.io/jobset/charts/jobset"
+JOBSET_VERSION = "0.10.1"
+KUEUE_API = "kueue.x-k8s.io/v1beta1"
+COHORT = "gpu-train"
+GPU_RESOURCE = "nvidia.com/gpu"
+KUEUE_MANAGED_LABEL = "gpu-train.io/kueue-managed"
+# CPU and memory quota that comes with each GPU of quota: above the largest per-GPU share of any
+# supported machine (p5.48xlarge: 24 vCPU / 256 GiB per GPU; a3-megagpu-8g: 26 vCPU / 234 GiB),
+# so GPU quota, not CPU or memory, is what limits a team.
+CPU_PER_GPU = 32
+MEMORY_GIB_PER_GPU = 256
+# Fabric devices requested next to GPUs are not quota'd by Kueue (they come with the node).
+EXCLUDED_RESOURCE_PREFIXES = ("vpc.amazonaws.com/", "networking.gke.io")
+
+
+def local_queue_name(team: str) -> str:
+    return f"{team}-queue"
+
+
+def cluster_queue_name(team: str) -> str:
+    return naming.team_namespace(team)
+
+
+def pool_capacity(pool: GpuPool) -> int:
+    return pool.max_nodes * pool.gpus_per_node
+
+
+def split_quota(quota: int, pools: Sequence[GpuPool]) -> dict[str, int]:
+    """Split a team's GPU quota over the pools in proportion to their capacity (largest remainder),
+    never above a pool's capacity; the parts add up to min(quota, total capacity)."""
+    total = sum(pool_capacity(p) for p in pools)
+    if total == 0:
+        return {p.name: 0 for p in pools}
+    target = min(quota, total)
+    exact = {p.name: target * pool_capacity(p) / total for p in pools}
+    parts = {name: int(v) for name, v in exact.items()}
+    by_remainder = sorted(pools, key=lambda p: (-(exact[p.name] - parts[p.name]), -pool_capacity(p), p.name))
+    short = target - sum(parts.values())
+    for pool in by_remainder:
+        if short == 0:
+            break
+        if parts[pool.name] < pool_capacity(pool):
+            parts[pool.name] += 1
+            short -= 1
+    return parts
+
+
+def resource_flavor(pool: GpuPool) -> dict[str, Any]:
+    """ResourceFlavor for a pool: its node labels (pool + capacity type) and taints' tolerations."""
+    labels = {**pool.node_selector, naming.POOL_LABEL: pool.name, naming.CAPACITY_LABEL: pool.capacity}
+    return {
+        "apiVersion": KUEUE_API, "kind": "ResourceFlavor",
+        "metadata": {"name": pool.name, "labels": {naming.CAPACITY_LABEL: pool.capacity}},
+        "spec": {"nodeLabels": labels, "tolerations": [dict(t) for t in pool.tolerations]},
+    }
+
+
+def cluster_queues(teams: Sequence[TeamConfig], pools: Sequence[GpuPool]) -> list[dict[str, Any]]:
+    """One ClusterQueue per team in one cohort. Per pool flavor: nominal GPUs from the team's share;
+    the team may lend all of it while idle and borrow what the others lend (reclaimed by preemption)."""
+    if not pools:
+        raise ValueError("cluster queues need at least one GPU pool")
+    shares = {t.name: split_quota(t.gpu_quota, pools) for t in teams}
+    queues = []
+    for team in teams:
+        flavors = []
+        for pool in pools:
+            gpus = shares[team.name][pool.name]
+            others = sum(shares[o.name][pool.name] for o in teams if o.name != team.name)
+
+            def quota(name: str, nominal: int | str, borrow: int | str, lend: int | str) -> dict[str, Any]:
+                return {"name": name, "nominalQuota": nominal, "borrowingLimit": borrow, "lendingLimit": lend}
+
+            flavors.append({"name": pool.name, "resources": [
+                quota("cpu", gpus * CPU_PER_GPU, others * CPU_PER_GPU, gpus * CPU_PER_GPU),
+                quota("memory", f"{gpus * MEMORY_GIB_PER_GPU}Gi", f"{others * MEMORY_GIB_PER_GPU}Gi",
+                      f"{gpus * MEMORY_GIB_PER_GPU}Gi"),
+                quota(GPU_RESOURCE, gpus, others, gpus),
+            ]})
+        queues.append({
+            "apiVersion": KUEUE_API, "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue_name(team.name), "labels": {naming.TEAM_LABEL: team.name}},
+            "spec": {
+                "cohort": COHORT,
+                "namespaceSelector": {"matchLabels": {naming.TEAM_LABEL: team.name}},
+                "queueingStrategy": "BestEffortFIFO",
+                "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE], "flavors": flavors}],
+                "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority",
+                               "borrowWithinCohort": {"policy": "Never"}},
+            },
+        })
+    return queues
+
+
+def local_queue(team: str) -> dict[str, Any]:
+    return {
+        "apiVersion": KUEUE_API, "kind": "LocalQueue",
+        "metadata": {"name": local_queue_name(team), "namespace": naming.team_namespace(team)},
+        "spec": {"clusterQueue": cluster_queue_name(team)},
+    }
+
+
+def kueue_manager_config() -> str:
+    """Kueue's controller configuration (Configuration v1beta1): JobSet integration, jobs without a
+    queue name in team namespaces are held instead of bypassing quota, fabric devices excluded."""
+    config = {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta1",
+        "kind": "Configuration",
+        "health": {"healthProbeBindAddress": ":8081"},
+        "metrics": {"bindAddress": ":8443"},
+        "webhook": {"port": 9443},
+        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+        "controller": {"groupKindConcurrency": {"Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 5,
+                                                "LocalQueue.kueue.x-k8s.io": 1,
+                                                "ClusterQueue.kueue.x-k8s.io": 1,
+                                                "ResourceFlavor.kueue.x-k8s.io": 1}},
+        "manageJobsWithoutQueueName": True,
+        "managedJobsNamespaceSelector": {"matchLabels": {KUEUE_MANAGED_LABEL: "true"}},
+        "waitForPodsReady": {"enable": True, "timeout": "10m", "blockAdmission": False,
+                             "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 5}},
+        "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]},
+        "resources": {"excludeResourcePrefixes": list(EXCLUDED_RESOURCE_PREFIXES)},
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def kueue_values(system_selector: dict[str, str]) -> dict[str, Any]:
+    return {
+        "controllerManager": {
+            "replicas": 1,
+            "nodeSelector": system_selector,
+            "manager": {"resources": common.resources("500m", "512Mi", "2", "1Gi")},
+        },
+        "managerConfig": {"controllerManagerConfigYaml": kueue_manager_config()},
+    }
+
+
+def jobset_values(system_selector: dict[str, str]) -> dict[str, Any]:
+    return {
+        "controller": {
+            "nodeSelector": system_selector,
+            "resources": common.resources("250m", "256Mi", "1", "512Mi"),
+        },
+    }
+
+
+def team_quota(team: TeamConfig, teams: Sequence[TeamConfig], pools: Sequence[GpuPool]) -> dict[str, str]:
+    """ResourceQuota hard limits for a team namespace: its GPU quota plus what it may borrow (Kueue
+    is the real arbiter; this is the backstop for pods that bypass it), no Services that open the
+    namespace to the network."""
+    capacity = sum(pool_capacity(p) for p in pools)
+    cohort = min(capacity, sum(t.gpu_quota for t in teams))
+    gpus = max(team.gpu_quota, cohort)
+    return {
+        f"requests.{GPU_RESOURCE}": str(gpus),
+        "requests.cpu": str(gpus * CPU_PER_GPU + 16),
+        "requests.memory": f"{gpus * MEMORY_GIB_PER_GPU + 64}Gi",
+        "limits.memory": f"{gpus * MEMORY_GIB_PER_GPU + 64}Gi",
+        "pods": str(max(50, gpus * 4)),
+        "persistentvolumeclaims": "20",
+        "services.loadbalancers": "0",
+        "services.nodeports": "0",
+    }
+
+
+def limit_range() -> dict[str, Any]:
+    """Defaults for containers that name no resources (the trainer sets its own)."""
+    return {"limits": [{
+        "type": "Container",
+        "default": {"cpu": "2", "memory": "4Gi"},
+        "defaultRequest": {"cpu": "500m", "memory": "1Gi"},
+    }]}
+
+
+def submitter_rules() -> list[dict[str, Any]]:
+    write = ["create", "get", "list", "watch", "delete", "patch", "update"]
+    read = ["get", "list", "watch"]
+    return [
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": write},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": write},
+        {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "services"], "verbs": read},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": read},
+    ]
+
+
+def viewer_rules() -> list[dict[str, Any]]:
+    read = ["get", "list", "watch"]
+    return [
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": read},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": read},
+        {"apiGroups": [""], "resources": ["pods", "pods/log", "events"], "verbs": read},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": read},
+    ]
+
+
+def pod_security_level(pools: Sequence[GpuPool]) -> str:
+    """GPUDirect-TCPX/TCPXO pods need their privileged receive-datapath sidecar; otherwise baseline."""
+    return "privileged" if any(p.fabric.kind in ("tcpx", "tcpxo") for p in pools) else "baseline"
+
+
+def team_network_policies(platform: ClusterPlatform, cache_enabled: bool) -> list[common.Policy]:
+    policies = [
+        common.default_deny(),
+        common.allow_dns(),
+        common.allow_object_store(platform.object_store_cidrs),
+        common.allow_jobset_peers(),
+        common.allow_mlflow(),
+        common.allow_metrics_scrape([naming.METRICS_PORT],
+                                    end_port=naming.METRICS_PORT + max(p.gpus_per_node for p in platform.gpu_pools) - 1
+                                    if max(p.gpus_per_node for p in platform.gpu_pools) > 1 else None),
+    ]
+    if cache_enabled:
+        policies.append(common.allow_to_cache())
+    return policies
+
+
+def controller_network_policies(platform: ClusterPlatform, webhook_port: int, metrics_port: int
+                                ) -> list[common.Policy]:
+    """Kueue / JobSet controllers: DNS, API server, webhooks from the control plane, metrics."""
+    return [
+        common.default_deny(),
+        common.allow_dns(),
+        common.allow_api_server(platform.api_server_cidrs),
+        common.allow_webhooks_from_api_server(platform.api_server_cidrs, [webhook_port]),
+        common.allow_metrics_scrape([metrics_port]),
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenancyArgs:
+    platform: ClusterPlatform  # contract: pools, identities, provider, CIDRs
+    teams: tuple[TeamConfig, ...]  # cfg.teams
+    cache_enabled: bool  # open egress to the cache proxy from team namespaces
+    depends_on: tuple[pulumi.Resource, ...] = ()
+
+
+class Tenancy(pulumi.ComponentResource):
+    """Kueue + JobSet and everything a team needs to submit jobs."""
+
+    def __init__(self, name: str, args: TenancyArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-train:k8s:Tenancy", name, None, opts)
+        p = args.platform
+        if not args.teams:
+            raise ValueError("gpu-train:teams must list at least one team")
+        system = dict(p.system_node_selector)
+        base = [*p.ready, *args.depends_on]
+
+        self.controller_namespaces = {}
+        self.releases = {}
+        for ns_name, chart, version, values, webhook, metrics in (
+            (common.KUEUE_NAMESPACE, KUEUE_CHART, KUEUE_VERSION, kueue_values(system), 9443, 8443),
+            (common.JOBSET_NAMESPACE, JOBSET_CHART, JOBSET_VERSION, jobset_values(system), 9443, 8443),
+        ):
+            short = ns_name.removesuffix("-system")
+            ns = common.namespace(ns_name, p, self, enforce="restricted", depends_on=base)
+            common.network_policies(ns_name, controller_network_policies(p, webhook, metrics), p, self, [ns])
+            self.controller_namespaces[short] = ns
+            self.releases[short] = k8s.helm.v3.Release(
+                f"{name}-{short}", name=short, chart=chart, version=version, namespace=ns_name, values=values,
+                opts=common.k8s_opts(p, self, [ns]))
+        kueue = [self.releases["kueue"]]
+
+        self.flavors = [
+            k8s.apiextensions.CustomResource(
+                f"{name}-flavor-{pool.name}", api_version=obj["apiVersion"], kind=obj["kind"],
+                metadata=obj["metadata"], spec=obj["spec"], opts=common.k8s_opts(p, self, kueue))
+            for pool in p.gpu_pools for obj in [resource_flavor(pool)]
+        ]
+        self.cluster_queues = [
+            k8s.apiextensions.CustomResource(
+                f"{name}-clusterqueue-{obj['metadata']['name']}", api_version=obj["apiVersion"], kind=obj["kind"],
+                metadata=obj["metadata"], spec=obj["spec"], opts=common.k8s_opts(p, self, [*kueue, *self.flavors]))
+            for obj in cluster_queues(args.teams, list(p.gpu_pools))
+        ]
+
+        level = pod_security_level(list(p.gpu_pools))
+        self.team_namespaces: dict[str, k8s.core.v1.Namespace] = {}
+        self.local_queue: dict[str, str] = {}
+        self.service_accounts: dict[str, k8s.core.v1.ServiceAccount] = {}
+        for team in args.teams:
+            ns_name = naming.team_namespace(team.name)
+            ns = common.namespace(ns_name, p, self, enforce=level, depends_on=base, labels={
+                naming.TEAM_LABEL: team.name, KUEUE_MANAGED_LABEL: "true"})
+            deps = [ns]
+            self.team_namespaces[team.name] = ns
+            common.network_policies(ns_name, team_network_policies(p, args.cache_enabled), p, self, deps)
+            k8s.core.v1.ResourceQuota(
+                f"{name}-{team.name}-quota", metadata={"name": "team-quota", "namespace": ns_name},
+                spec={"hard": team_quota(team, args.teams, list(p.gpu_pools))}, opts=common.k8s_opts(p, self, deps))
+            k8s.core.v1.LimitRange(
+                f"{name}-{team.name}-limits", metadata={"name": "container-defaults", "namespace": ns_name},
+                spec=limit_range(), opts=common.k8s_opts(p, self, deps))
+            for role, rules, groups in (("job-submitter", submitter_rules(), team.submitters),
+                                        ("viewer", viewer_rules(), team.viewers)):
+                k8s.rbac.v1.Role(f"{name}-{team.name}-{role}", metadata={"name": role, "namespace": ns_name},
+                                 rules=rules, opts=common.k8s_opts(p, self, deps))
+                if groups:
+                    k8s.rbac.v1.RoleBinding(
+                        f"{name}-{team.name}-{role}-binding",
+                        metadata={"name": role, "namespace": ns_name},
+                        role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+                        subjects=[{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": g}
+                                  for g in groups],
+                        opts=common.k8s_opts(p, self, deps))
+            key = f"trainer/{team.name}"
+            identity = p.identities.get(key)
+            if identity is None:
+                raise ValueError(f"platform.identities has no {key!r} entry for team {team.name!r}")
+            if identity.name != naming.TRAINER_SERVICE_ACCOUNT or ns_name not in identity.namespaces:
+                raise ValueError(f"platform.identities[{key!r}] is bound to {list(identity.namespaces)}/"
+                                 f"{identity.name}, not {ns_name}/{naming.TRAINER_SERVICE_ACCOUNT}")
+            self.service_accounts[team.name] = k8s.core.v1.ServiceAccount(
+                f"{name}-{team.name}-trainer",
+                metadata={"name": identity.name, "namespace": ns_name, "annotations": dict(identity.annotations)},
+                automount_service_account_token=False,
+                opts=common.k8s_opts(p, self, deps))
+            lq = local_queue(team.name)
+            k8s.apiextensions.CustomResource(
+                f"{name}-{team.name}-localqueue", api_version=lq["apiVersion"], kind=lq["kind"],
+                metadata=lq["metadata"], spec=lq["spec"], opts=common.k8s_opts(p, self, [*deps, *self.cluster_queues]))
+            self.local_queue[team.name] = local_queue_name(team.name)
+
+        self.register_outputs({"local_queue": self.local_queue,
+                               "team_namespaces": {t: naming.team_namespace(t) for t in self.team_namespaces}})
