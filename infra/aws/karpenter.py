@@ -160,7 +160,8 @@ class Karpenter(pulumi.ComponentResource):
             aws.iam.RolePolicyAttachment(f"{name}-nodes-{i}", role=node_role.name, policy_arn=arn, opts=child)
         # Nodes Karpenter launches join through this access entry (API authentication mode).
         entry = aws.eks.AccessEntry(f"{name}-nodes", cluster_name=args.cluster_name, principal_arn=node_role.arn,
-                                    type="EC2_LINUX", tags=tags, opts=child)
+                                    type="EC2_LINUX", tags=tags,
+                                    opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
 
         controller = aws.iam.Role(f"{name}-controller", name=args.controller_role_name,
                                   assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)), tags=tags,
@@ -172,7 +173,8 @@ class Karpenter(pulumi.ComponentResource):
                 node_role_arn=a[1], queue_arn=a[2], ebs_key_arn=a[3]))), opts=child)
         association = aws.eks.PodIdentityAssociation(
             f"{name}-controller", cluster_name=args.cluster_name, namespace=naming.KARPENTER_NAMESPACE,
-            service_account=naming.KARPENTER_SERVICE_ACCOUNT, role_arn=controller.arn, tags=tags, opts=child)
+            service_account=naming.KARPENTER_SERVICE_ACCOUNT, role_arn=controller.arn, tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
 
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider,
                                           depends_on=[*args.depends_on, association, entry])
