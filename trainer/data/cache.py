@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -44,6 +45,7 @@ from trainer.data.storage import ObjectNotFoundError, RetryPolicy, StorageError,
 log = logging.getLogger(__name__)
 
 _STALE_UNKNOWN_TMP_S = 3600.0
+_TMP_NAME = re.compile(r"^\.?[0-9a-f]{64}\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -155,11 +157,9 @@ class ShardCache:
         """Delete temp files of dead writers and pins of dead processes (after a crash)."""
         now = time.time()
         for p in self.tmp.iterdir():
-            parts = p.name.split(".")
-            try:
-                pid = int(parts[-3])
-            except (IndexError, ValueError):
-                pid = -1
+            # Names start with the writer's "<sha256>.<pid>." (store and s3transfer temp names add suffixes).
+            m = _TMP_NAME.match(p.name)
+            pid = int(m.group(1)) if m else -1
             stale = (not _pid_alive(pid)) if pid > 0 else now - p.stat().st_mtime > _STALE_UNKNOWN_TMP_S
             if stale:
                 p.unlink(missing_ok=True)

@@ -56,7 +56,8 @@ class BpeTokenizer:
     def __init__(self, tok: object) -> None:
         from tokenizers import Tokenizer as HfTokenizer
 
-        assert isinstance(tok, HfTokenizer)
+        if not isinstance(tok, HfTokenizer):
+            raise TypeError(f"expected a tokenizers.Tokenizer, got {type(tok).__name__}")
         self._tok = tok
         eot = tok.token_to_id(EOT_TEXT)
         if eot is None:

@@ -266,3 +266,15 @@ def test_cli_prepare_verify_and_errors(tmp_path, capsys):
     )
     assert "bad.jsonl:1" in capsys.readouterr().err
     assert cli(["prepare", str(tmp_path / "nope"), "--out", f"file://{tmp_path}/x"]) == 2
+
+
+def test_start_up_cleanup_keeps_temp_files_of_live_writers(tmp_path):
+    cache = ShardCache(tmp_path / "cache")
+    sha = "c" * 64
+    live = cache.tmp / f"{sha}.{os.getpid()}.1234abcd.part"
+    # A boto3/s3transfer temp name inside our own temp name: suffixes must not be read as a pid.
+    nested = cache.tmp / f".{sha}.{os.getpid()}.1234abcd.part.{os.getpid()}.99999999.part.12345678"
+    for p in (live, nested):
+        p.write_bytes(b"partial")
+    ShardCache(tmp_path / "cache")
+    assert live.exists() and nested.exists()
