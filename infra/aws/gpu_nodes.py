@@ -69,7 +69,7 @@ def efa_interfaces(network_cards: int) -> list[Interface]:
         for card in range(1, network_cards)]
 
 
-def network_cards(instance_type: str, spec: InstanceSpec) -> int:
+def network_cards(instance_type: str) -> int:
     """Maximum network cards from the EC2 API (deploy time); the catalog is the offline check."""
     info = aws.ec2.get_instance_type(instance_type=instance_type)
     if not info.efa_supported:
@@ -189,7 +189,7 @@ class GpuNodeGroups(pulumi.ComponentResource):
 
         for item in args.pools:
             pool, spec = item.pool, item.spec
-            cards = network_cards(pool.instance_type, spec) if pool.fabric else 1
+            cards = network_cards(pool.instance_type) if pool.fabric else 1
             self.fabrics[pool.name] = fabric_for(pool, cards)
             labels = node_labels(pool, spec)
             user_data = pulumi.Output.all(args.cluster_name, args.endpoint, args.ca_data).apply(

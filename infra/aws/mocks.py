@@ -13,7 +13,7 @@ from typing import Any
 
 from infra.aws.catalog import CATALOG
 
-# Default add-on versions EKS reports for Kubernetes 1.33 (aws eks describe-addon-versions).
+# Offline stand-ins, shaped like `aws eks describe-addon-versions` output for Kubernetes 1.33.
 _ADDON_VERSIONS = {
     "kube-proxy": "v1.33.0-eksbuild.2",
     "coredns": "v1.12.1-eksbuild.2",

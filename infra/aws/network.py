@@ -8,7 +8,7 @@ Layout (see `plan_subnets`): the VPC CIDR is cut into one large private /N per A
 the EKS control-plane ENIs) plus a small public /24-ish per AZ that holds only NAT gateways. The pod
 range (`network.podCidr`, e.g. 100.64.0.0/16) is a secondary VPC CIDR split into one subnet per AZ;
 the VPC CNI hands pods addresses from these through custom networking (ENIConfig per AZ, created
-by `infra/aws/cni.py`), so GPU nodes with many pods never exhaust the node range.
+by `Cluster` in `infra/aws/cluster.py`), so GPU nodes with many pods never exhaust the node range.
 """
 
 from __future__ import annotations
