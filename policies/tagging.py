@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import warnings
 from collections.abc import Iterator, Mapping
 from functools import cache
 
@@ -42,10 +43,12 @@ def tag_field(type_token: str) -> str | None:
     module_name = match["mod"].split("/")[0]
     package = _SDK_PACKAGES[match["pkg"]]
     try:
-        module = importlib.import_module(package if module_name == "index" else f"{package}.{module_name}")
+        with warnings.catch_warnings():  # SDK modules warn about their own deprecated aliases on import
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = importlib.import_module(package if module_name == "index" else f"{package}.{module_name}")
+            cls = getattr(module, match["cls"], None)  # SDK modules load their classes lazily, here
     except ImportError:
         return None
-    cls = getattr(module, match["cls"], None)
     init = getattr(cls, "_internal_init", None)
     if init is None:
         return None
