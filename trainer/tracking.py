@@ -306,9 +306,6 @@ class _Sender(threading.Thread):
 
     # ---- consumer side -------------------------------------------------------------------------------------
     def run(self) -> None:
-        from mlflow import MlflowClient
-
-        self._client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
         backoff = self.options.initial_backoff_s
         work: list[_Point] | _Op | str | None = None
         while not self._past_deadline():
@@ -413,8 +410,13 @@ class _Sender(threading.Thread):
 
     # ---- the MLflow calls ----------------------------------------------------------------------------------
     def _open_run(self) -> None:
+        from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
+        if self._client is None:
+            # Inside the guarded attempt: with mlflow-skinny (the trainer image) a sqlite:// store fails here
+            # on the missing SQLAlchemy, which must disable tracking, not kill the thread.
+            self._client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
         client = self._client
         if self.resume_run_id:
             try:

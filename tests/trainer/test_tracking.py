@@ -140,3 +140,15 @@ def test_unreachable_server_buffers_drops_oldest_and_warns_once(tmp_path, caplog
     dropped = [r for r in caplog.records if "dropp" in r.getMessage()]
     assert dropped and "15" in dropped[-1].getMessage()
     assert any("gave up" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_resume_id_starts_a_new_run_with_a_warning(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="trainer.tracking")
+    uri = f"sqlite:///{tmp_path / 'other.db'}"
+    tracker = Tracker.create(TrackingConfig(uri=uri), run_dir=tmp_path / "r", resume_run_id="f" * 32,
+                             options=FAST)
+    tracker.log_metrics({"loss": 1.0}, step=3)
+    tracker.close()
+    assert tracker.run_id and tracker.run_id != "f" * 32
+    assert [m.step for m in MlflowClient(uri).get_metric_history(tracker.run_id, "loss")] == [3]
+    assert any("f" * 32 in r.getMessage() and "new run" in r.getMessage() for r in caplog.records)
