@@ -199,7 +199,7 @@ def allowed_hosts(cluster_cidrs: Sequence[str]) -> list[str]:
 def labels(common: Mapping[str, str], component: str) -> dict[str, str]:
     """Labels on every object: the common tags plus the standard app labels."""
     return {
-        **{k: v for k, v in common.items()},
+        **common,
         "app.kubernetes.io/name": APP,
         "app.kubernetes.io/component": component,
         "app.kubernetes.io/part-of": "gpu-train",
