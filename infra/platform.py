@@ -104,6 +104,28 @@ class Registry:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ManagedDatabase:
+    """A managed PostgreSQL (RDS / Cloud SQL), private and KMS-encrypted, created for MLflow."""
+
+    host: pulumi.Input[str]  # private endpoint address
+    port: int = 5432
+    database: str = "mlflow"
+    username: pulumi.Input[str]
+    password: pulumi.Input[str]  # a secret Output
+    cidrs: Sequence[str]  # where the endpoint lives, for NetworkPolicy egress (the database subnets)
+    sslmode: str = "require"
+
+
+@dataclass(frozen=True)
+class EgressTarget:
+    """One extra egress destination pods need, e.g. the node-local workload identity agent."""
+
+    cidr: str
+    port: int
+    protocol: str = "TCP"
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterPlatform:
     """Everything the Kubernetes layer needs from a cloud."""
 
@@ -135,6 +157,11 @@ class ClusterPlatform:
     internal_lb_annotations: Mapping[str, str]  # Service annotations for an internal load balancer
     # Resources that must exist before workloads are deployed (node groups, add-ons, access entries).
     ready: Sequence[pulumi.Resource] = ()
+    # Where pods get workload-identity credentials (EKS Pod Identity agent, GKE metadata server):
+    # NetworkPolicies must allow egress to these.
+    workload_identity_egress: Sequence[EgressTarget] = ()
+    # The managed PostgreSQL for MLflow, when the settings ask for one (mlflow.database: managed).
+    mlflow_database: ManagedDatabase | None = None
 
     def pool(self, name: str) -> GpuPool:
         for pool in self.gpu_pools:

@@ -41,7 +41,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import naming
-from infra.platform import WorkloadIdentity
+from infra.platform import EgressTarget, WorkloadIdentity
+from infra.platform import ManagedDatabase as ExternalDatabase
 
 NAMESPACE = naming.MLFLOW_NAMESPACE
 SERVICE_ACCOUNT = naming.MLFLOW_SERVICE_ACCOUNT
@@ -69,28 +70,6 @@ DB_URI_SECRET = "mlflow-db-uri"  # key `uri`: the SQLAlchemy URL MLflow reads (M
 CNPG_STATUS_PORT = 8000  # instance manager status endpoint the operator polls
 
 TMP_MOUNT = "/tmp"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExternalDatabase:
-    """A managed PostgreSQL (RDS, Cloud SQL) the cloud layer created for MLflow."""
-
-    host: pulumi.Input[str]  # private endpoint address
-    port: int = DB_PORT
-    database: str = DB_NAME
-    username: pulumi.Input[str]
-    password: pulumi.Input[str]  # a secret Output
-    cidrs: Sequence[str]  # where the endpoint lives, for NetworkPolicy egress (e.g. the database subnets)
-    sslmode: str = "require"
-
-
-@dataclass(frozen=True)
-class EgressTarget:
-    """One extra egress destination, e.g. the node-local workload identity agent."""
-
-    cidr: str
-    port: int
-    protocol: str = "TCP"
 
 
 @dataclass(frozen=True, kw_only=True)
