@@ -61,12 +61,23 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
     else:
         device = torch.device("cpu")
         backend = "gloo"
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if not dist.is_initialized():
-        kwargs = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        kwargs: dict = {"device_id": device} if backend == "nccl" else {}
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # Under torchrun the store is the agent's TCPStore, which survives a group restart. torch 2.13's
+            # env:// handler does not prefix keys per restart, so restarted gloo workers read the dead
+            # workers' addresses and fail in connectFullMesh. A prefix per restart round keeps rounds apart.
+            client = dist.TCPStore(
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+            )
+            kwargs.update(store=dist.PrefixStore(f"trainer/restart_{restart_count}", client), rank=rank,
+                          world_size=world)
+        dist.init_process_group(backend, timeout=timeout, **kwargs)
     return DistEnv(
         rank=rank, world_size=world, local_rank=local_rank, device=device,
-        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        restart_count=restart_count,
     )
 
 

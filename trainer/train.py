@@ -18,6 +18,7 @@ before the optimizer step) on the first launch only (TORCHELASTIC_RESTART_COUNT=
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import hashlib
 import json
 import logging
@@ -161,6 +162,8 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     from trainer.tracking import TAG_DATASET_MANIFEST, TAG_DATASET_URI, Tracker
 
     _setup_logging(env)
+    # `kill -USR1 <pid>` prints every thread's Python stack: the first thing to look at in a hung collective.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     preempt = _Preemption()
     run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.train.seed, cfg.train.deterministic)
