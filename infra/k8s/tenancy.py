@@ -33,10 +33,10 @@ COHORT = "gpu-train"
 GPU_RESOURCE = "nvidia.com/gpu"
 KUEUE_MANAGED_LABEL = "gpu-train.io/kueue-managed"
 # CPU and memory quota that comes with each GPU of quota: above the largest per-GPU share of any
-# supported machine (p5.48xlarge: 24 vCPU / 256 GiB per GPU; a3-megagpu-8g: 26 vCPU / 234 GiB),
+# supported machine (a4-highgpu-8g: 28 vCPU and 496 GiB per GPU),
 # so GPU quota, not CPU or memory, is what limits a team.
 CPU_PER_GPU = 32
-MEMORY_GIB_PER_GPU = 256
+MEMORY_GIB_PER_GPU = 512
 # Fabric devices requested next to GPUs are not quota'd by Kueue (they come with the node).
 EXCLUDED_RESOURCE_PREFIXES = ("vpc.amazonaws.com/", "networking.gke.io")
 

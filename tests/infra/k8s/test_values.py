@@ -1,0 +1,381 @@
+"""Pure-function tests of the Kubernetes layer (no Pulumi mocks): Helm values, quotas, policies,
+manifests, dashboards and the counters CSV.
+
+Usage: .venv/bin/pytest tests/infra/k8s/test_values.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from infra import naming
+from infra.config import CacheConfig, MonitoringConfig, TeamConfig
+from infra.k8s import cache, common, gpu, monitoring, nvme, storage, tenancy
+from infra.platform import Fabric, GpuPool, StorageClassSpec
+
+SYSTEM = {naming.SYSTEM_LABEL: "true"}
+
+
+def pool(name="h100", gpus=8, max_nodes=4, capacity="spot", kind="none", provisioner="karpenter", networks=()):
+    return GpuPool(name=name, instance_type="p5.48xlarge", capacity=capacity, gpu_type="H100", gpus_per_node=gpus,
+                   min_nodes=0, max_nodes=max_nodes, zone="", node_selector={naming.POOL_LABEL: name},
+                   tolerations=[dict(naming.GPU_TAINT)], fabric=Fabric(kind=kind, networks=networks),
+                   provisioner=provisioner)
+
+
+def walk(value, path=""):
+    """Yield (path, key, value) for every mapping entry at any depth."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield path, k, v
+            yield from walk(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from walk(v, f"{path}[{i}]")
+
+
+# ---------------------------------------------------------------- cache
+
+
+def alluxio(nvme_path="/mnt/k8s-disks/0", bucket="s3://ds-bucket", **settings):
+    return cache.alluxio_values(settings=CacheConfig(**settings), nvme_host_path=nvme_path, datasets_bucket=bucket,
+                                region="us-east-1", storage_class="enc", gpu_pools=[pool()], system_selector=SYSTEM)
+
+
+@pytest.mark.parametrize("nvme_path", ["/mnt/k8s-disks/0", "/mnt/stateful_partition/kube-ephemeral-ssd/nvme/"])
+def test_page_store_lives_on_the_nvme_path_with_the_configured_quota(nvme_path):
+    values = alluxio(nvme_path=nvme_path, page_store_gb=1234)
+    expected = nvme_path.rstrip("/") + "/alluxio"
+    assert values["properties"]["alluxio.worker.page.store.dirs"] == expected
+    assert values["pagestore"]["hostPath"] == expected
+    assert values["pagestore"]["type"] == "hostPath"
+    assert values["properties"]["alluxio.worker.page.store.sizes"] == "1234GB"
+    assert values["pagestore"]["quota"] == "1234GB"
+    assert values["properties"]["alluxio.worker.block.store.type"] == "PAGE"
+
+
+def test_cache_reads_the_datasets_bucket_through_workload_identity_only():
+    values = alluxio(bucket="gs://acme-datasets")
+    assert values["properties"]["alluxio.master.mount.table.root.ufs"] == "gs://acme-datasets/"
+    assert values["serviceAccount"] == naming.CACHE_SERVICE_ACCOUNT
+    secretish = [f"{p}.{k}" for p, k, _ in walk(values)
+                 if re.search(r"(access.?key|secret|credential|password)", str(k), re.IGNORECASE)]
+    assert secretish == [], f"static credentials in the Alluxio values: {secretish}"
+
+
+def test_cache_workers_run_on_gpu_nodes_and_masters_on_system_nodes_with_encrypted_journal():
+    values = alluxio(masters=3, journal_gb=42)
+    terms = values["worker"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0] == {
+        "key": naming.POOL_LABEL, "operator": "In", "values": ["h100"]}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values["worker"]["tolerations"]
+    assert values["master"]["nodeSelector"] == SYSTEM and values["master"]["count"] == 3
+    assert values["journal"] == {"type": "EMBEDDED", "folder": "/journal", "volumeType": "persistentVolumeClaim",
+                                 "storageClass": "enc", "size": "42Gi", "accessModes": ["ReadWriteOnce"]}
+    for component in ("master", "jobMaster", "worker", "jobWorker", "proxy"):
+        res = values[component]["resources"]
+        assert res["requests"] and res["limits"], component
+
+
+def test_cache_rejects_bad_settings_with_the_key():
+    with pytest.raises(ValueError, match="cache.masters"):
+        alluxio(masters=2)
+    with pytest.raises(ValueError, match="platform.buckets.datasets"):
+        alluxio(bucket="https://not-a-bucket")
+
+
+def test_cache_endpoint_is_the_proxy_service_s3_path():
+    assert cache.endpoint() == (f"http://{naming.CACHE_PROXY_SERVICE}.{naming.CACHE_NAMESPACE}.svc.cluster.local:"
+                                f"{naming.CACHE_PROXY_PORT}/api/v1/s3")
+
+
+# ---------------------------------------------------------------- monitoring
+
+
+def test_monitors_and_rules_carry_the_labels_prometheus_selects():
+    values = monitoring.prometheus_stack_values(settings=MonitoringConfig(), storage_class="enc",
+                                                system_selector=SYSTEM, internal_lb_annotations={}, is_prod=False)
+    spec = values["prometheus"]["prometheusSpec"]
+    for key in ("serviceMonitorSelector", "podMonitorSelector", "ruleSelector"):
+        assert monitoring.selector_matches(spec[key], monitoring.release_labels()), key
+        assert not monitoring.selector_matches(spec[key], {"app": "x"}), key
+        # With the NilUsesHelmValues flags left true, the chart would default to the release label
+        # anyway; the explicit selector must agree with it.
+        assert spec[key]["matchLabels"]["release"] == naming.MONITORING_RELEASE
+    for key in ("serviceMonitorNamespaceSelector", "podMonitorNamespaceSelector", "ruleNamespaceSelector"):
+        assert spec[key] == {}, f"{key}: monitors in the alluxio and team namespaces must be found"
+
+
+def test_selector_semantics():
+    sel = {"matchLabels": {"a": "1"}, "matchExpressions": [{"key": "b", "operator": "Exists"},
+                                                          {"key": "c", "operator": "NotIn", "values": ["x"]}]}
+    assert monitoring.selector_matches(sel, {"a": "1", "b": "", "c": "y"})
+    assert not monitoring.selector_matches(sel, {"a": "1", "c": "y"})
+    assert not monitoring.selector_matches(sel, {"a": "1", "b": "", "c": "x"})
+
+
+def test_prometheus_retention_storage_and_placement_come_from_settings():
+    s = MonitoringConfig(retention="30d", storage_gb=200, grafana_storage_gb=7)
+    values = monitoring.prometheus_stack_values(settings=s, storage_class="enc", system_selector=SYSTEM,
+                                                internal_lb_annotations={}, is_prod=True)
+    spec = values["prometheus"]["prometheusSpec"]
+    assert spec["retention"] == "30d"
+    claim = spec["storageSpec"]["volumeClaimTemplate"]["spec"]
+    assert claim["storageClassName"] == "enc" and claim["resources"]["requests"]["storage"] == "200Gi"
+    assert spec["nodeSelector"] == SYSTEM and spec["replicas"] == 2
+    grafana = values["grafana"]
+    assert grafana["persistence"]["size"] == "7Gi" and grafana["persistence"]["storageClassName"] == "enc"
+    assert grafana["sidecar"]["dashboards"]["label"] == "grafana_dashboard"
+    assert grafana["sidecar"]["dashboards"]["labelValue"] == monitoring.DASHBOARD_LABEL["grafana_dashboard"]
+
+
+def test_grafana_exposure():
+    hidden = monitoring.prometheus_stack_values(settings=MonitoringConfig(), storage_class="enc",
+                                                system_selector=SYSTEM, internal_lb_annotations={"a": "b"},
+                                                is_prod=False)
+    assert hidden["grafana"]["service"]["type"] == "ClusterIP"
+    assert monitoring.grafana_url(MonitoringConfig()).startswith(
+        f"kubectl -n {naming.MONITORING_NAMESPACE} port-forward svc/{monitoring.GRAFANA_SERVICE}")
+    exposed_cfg = MonitoringConfig(grafana_exposed=True)
+    lb = {"networking.gke.io/load-balancer-type": "Internal"}
+    exposed = monitoring.prometheus_stack_values(settings=exposed_cfg, storage_class="enc", system_selector=SYSTEM,
+                                                 internal_lb_annotations=lb, is_prod=False)
+    assert exposed["grafana"]["service"] == {"type": "LoadBalancer", "port": 80, "annotations": lb}
+    assert monitoring.grafana_url(exposed_cfg) is None
+    with pytest.raises(ValueError, match="internal_lb_annotations"):
+        monitoring.prometheus_stack_values(settings=exposed_cfg, storage_class="enc", system_selector=SYSTEM,
+                                           internal_lb_annotations={}, is_prod=False)
+
+
+REQUIRED_COUNTERS = {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                     "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+                     "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_GPU_UTIL",
+                     "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"}
+
+
+def test_counters_csv_has_the_profiling_ecc_remap_and_xid_fields():
+    fields = [r[0] for r in monitoring.read_counters_csv()]
+    assert set(fields) >= REQUIRED_COUNTERS, REQUIRED_COUNTERS - set(fields)
+    assert len(fields) == len(set(fields))
+
+
+def test_counters_csv_rejects_a_malformed_row(tmp_path):
+    bad = tmp_path / "c.csv"
+    bad.write_text("DCGM_FI_DEV_GPU_UTIL, gauge, ok\nDCGM_FI_DEV_GPU_TEMP; gauge\n")
+    with pytest.raises(ValueError, match=r"c\.csv:2"):
+        monitoring.read_counters_csv(bad)
+
+
+def test_dcgm_values_mount_the_counters_and_stay_on_gpu_nodes():
+    values = monitoring.dcgm_values([pool()])
+    mount = next(m for m in values["extraVolumeMounts"] if m["name"] == monitoring.COUNTERS_CONFIGMAP)
+    assert values["arguments"] == ["-f", f"{mount['mountPath']}/dcgm-counters.csv"]
+    assert values["extraConfigMapVolumes"][0]["configMap"]["name"] == monitoring.COUNTERS_CONFIGMAP
+    assert values["serviceMonitor"]["enabled"] is False
+    assert values["affinity"] == common.pool_affinity([pool()])
+    assert "extraHostVolumes" not in values
+    gke = monitoring.dcgm_values([pool(provisioner="node-pool")])
+    assert gke["extraHostVolumes"][0]["hostPath"] == "/home/kubernetes/bin/nvidia"
+
+
+TRAINER_METRICS = ["trainer_loss", "trainer_tokens_per_second", "trainer_mfu", "trainer_step_seconds",
+                   "trainer_data_wait_seconds", "trainer_forward_backward_seconds", "trainer_optimizer_seconds",
+                   "trainer_checkpoint_duration_seconds", "trainer_checkpoint_last_success_timestamp_seconds",
+                   "trainer_restarts_total", "trainer_checkpoint_blocking_seconds"]
+
+
+def _exprs(dashboard: dict) -> list[str]:
+    return [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+
+
+def test_dashboards_are_templated_and_use_only_known_metrics():
+    boards = {name: json.loads(text) for name, text in monitoring.load_dashboards().items()}
+    gpu_board, train_board = boards["gpu.json"], boards["training.json"]
+    assert {v["name"] for v in gpu_board["templating"]["list"]} >= {"Hostname", "gpu"}
+    gpu_text = " ".join(_exprs(gpu_board))
+    for needed in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                   "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS"):
+        assert needed in gpu_text, needed
+    exported = {r[0] for r in monitoring.read_counters_csv()}
+    used = set(re.findall(r"DCGM_FI_[A-Z_]+", gpu_text))
+    assert used <= exported, f"dashboard uses counters the exporter does not export: {used - exported}"
+    train_text = " ".join(_exprs(train_board))
+    for metric in TRAINER_METRICS:
+        assert metric in train_text, metric
+    for expr in _exprs(gpu_board) + _exprs(train_board):
+        assert expr.count("(") == expr.count(")"), expr
+
+
+def test_dashboard_loader_rejects_broken_json(tmp_path):
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"x\.json"):
+        monitoring.load_dashboards(tmp_path)
+
+
+def test_trainer_pod_monitor_covers_every_local_rank_port():
+    spec = monitoring.trainer_pod_monitor_spec(["team-b", "team-a"], 8)
+    assert [e["port"] for e in spec["podMetricsEndpoints"]] == [f"metrics-{r}" for r in range(8)]
+    assert spec["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    assert spec["podMetricsEndpoints"][0]["relabelings"][0]["targetLabel"] == "jobset"
+
+
+# ---------------------------------------------------------------- scheduling and tenancy
+
+
+def test_quota_split_adds_up_and_respects_capacity():
+    pools = [pool("a", gpus=1, max_nodes=4), pool("b", gpus=1, max_nodes=2)]
+    assert tenancy.split_quota(4, pools) == {"a": 3, "b": 1}
+    assert tenancy.split_quota(6, pools) == {"a": 4, "b": 2}
+    assert tenancy.split_quota(0, pools) == {"a": 0, "b": 0}
+    big = [pool("x", max_nodes=4), pool("y", max_nodes=4)]
+    for q in range(0, 65):
+        parts = tenancy.split_quota(q, big)
+        assert sum(parts.values()) == min(q, 64) and all(v <= 32 for v in parts.values()), (q, parts)
+
+
+def test_cluster_queues_take_gpu_quota_from_settings_and_borrow_in_one_cohort():
+    teams = (TeamConfig(name="research", gpu_quota=32), TeamConfig(name="applied", gpu_quota=16))
+    pools = [pool("reserved", max_nodes=4), pool("spot", max_nodes=4)]
+    queues = {q["metadata"]["name"]: q for q in tenancy.cluster_queues(teams, pools)}
+    assert set(queues) == {"team-research", "team-applied"}
+    for team in teams:
+        spec = queues[naming.team_namespace(team.name)]["spec"]
+        assert spec["cohort"] == tenancy.COHORT
+        assert spec["namespaceSelector"] == {"matchLabels": {naming.TEAM_LABEL: team.name}}
+        flavors = spec["resourceGroups"][0]["flavors"]
+        assert [f["name"] for f in flavors] == ["reserved", "spot"]
+        gpus = [next(r for r in f["resources"] if r["name"] == "nvidia.com/gpu") for f in flavors]
+        assert sum(g["nominalQuota"] for g in gpus) == team.gpu_quota
+        other = sum(t.gpu_quota for t in teams if t is not team)
+        assert sum(g["borrowingLimit"] for g in gpus) == other
+        assert all(g["lendingLimit"] <= g["nominalQuota"] for g in gpus)
+        cpu = [next(r for r in f["resources"] if r["name"] == "cpu") for f in flavors]
+        assert sum(c["nominalQuota"] for c in cpu) == team.gpu_quota * tenancy.CPU_PER_GPU
+
+
+def test_cpu_and_memory_per_gpu_cover_every_catalog_machine():
+    from infra.aws.catalog import CATALOG as EC2
+    from infra.gcp.catalog import CATALOG as GCE
+
+    for name, spec in [*EC2.items(), *GCE.items()]:
+        if spec.gpus:
+            assert spec.vcpus / spec.gpus <= tenancy.CPU_PER_GPU, name
+            assert spec.memory_gib / spec.gpus <= tenancy.MEMORY_GIB_PER_GPU, name
+
+
+def test_resource_flavor_selects_the_pool_and_its_capacity_type():
+    flavor = tenancy.resource_flavor(pool("h100-spot", capacity="spot"))
+    assert flavor["spec"]["nodeLabels"] == {naming.POOL_LABEL: "h100-spot", naming.CAPACITY_LABEL: "spot"}
+    assert flavor["spec"]["tolerations"] == [naming.GPU_TAINT]
+
+
+def test_team_quota_backstop_and_kueue_config():
+    teams = (TeamConfig(name="a", gpu_quota=4), TeamConfig(name="b", gpu_quota=2))
+    hard = tenancy.team_quota(teams[0], teams, [pool("p", gpus=1, max_nodes=6)])
+    assert hard["requests.nvidia.com/gpu"] == "6"
+    assert hard["services.loadbalancers"] == "0"
+    config = tenancy.kueue_manager_config()
+    assert "jobset.x-k8s.io/jobset" in config and tenancy.KUEUE_MANAGED_LABEL in config
+
+
+def test_team_namespaces_start_from_default_deny_and_open_only_what_jobs_need():
+    class Stub:  # the three platform fields the policies read
+        object_store_cidrs = ["52.216.0.0/15"]
+        api_server_cidrs = ["10.0.0.0/16"]
+        gpu_pools = [pool(gpus=8)]
+
+    policies = dict(tenancy.team_network_policies(Stub, cache_enabled=True))
+    first = tenancy.team_network_policies(Stub, cache_enabled=True)[0]
+    assert first == ("default-deny-all", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]})
+    assert set(policies) == {"default-deny-all", "allow-dns", "allow-object-store", "allow-jobset-peers",
+                             "allow-mlflow", "allow-metrics-scrape", "allow-cache"}
+    scrape = policies["allow-metrics-scrape"]["ingress"][0]["ports"][0]
+    assert (scrape["port"], scrape["endPort"]) == (naming.METRICS_PORT, naming.METRICS_PORT + 7)
+    assert policies["allow-mlflow"]["egress"][0]["ports"] == [{"protocol": "TCP", "port": naming.MLFLOW_PORT}]
+    assert policies["allow-cache"]["egress"][0]["ports"] == [{"protocol": "TCP", "port": naming.CACHE_PROXY_PORT}]
+    assert "allow-cache" not in dict(tenancy.team_network_policies(Stub, cache_enabled=False))
+    with pytest.raises(ValueError, match="default-deny"):
+        common.network_policies("x", [common.allow_dns()], None, None)
+
+
+def test_roles():
+    submit = {(g, r): set(rule["verbs"]) for rule in tenancy.submitter_rules()
+              for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {"create", "get", "list", "watch", "delete"} <= submit[("jobset.x-k8s.io", "jobsets")]
+    assert {"create", "delete"} <= submit[("batch", "jobs")]
+    assert submit[("", "pods/log")] == {"get", "list", "watch"}
+    for rule in tenancy.viewer_rules():
+        assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+
+
+# ---------------------------------------------------------------- GPU stack, NVMe, storage
+
+
+def test_device_plugin_only_on_gpu_pools_with_gfd():
+    values = gpu.device_plugin_values([pool("a"), pool("b")], SYSTEM)
+    assert values["gfd"]["enabled"] is True and values["devicePlugin"]["enabled"] is True
+    expr = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"]
+    assert expr == [{"key": naming.POOL_LABEL, "operator": "In", "values": ["a", "b"]}]
+    assert values["nfd"]["master"]["nodeSelector"] == SYSTEM
+    assert gpu.managed_device_plugin(pool(provisioner="node-pool"))
+    assert not gpu.managed_device_plugin(pool(provisioner="karpenter"))
+
+
+def test_efa_plugin_selects_efa_nodes():
+    values = gpu.efa_plugin_values([pool(kind="efa")])
+    assert values["nodeSelector"] == {naming.FABRIC_LABEL: "efa"}
+    assert values["resources"]["limits"]
+
+
+def test_nccl_installer_per_fabric_kind():
+    ds = gpu.nccl_installer("tcpxo", [pool(kind="tcpxo")], "gpu-system")
+    spec = ds["spec"]["template"]["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": naming.FABRIC_LABEL, "operator": "In", "values": ["tcpxo"]} in \
+        terms["nodeSelectorTerms"][0]["matchExpressions"]
+    assert spec["initContainers"][0]["image"].endswith(":v1.0.3")
+    assert ds["metadata"]["annotations"], "documented checkov skips must travel with the object"
+    with pytest.raises(ValueError, match="fabric kind 'efa'"):
+        gpu.nccl_installer("efa", [pool()], "gpu-system")
+
+
+def test_gke_network_objects():
+    nets = [{"name": f"n{i}", "vpc": f"v{i}", "subnet": f"s{i}", "deviceMode": "RDMA"} for i in range(2)]
+    objs = gpu.gke_network_objects([pool(kind="rdma", networks=nets), pool("b", kind="rdma", networks=nets)])
+    assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
+        ("GKENetworkParamSet", "n0"), ("Network", "n0"), ("GKENetworkParamSet", "n1"), ("Network", "n1")]
+    assert objs[0]["spec"] == {"vpc": "v0", "vpcSubnet": "s0", "deviceMode": "RDMA"}
+    with pytest.raises(ValueError, match="deviceMode"):
+        gpu.gke_network_objects([pool(networks=[{"name": "x", "vpc": "v", "subnet": "s", "deviceMode": "Bad"}])])
+
+
+def test_nvme_daemonset_mounts_at_the_contract_path():
+    ds = nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system")
+    script = ds["spec"]["template"]["spec"]["initContainers"][0]["command"][-1]
+    assert "mount -o noatime,discard /dev/md/gpu-train-nvme /mnt/nvme" in script
+    assert "mdadm --create" in script and "--level=0" in script
+    with pytest.raises(ValueError, match="nvme_host_path"):
+        nvme.raid_script("relative/path")
+
+
+def test_storage_class_must_be_encrypted():
+    enc = StorageClassSpec(name="enc", provisioner="ebs.csi.aws.com", parameters={"kmsKeyId": "k", "encrypted": "true"})
+    fields = storage.storage_class_fields(enc, retain=True)
+    assert fields["reclaim_policy"] == "Retain" and fields["parameters"]["kmsKeyId"] == "k"
+    with pytest.raises(ValueError, match="no encryption parameter"):
+        storage.storage_class_fields(StorageClassSpec(name="plain", provisioner="x", parameters={"type": "gp3"}), False)
+
+
+def test_checkov_skips_file_is_documented(tmp_path):
+    skips = common.checkov_skips()
+    assert set(skips) == {"nvme-raid0", "nccl-tcpx-installer", "nccl-tcpxo-installer", "nccl-rdma-installer"}
+    ann = common.checkov_skip_annotations("nvme-raid0")
+    assert len(ann) == len(skips["nvme-raid0"]) and all(v.startswith("CKV_K8S_") for v in ann.values())
+    bad = tmp_path / "bad-skips.yaml"
+    bad.write_text("x:\n  CKV_K8S_16: ok\n")
+    with pytest.raises(ValueError, match="needs a CKV_K8S_ id and a reason"):
+        common.checkov_skips(bad)
