@@ -5,8 +5,9 @@ Usage (from infra/__main__.py):
     platform = build_platform(cfg, naming.common_tags(cfg))
 
 Order: KMS keys -> network -> buckets -> registry -> EKS cluster (add-ons, system nodes, provider)
--> GPU managed node groups (reserved and EFA pools) -> Karpenter (elastic pools) -> workload
-identities. See docs/aws.md.
+-> GPU managed node groups (reserved and EFA pools) -> Karpenter (elastic pools) -> AWS Load
+Balancer Controller -> workload identities -> (mlflow.database: managed) RDS PostgreSQL.
+See docs/aws.md.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pulumi_aws as aws
 from infra import naming
 from infra.aws.catalog import instance_spec
 from infra.aws.cluster import Cluster, ClusterArgs
+from infra.aws.database import Database, DatabaseArgs
 from infra.aws.gpu_nodes import (
     NVME_HOST_PATH,
     GpuNodeGroups,
@@ -30,20 +32,27 @@ from infra.aws.gpu_nodes import (
 from infra.aws.identities import WorkloadIdentities, WorkloadIdentitiesArgs, bindings
 from infra.aws.karpenter import Karpenter, KarpenterArgs
 from infra.aws.keys import Keys, KeysArgs
+from infra.aws.load_balancer import LoadBalancerController, LoadBalancerControllerArgs
 from infra.aws.network import Network, NetworkArgs
 from infra.aws.registry import ContainerRegistry, RegistryArgs
 from infra.aws.storage import Storage, StorageArgs
 from infra.config import StackConfig
-from infra.platform import Buckets, ClusterPlatform, GpuPool, StorageClassSpec
+from infra.platform import Buckets, ClusterPlatform, EgressTarget, GpuPool, ManagedDatabase, StorageClassSpec
 
 # The S3 gateway endpoint routes to S3's public address ranges (via the prefix list), so pods'
 # NetworkPolicies must allow 443 to them; S3 publishes no small fixed range to name instead.
 OBJECT_STORE_CIDRS = ("0.0.0.0/0",)
+# Served by the AWS Load Balancer Controller this layer installs (load_balancer.py): an internal NLB
+# in the subnets tagged kubernetes.io/role/internal-elb, targeting pod IPs.
 INTERNAL_LB_ANNOTATIONS = {
     "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
     "service.beta.kubernetes.io/aws-load-balancer-type": "external",
     "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
 }
+# The EKS Pod Identity agent serves credentials on this node-local address (port 80), which pods'
+# NetworkPolicies must allow. Its IPv6 address (fd00:ec2::23) is unused: the cluster is IPv4.
+# https://docs.aws.amazon.com/eks/latest/userguide/pod-id-agent-setup.html
+POD_IDENTITY_AGENT = EgressTarget("169.254.170.23/32", 80)
 
 
 def gpu_tolerations() -> list[dict[str, str]]:
@@ -63,14 +72,16 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
     cluster_name = naming.prefix(cfg)
     karpenter_role = f"{cluster_name}-karpenter"
     ebs_csi_role = f"{cluster_name}-ebs-csi"
+    managed_db = cfg.mlflow.enabled and cfg.mlflow.database == "managed"
     role_arn = f"arn:aws:iam::{account_id}:role/{{}}".format
 
     keys = Keys("keys", KeysArgs(prefix=cluster_name, account_id=account_id, region=region,
-                                 ebs_user_role_arns=[role_arn(karpenter_role), role_arn(ebs_csi_role)], tags=tags))
+                                 ebs_user_role_arns=[role_arn(karpenter_role), role_arn(ebs_csi_role)],
+                                 optional=("rds",) if managed_db else (), tags=tags))
     network = Network("network", NetworkArgs(
         cluster_name=cluster_name, region=region, account_id=account_id, zones=cfg.zones,
         vpc_cidr=cfg.network.vpc_cidr, pod_cidr=cfg.network.pod_cidr, nat=cfg.network.nat,
-        flow_logs=cfg.network.flow_logs, logs_key_arn=keys.arns["logs"], tags=tags))
+        flow_logs=cfg.network.flow_logs, logs_key_arn=keys.arns["logs"], database_subnets=managed_db, tags=tags))
     storage = Storage("storage", StorageArgs(prefix=cluster_name, account_id=account_id, region=region,
                                              key_arn=keys.arns["s3"], force_destroy=not cfg.is_prod, tags=tags))
     registry = ContainerRegistry("registry", RegistryArgs(name=f"{cluster_name}-trainer", key_arn=keys.arns["ecr"],
@@ -108,11 +119,26 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
             opts=pulumi.ResourceOptions(depends_on=[cluster.cluster]))
         ready += [karpenter.release, *karpenter.node_pools]
 
+    lb_controller = LoadBalancerController("lb-controller", LoadBalancerControllerArgs(
+        cluster_name=cluster.cluster_name, region=region, account_id=account_id, vpc_id=network.vpc_id,
+        role_name=f"{cluster_name}-lb-controller", provider=cluster.provider, system_selector=system_labels,
+        depends_on=cluster.ready, tags=tags))
+    ready.append(lb_controller.release)
+
     identities = WorkloadIdentities("identities", WorkloadIdentitiesArgs(
         cluster_name=cluster.cluster_name, role_prefix=cluster_name, account_id=account_id,
         bindings=bindings([t.name for t in cfg.teams], cache=cfg.cache.enabled, mlflow=cfg.mlflow.enabled),
         resources={**storage.names, "s3_key": keys.arns["s3"]}, depends_on=cluster.addons[:1], tags=tags))
     ready += identities.associations
+
+    mlflow_database: ManagedDatabase | None = None
+    if managed_db:
+        database = Database("mlflow-db", DatabaseArgs(
+            identifier=f"{cluster_name}-mlflow", vpc_id=network.vpc_id,
+            subnet_ids=[s.id for s in network.database_subnets.values()], subnet_cidrs=network.database_cidrs,
+            client_cidrs=[cfg.network.vpc_cidr, cfg.network.pod_cidr], key_arn=keys.arns["rds"],
+            logs_key_arn=keys.arns["logs"], is_prod=cfg.is_prod, storage_gb=cfg.mlflow.storage_gb, tags=tags))
+        mlflow_database = database.contract
 
     pools = []
     for p in cfg.gpu_pools:
@@ -136,4 +162,5 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
         storage_class=StorageClassSpec(name="gp3-encrypted", provisioner="ebs.csi.aws.com",
                                        parameters=storage_class_parameters(keys.arns["ebs"])),
         identities=identities.identities, registry=registry.registry,
-        internal_lb_annotations=dict(INTERNAL_LB_ANNOTATIONS), ready=ready)
+        internal_lb_annotations=dict(INTERNAL_LB_ANNOTATIONS), ready=ready,
+        workload_identity_egress=[POD_IDENTITY_AGENT], mlflow_database=mlflow_database)

@@ -180,6 +180,98 @@ def karpenter_controller_policy(*, cluster_name: str, cluster_arn: str, region: 
     )
 
 
+LB_CONTROLLER_TAG = "elbv2.k8s.aws/cluster"  # the controller tags what it creates with this key
+
+
+def load_balancer_controller_policy(*, region: str, account_id: str) -> dict:
+    """AWS Load Balancer Controller permissions, following the project's published policy.
+
+    Statement for statement the controller's own `docs/install/iam_policy.json` (v2.13,
+    https://github.com/kubernetes-sigs/aws-load-balancer-controller/blob/main/docs/install/iam_policy.json),
+    with two narrowings: ARNs are limited to this account and region, and the Cognito, WAF and
+    Shield actions are left out because the Helm values turn those features off (this platform
+    makes internal NLBs only). Mutations stay keyed on the controller's ownership tag.
+    """
+    elb = f"arn:aws:elasticloadbalancing:{region}:{account_id}"
+    sg = f"arn:aws:ec2:{region}:{account_id}:security-group/*"
+    tagged_request = {f"aws:RequestTag/{LB_CONTROLLER_TAG}": "false"}
+    owned_resource = {f"aws:ResourceTag/{LB_CONTROLLER_TAG}": "false"}
+    balancers = [f"{elb}:targetgroup/*/*", f"{elb}:loadbalancer/net/*/*", f"{elb}:loadbalancer/app/*/*"]
+    return _doc(
+        {"Sid": "ElbServiceLinkedRole", "Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
+         "Resource": "*",
+         "Condition": {"StringEquals": {"iam:AWSServiceName": "elasticloadbalancing.amazonaws.com"}}},
+        {"Sid": "Describe", "Effect": "Allow",
+         "Action": ["ec2:DescribeAccountAttributes", "ec2:DescribeAddresses", "ec2:DescribeAvailabilityZones",
+                    "ec2:DescribeInternetGateways", "ec2:DescribeVpcs", "ec2:DescribeVpcPeeringConnections",
+                    "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DescribeInstances",
+                    "ec2:DescribeNetworkInterfaces", "ec2:DescribeTags", "ec2:GetCoipPoolUsage",
+                    "ec2:DescribeCoipPools", "ec2:GetSecurityGroupsForVpc", "ec2:DescribeIpamPools",
+                    "ec2:DescribeRouteTables",
+                    "elasticloadbalancing:DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancerAttributes",
+                    "elasticloadbalancing:DescribeListeners", "elasticloadbalancing:DescribeListenerCertificates",
+                    "elasticloadbalancing:DescribeSSLPolicies", "elasticloadbalancing:DescribeRules",
+                    "elasticloadbalancing:DescribeTargetGroups",
+                    "elasticloadbalancing:DescribeTargetGroupAttributes",
+                    "elasticloadbalancing:DescribeTargetHealth", "elasticloadbalancing:DescribeTags",
+                    "elasticloadbalancing:DescribeTrustStores", "elasticloadbalancing:DescribeListenerAttributes",
+                    "elasticloadbalancing:DescribeCapacityReservation"],
+         "Resource": "*"},
+        # TLS listeners look certificates up in ACM / IAM (read only).
+        {"Sid": "Certificates", "Effect": "Allow",
+         "Action": ["acm:ListCertificates", "acm:DescribeCertificate", "iam:ListServerCertificates",
+                    "iam:GetServerCertificate"],
+         "Resource": "*"},
+        {"Sid": "SecurityGroupIngress", "Effect": "Allow",
+         "Action": ["ec2:AuthorizeSecurityGroupIngress", "ec2:RevokeSecurityGroupIngress"], "Resource": sg},
+        {"Sid": "CreateSecurityGroup", "Effect": "Allow", "Action": "ec2:CreateSecurityGroup",
+         "Resource": [sg, f"arn:aws:ec2:{region}:{account_id}:vpc/*"]},
+        {"Sid": "TagNewSecurityGroups", "Effect": "Allow", "Action": "ec2:CreateTags", "Resource": sg,
+         "Condition": {"StringEquals": {"ec2:CreateAction": "CreateSecurityGroup"}, "Null": tagged_request}},
+        {"Sid": "RetagOwnedSecurityGroups", "Effect": "Allow", "Action": ["ec2:CreateTags", "ec2:DeleteTags"],
+         "Resource": sg,
+         "Condition": {"Null": {f"aws:RequestTag/{LB_CONTROLLER_TAG}": "true", **owned_resource}}},
+        {"Sid": "ManageOwnedSecurityGroups", "Effect": "Allow",
+         "Action": ["ec2:AuthorizeSecurityGroupIngress", "ec2:RevokeSecurityGroupIngress",
+                    "ec2:DeleteSecurityGroup"],
+         "Resource": sg, "Condition": {"Null": owned_resource}},
+        {"Sid": "CreateTaggedBalancers", "Effect": "Allow",
+         "Action": ["elasticloadbalancing:CreateLoadBalancer", "elasticloadbalancing:CreateTargetGroup"],
+         "Resource": "*", "Condition": {"Null": tagged_request}},
+        {"Sid": "Listeners", "Effect": "Allow",
+         "Action": ["elasticloadbalancing:CreateListener", "elasticloadbalancing:DeleteListener",
+                    "elasticloadbalancing:CreateRule", "elasticloadbalancing:DeleteRule"],
+         "Resource": "*"},
+        {"Sid": "RetagOwnedBalancers", "Effect": "Allow",
+         "Action": ["elasticloadbalancing:AddTags", "elasticloadbalancing:RemoveTags"], "Resource": balancers,
+         "Condition": {"Null": {f"aws:RequestTag/{LB_CONTROLLER_TAG}": "true", **owned_resource}}},
+        {"Sid": "TagListeners", "Effect": "Allow",
+         "Action": ["elasticloadbalancing:AddTags", "elasticloadbalancing:RemoveTags"],
+         "Resource": [f"{elb}:listener/net/*/*/*", f"{elb}:listener/app/*/*/*",
+                      f"{elb}:listener-rule/net/*/*/*", f"{elb}:listener-rule/app/*/*/*"]},
+        {"Sid": "ModifyOwnedBalancers", "Effect": "Allow",
+         "Action": ["elasticloadbalancing:ModifyLoadBalancerAttributes", "elasticloadbalancing:SetIpAddressType",
+                    "elasticloadbalancing:SetSecurityGroups", "elasticloadbalancing:SetSubnets",
+                    "elasticloadbalancing:DeleteLoadBalancer", "elasticloadbalancing:ModifyTargetGroup",
+                    "elasticloadbalancing:ModifyTargetGroupAttributes", "elasticloadbalancing:DeleteTargetGroup",
+                    "elasticloadbalancing:ModifyListenerAttributes",
+                    "elasticloadbalancing:ModifyCapacityReservation", "elasticloadbalancing:ModifyIpPools"],
+         "Resource": "*", "Condition": {"Null": owned_resource}},
+        {"Sid": "TagOnCreate", "Effect": "Allow", "Action": "elasticloadbalancing:AddTags", "Resource": balancers,
+         "Condition": {"StringEquals": {"elasticloadbalancing:CreateAction": ["CreateTargetGroup",
+                                                                               "CreateLoadBalancer"]},
+                       "Null": tagged_request}},
+        {"Sid": "Targets", "Effect": "Allow",
+         "Action": ["elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"],
+         "Resource": f"{elb}:targetgroup/*/*"},
+        {"Sid": "ListenerRules", "Effect": "Allow",
+         "Action": ["elasticloadbalancing:ModifyListener", "elasticloadbalancing:AddListenerCertificates",
+                    "elasticloadbalancing:RemoveListenerCertificates", "elasticloadbalancing:ModifyRule",
+                    "elasticloadbalancing:SetRulePriorities"],
+         "Resource": "*"},
+    )
+
+
 def flow_logs_policy(log_group_arn: str) -> dict:
     """VPC Flow Logs: write to one log group."""
     return _doc({"Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents",

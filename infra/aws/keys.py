@@ -5,8 +5,9 @@ Usage:
     keys.arns["s3"]  # Output[str]
 
 Purposes: eks (Kubernetes secrets), ebs (node and persistent volumes), s3 (buckets), logs
-(CloudWatch log groups), sqs (Karpenter interruption queue), ecr (image repository). The key
-policies are pure functions (`key_policy`) so tests read them without mocks.
+(CloudWatch log groups), sqs (Karpenter interruption queue), ecr (image repository), and rds
+(the managed MLflow database and its Performance Insights data; created only when the stack asks
+for a managed database, see `OPTIONAL_PURPOSES`). The key policies are pure functions (`key_policy`) so tests read them without mocks.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-PURPOSES = ("eks", "ebs", "s3", "logs", "sqs", "ecr")
+PURPOSES = ("eks", "ebs", "s3", "logs", "sqs", "ecr", "rds")
+# Keys that exist only when a feature needs them (an unused key still costs a monthly fee).
+OPTIONAL_PURPOSES = ("rds",)
 DELETION_WINDOW_DAYS = 30
 
 
@@ -88,10 +91,13 @@ def key_policy(purpose: str, *, account_id: str, region: str, ebs_user_role_arns
             "Resource": "*",
             "Condition": {**users, "Bool": {"kms:GrantIsForAWSResource": "true"}},
         })
-    elif purpose in ("s3", "ecr", "eks"):
+    elif purpose in ("s3", "ecr", "eks", "rds"):
         # Used by the service on behalf of callers, through the caller's IAM permissions, only via
         # that service (kms:ViaService): a role with kms:Decrypt cannot use the key directly.
-        service = {"s3": "s3", "ecr": "ecr", "eks": "eks"}[purpose]
+        # For rds this covers storage encryption, automated backups, snapshots and Performance
+        # Insights: RDS uses the key through grants it creates as the caller.
+        # https://docs.aws.amazon.com/AmazonRDS/latest/UserGuide/Overview.Encryption.Keys.html
+        service = purpose
         statements.append({
             "Sid": f"AccountUseVia{service.upper()}",
             "Effect": "Allow",
@@ -112,6 +118,7 @@ class KeysArgs:
     # Roles that launch or attach encrypted EBS volumes (Karpenter controller, EBS CSI driver, nodes).
     ebs_user_role_arns: Sequence[pulumi.Input[str]] = field(default_factory=tuple)
     tags: Mapping[str, str] = field(default_factory=dict)  # common tags
+    optional: Sequence[str] = ()  # which OPTIONAL_PURPOSES to create as well, e.g. ("rds",)
 
 
 class Keys(pulumi.ComponentResource):
@@ -120,7 +127,12 @@ class Keys(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.keys: dict[str, aws.kms.Key] = {}
         self.arns: dict[str, pulumi.Output[str]] = {}
+        unknown = sorted(set(args.optional) - set(OPTIONAL_PURPOSES))
+        if unknown:
+            raise ValueError(f"KeysArgs.optional lists unknown key purposes {unknown} (known: {OPTIONAL_PURPOSES})")
         for purpose in PURPOSES:
+            if purpose in OPTIONAL_PURPOSES and purpose not in args.optional:
+                continue
             if purpose == "ebs":
                 policy = pulumi.Output.all(*args.ebs_user_role_arns).apply(
                     lambda roles: json.dumps(key_policy("ebs", account_id=args.account_id, region=args.region,

@@ -121,6 +121,15 @@ def computed(typ: str, name: str, inputs: dict[str, Any], ctx) -> dict[str, Any]
         out["name"] = inputs.get("name") or f"{name}-{_hex(name, n=7)}"
     elif typ == "aws:cloudwatch/logGroup:LogGroup":
         out["arn"] = f"arn:aws:logs:{region}:{account}:log-group:{inputs.get('name', name)}"
+    elif typ == "aws:rds/instance:Instance":
+        ident = inputs.get("identifier") or f"{name}-{_hex(name, n=7)}"
+        address = f"{ident}.c{_hex('rds', account, region, n=11)}.{region}.rds.amazonaws.com"
+        port = int(inputs.get("port") or 5432)
+        out.update({"identifier": ident, "address": address, "endpoint": f"{address}:{port}", "port": port,
+                    "arn": f"arn:aws:rds:{region}:{account}:db:{ident}", "resourceId": f"db-{_hex(ident).upper()}",
+                    "engineVersionActual": inputs.get("engineVersion"), "hostedZoneId": "Z2R2ITUGPM61AM"})
+    elif typ in ("aws:rds/subnetGroup:SubnetGroup", "aws:rds/parameterGroup:ParameterGroup"):
+        out["name"] = inputs.get("name") or f"{name}-{_hex(name, n=7)}"
     elif typ == "aws:iam/openIdConnectProvider:OpenIdConnectProvider":
         url = str(inputs.get("url", "")).removeprefix("https://")
         out["arn"] = f"arn:aws:iam::{account}:oidc-provider/{url}"

@@ -42,6 +42,7 @@ class ZoneSubnets:
     private: str  # nodes and control-plane ENIs
     public: str  # NAT gateway only
     pods: str  # VPC CNI custom networking (secondary CIDR)
+    database: str  # managed PostgreSQL only (created when the stack asks for a managed database)
 
 
 def _split(network: ipaddress.IPv4Network, count: int, what: str) -> list[ipaddress.IPv4Network]:
@@ -55,8 +56,10 @@ def plan_subnets(vpc_cidr: str, pod_cidr: str, zones: Sequence[str]) -> list[Zon
     """Split the VPC and pod ranges over `zones` (pure; deterministic; no overlaps).
 
     The VPC range is halved per power of two of zones; in each zone's share, the first half is the
-    private node subnet and a /(share+4) slice at the end is the public NAT subnet. For a /16 and
-    3 zones: private /19s (8190 addresses each) and public /22s. The pod range is split evenly.
+    private node subnet, a /(share+4) slice at the end is the public NAT subnet, and a small slice
+    at the start of the second half (/(share+6), kept between /24 and /28) is the database subnet.
+    For a /16 and 3 zones: private /19s (8190 addresses each), public /22s and database /24s. The
+    pod range is split evenly.
     """
     if not zones:
         raise ValueError("network plan needs at least one zone")
@@ -72,7 +75,9 @@ def plan_subnets(vpc_cidr: str, pod_cidr: str, zones: Sequence[str]) -> list[Zon
     for zone, share, pod in zip(zones, shares, pod_shares, strict=True):
         private, rest = share.subnets(prefixlen_diff=1)
         public = list(rest.subnets(new_prefix=min(share.prefixlen + 4, 28)))[-1]
-        plan.append(ZoneSubnets(zone=zone, private=str(private), public=str(public), pods=str(pod)))
+        database = next(rest.subnets(new_prefix=min(max(share.prefixlen + 6, 24), 28)))
+        plan.append(ZoneSubnets(zone=zone, private=str(private), public=str(public), pods=str(pod),
+                                database=str(database)))
     return plan
 
 
@@ -97,6 +102,7 @@ class NetworkArgs:
     flow_logs: bool  # VPC flow logs to an encrypted log group
     logs_key_arn: pulumi.Input[str]  # KMS key for the flow-log group
     tags: Mapping[str, str]  # common tags
+    database_subnets: bool = False  # private, route-less subnets per AZ for a managed database
 
 
 class Network(pulumi.ComponentResource):
@@ -197,6 +203,24 @@ class Network(pulumi.ComponentResource):
             aws.ec2.FlowLog(f"{name}", vpc_id=vpc.id, traffic_type="ALL", log_destination_type="cloud-watch-logs",
                             log_destination=log_group.arn, iam_role_arn=role.arn, max_aggregation_interval=60,
                             tags=tags, opts=child)
+
+        # Database subnets: one small subnet per AZ, on a route table with only the VPC-local route
+        # (no NAT, no internet): a database here can answer clients inside the VPC and nothing else.
+        self.database_subnets: dict[str, aws.ec2.Subnet] = {}
+        self.database_cidrs: list[str] = []
+        if args.database_subnets:
+            db_rt = aws.ec2.RouteTable(f"{name}-database", vpc_id=vpc.id,
+                                       tags={**tags, "Name": f"{args.cluster_name}-database"}, opts=child)
+            for z in plan:
+                subnet = aws.ec2.Subnet(
+                    f"{name}-database-{z.zone}", vpc_id=vpc.id, cidr_block=z.database, availability_zone=z.zone,
+                    map_public_ip_on_launch=False,
+                    tags={**tags, "Name": f"{args.cluster_name}-database-{z.zone}", "gpu-train.io/tier": "database"},
+                    opts=child)
+                aws.ec2.RouteTableAssociation(f"{name}-database-{z.zone}", subnet_id=subnet.id,
+                                              route_table_id=db_rt.id, opts=child)
+                self.database_subnets[z.zone] = subnet
+                self.database_cidrs.append(z.database)
 
         self.vpc_id = vpc.id
         self.private_subnet_ids = subnet_ids

@@ -1,0 +1,92 @@
+"""AWS Load Balancer Controller: serves the platform's internal load balancers (Services with
+`platform.internal_lb_annotations`) as internal NLBs with IP targets.
+
+Usage:
+    lbc = LoadBalancerController("lb-controller", LoadBalancerControllerArgs(...))
+    lbc.release           # add to platform.ready: Services of type LoadBalancer need its webhook
+    helm_values(...)      # pure: the chart values
+
+EKS's in-tree cloud provider only makes Classic/NLB instance-mode balancers and ignores the
+`service.beta.kubernetes.io/aws-load-balancer-type: external` annotation; the controller owns such
+Services (https://kubernetes-sigs.github.io/aws-load-balancer-controller/latest/guide/service/nlb/).
+It runs on the system nodes with a Pod Identity role. Nodes keep an IMDS hop limit of 1, so the
+controller cannot discover its VPC and region from instance metadata: both are set in the values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.aws import iam
+
+CHART_REPO = "https://aws.github.io/eks-charts"
+CHART = "aws-load-balancer-controller"
+CHART_VERSION = "1.13.0"  # controller v2.13.0, whose IAM policy iam.load_balancer_controller_policy follows
+NAMESPACE = "kube-system"
+SERVICE_ACCOUNT = "aws-load-balancer-controller"
+
+
+def helm_values(*, cluster_name: str, region: str, vpc_id: str, system_selector: Mapping[str, str]) -> dict:
+    """Chart values (https://github.com/aws/eks-charts/tree/master/stable/aws-load-balancer-controller)."""
+    return {
+        "clusterName": cluster_name,
+        "region": region,
+        "vpcId": vpc_id,
+        # Pod Identity binds the role to this service account; no IRSA annotation.
+        "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT},
+        "replicaCount": 2,
+        "nodeSelector": dict(system_selector),
+        "podDisruptionBudget": {"maxUnavailable": 1},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        # Services without a target-type annotation also get pod (IP) targets, which work with VPC CNI
+        # custom networking and skip the extra NodePort hop.
+        "defaultTargetType": "ip",
+        # Internal NLBs only: the IAM policy grants none of the WAF / Shield APIs these would call.
+        "enableShield": False,
+        "enableWaf": False,
+        "enableWafv2": False,
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadBalancerControllerArgs:
+    cluster_name: pulumi.Input[str]  # EKS cluster (Pod Identity association and chart value)
+    region: str  # AWS region (chart value and policy scope)
+    account_id: str  # policy scope and trust
+    vpc_id: pulumi.Input[str]  # the cluster VPC (chart value)
+    role_name: str  # IAM role name
+    provider: k8s.Provider  # the cluster's Kubernetes provider
+    system_selector: Mapping[str, str]  # where the controller runs
+    depends_on: Sequence[pulumi.Resource]  # system nodes, CoreDNS and the Pod Identity agent
+    tags: Mapping[str, str]  # common tags
+
+
+class LoadBalancerController(pulumi.ComponentResource):
+    def __init__(self, name: str, args: LoadBalancerControllerArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("gpu-train:aws:LoadBalancerController", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        tags = dict(args.tags)
+        role = aws.iam.Role(name, name=args.role_name,
+                            assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)), tags=tags,
+                            opts=child)
+        aws.iam.RolePolicy(name, role=role.id, policy=json.dumps(iam.load_balancer_controller_policy(
+            region=args.region, account_id=args.account_id)), opts=child)
+        association = aws.eks.PodIdentityAssociation(
+            name, cluster_name=args.cluster_name, namespace=NAMESPACE, service_account=SERVICE_ACCOUNT,
+            role_arn=role.arn, tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
+        values = pulumi.Output.all(args.cluster_name, args.vpc_id).apply(lambda a: helm_values(
+            cluster_name=a[0], region=args.region, vpc_id=a[1], system_selector=args.system_selector))
+        self.release = k8s.helm.v3.Release(
+            name, name=CHART, chart=CHART, version=CHART_VERSION,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CHART_REPO), namespace=NAMESPACE,
+            values=values, atomic=True, timeout=600,
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
+                                        depends_on=[*args.depends_on, association]))
+        self.role_arn = role.arn
+        self.register_outputs({"role_arn": role.arn, "release": self.release.name})
