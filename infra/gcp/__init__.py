@@ -5,7 +5,8 @@ Usage (infra/__main__.py does this): `platform = infra.gcp.build_platform(cfg, n
 Every resource gets its project (and region where it has one) passed explicitly and its labels
 passed explicitly, so the program never depends on ambient `gcp:project` / `gcp:region` settings
 or on provider default labels. Order: keys (and their service-agent grants) -> network, storage,
-registry -> cluster -> GPU pools -> workload identities. See docs/gcp.md.
+registry -> cluster -> GPU pools -> workload identities -> (mlflow.database: managed) Cloud SQL.
+See docs/gcp.md.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import pulumi_gcp as gcp
 from infra import naming
 from infra.config import StackConfig
 from infra.gcp.cluster import GkeCluster, GkeClusterArgs
+from infra.gcp.database import Database, DatabaseArgs
 from infra.gcp.gpu_pools import GpuNodePool, GpuNodePoolArgs
 from infra.gcp.identity import Identities, IdentitiesArgs
 from infra.gcp.keys import Keys, KeysArgs
 from infra.gcp.network import PRIVATE_GOOGLE_APIS, Network, NetworkArgs, pool_fabric_key
 from infra.gcp.registry import ArtifactRegistry, ArtifactRegistryArgs
 from infra.gcp.storage import Storage, StorageArgs
-from infra.platform import Buckets, ClusterPlatform, StorageClassSpec
+from infra.platform import Buckets, ClusterPlatform, EgressTarget, ManagedDatabase, StorageClassSpec
 
 # Where the Kubernetes layer RAID0s and mounts the GPU nodes' raw local NVMe SSDs. On COS the
 # stateful partition is the writable, node-lifetime disk area; GKE's own ephemeral-SSD mode uses a
@@ -30,13 +32,20 @@ from infra.platform import Buckets, ClusterPlatform, StorageClassSpec
 NVME_HOST_PATH = "/mnt/stateful_partition/gpu-train/nvme-raid"
 OBJECT_STORE_ENDPOINT = "https://storage.googleapis.com"
 INTERNAL_LB = {"networking.gke.io/load-balancer-type": "Internal"}
+# Where pods get Workload Identity tokens: the GKE metadata server, reached at the metadata address
+# on port 80 and, on GKE Dataplane V2 clusters, at 169.254.169.252:988. NetworkPolicies with egress
+# rules must allow both (https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity,
+# the network-policy note under restrictions).
+METADATA_SERVER_EGRESS = (EgressTarget("169.254.169.254/32", 80), EgressTarget("169.254.169.252/32", 988))
 
 
 def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
     labels = dict(tags)
     project = gcp.organizations.get_project_output(project_id=cfg.project)
 
-    keys = Keys("keys", KeysArgs(cfg=cfg, labels=labels, project_number=project.number))
+    managed_db = cfg.mlflow.enabled and cfg.mlflow.database == "managed"
+    keys = Keys("keys", KeysArgs(cfg=cfg, labels=labels, project_number=project.number,
+                                 optional=("sql",) if managed_db else ()))
     network = Network("network", NetworkArgs(cfg=cfg, labels=labels))
     storage = Storage("storage", StorageArgs(cfg=cfg, labels=labels, kms_key=keys.key_ids["storage"]),
                       opts=pulumi.ResourceOptions(depends_on=[keys.grants["storage"]]))
@@ -66,6 +75,11 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
                             fabric=network.fabric[key] if key else None, networks=names),
             opts=pulumi.ResourceOptions(depends_on=[keys.grants["disks"], cluster.system_pool])))
     identities = Identities("identities", IdentitiesArgs(cfg=cfg, buckets=storage.buckets))
+    mlflow_database: ManagedDatabase | None = None
+    if managed_db:
+        database = Database("mlflow-db", DatabaseArgs(cfg=cfg, labels=labels, network=network.network,
+                                                      kms_key=keys.key_ids["sql"], depends_on=(keys.grants["sql"],)))
+        mlflow_database = database.contract
 
     return ClusterPlatform(
         cloud="gcp",
@@ -93,4 +107,6 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
         registry=registry.contract,
         internal_lb_annotations=INTERNAL_LB,
         ready=[cluster.system_pool, *[p.node_pool for p in pools]],
+        workload_identity_egress=list(METADATA_SERVER_EGRESS),
+        mlflow_database=mlflow_database,
     )

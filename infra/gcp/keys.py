@@ -25,7 +25,10 @@ ROTATION_PERIOD = "7776000s"  # 90 days
 ENCRYPTER_DECRYPTER = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
 # Each key and the Google service agent that uses it on our behalf
 # (https://cloud.google.com/iam/docs/service-agents).
-KEY_USES = ("gke", "storage", "registry", "disks")
+KEY_USES = ("gke", "storage", "registry", "disks", "sql")
+# Keys that exist only when a feature needs them: a Cloud KMS key can never be deleted, so none is
+# created ahead of use. "sql" encrypts the managed MLflow database (mlflow.database: managed).
+OPTIONAL_USES = ("sql",)
 
 
 def service_agents(project_number: str) -> dict[str, str]:
@@ -39,6 +42,9 @@ def service_agents(project_number: str) -> dict[str, str]:
         "registry": f"serviceAccount:service-{project_number}@gcp-sa-artifactregistry.iam.gserviceaccount.com",
         # Compute Engine encrypts node boot disks and PD volumes created by the CSI driver.
         "disks": f"serviceAccount:service-{project_number}@compute-system.iam.gserviceaccount.com",
+        # Cloud SQL encrypts the instance's disk, backups and logs
+        # (https://cloud.google.com/sql/docs/postgres/configure-cmek#service-account).
+        "sql": f"serviceAccount:service-{project_number}@gcp-sa-cloud-sql.iam.gserviceaccount.com",
     }
 
 
@@ -52,6 +58,7 @@ class KeysArgs:
     cfg: StackConfig  # project and region of the key ring
     labels: dict[str, str]  # common labels for every key
     project_number: pulumi.Input[str]  # names the service agents
+    optional: tuple[str, ...] = ()  # which OPTIONAL_USES to create as well, e.g. ("sql",)
 
 
 class Keys(pulumi.ComponentResource):
@@ -72,7 +79,18 @@ class Keys(pulumi.ComponentResource):
         self.keys: dict[str, gcp.kms.CryptoKey] = {}
         self.key_ids: dict[str, pulumi.Output[str]] = {}
         self.grants: dict[str, gcp.kms.CryptoKeyIAMMember] = {}
+        unknown = sorted(set(args.optional) - set(OPTIONAL_USES))
+        if unknown:
+            raise ValueError(f"KeysArgs.optional lists unknown key uses {unknown} (known: {OPTIONAL_USES})")
+        # The Cloud SQL service agent exists only once something asks for it; a grant to a missing
+        # agent fails, so create it first (https://cloud.google.com/sql/docs/postgres/configure-cmek).
+        agent_ready: dict[str, list[pulumi.Resource]] = {}
+        if "sql" in args.optional:
+            agent_ready["sql"] = [gcp.projects.ServiceIdentity(
+                f"{name}-sql-agent", project=cfg.project, service="sqladmin.googleapis.com", opts=child)]
         for use in KEY_USES:
+            if use in OPTIONAL_USES and use not in args.optional:
+                continue
             key = gcp.kms.CryptoKey(
                 f"{name}-{use}", name=use, key_ring=ring_id, rotation_period=ROTATION_PERIOD,
                 purpose="ENCRYPT_DECRYPT", labels=args.labels,
@@ -83,5 +101,6 @@ class Keys(pulumi.ComponentResource):
             self.key_ids[use] = kid
             self.grants[use] = gcp.kms.CryptoKeyIAMMember(
                 f"{name}-{use}-agent", crypto_key_id=kid, role=ENCRYPTER_DECRYPTER,
-                member=agents.apply(lambda a, u=use: a[u]), opts=child)
+                member=agents.apply(lambda a, u=use: a[u]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=agent_ready.get(use, [])))
         self.register_outputs({"ring": self.ring.name, "key_ids": self.key_ids})

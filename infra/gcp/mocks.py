@@ -47,6 +47,17 @@ def computed(typ: str, name: str, inputs: dict[str, Any], ctx) -> dict[str, Any]
     elif typ == "gcp:artifactregistry/repository:Repository":
         out.update(name=inputs.get("repositoryId", name),
                    registryUri=f"{inputs.get('location')}-docker.pkg.dev/{project}/{inputs.get('repositoryId')}")
+    elif typ == "gcp:projects/serviceIdentity:ServiceIdentity":
+        agent = {"sqladmin.googleapis.com": "gcp-sa-cloud-sql"}.get(inputs.get("service", ""), "gcp-sa-unknown")
+        email = f"service-{PROJECT_NUMBER}@{agent}.iam.gserviceaccount.com"
+        out.update(email=email, member=f"serviceAccount:{email}")
+    elif typ == "gcp:sql/databaseInstance:DatabaseInstance":
+        iname = inputs.get("name", name)
+        # Private IP from the Private Service Access range: the mocks do not see the range here, so a
+        # fixed address stands in (tests compare it with nothing but its form).
+        out.update(name=iname, privateIpAddress="10.255.240.3", publicIpAddress="",
+                   connectionName=f"{project}:{inputs.get('region', ctx.region)}:{iname}",
+                   selfLink=f"https://sqladmin.googleapis.com/sql/v1beta4/projects/{project}/instances/{iname}")
     elif typ == "gcp:storage/bucket:Bucket":
         out.update(url=f"gs://{inputs.get('name', name)}")
     return out

@@ -117,6 +117,28 @@ def fabric_sets(cfg: StackConfig) -> dict[str, FabricSetPlan]:
     return sets
 
 
+# Private Service Access (Cloud SQL's private IP): one /20 allocated to Google's producer VPC, the
+# size Google suggests so later services fit too (Cloud SQL needs at least a /24;
+# https://cloud.google.com/vpc/docs/configure-private-services-access#allocating-range).
+PSA_PREFIX = 20
+PSA_BLOCK = "10.0.0.0/8"
+
+
+def psa_range(cfg: StackConfig) -> str:
+    """The Private Service Access range: the highest /20 of 10.0.0.0/8 that overlaps nothing of the stack.
+
+    Searching from the top of 10/8 keeps clear of the low 10.x ranges networks usually start at; every
+    range of the stack (nodes, pods, services, control plane, fabric block) is skipped.
+    """
+    taken = [ipaddress.IPv4Network(c) for c in (cfg.network.vpc_cidr, cfg.network.pod_cidr,
+                                                cfg.network.service_cidr, cfg.cluster.master_cidr, FABRIC_BLOCK)]
+    for net in reversed(list(ipaddress.IPv4Network(PSA_BLOCK).subnets(new_prefix=PSA_PREFIX))):
+        if not any(net.overlaps(t) for t in taken):
+            return str(net)
+    raise ValueError(f"no free /{PSA_PREFIX} in {PSA_BLOCK} for Private Service Access "
+                     "(gpu-train:network ranges cover it all)")
+
+
 def roce_network_profile(project: str, zone: str) -> str:
     """The zone's RoCE network profile an RDMA VPC must be created with."""
     return f"projects/{project}/global/networkProfiles/{zone}-vpc-roce"
