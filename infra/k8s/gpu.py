@@ -39,7 +39,7 @@ NCCL_INSTALLERS: dict[str, dict[str, Any]] = {
         "name": "nccl-tcpx-installer",
         "image": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpx/nccl-plugin-gpudirecttcpx-dev:v3.1.9",
         "script": "/scripts/container_entry.sh install --install-nccl\n",
-        "host_dirs": {"var-lib": "/var/lib"},
+        "host_dirs": {"var-lib": ("/var/lib", "/var/lib")},
         # COS mounts /var/lib noexec; the plugin's directory must be executable on the host.
         "host_script": "mount --bind /var/lib/tcpx /var/lib/tcpx && mount -o remount,exec /var/lib/tcpx",
     },
@@ -49,7 +49,7 @@ NCCL_INSTALLERS: dict[str, dict[str, Any]] = {
         "script": "/scripts/container_entry.sh install --install-nccl\n"
                   "mkdir -p /usr/local/nvidia/lib64\n"
                   "cp -r /var/lib/tcpxo/lib64/. /usr/local/nvidia/lib64\n",
-        "host_dirs": {"var-lib": "/var/lib", "library-dir-host": "/home/kubernetes/bin"},
+        "host_dirs": {"var-lib": ("/var/lib", "/var/lib"), "library-dir-host": ("/home/kubernetes/bin", "/usr/local")},
     },
     "rdma": {
         "name": "nccl-rdma-installer",
@@ -57,14 +57,11 @@ NCCL_INSTALLERS: dict[str, dict[str, Any]] = {
         "script": "/scripts/container_entry.sh install --install-nccl\n"
                   "cp -r /var/lib/gib/lib64/. /usr/local/home/kubernetes/bin/nvidia/lib64\n"
                   "cp -r /var/lib/gib/. /usr/local/home/kubernetes/bin/gib\n",
-        "host_dirs": {"library-dir-host": "/home/kubernetes/bin/nvidia/lib64", "gib": "/home/kubernetes/bin/gib"},
+        "host_dirs": {
+            "library-dir-host": ("/home/kubernetes/bin/nvidia/lib64", "/usr/local/home/kubernetes/bin/nvidia/lib64"),
+            "gib": ("/home/kubernetes/bin/gib", "/usr/local/home/kubernetes/bin/gib"),
+        },
     },
-}
-# Where each host directory is mounted inside the installer container.
-_MOUNT_PATHS = {
-    "var-lib": "/var/lib",
-    "library-dir-host": "/usr/local",
-    "gib": "/usr/local/home/kubernetes/bin/gib",
 }
 
 
@@ -117,8 +114,10 @@ def nccl_installer(kind: str, pools: list[GpuPool], namespace: str) -> dict[str,
         raise ValueError(f"no NCCL plugin installer for fabric kind {kind!r} (known: {sorted(NCCL_INSTALLERS)})")
     spec = NCCL_INSTALLERS[kind]
     labels = {"app.kubernetes.io/name": spec["name"], "app.kubernetes.io/part-of": "gpu-train"}
-    volumes = [{"name": v, "hostPath": {"path": p, "type": "Directory"}} for v, p in spec["host_dirs"].items()]
-    mounts = [{"name": v, "mountPath": _MOUNT_PATHS[v]} for v in spec["host_dirs"]]
+    # host_dirs: volume name -> (directory on the host, where the installer sees it).
+    volumes = [{"name": v, "hostPath": {"path": host, "type": "DirectoryOrCreate"}}
+               for v, (host, _) in spec["host_dirs"].items()]
+    mounts = [{"name": v, "mountPath": inside} for v, (_, inside) in spec["host_dirs"].items()]
     privileged = {"privileged": True, "readOnlyRootFilesystem": False}
     pause_security = {**common.restricted_container_security()}
     return {

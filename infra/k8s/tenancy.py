@@ -283,6 +283,7 @@ class Tenancy(pulumi.ComponentResource):
             ns = common.namespace(ns_name, p, self, enforce="restricted", depends_on=base)
             common.network_policies(ns_name, controller_network_policies(p, webhook, metrics), p, self, [ns])
             self.controller_namespaces[short] = ns
+            # OCI charts: the registry is part of `chart`, so there is no repository_opts.
             self.releases[short] = k8s.helm.v3.Release(
                 f"{name}-{short}", name=short, chart=chart, version=version, namespace=ns_name, values=values,
                 opts=common.k8s_opts(p, self, [ns]))

@@ -379,3 +379,15 @@ def test_checkov_skips_file_is_documented(tmp_path):
     bad.write_text("x:\n  CKV_K8S_16: ok\n")
     with pytest.raises(ValueError, match="needs a CKV_K8S_ id and a reason"):
         common.checkov_skips(bad)
+
+
+@pytest.mark.parametrize("kind", sorted(gpu.NCCL_INSTALLERS))
+def test_nccl_installers_mount_every_host_directory_their_script_writes(kind):
+    ds = gpu.nccl_installer(kind, [pool(kind=kind)], "gpu-system")
+    spec = ds["spec"]["template"]["spec"]
+    install = spec["initContainers"][0]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in install["volumeMounts"]}
+    assert set(volumes) == set(mounts)
+    for target in re.findall(r"cp -r \S+ (\S+)", install["args"][0]):
+        assert any(target.startswith(path) for path in mounts.values()), f"{kind}: {target} is not on the host"
