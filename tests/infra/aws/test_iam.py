@@ -126,4 +126,4 @@ def test_s3_key_only_via_s3():
     stmt = keys.key_policy("s3", account_id=ACCOUNT, region=REGION)["Statement"][1]
     assert stmt["Condition"]["StringEquals"]["kms:ViaService"] == f"s3.{REGION}.amazonaws.com"
     with pytest.raises(ValueError, match="unknown KMS key purpose"):
-        keys.key_policy("rds", account_id=ACCOUNT, region=REGION)
+        keys.key_policy("dynamodb", account_id=ACCOUNT, region=REGION)

@@ -36,11 +36,14 @@ def test_network_is_private_and_closed(plans, stack):
 def test_everything_is_encrypted_with_our_keys(plans, stack):
     plan = plans[stack]
     keys = resources_of(plan, "gcp:kms/cryptoKey:CryptoKey")
-    assert len(keys) == 4 and all(k["inputs"]["rotationPeriod"] == "7776000s" for k in keys)
+    # The sql key exists only where the stack asks for a managed MLflow database (gcp-prod).
+    managed_db = stack == "gcp-prod"
+    assert len(keys) == (5 if managed_db else 4) and all(k["inputs"]["rotationPeriod"] == "7776000s" for k in keys)
     members = {g["inputs"]["member"] for g in resources_of(plan, "gcp:kms/cryptoKeyIAMMember:CryptoKeyIAMMember")}
     assert {m.split("@")[1] for m in members} == {
         "container-engine-robot.iam.gserviceaccount.com", "gs-project-accounts.iam.gserviceaccount.com",
-        "gcp-sa-artifactregistry.iam.gserviceaccount.com", "compute-system.iam.gserviceaccount.com"}
+        "gcp-sa-artifactregistry.iam.gserviceaccount.com", "compute-system.iam.gserviceaccount.com",
+        *(["gcp-sa-cloud-sql.iam.gserviceaccount.com"] if managed_db else [])}
     buckets = resources_of(plan, "gcp:storage/bucket:Bucket")
     assert len(buckets) == 3
     for b in buckets:
