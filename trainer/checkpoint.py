@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from trainer.data.storage import StorageError, open_store
 from trainer.distributed import DistEnv, rng_state, set_rng_state
 
 log = logging.getLogger("trainer.checkpoint")
@@ -166,8 +167,6 @@ class CheckpointManager:
     @property
     def store(self):
         if self._store is None and self.remote_uri:
-            from trainer.data.storage import open_store
-
             self._store = open_store(self.remote_uri, endpoint_url=self.endpoint_url)
         return self._store
 
@@ -311,12 +310,15 @@ class CheckpointManager:
         shutil.rmtree(staging, ignore_errors=True)
         try:
             manifest = json.loads(self.store.get_bytes(f"{name}/{MANIFEST}"))
-            for rel in manifest["files"]:
+            for rel in [*manifest["files"], MANIFEST]:
+                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
                 self.store.download(f"{name}/{rel}", staging / rel)
         except (ValueError, KeyError, TypeError) as exc:
             shutil.rmtree(staging, ignore_errors=True)
             raise CheckpointInvalid(f"{uri}/{MANIFEST}: unreadable manifest ({exc})") from exc
-        self.store.download(f"{name}/{MANIFEST}", staging / MANIFEST)
+        except StorageError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise CheckpointInvalid(f"{uri}: download failed ({exc})") from exc
         try:
             verify(staging)
         except CheckpointInvalid as exc:
@@ -347,18 +349,23 @@ class CheckpointManager:
         dist.all_gather_object(names, (self.env.local_rank, local), group=self._pg)
         leaders = [n for lr, n in names if lr == 0]
         chosen = leaders[0] if leaders and all(n == leaders[0] for n in leaders) else None
-        if self.store is not None:
-            # Rank 0 decides whether to look remotely: some node lacks the newest checkpoint locally (a new
-            # node, node-local NVMe) or the remote copy is newer. It downloads the newest verified one; then
-            # every other node leader fetches the same one unless it already has it intact.
+        if chosen is None and any(leaders) and self.store is None:
+            # Starting over would silently discard progress that some node still has.
+            raise RuntimeError(
+                f"nodes disagree on the newest checkpoint under {self.local_dir} ({sorted(set(map(str, leaders)))})"
+                " and checkpoint.remote_uri is empty: put checkpoint.local_dir on storage all nodes share, or set "
+                "checkpoint.remote_uri"
+            )
+        if self.store is not None and chosen is None:
+            # No checkpoint that every node has intact locally (fresh nodes, node-local NVMe, a lost disk):
+            # rank 0 downloads the newest remote one that verifies; then every other node leader fetches the
+            # same one unless it already has it intact.
             box: list[str | None] = [None]
             if self.env.rank == 0:
-                remote = self._remote_step_names()
-                if chosen is None or (remote and remote[-1] > chosen):
-                    box[0] = self._newest_valid_remote()
+                box[0] = self._newest_valid_remote()
             dist.broadcast_object_list(box, src=0, group=self._pg)
             name = box[0]
-            if name is not None and (chosen is None or name > chosen):
+            if name is not None:
                 if self.env.local_rank == 0 and self.env.rank != 0:
                     try:
                         verify(self.local_dir / name)

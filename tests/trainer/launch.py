@@ -66,11 +66,12 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def start(run_dir: Path, nproc: int | None, overrides: list[str], *, max_restarts: int = 0,
           env: dict[str, str] | None = None, log_path: Path | None = None) -> subprocess.Popen:
     log_path = log_path or run_dir.with_name(run_dir.name + ".log")
-    log = log_path.open("ab")
-    return subprocess.Popen(
-        command(run_dir, nproc, overrides, max_restarts), cwd=ROOT, env=child_env(env), stdout=log,
-        stderr=subprocess.STDOUT, start_new_session=True,
-    )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(
+            command(run_dir, nproc, overrides, max_restarts), cwd=ROOT, env=child_env(env), stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
 
 
 def kill_group(proc: subprocess.Popen) -> None:
