@@ -344,6 +344,7 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
                 "tokens": tokens_seen, "step_s": step_s, "data_wait_s": t_data - t_step,
                 "forward_backward_s": t_fb - t_data, "optimizer_s": t_opt - t_fb, "checkpoint_block_s": ckpt_block,
                 "tokens_per_s": tps, "mfu": step_mfu, "time": now,
+                "checkpoint_age_s": now - ckpt.last_success_unix if ckpt.last_success_unix else None,
             }
             if batch_sha:
                 record["batch_sha256"] = batch_sha
