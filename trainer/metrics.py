@@ -15,11 +15,14 @@ and each rank is a separate endpoint.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger("trainer.metrics")
 
 # Step phases of a tiny CPU model take milliseconds, a 7B step on GPUs seconds to a minute.
 _STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -63,7 +66,10 @@ class TrainerMetrics:
         self.mfu.set(math.nan)
         self.server = None
         if port:
-            self.server, _thread = start_http_server(port, registry=r)
+            try:
+                self.server, _thread = start_http_server(port, registry=r)
+            except OSError as exc:  # a busy port costs the scrape target, never the training run
+                log.warning("metrics.port: cannot serve Prometheus metrics on port %d: %s", port, exc)
 
     def observe_step(
         self, *, step: int, loss: float, tokens: int, step_s: float, data_wait_s: float, fwd_bwd_s: float,

@@ -213,10 +213,12 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         endpoint_url=cfg.data.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None,
     )
     step, tokens_seen, run_id = 0, 0, None
+    loss_value = float("nan")  # loss of the last completed step (kept in checkpoints)
     found = ckpt.find_latest()
     if found is not None:
         state = ckpt.load(found, model, optimizer)
         step, tokens_seen, run_id = state["step"], state["tokens"], state.get("mlflow_run_id")
+        loss_value = state.get("loss", loss_value)
         sampler.load_state_dict(state["sampler"])
         scheduler.load_state_dict(state["scheduler"])
         if sampler.next_step != step:
@@ -255,14 +257,13 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     )
     per_rank = global_batch // env.world_size
     seen_saves = len(ckpt.saved)
-    loss_value = float("nan")
     start_step, loop_t0 = step, time.perf_counter()
     status = "completed"
     ckpt_block = 0.0
 
     def trainer_state() -> dict[str, Any]:
         return {
-            "step": step, "tokens": tokens_seen, "sampler": sampler.state_dict(),
+            "step": step, "tokens": tokens_seen, "loss": loss_value, "sampler": sampler.state_dict(),
             "scheduler": scheduler.state_dict(), "mlflow_run_id": tracker.run_id,
             "world_size": env.world_size,
         }
@@ -378,7 +379,8 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     run_mfu = flops.mfu(tokens_per_s, flops_token, peak, env.world_size)
     digest = params_sha256(model)
     summary = {
-        "step": step, "tokens": tokens_seen, "final_loss": loss_value, "params_sha256": digest,
+        "step": step, "tokens": tokens_seen, "final_loss": loss_value if math.isfinite(loss_value) else None,
+        "params_sha256": digest,
         "restarts": env.restart_count, "tokens_per_s": tokens_per_s, "mfu": run_mfu, "status": status,
     }
     if env.rank == 0:
@@ -415,7 +417,7 @@ def _finish_outputs(cfg: Config, run_dir: Path, ckpt: CheckpointManager, model: 
         "=" * 72,
         f"training {summary['status']}: {summary['step']}/{cfg.train.steps} steps, "
         f"{summary['tokens']:,} tokens, restarts {summary['restarts']}",
-        f"final loss      {summary['final_loss']:.4f}",
+        "final loss      " + ("n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"),
         f"throughput      {summary['tokens_per_s']:,.0f} tokens/s   MFU {flops.format_mfu(summary['mfu'])}",
         f"checkpoints     {ckpt.local_dir}" + (f"  (latest: {last.path.name})" if last else ""),
     ]

@@ -50,9 +50,10 @@ def test_kill9_and_restart_is_bit_identical(tmp_path, parallel):
     assert got["final_loss"] == want["final_loss"]
 
 
-@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 3)])
-def test_world_size_change_keeps_global_batch_sequence(tmp_path, before, after):
-    overrides = [*SMALL, "train.steps=6", "checkpoint.every_steps=1", "metrics.batch_hash=true"]
+@pytest.mark.parametrize(("before", "after", "parallel"), [(2, 1, "ddp"), (1, 3, "ddp"), (2, 1, "fsdp")])
+def test_world_size_change_keeps_global_batch_sequence(tmp_path, before, after, parallel):
+    overrides = [*SMALL, "train.steps=6", "checkpoint.every_steps=1", "metrics.batch_hash=true",
+                 f"train.parallel={parallel}"]
     run_dir = tmp_path / "run"
     first = run_trainer(run_dir, before, overrides, env={"TRAINER_TEST_KILL_AT_STEP": "3"})
     assert first.returncode != 0  # killed, no restarts allowed
@@ -104,3 +105,19 @@ def test_sigterm_saves_checkpoint_and_exits_cleanly(tmp_path, nproc):
         for rank in range(nproc):
             assert f"[rank{rank}] WARNING trainer: SIGTERM: saved checkpoint at step {step}, exiting" in log
         assert "exitcode" not in log
+
+
+def test_params_hash_is_the_same_for_ddp_and_fsdp(tmp_path):
+    """A DDP checkpoint loaded into FSDP2 (sharded across 2 workers) hashes to the same params_sha256."""
+    run_dir = tmp_path / "run"
+    overrides = [*SMALL, "train.steps=3", "checkpoint.every_steps=3"]
+    ddp = run_trainer(run_dir, 1, overrides)
+    assert ddp.returncode == 0, ddp.output[-4000:]
+    want = summary(run_dir)
+    (run_dir / "summary.json").unlink()
+    fsdp = run_trainer(run_dir, 2, [*overrides, "train.parallel=fsdp"])
+    assert fsdp.returncode == 0, fsdp.output[-4000:]
+    got = summary(run_dir)
+    assert got["step"] == want["step"] == 3
+    assert got["params_sha256"] == want["params_sha256"]
+    assert got["final_loss"] == want["final_loss"]
