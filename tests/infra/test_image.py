@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pulumi
 import pytest
+import yaml
 from pulumi.runtime.mocks import MockMonitor
 
 from infra import image
@@ -93,6 +94,23 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
         assert src not in patterns and f"{src}/" not in patterns
         # The tag hashes every copied input.
         assert src in image.IMAGE_INPUTS or src.split("/")[0] in image.IMAGE_INPUTS
+
+
+def test_ci_workflow_builds_this_dockerfile_without_pushing_prs_and_runs_the_trainer():
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())
+    steps = wf["jobs"]["build"]["steps"]
+    for step in steps:
+        if "uses" in step:
+            assert re.search(r"@(v\d+\.\d+\.\d+|[0-9a-f]{40})$", step["uses"]), f"unpinned action {step['uses']}"
+    (build,) = [s for s in steps if s.get("uses", "").startswith("docker/build-push-action@")]
+    assert build["with"]["file"] == "trainer/Dockerfile" and build["with"]["context"] == "."
+    assert build["with"]["push"] is False and build["with"]["load"] is True
+    assert any(s.get("uses", "").startswith("docker/setup-buildx-action@") for s in steps)
+    smoke = next(s["run"] for s in steps if s.get("name") == "Smoke test")
+    assert 'docker run --rm "$LOCAL_TAG" python -m trainer --help' in smoke
+    assert f'= "{TRAINER_UID}"' in smoke
+    (push,) = [s for s in steps if s.get("name") == "Push"]
+    assert push["if"] == "github.event_name != 'pull_request'"
 
 
 # ------------------------------------------------------------------------------------------- tag and ref
