@@ -24,8 +24,8 @@ Shape of the job (see docs/deploy-job.md for the reasons):
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -380,7 +380,7 @@ def jobset_manifest(
     }
 
 
-def pod_monitor_manifest(*, job: JobConfig, gpus: int, release_label: str) -> dict[str, Any]:
+def pod_monitor_manifest(*, job: JobConfig, gpus: int, release_labels: Mapping[str, str]) -> dict[str, Any]:
     """A PodMonitor scraping every local rank's endpoint (metrics-0..metrics-<gpus-1>) of the job's pods."""
     namespace = naming.team_namespace(job.team)
     return {
@@ -390,7 +390,7 @@ def pod_monitor_manifest(*, job: JobConfig, gpus: int, release_label: str) -> di
             "name": f"{job.name}-trainer",
             "namespace": namespace,
             # kube-prometheus-stack only selects monitors carrying its release label.
-            "labels": {**pod_labels(job), "release": release_label},
+            "labels": {**pod_labels(job), **release_labels},
         },
         "spec": {
             "selector": {"matchLabels": {"app.kubernetes.io/instance": job.name, **APP_LABELS}},
@@ -408,7 +408,8 @@ class TrainingJobArgs:
     job: JobConfig  # the stack's job settings (cfg.job)
     image: pulumi.Input[str]  # digest-pinned trainer image (TrainerImage.ref)
     local_queue: pulumi.Input[str]  # the team's Kueue LocalQueue (KubernetesLayer.local_queue[team])
-    monitoring_release_label: pulumi.Input[str] = naming.MONITORING_RELEASE  # `release` label Prometheus selects
+    # Labels the monitoring release selects PodMonitors by (KubernetesLayer.monitoring_release_label).
+    monitoring_labels: Mapping[str, str] = field(default_factory=lambda: {"release": naming.MONITORING_RELEASE})
     cache_endpoint: pulumi.Input[str] = ""  # Alluxio S3 proxy URL; "" = read the datasets bucket directly
     tracking_uri: pulumi.Input[str] = ""  # MLflow tracking URL; "" = the trainer's local store on NVMe
     register_name: str = ""  # MLflow registered model name for the final model ("" = the job name)
@@ -456,15 +457,13 @@ class TrainingJob(pulumi.ComponentResource):
                 delete_before_replace=True,
             )),
         )
-        monitor = pulumi.Output.from_input(args.monitoring_release_label).apply(
-            lambda release: pod_monitor_manifest(job=job, gpus=gpus, release_label=release)
-        )
+        monitor = pod_monitor_manifest(job=job, gpus=gpus, release_labels=dict(args.monitoring_labels))
         self.pod_monitor = k8s.apiextensions.CustomResource(
             f"{name}-podmonitor",
             api_version=PODMONITOR_API,
             kind="PodMonitor",
-            metadata=monitor.apply(lambda m: m["metadata"]),
-            spec=monitor.apply(lambda m: m["spec"]),
+            metadata=monitor["metadata"],
+            spec=monitor["spec"],
             opts=k8s_opts,
         )
         self.job_name = pulumi.Output.from_input(job.name)

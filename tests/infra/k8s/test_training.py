@@ -358,7 +358,7 @@ def test_default_uris_follow_the_documented_layout():
 def test_pod_monitor_scrapes_every_local_rank_of_the_jobs_pods():
     job = prod_job()
     m = build(job, efa_pool())
-    mon = t.pod_monitor_manifest(job=job, gpus=8, release_label=naming.MONITORING_RELEASE)
+    mon = t.pod_monitor_manifest(job=job, gpus=8, release_labels={"release": naming.MONITORING_RELEASE})
     assert mon["apiVersion"] == "monitoring.coreos.com/v1" and mon["kind"] == "PodMonitor"
     assert mon["metadata"]["labels"]["release"] == naming.MONITORING_RELEASE
     assert mon["metadata"]["namespace"] == m["metadata"]["namespace"]
@@ -402,7 +402,7 @@ def test_component_creates_the_jobset_and_pod_monitor_under_mocks():
         comp = t.TrainingJob("job", t.TrainingJobArgs(
             platform=_platform(efa_pool()), job=job, image=pulumi.Output.from_input(IMAGE),
             local_queue=pulumi.Output.from_input("research"), cache_endpoint=CACHE,
-            tracking_uri=pulumi.Output.from_input(MLFLOW), monitoring_release_label="kube-prometheus-stack",
+            tracking_uri=pulumi.Output.from_input(MLFLOW), monitoring_labels={"release": "kube-prometheus-stack"},
         ))
         return pulumi.Output.all(comp.job_name, comp.jobset.spec).apply(lambda v: seen.update(name=v[0]))
 
