@@ -73,6 +73,9 @@ class DataConfig:
 class CheckpointConfig:
     local_dir: str = ""  # "" = RUN_DIR/checkpoints
     remote_uri: str = ""  # "" = no upload; s3://, gs://, file://
+    # S3-compatible endpoint for remote_uri; "" = env TRAINER_S3_ENDPOINT_URL, else the provider's default.
+    # Separate from data.endpoint_url, which usually points at the read cache (Alluxio proxy).
+    endpoint_url: str = ""
     every_steps: int = 50  # 0 = only at the end and on SIGTERM
     keep: int = 3  # newest checkpoints kept locally and remotely
     async_save: bool = True  # write in the background while training continues

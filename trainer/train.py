@@ -210,7 +210,7 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     ckpt = CheckpointManager(
         Path(cfg.checkpoint.local_dir or run_dir / "checkpoints"), cfg.checkpoint.remote_uri,
         keep=cfg.checkpoint.keep, env=env, async_save=cfg.checkpoint.async_save,
-        endpoint_url=cfg.data.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None,
+        endpoint_url=cfg.checkpoint.endpoint_url or None,
     )
     step, tokens_seen, run_id = 0, 0, None
     loss_value = float("nan")  # loss of the last completed step (kept in checkpoints)

@@ -104,3 +104,46 @@ def test_corrupt_newest_falls_back_then_remote_restores(trained, tmp_path):
     assert summary(run_dir)["step"] == 8
     assert _remote_steps(tmp_path / "remote") == ["step_000000006", "step_000000007", "step_000000008"]
     assert json.loads((tmp_path / "remote" / "step_000000008" / MANIFEST).read_text())["step"] == 8
+
+
+@pytest.fixture
+def s3_bucket():
+    """A real local S3 server (moto) and a fresh bucket in it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tests.trainer.launch import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="ckpt")
+    try:
+        yield endpoint, creds
+    finally:
+        server.stop()
+
+
+def test_checkpoints_upload_to_s3_and_restore_from_it(tmp_path, s3_bucket):
+    endpoint, creds = s3_bucket
+    run_dir = tmp_path / "run"
+    base = [*SMALL, "checkpoint.every_steps=1", "checkpoint.keep=2", "checkpoint.remote_uri=s3://ckpt/runs/a",
+            f"checkpoint.endpoint_url={endpoint}"]
+    res = run_trainer(run_dir, None, [*base, "train.steps=3"], env=creds)
+    assert res.returncode == 0, res.output[-4000:]
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="runs/a/")["Contents"]}
+    assert {k.split("/")[2] for k in keys} == {"step_000000002", "step_000000003"}
+    assert "runs/a/step_000000003/manifest.json" in keys and "runs/a/step_000000003/.metadata" in keys
+
+    shutil.rmtree(run_dir / "checkpoints")
+    res = run_trainer(run_dir, None, [*base, "train.steps=4"], env=creds)
+    assert res.returncode == 0, res.output[-4000:]
+    assert "downloaded checkpoint s3://ckpt/runs/a/step_000000003" in res.output
+    assert summary(run_dir)["step"] == 4
