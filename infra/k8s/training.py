@@ -396,7 +396,11 @@ def pod_monitor_manifest(*, job: JobConfig, gpus: int, release_labels: Mapping[s
             "selector": {"matchLabels": {"app.kubernetes.io/instance": job.name, **APP_LABELS}},
             "namespaceSelector": {"matchNames": [namespace]},
             "podMetricsEndpoints": [
-                {"port": f"metrics-{rank}", "path": "/metrics", "interval": "15s"} for rank in range(gpus)
+                {"port": f"metrics-{rank}", "path": "/metrics", "interval": "15s",
+                 # Same `jobset` label as the monitoring layer's cluster-wide trainer PodMonitor.
+                 "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_label_jobset_sigs_k8s_io_jobset_name"],
+                                  "targetLabel": "jobset"}]}
+                for rank in range(gpus)
             ],
         },
     }
@@ -413,6 +417,9 @@ class TrainingJobArgs:
     cache_endpoint: pulumi.Input[str] = ""  # Alluxio S3 proxy URL; "" = read the datasets bucket directly
     tracking_uri: pulumi.Input[str] = ""  # MLflow tracking URL; "" = the trainer's local store on NVMe
     register_name: str = ""  # MLflow registered model name for the final model ("" = the job name)
+    # Create this job's PodMonitor; off when a cluster-wide PodMonitor already scrapes every JobSet's
+    # metrics-<rank> ports (two monitors on the same port would store every series twice).
+    pod_monitor: bool = True
     depends_on: Sequence[pulumi.Resource] = ()  # what must exist first (KubernetesLayer.ready: CRDs, queues, SA)
 
 
@@ -457,15 +464,17 @@ class TrainingJob(pulumi.ComponentResource):
                 delete_before_replace=True,
             )),
         )
-        monitor = pod_monitor_manifest(job=job, gpus=gpus, release_labels=dict(args.monitoring_labels))
-        self.pod_monitor = k8s.apiextensions.CustomResource(
-            f"{name}-podmonitor",
-            api_version=PODMONITOR_API,
-            kind="PodMonitor",
-            metadata=monitor["metadata"],
-            spec=monitor["spec"],
-            opts=k8s_opts,
-        )
+        self.pod_monitor = None
+        if args.pod_monitor:
+            monitor = pod_monitor_manifest(job=job, gpus=gpus, release_labels=dict(args.monitoring_labels))
+            self.pod_monitor = k8s.apiextensions.CustomResource(
+                f"{name}-podmonitor",
+                api_version=PODMONITOR_API,
+                kind="PodMonitor",
+                metadata=monitor["metadata"],
+                spec=monitor["spec"],
+                opts=k8s_opts,
+            )
         self.job_name = pulumi.Output.from_input(job.name)
         self.namespace = pulumi.Output.from_input(naming.team_namespace(job.team))
         self.register_outputs({"jobName": self.job_name, "namespace": self.namespace})

@@ -367,6 +367,8 @@ def test_pod_monitor_scrapes_every_local_rank_of_the_jobs_pods():
     port_names = {p["name"] for p in trainer_container(m)["ports"]}
     scraped = [e["port"] for e in mon["spec"]["podMetricsEndpoints"]]
     assert len(scraped) == 8 and set(scraped) <= port_names
+    targets = {r["targetLabel"] for e in mon["spec"]["podMetricsEndpoints"] for r in e["relabelings"]}
+    assert targets == {"jobset"}
 
 
 # ------------------------------------------------------------------------------------------- component
