@@ -258,6 +258,9 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     per_rank = global_batch // env.world_size
     seen_saves = len(ckpt.saved)
     start_step, loop_t0 = step, time.perf_counter()
+    first_loss: float | None = None  # loss of the first step of this launch, for the closing summary
+    if step >= t.steps:
+        log.info("checkpoint %s is already at train.steps=%d: nothing to train", found, t.steps)
     status = "completed"
     ckpt_block = 0.0
 
@@ -308,6 +311,8 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         flag = torch.stack([loss_acc.float(), torch.tensor(float(preempt.requested), device=env.device)])
         dist.all_reduce(flag)
         loss_value = flag[0].item() / env.world_size
+        if first_loss is None:
+            first_loss = loss_value
         stop = flag[1].item() > 0
         step += 1
         tokens_seen += t.global_batch_tokens
@@ -384,7 +389,8 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         "restarts": env.restart_count, "tokens_per_s": tokens_per_s, "mfu": run_mfu, "status": status,
     }
     if env.rank == 0:
-        _finish_outputs(cfg, run_dir, ckpt, model, summary, tracker, ds.manifest_sha256)
+        _finish_outputs(cfg, run_dir, ckpt, model, summary, tracker, ds.manifest_sha256,
+                        first=(start_step + 1, first_loss) if first_loss is not None else None)
     tracker.close(status="KILLED" if status == "preempted" else "FINISHED")
     if jsonl:
         jsonl.close()
@@ -395,7 +401,7 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
 
 
 def _finish_outputs(cfg: Config, run_dir: Path, ckpt: CheckpointManager, model: GPT, summary: dict[str, Any],
-                    tracker: Any, manifest_sha: str) -> None:
+                    tracker: Any, manifest_sha: str, first: tuple[int, float] | None) -> None:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_loss(run_dir / "metrics.jsonl", run_dir / "loss.png")
     tracker.log_artifact(run_dir / "loss.png")
@@ -417,7 +423,8 @@ def _finish_outputs(cfg: Config, run_dir: Path, ckpt: CheckpointManager, model: 
         "=" * 72,
         f"training {summary['status']}: {summary['step']}/{cfg.train.steps} steps, "
         f"{summary['tokens']:,} tokens, restarts {summary['restarts']}",
-        "final loss      " + ("n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"),
+        "final loss      " + ("n/a" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}")
+        + (f"   (step {first[0]}: {first[1]:.4f})" if first else ""),
         f"throughput      {summary['tokens_per_s']:,.0f} tokens/s   MFU {flops.format_mfu(summary['mfu'])}",
         f"checkpoints     {ckpt.local_dir}" + (f"  (latest: {last.path.name})" if last else ""),
     ]
