@@ -131,6 +131,7 @@ class SaveRecord:
     started: float
     blocking_s: float = 0.0
     duration_s: float | None = None
+    finished_unix: float | None = None
     remote_uri: str | None = None
     error: str | None = None
 
@@ -159,7 +160,6 @@ class CheckpointManager:
         self._pg = dist.new_group(backend="gloo")
         self._thread: threading.Thread | None = None
         self._store = None
-        self.last: SaveRecord | None = None  # last finished save (for metrics)
         self.last_success_unix: float | None = None
         self.saved: list[SaveRecord] = []  # every finished save, oldest first
 
@@ -242,12 +242,11 @@ class CheckpointManager:
                 }
                 _write_atomic(record.path / MANIFEST, json.dumps(manifest, indent=1).encode())
                 _fsync_dir(record.path)
-            record.duration_s = time.time() - record.started
             if self.store is not None:
                 self._upload(record)
             self._prune()
-            self.last = record
-            self.last_success_unix = time.time()
+            record.finished_unix = self.last_success_unix = time.time()
+            record.duration_s = record.finished_unix - record.started  # staging + write + manifest + upload
             self.saved.append(record)
             if self.env.rank == 0:
                 log.info("checkpoint step %d saved to %s in %.2fs", record.step, record.path, record.duration_s)
@@ -255,15 +254,19 @@ class CheckpointManager:
             record.error = f"{type(exc).__name__}: {exc}"
             log.error("checkpoint step %d at %s failed: %s", record.step, record.path, record.error)
 
+    def _own_files(self, path: Path) -> list[str]:
+        """Files this rank wrote: its RNG state and its DCP data files (FileSystemWriter names them
+        __<rank>_<n>.distcp)."""
+        return [f"rng/rank_{self.env.rank:05d}.pt", *sorted(p.name for p in path.glob(f"__{self.env.rank}_*.distcp"))]
+
     def _hash_own_files(self, path: Path) -> dict[str, Any]:
-        own = [f"rng/rank_{self.env.rank:05d}.pt"]
-        own += sorted(p.name for p in path.glob(f"__{self.env.rank}_*.distcp"))
-        return {rel: {"size": (path / rel).stat().st_size, "sha256": sha256_file(path / rel)} for rel in own}
+        return {rel: {"size": (path / rel).stat().st_size, "sha256": sha256_file(path / rel)}
+                for rel in self._own_files(path)}
 
     def _upload(self, record: SaveRecord) -> None:
         """Each rank uploads the files it wrote; rank 0 uploads .metadata and, last, the manifest."""
         prefix = step_dir_name(record.step)
-        for rel in self._hash_own_files(record.path):
+        for rel in self._own_files(record.path):
             self.store.upload(record.path / rel, f"{prefix}/{rel}")
         dist.barrier(group=self._pg)
         if self.env.rank == 0:

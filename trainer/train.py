@@ -271,6 +271,13 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
             "world_size": env.world_size,
         }
 
+    def report_saves(seen: int) -> int:
+        """Publish checkpoints that finished in the background since the last call; returns the new count."""
+        for rec in ckpt.saved[seen:]:
+            metrics.observe_checkpoint(rec.duration_s or 0.0, rec.finished_unix or time.time())
+            tracker.log_checkpoint(rec.step, rec.remote_uri or str(rec.path))
+        return len(ckpt.saved)
+
     wrapped.train()
     while step < t.steps:
         t_step = time.perf_counter()
@@ -340,10 +347,7 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
             fwd_bwd_s=t_fb - t_data, optim_s=t_opt - t_fb, ckpt_block_s=ckpt_block, tokens_per_s=tps,
             mfu=step_mfu, now=now,
         )
-        for rec in ckpt.saved[seen_saves:]:
-            metrics.observe_checkpoint(rec.duration_s or 0.0, ckpt.last_success_unix or now)
-            tracker.log_checkpoint(rec.step, rec.remote_uri or str(rec.path))
-        seen_saves = len(ckpt.saved)
+        seen_saves = report_saves(seen_saves)
         if jsonl:
             record = {
                 "event": "step", "step": step, "loss": loss_value, "lr": scheduler.get_last_lr()[0],
@@ -374,9 +378,7 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
             break
 
     ckpt.wait()
-    for rec in ckpt.saved[seen_saves:]:
-        metrics.observe_checkpoint(rec.duration_s or 0.0, ckpt.last_success_unix or time.time())
-        tracker.log_checkpoint(rec.step, rec.remote_uri or str(rec.path))
+    report_saves(seen_saves)
     if progress is not None:
         progress.close()
     elapsed = time.perf_counter() - loop_t0
