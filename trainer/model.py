@@ -102,12 +102,21 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied input/output embeddings
         if cfg.pos == "rope":
-            cos, sin = rope_tables(cfg.context, cfg.d_model // cfg.n_head)
             # Not persistent: derived from the config, so never part of a checkpoint.
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            self.register_buffer("rope_cos", torch.empty(cfg.context, cfg.d_model // cfg.n_head // 2),
+                                 persistent=False)
+            self.register_buffer("rope_sin", torch.empty_like(self.rope_cos), persistent=False)
         self.activation_checkpointing = False
+        self.init_buffers()
         self.reset_parameters()
+
+    def init_buffers(self) -> None:
+        """(Re)compute derived buffers, e.g. after `to_empty()` materialised a meta-device model."""
+        if self.cfg.pos == "rope":
+            cos, sin = rope_tables(self.cfg.context, self.cfg.d_model // self.cfg.n_head)
+            if self.rope_cos.device.type != "meta":
+                self.rope_cos.copy_(cos)
+                self.rope_sin.copy_(sin)
 
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)."""

@@ -33,7 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import flops
@@ -119,6 +123,40 @@ def parallelize(model: GPT, cfg: Config, env: DistEnv, dtype: torch.dtype | None
     return wrapped
 
 
+def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[GPT, torch.nn.Module]:
+    """Initial weights from train.seed, identical for DDP and FSDP2; returns (raw model, module to call).
+
+    DDP: every rank builds the model on its device from the same seed. FSDP2: the model is built on the meta
+    device and sharded, so no rank ever holds all parameters on its accelerator; rank 0 initialises the full
+    weights in host memory and they are scattered shard by shard (set_model_state_dict with
+    broadcast_from_rank0, https://pytorch.org/docs/stable/distributed.checkpoint.html).
+    """
+    if cfg.train.parallel == "fsdp":
+        with torch.device("meta"):
+            model = GPT(cfg.model)
+        model.activation_checkpointing = cfg.train.activation_checkpointing
+        full: dict[str, torch.Tensor] = {}
+        if env.rank == 0:
+            torch.manual_seed(cfg.train.seed)
+            full = GPT(cfg.model).state_dict()
+        wrapped = parallelize(model, cfg, env, dtype)
+        model.to_empty(device=env.device)
+        model.init_buffers()
+        set_model_state_dict(
+            model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        )
+        del full
+    else:
+        torch.manual_seed(cfg.train.seed)
+        with torch.device(env.device):
+            model = GPT(cfg.model)
+        model.activation_checkpointing = cfg.train.activation_checkpointing
+        wrapped = parallelize(model, cfg, env, dtype)
+    # From here on each rank draws from its own stream (dropout); restored per rank on resume.
+    torch.manual_seed(cfg.train.seed + 1 + env.rank)
+    return model, wrapped
+
+
 class _Preemption:
     """SIGTERM (spot reclaim, pod eviction, torchrun shutdown) sets a flag; the loop saves and exits."""
 
@@ -188,11 +226,7 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
 
     # ---- model, optimizer, schedule
     dtype = resolve_dtype(cfg, env)
-    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    with torch.device(env.device):
-        model = GPT(cfg.model)
-    model.activation_checkpointing = cfg.train.activation_checkpointing
-    wrapped = parallelize(model, cfg, env, dtype)
+    model, wrapped = build_model(cfg, env, dtype)
     optimizer = build_optimizer(model, cfg, env.device)
     t = cfg.train
 
