@@ -112,3 +112,13 @@ def test_cli_rejects_unknown_key_and_wrong_type_with_exit_code_2():
     proc = subprocess.run([sys.executable, "-m", "trainer", "--help"], cwd=ROOT, env=child_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "checkpoint.every_steps" in proc.stdout and "--preset" in proc.stdout
+
+
+def test_vocab_smaller_than_dataset_is_a_config_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--run-dir", str(tmp_path / "run"), "model.vocab_size=100",
+         "train.steps=1", "tracking.enabled=false"],
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "model.vocab_size (100) is smaller than the vocabulary of dataset synthetic (257" in proc.stderr
