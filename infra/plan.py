@@ -62,11 +62,20 @@ def redact(value: Any) -> Any:
     """Replace engine-marked secrets (at any depth) by a fixed marker."""
     if isinstance(value, dict):
         if value.get(_SIG_KEY) == _SECRET_SIG:
-            return SECRET
+            return _mask(value.get("value"))
         return {k: redact(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
     return value
+
+
+def _mask(value: Any) -> Any:
+    """Keep a secret's shape (a Secret's stringData stays a mapping) but none of its values."""
+    if isinstance(value, dict):
+        return {k: _mask(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_mask(v) for v in value]
+    return SECRET
 
 
 def _plain(value: Any) -> Any:

@@ -42,6 +42,17 @@ def plans(plan_dir) -> dict[str, dict]:
     return {s: json.loads((plan_dir / f"{s}.json").read_text()) for s in STACKS}
 
 
+@pytest.fixture(autouse=True)
+def _fresh_pulumi_root():
+    """Each test that sets Pulumi mocks must get a new root stack resource; one left behind by an
+    earlier test belongs to that test's (closed) event loop."""
+    if "pulumi" in sys.modules:
+        from pulumi.runtime import settings
+
+        settings.ROOT.set(None)
+    yield
+
+
 def resources_of(plan: dict, type_token: str) -> list[dict]:
     """All resources of one Pulumi type token in a plan."""
     return [r for r in plan["resources"] if r["type"] == type_token]

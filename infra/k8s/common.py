@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from infra import naming
-from infra.platform import ClusterPlatform, GpuPool
+from infra.platform import ClusterPlatform, EgressTarget, GpuPool
 
 # Namespaces this layer creates besides the team namespaces.
 GPU_NAMESPACE = "gpu-system"
@@ -26,18 +26,6 @@ JOBSET_NAMESPACE = "jobset-system"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 # Namespace label the API server sets on every namespace (Kubernetes >= 1.22).
 NS_NAME_LABEL = "kubernetes.io/metadata.name"
-# Link-local endpoints that hand out workload-identity credentials: the GKE metadata server
-# (169.254.169.254:80, and 169.254.169.252:988 under Dataplane V2,
-# https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity#network-policy) and the
-# EKS Pod Identity agent (169.254.170.23:80,
-# https://docs.aws.amazon.com/eks/latest/userguide/pod-id-how-it-works.html).
-IDENTITY_ENDPOINTS: tuple[tuple[str, int], ...] = (
-    ("169.254.169.254/32", 80),
-    ("169.254.169.252/32", 988),
-    ("169.254.170.23/32", 80),
-)
-
-
 CHECKOV_SKIPS = Path(__file__).resolve().parent / "checkov-skips.yaml"
 
 
@@ -172,12 +160,15 @@ def allow_webhooks_from_api_server(cidrs: Sequence[str], ports: Sequence[int]) -
     }
 
 
-def allow_object_store(cidrs: Sequence[str]) -> Policy:
-    """Egress to the object store over HTTPS, and to the link-local workload-identity endpoints."""
+def allow_object_store(cidrs: Sequence[str], identity_egress: Sequence[EgressTarget]) -> Policy:
+    """Egress to the object store over HTTPS, and to the endpoints that hand out workload-identity
+    credentials (platform.workload_identity_egress: the EKS Pod Identity agent, the GKE metadata server)."""
     if not cidrs:
         raise ValueError("platform.object_store_cidrs is empty: the object-store egress policy needs its ranges")
-    identity = [{"to": [{"ipBlock": {"cidr": cidr}}], "ports": [{"protocol": "TCP", "port": port}]}
-                for cidr, port in IDENTITY_ENDPOINTS]
+    if not identity_egress:
+        raise ValueError("platform.workload_identity_egress is empty: pods could not obtain cloud credentials")
+    identity = [{"to": [{"ipBlock": {"cidr": t.cidr}}], "ports": [{"protocol": t.protocol, "port": t.port}]}
+                for t in identity_egress]
     return "allow-object-store", {
         "podSelector": {},
         "policyTypes": ["Egress"],

@@ -41,6 +41,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import naming
+from infra.k8s.common import checkov_skip_annotations
 from infra.platform import EgressTarget, WorkloadIdentity
 from infra.platform import ManagedDatabase as ExternalDatabase
 
@@ -273,7 +274,8 @@ def deployment_manifest(*, common: Mapping[str, str], image: str, replicas: int,
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": APP, "namespace": NAMESPACE, "labels": labels(common, "server")},
+        "metadata": {"name": APP, "namespace": NAMESPACE, "labels": labels(common, "server"),
+                     "annotations": checkov_skip_annotations(APP)},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector()},
@@ -294,7 +296,7 @@ def deployment_manifest(*, common: Mapping[str, str], image: str, replicas: int,
                     "containers": [{
                         "name": APP,
                         "image": image,
-                        "imagePullPolicy": "IfNotPresent",
+                        "imagePullPolicy": "Always",
                         "args": args,
                         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
                         "env": [

@@ -221,16 +221,19 @@ def viewer_rules() -> list[dict[str, Any]]:
     ]
 
 
-def pod_security_level(pools: Sequence[GpuPool]) -> str:
-    """GPUDirect-TCPX/TCPXO pods need their privileged receive-datapath sidecar; otherwise baseline."""
-    return "privileged" if any(p.fabric.kind in ("tcpx", "tcpxo") for p in pools) else "baseline"
+# Pod Security level enforced in team namespaces. Training pods mount the node's NVMe through a
+# hostPath (the shard cache and local checkpoints must outlive a pod restart on the same node), which
+# every level but "privileged" forbids, and GPUDirect-TCPX/TCPXO pods run a privileged
+# receive-datapath sidecar. Warn and audit stay "restricted", and the policy pack requires training
+# containers to run as non-root without privilege escalation (policies/kubernetes.py).
+TEAM_POD_SECURITY = "privileged"
 
 
 def team_network_policies(platform: ClusterPlatform, cache_enabled: bool) -> list[common.Policy]:
     policies = [
         common.default_deny(),
         common.allow_dns(),
-        common.allow_object_store(platform.object_store_cidrs),
+        common.allow_object_store(platform.object_store_cidrs, platform.workload_identity_egress),
         common.allow_jobset_peers(),
         common.allow_mlflow(),
         common.allow_metrics_scrape([naming.METRICS_PORT],
@@ -302,7 +305,7 @@ class Tenancy(pulumi.ComponentResource):
             for obj in cluster_queues(args.teams, list(p.gpu_pools))
         ]
 
-        level = pod_security_level(list(p.gpu_pools))
+        level = TEAM_POD_SECURITY
         self.team_namespaces: dict[str, k8s.core.v1.Namespace] = {}
         self.local_queue: dict[str, str] = {}
         self.service_accounts: dict[str, k8s.core.v1.ServiceAccount] = {}

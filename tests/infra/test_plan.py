@@ -72,8 +72,11 @@ def test_kubernetes_objects_written_as_yaml(plans, plan_dir):
 
 def test_redact_replaces_nested_engine_secrets():
     secret = {plan_tool._SIG_KEY: plan_tool._SECRET_SIG, "value": "hunter2"}
-    doc = {"a": [1, {"b": secret}], "c": secret}
-    assert plan_tool.redact(doc) == {"a": [1, {"b": "[secret]"}], "c": "[secret]"}
+    mapping = {plan_tool._SIG_KEY: plan_tool._SECRET_SIG, "value": {"password": "hunter2", "user": ["a"]}}
+    doc = {"a": [1, {"b": secret}], "c": secret, "stringData": mapping}
+    assert plan_tool.redact(doc) == {"a": [1, {"b": "[secret]"}], "c": "[secret]",
+                                     "stringData": {"password": "[secret]", "user": ["[secret]"]}}
+    assert "hunter2" not in json.dumps(plan_tool.redact(doc))
 
 
 def test_stack_file_option_checks_an_uncommitted_file(tmp_path):

@@ -24,6 +24,7 @@ from infra.plan import _plain, kubernetes_objects, redact
 from infra.platform import (
     Buckets,
     ClusterPlatform,
+    EgressTarget,
     Fabric,
     GpuPool,
     Registry,
@@ -102,6 +103,8 @@ def fake_platform(cfg: config.StackConfig) -> ClusterPlatform:
                           password=pulumi.Output.secret("p")),
         internal_lb_annotations={"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"} if aws
         else {"networking.gke.io/load-balancer-type": "Internal"},
+        workload_identity_egress=[EgressTarget("169.254.170.23/32", 80)] if aws
+        else [EgressTarget("169.254.169.254/32", 80), EgressTarget("169.254.169.252/32", 988)],
     )
 
 

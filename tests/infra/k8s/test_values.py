@@ -14,7 +14,7 @@ import pytest
 from infra import naming
 from infra.config import CacheConfig, MonitoringConfig, TeamConfig
 from infra.k8s import cache, common, gpu, monitoring, nvme, storage, tenancy
-from infra.platform import Fabric, GpuPool, StorageClassSpec
+from infra.platform import EgressTarget, Fabric, GpuPool, StorageClassSpec
 
 SYSTEM = {naming.SYSTEM_LABEL: "true"}
 
@@ -286,6 +286,7 @@ def test_team_namespaces_start_from_default_deny_and_open_only_what_jobs_need():
         object_store_cidrs = ["52.216.0.0/15"]
         api_server_cidrs = ["10.0.0.0/16"]
         gpu_pools = [pool(gpus=8)]
+        workload_identity_egress = [EgressTarget("169.254.170.23/32", 80)]
 
     policies = dict(tenancy.team_network_policies(Stub, cache_enabled=True))
     first = tenancy.team_network_policies(Stub, cache_enabled=True)[0]
@@ -295,6 +296,8 @@ def test_team_namespaces_start_from_default_deny_and_open_only_what_jobs_need():
     scrape = policies["allow-metrics-scrape"]["ingress"][0]["ports"][0]
     assert (scrape["port"], scrape["endPort"]) == (naming.METRICS_PORT, naming.METRICS_PORT + 7)
     assert policies["allow-mlflow"]["egress"][0]["ports"] == [{"protocol": "TCP", "port": naming.MLFLOW_PORT}]
+    identity = policies["allow-object-store"]["egress"][1]
+    assert identity == {"to": [{"ipBlock": {"cidr": "169.254.170.23/32"}}], "ports": [{"protocol": "TCP", "port": 80}]}
     assert policies["allow-cache"]["egress"][0]["ports"] == [{"protocol": "TCP", "port": naming.CACHE_PROXY_PORT}]
     assert "allow-cache" not in dict(tenancy.team_network_policies(Stub, cache_enabled=False))
     with pytest.raises(ValueError, match="default-deny"):
