@@ -169,7 +169,7 @@ def cache_network_policies(platform: ClusterPlatform) -> list[common.Policy]:
         common.default_deny(),
         common.allow_dns(),
         common.allow_same_namespace(),
-        common.allow_object_store(platform.object_store_cidrs),
+        common.allow_object_store(platform.object_store_cidrs, platform.workload_identity_egress),
         proxy_from_teams,
         common.allow_metrics_scrape([MASTER_WEB_PORT, WORKER_WEB_PORT, JOB_MASTER_WEB_PORT, JOB_WORKER_WEB_PORT]),
     ]
