@@ -39,6 +39,16 @@ tools: $(CHECKOV_STAMP)
 	  else echo "promtool is missing: install the Debian/Ubuntu package 'prometheus'" >&2; exit 1; fi; }
 	@promtool --version 2>&1 | head -1
 
+# The tiny preset on 2 local CPU workers, elastically (torchrun c10d, 1 to 2 "nodes"), over the
+# synthetic dataset written as real shards. A fresh run each time: an existing run directory would
+# resume its finished checkpoint and train nothing.
+train: setup
+	rm -rf runs/make-train
+	$(BIN)/python -m trainer.data synth --out file://$(CURDIR)/runs/data/synth
+	$(BIN)/torchrun --nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:0 \
+	    --rdzv-id=make-train --rdzv-conf=join_timeout=30,last_call_timeout=1 --max-restarts=3 \
+	    -m trainer --preset tiny --run-dir runs/make-train data.uri=file://$(CURDIR)/runs/data/synth
+
 lint: setup
 	$(BIN)/ruff check .
 
