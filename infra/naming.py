@@ -42,6 +42,9 @@ EBS_CSI_NAMESPACE = "kube-system"
 EBS_CSI_SERVICE_ACCOUNT = "ebs-csi-controller-sa"
 TEAM_LABEL = "gpu-train.io/team"
 METRICS_PORT = 9400  # trainer Prometheus port (TRAINER_METRICS_PORT); local rank r uses METRICS_PORT + r
+# The trainer image's numeric user and group (trainer/Dockerfile): training pods run as it, and the
+# NVMe DaemonSet (infra/k8s/nvme.py) hands each team's node directory to it.
+TRAINER_UID = 10001
 
 
 def prefix(cfg: StackConfig) -> str:

@@ -45,7 +45,7 @@ class KubernetesLayer:
     tenancy: Tenancy
     gpu: GpuStack
     cache: Cache | None
-    nvme: NvmeSetup | None
+    nvme: NvmeSetup  # NVMe RAID0 (where needed) and per-team work directories on every GPU node
 
 
 def build_kubernetes(platform: ClusterPlatform, cfg: StackConfig) -> KubernetesLayer:
@@ -55,12 +55,11 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackConfig) -> KubernetesL
     storage = EncryptedStorage("storage", StorageArgs(platform=platform, retain=cfg.is_prod))
 
     gpu = GpuStack("gpu", GpuStackArgs(platform=platform, namespace=common.GPU_NAMESPACE))
-    nvme = None
-    if platform.nvme_setup == "daemonset":
-        nvme = NvmeSetup("nvme", NvmeSetupArgs(platform=platform, namespace=common.GPU_NAMESPACE,
-                                               depends_on=(gpu.namespace,)))
-
     team_ns_names = tuple(naming.team_namespace(t.name) for t in cfg.teams)
+    # Every GPU node: the RAID0 where the cloud leaves raw disks, and each team's work directory,
+    # which training pods mount with hostPath type Directory.
+    nvme = NvmeSetup("nvme", NvmeSetupArgs(platform=platform, namespace=common.GPU_NAMESPACE,
+                                           team_namespaces=team_ns_names, depends_on=(gpu.namespace,)))
     monitoring = Monitoring("monitoring", MonitoringArgs(
         platform=platform, settings=cfg.monitoring, storage_class=storage.name,
         team_namespaces=team_ns_names, is_prod=cfg.is_prod, depends_on=(storage,)))
@@ -70,14 +69,14 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackConfig) -> KubernetesL
         cache = Cache("cache", CacheArgs(
             platform=platform, settings=cfg.cache, storage_class=storage.name,
             monitoring_labels=release_labels(),
-            depends_on=(storage, monitoring.release, *([nvme] if nvme else []))))
+            depends_on=(storage, monitoring.release, nvme)))
 
     tenancy = Tenancy("tenancy", TenancyArgs(platform=platform, teams=tuple(cfg.teams),
                                              cache_enabled=cfg.cache.enabled))
 
     ready: list[pulumi.Resource] = [
         tenancy.releases["kueue"], tenancy.releases["jobset"], *tenancy.cluster_queues,
-        *tenancy.team_namespaces.values(), *tenancy.service_accounts.values(), monitoring.release, gpu,
+        *tenancy.team_namespaces.values(), *tenancy.service_accounts.values(), monitoring.release, gpu, nvme,
     ]
     return KubernetesLayer(
         cache_endpoint=cache.endpoint if cache else "",

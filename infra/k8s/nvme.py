@@ -1,37 +1,70 @@
-"""RAID0 + mount of the GPU nodes' raw local NVMe disks, for clouds whose node bootstrap leaves them
-as raw block devices (GKE `localNvmeSsdBlockConfig`); used when `platform.nvme_setup == "daemonset"`.
+"""Prepare the GPU nodes' local NVMe for training pods, on every GPU node of both clouds.
 
-Usage: `NvmeSetup("nvme", NvmeSetupArgs(platform=platform, namespace="gpu-system"))`. The manifest is
-the pure function `nvme_daemonset(...)`. The DaemonSet is privileged with the host's PID namespace
-(it runs mdadm/mkfs/mount in the host's mount namespace); checkov's matching checks are skipped for
-it by name in infra/k8s/checkov-skips.yaml.
+Usage: `NvmeSetup("nvme", NvmeSetupArgs(platform=platform, namespace="gpu-system",
+team_namespaces=("team-research", ...)))`. The manifest is the pure function `nvme_daemonset(...)`.
+
+One DaemonSet on all GPU pools, with up to two init steps and a pause container:
+1. `raid0` (only when `platform.nvme_setup == "daemonset"`, i.e. GKE `localNvmeSsdBlockConfig`, which
+   leaves the local SSDs as raw block devices): RAID0 + format + mount at `nvme_host_path`. It runs
+   mdadm/mkfs/mount in the host's mount namespace, so it is privileged with the host PID namespace.
+   On EKS, nodeadm already assembles and mounts the instance store, so this step is absent.
+2. `workdirs` (always): creates `<nvme_host_path>/gpu-train/<team namespace>` for every team, owned by
+   the trainer image's user (naming.TRAINER_UID) with mode 0700. Training pods mount their namespace's
+   directory with hostPath type `Directory`, so they never need root to fix ownership. This step runs
+   as root but is not privileged: it holds only CAP_CHOWN and CAP_FOWNER, cannot escalate, and sees the
+   host only through one hostPath volume of the NVMe root.
+
+Both steps are idempotent (safe after a pod restart, a node reboot or a new team). checkov's matching
+checks are skipped for these DaemonSets by name in infra/k8s/checkov-skips.yaml, each with its reason.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra import naming
 from infra.k8s import common
 from infra.k8s.gpu import HOST_TOOLS_IMAGE, PAUSE_IMAGE
 from infra.platform import ClusterPlatform, GpuPool
 
-NAME = "nvme-raid0"
+# Object names: the RAID variant (GKE) holds a privileged container, the other (EKS) does not, so each
+# carries only the checkov skips it needs.
+RAID_NAME = "nvme-raid0"
+WORKDIRS_NAME = "nvme-workdirs"
 # GKE names raw local SSDs /dev/disk/by-id/google-local-nvme-ssd-N
 # (https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-volumes/local-ssd-raw).
 DEVICE_GLOB = "/dev/disk/by-id/google-local-nvme-ssd-*"
 MD_DEVICE = "/dev/md/gpu-train-nvme"
+# Directory under the NVMe root that holds one directory per team namespace; training pods mount
+# `<nvme_host_path>/WORKDIR_ROOT/<namespace>` (infra/k8s/training.py).
+WORKDIR_ROOT = "gpu-train"
+# Where the workdirs step sees the node's NVMe root.
+NVME_MOUNT = "/nvme"
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _check_host_path(host_path: str) -> None:
+    if not host_path.startswith("/") or host_path.rstrip("/") == "":
+        raise ValueError(f"platform.nvme_host_path must be an absolute directory, not {host_path!r}")
+
+
+def workdir_path(host_path: str, namespace: str) -> str:
+    """The host directory a team namespace's training pods mount: <nvme>/gpu-train/<namespace>."""
+    _check_host_path(host_path)
+    return f"{host_path.rstrip('/')}/{WORKDIR_ROOT}/{namespace}"
 
 
 def raid_script(host_path: str, device_glob: str = DEVICE_GLOB) -> str:
     """Idempotent shell script run in the host's mount namespace: assemble or create the RAID0,
     format it once, mount it at host_path. Safe to re-run after a pod restart or node reboot."""
-    if not host_path.startswith("/") or host_path == "/":
-        raise ValueError(f"platform.nvme_host_path must be an absolute directory, not {host_path!r}")
+    _check_host_path(host_path)
     path = shlex.quote(host_path)
     md = shlex.quote(MD_DEVICE)
     return "\n".join([
@@ -50,62 +83,131 @@ def raid_script(host_path: str, device_glob: str = DEVICE_GLOB) -> str:
     ])
 
 
-def nvme_daemonset(host_path: str, pools: list[GpuPool], namespace: str) -> dict[str, Any]:
-    """The DaemonSet (metadata + spec): an init container prepares the disks on every GPU node,
-    then a pause container keeps the pod (and the node's readiness for it) visible."""
+def workdirs_script(uid: int = naming.TRAINER_UID, gid: int | None = None, root: str = NVME_MOUNT) -> str:
+    """Idempotent shell script: for every namespace given as an argument, make
+    <root>/gpu-train/<namespace> owned by uid:gid (gid defaults to uid) with mode 0700. The parent stays root-owned 0755, so
+    one team's pods cannot reach another team's directory through it."""
+    base = shlex.quote(f"{root.rstrip('/')}/{WORKDIR_ROOT}")
+    return "\n".join([
+        "set -eu",
+        f"mkdir -p {base}",
+        f"chmod 0755 {base}",
+        'for ns in "$@"; do',
+        f'  dir={base}/"$ns"',
+        '  mkdir -p "$dir"',
+        f'  chown {uid}:{uid if gid is None else gid} "$dir"',
+        '  chmod 0700 "$dir"',  # not the owner any more: needs CAP_FOWNER
+        '  echo "ready: $dir"',
+        "done",
+    ])
+
+
+def workdirs_container(namespaces: Sequence[str], uid: int = naming.TRAINER_UID) -> dict[str, Any]:
+    """The init container that creates the per-team work directories (root, CHOWN/FOWNER only)."""
+    if not namespaces:
+        raise ValueError("nvme workdirs: no team namespaces (gpu-train:teams must list at least one team)")
+    bad = [ns for ns in namespaces if not isinstance(ns, str) or len(ns) > 63 or not _NAMESPACE.fullmatch(ns)]
+    if bad:
+        raise ValueError(f"nvme workdirs: {bad} are not Kubernetes namespace names")
+    return {
+        "name": "workdirs",
+        "image": HOST_TOOLS_IMAGE,
+        "imagePullPolicy": "Always",
+        # $0 is a label for error messages; the namespaces follow as "$@".
+        "command": ["sh", "-c", workdirs_script(uid), "nvme-workdirs", *sorted(set(namespaces))],
+        "volumeMounts": [{"name": "nvme", "mountPath": NVME_MOUNT}],
+        "resources": common.resources("10m", "16Mi", "100m", "64Mi"),
+        # Root, because changing a file's owner always needs CAP_CHOWN and the NVMe root is root-owned;
+        # but only CHOWN (chown) and FOWNER (chmod of a directory it no longer owns), nothing else.
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": False,
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def raid_container(host_path: str) -> dict[str, Any]:
+    """The privileged init container that builds and mounts the RAID0 in the host's mount namespace."""
+    return {
+        "name": "raid0",
+        "image": HOST_TOOLS_IMAGE,
+        "imagePullPolicy": "Always",
+        "command": ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--",
+                    "sh", "-c", raid_script(host_path)],
+        "resources": common.resources("50m", "64Mi", "1", "256Mi"),
+        "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
+    }
+
+
+def nvme_daemonset(host_path: str, pools: Sequence[GpuPool], namespace: str, *, raid: bool,
+                   team_namespaces: Sequence[str]) -> dict[str, Any]:
+    """The DaemonSet (metadata + spec): init steps prepare the disks (raid) and the team directories
+    on every GPU node, then a pause container keeps the pod (and the node's readiness for it) visible."""
     if not pools:
         raise ValueError("nvme_daemonset needs at least one GPU pool")
-    labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "gpu-train"}
+    _check_host_path(host_path)
+    name = RAID_NAME if raid else WORKDIRS_NAME
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "gpu-train"}
+    init = [raid_container(host_path)] if raid else []
+    init.append(workdirs_container(team_namespaces))
+    pod: dict[str, Any] = {
+        "affinity": common.pool_affinity(pools),
+        "tolerations": common.gpu_tolerations(pools),
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": init,
+        "containers": [{
+            "name": "pause",
+            "image": PAUSE_IMAGE,
+            "imagePullPolicy": "Always",
+            "resources": common.resources("1m", "8Mi", "10m", "16Mi"),
+            "securityContext": common.restricted_container_security(),
+        }],
+        "volumes": [{"name": "nvme", "hostPath": {
+            "path": host_path,
+            # EKS: nodeadm mounted the instance store before the kubelet started, so the directory
+            # must exist. GKE: the raid0 step mounts the array over this path, after the kubelet set
+            # up the pod's volumes; the workdirs container is created after raid0 finished, so its
+            # bind mount of the path shows the RAID filesystem.
+            "type": "DirectoryOrCreate" if raid else "Directory",
+        }}],
+    }
+    if raid:
+        pod["hostPID"] = True  # nsenter --target 1
     return {
-        "metadata": {"name": NAME, "namespace": namespace, "labels": labels,
-                     "annotations": common.checkov_skip_annotations(NAME)},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels,
+                     "annotations": common.checkov_skip_annotations(name)},
         "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
             "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "affinity": common.pool_affinity(pools),
-                    "tolerations": common.gpu_tolerations(pools),
-                    "hostPID": True,
-                    "automountServiceAccountToken": False,
-                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                    "initContainers": [{
-                        "name": "raid0",
-                        "image": HOST_TOOLS_IMAGE,
-                        "imagePullPolicy": "Always",
-                        "command": ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--",
-                                    "sh", "-c", raid_script(host_path)],
-                        "resources": common.resources("50m", "64Mi", "1", "256Mi"),
-                        "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
-                    }],
-                    "containers": [{
-                        "name": "pause",
-                        "image": PAUSE_IMAGE,
-                        "imagePullPolicy": "Always",
-                        "resources": common.resources("1m", "8Mi", "10m", "16Mi"),
-                        "securityContext": common.restricted_container_security(),
-                    }],
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": pod},
         },
     }
 
 
 @dataclass(frozen=True, kw_only=True)
 class NvmeSetupArgs:
-    platform: ClusterPlatform  # nvme_host_path, GPU pools, provider
+    platform: ClusterPlatform  # nvme_host_path, nvme_setup, GPU pools, provider
     namespace: str  # where the DaemonSet runs
+    team_namespaces: tuple[str, ...]  # one work directory per team namespace on every GPU node
     depends_on: tuple[pulumi.Resource, ...] = ()
 
 
 class NvmeSetup(pulumi.ComponentResource):
-    """The NVMe RAID0 DaemonSet on GPU nodes."""
+    """The NVMe DaemonSet on GPU nodes: RAID0 + mount where the cloud leaves raw disks, and the
+    per-team work directories everywhere."""
 
     def __init__(self, name: str, args: NvmeSetupArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:k8s:NvmeSetup", name, None, opts)
         p = args.platform
-        manifest = nvme_daemonset(p.nvme_host_path, list(p.gpu_pools), args.namespace)
+        manifest = nvme_daemonset(p.nvme_host_path, list(p.gpu_pools), args.namespace,
+                                  raid=p.nvme_setup == "daemonset", team_namespaces=args.team_namespaces)
         self.daemonset = k8s.apps.v1.DaemonSet(
             f"{name}-daemonset", metadata=manifest["metadata"], spec=manifest["spec"],
             opts=common.k8s_opts(p, self, [*p.ready, *args.depends_on]))

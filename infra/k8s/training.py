@@ -33,6 +33,7 @@ import pulumi_kubernetes as k8s
 
 from infra import naming
 from infra.config import JobConfig
+from infra.k8s import nvme
 from infra.platform import ClusterPlatform, GpuPool
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
@@ -41,7 +42,6 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 REPLICATED_JOB = "worker"
 CONTAINER = "trainer"
 LAUNCHER = "gpu-train-launch"  # trainer/entrypoint.sh in the image: waits for rendezvous DNS, execs torchrun
-TRAINER_UID = 10001  # the image's numeric user (trainer/Dockerfile)
 RDZV_PORT = 29400
 # Seconds torchrun waits for the minimum number of nodes to join; GPU nodes created on demand (Karpenter,
 # cluster autoscaler) take several minutes to boot and pull the image, so the default 600 s is too short.
@@ -264,29 +264,11 @@ def jobset_manifest(
         # capabilities to a non-root process only through ambient capabilities, which it does not set.
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": TRAINER_UID,
-            "runAsGroup": TRAINER_UID,
+            "runAsUser": naming.TRAINER_UID,
+            "runAsGroup": naming.TRAINER_UID,
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-    }
-    # hostPath directories are created root-owned; hand this job's NVMe directory to the trainer's UID.
-    # Only CAP_CHOWN, only on that one directory; the trainer creates everything below it itself.
-    prepare = {
-        "name": "prepare-nvme",
-        "image": image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["chown", f"{TRAINER_UID}:{TRAINER_UID}", NVME_MOUNT],
-        "volumeMounts": [{"name": "nvme", "mountPath": NVME_MOUNT}],
-        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "64Mi"}},
-        "securityContext": {
-            "runAsNonRoot": False,
-            "runAsUser": 0,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
@@ -312,18 +294,20 @@ def jobset_manifest(
         },
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": TRAINER_UID,
-            "runAsGroup": TRAINER_UID,
-            "fsGroup": TRAINER_UID,
+            "runAsUser": naming.TRAINER_UID,
+            "runAsGroup": naming.TRAINER_UID,
+            "fsGroup": naming.TRAINER_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [prepare, *sidecars],
+        **({"initContainers": sidecars} if sidecars else {}),
         "containers": [trainer],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm}Gi"}},
-            # Per-namespace directory on the node's NVMe: shard cache, checkpoints, compile caches.
-            {"name": "nvme", "hostPath": {"path": f"{nvme_host_path.rstrip('/')}/gpu-train/{namespace}",
-                                          "type": "DirectoryOrCreate"}},
+            # The namespace's directory on the node's NVMe (shard cache, checkpoints, compile caches),
+            # made by the platform's NVMe DaemonSet, owned by the trainer's UID, mode 0700. Type
+            # Directory: the pod waits in ContainerCreating until the DaemonSet has made it on this node.
+            {"name": "nvme", "hostPath": {"path": nvme.workdir_path(nvme_host_path, namespace),
+                                          "type": "Directory"}},
             {"name": "tmp", "emptyDir": {"sizeLimit": "20Gi"}},
             *[dict(v) for v in fabric.volumes],
         ],

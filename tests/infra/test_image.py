@@ -17,8 +17,7 @@ import pytest
 import yaml
 from pulumi.runtime.mocks import MockMonitor
 
-from infra import image
-from infra.k8s.training import TRAINER_UID
+from infra import image, naming
 from infra.mocks import MockContext, PlanMocks
 from infra.platform import Registry
 
@@ -68,8 +67,8 @@ def test_dockerfile_is_multi_stage_pinned_and_runs_as_the_jobs_uid():
         assert tool not in runtime, f"final stage mentions {tool!r}"
     assert "COPY --from=builder /opt/venv /opt/venv" in runtime
     users = re.findall(r"^USER\s+(\S+)", runtime, flags=re.M)
-    assert users and users[-1] == f"{TRAINER_UID}:{TRAINER_UID}"
-    assert f"--uid {TRAINER_UID}" in runtime
+    assert users and users[-1] == f"{naming.TRAINER_UID}:{naming.TRAINER_UID}"
+    assert f"--uid {naming.TRAINER_UID}" in runtime
     assert "--skip-kmod --skip-limit-conf --no-verify" in runtime  # EFA installer, container mode
     labels = set(re.findall(r"(org\.opencontainers\.image\.[a-z.]+)=", runtime))
     assert {"org.opencontainers.image.title", "org.opencontainers.image.revision",
@@ -108,7 +107,7 @@ def test_ci_workflow_builds_this_dockerfile_without_pushing_prs_and_runs_the_tra
     assert any(s.get("uses", "").startswith("docker/setup-buildx-action@") for s in steps)
     smoke = next(s["run"] for s in steps if s.get("name") == "Smoke test")
     assert 'docker run --rm "$LOCAL_TAG" python -m trainer --help' in smoke
-    assert f'= "{TRAINER_UID}"' in smoke
+    assert f'= "{naming.TRAINER_UID}"' in smoke
     (push,) = [s for s in steps if s.get("name") == "Push"]
     assert push["if"] == "github.event_name != 'pull_request'"
 

@@ -124,11 +124,17 @@ def test_page_store_uses_the_platform_nvme_path(layers, stack):
     assert values["properties"]["alluxio.worker.page.store.dirs"] == cache.page_store_path(path)
     assert values["pagestore"]["quota"] == f"{cfg.cache.page_store_gb}GB"
     daemonsets = {o["metadata"]["name"]: o for o in of_kind(records, "DaemonSet")}
+    # One NVMe DaemonSet on every stack: RAID0 only where GKE leaves raw disks, team directories always.
+    name = "nvme-raid0" if cfg.cloud == "gcp" else "nvme-workdirs"
+    assert name in daemonsets and not ({"nvme-raid0", "nvme-workdirs"} - {name}) & set(daemonsets)
+    init = {c["name"]: c for c in daemonsets[name]["spec"]["template"]["spec"]["initContainers"]}
     if cfg.cloud == "gcp":
-        script = daemonsets["nvme-raid0"]["spec"]["template"]["spec"]["initContainers"][0]["command"][-1]
-        assert f" {path}" in script
+        assert list(init) == ["raid0", "workdirs"]
+        assert f" {path}" in init["raid0"]["command"][-1]
     else:
-        assert "nvme-raid0" not in daemonsets
+        assert list(init) == ["workdirs"]
+    assert init["workdirs"]["command"][4:] == sorted(naming.team_namespace(t.name) for t in cfg.teams)
+    assert daemonsets[name]["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"] == path
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -145,7 +151,7 @@ def test_gpu_plugins_match_the_cloud_and_fabric(layers, stack):
         assert rel["nvidia-device-plugin"]["version"] == gpu.DEVICE_PLUGIN_VERSION
         assert rel["nvidia-device-plugin"]["values"]["gfd"]["enabled"] is True
         assert ("aws-efa-k8s-device-plugin" in rel) == fabric
-        assert not daemonsets
+        assert daemonsets == {"nvme-workdirs"}  # GPU plugins come from Helm; only the NVMe directories
     else:
         # GKE node pools run Google's device plugin; NCCL installers only for fabric pools.
         assert "nvidia-device-plugin" not in rel and "aws-efa-k8s-device-plugin" not in rel

@@ -23,6 +23,7 @@ from pulumi.runtime.mocks import MockMonitor
 from infra import config as stack_config
 from infra import naming
 from infra.config import JobConfig
+from infra.k8s import nvme
 from infra.k8s import training as t
 from infra.mocks import MockContext, PlanMocks
 from infra.platform import Buckets, ClusterPlatform, Fabric, GpuPool, Registry, StorageClassSpec
@@ -186,7 +187,7 @@ def test_gcp_a3_mega_pool_gets_interfaces_annotation_tcpxo_sidecar_and_host_plug
     assert ann["networking.gke.io/default-interface"] == "eth0"
     init = {c["name"]: c for c in tpl["spec"]["initContainers"]}
     assert init["tcpxo-daemon"]["restartPolicy"] == "Always"  # native sidecar, lives as long as the pod
-    assert list(init)[0] == "prepare-nvme"
+    assert list(init) == ["tcpxo-daemon"]  # nothing else runs before the trainer, and nothing as root
     c = trainer_container(m)
     env = env_of(c)
     assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
@@ -254,10 +255,24 @@ def test_jobset_queues_on_the_team_and_one_pod_per_node():
     c = trainer_container(m)
     assert c["image"] == IMAGE
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
-    assert c["securityContext"]["runAsUser"] == t.TRAINER_UID
+    assert c["securityContext"]["runAsUser"] == naming.TRAINER_UID
     ports = [p for p in c["ports"] if p["name"].startswith("metrics-")]
     assert [p["containerPort"] for p in ports] == list(range(naming.METRICS_PORT, naming.METRICS_PORT + 8))
     assert all(len(p["name"]) <= 15 for p in c["ports"])
+
+
+def test_nvme_is_the_platform_made_team_directory_and_no_container_runs_as_root():
+    m = build(prod_job(), efa_pool())
+    spec = pod_template(m)["spec"]
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "nvme"]
+    # The NVMe DaemonSet makes exactly this directory (infra/k8s/nvme.py); the pod never creates it.
+    assert vol["hostPath"] == {"path": "/mnt/k8s-disks/0/gpu-train/team-research", "type": "Directory"}
+    assert vol["hostPath"]["path"] == nvme.workdir_path("/mnt/k8s-disks/0", naming.team_namespace("research"))
+    assert "initContainers" not in spec  # EFA has no sidecar, and nothing prepares the disk as root
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc.get("runAsUser", spec["securityContext"]["runAsUser"]) == naming.TRAINER_UID != 0
+        assert "add" not in sc["capabilities"]
 
 
 def test_rendezvous_endpoint_is_pod_zero_on_the_jobsets_headless_service():

@@ -7,7 +7,10 @@ Usage: .venv/bin/pytest tests/infra/k8s/test_values.py -q
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
+import subprocess
 
 import pytest
 
@@ -357,12 +360,68 @@ def test_gke_network_objects():
 
 
 def test_nvme_daemonset_mounts_at_the_contract_path():
-    ds = nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system")
-    script = ds["spec"]["template"]["spec"]["initContainers"][0]["command"][-1]
+    ds = nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system", raid=True, team_namespaces=["team-a"])
+    assert ds["metadata"]["name"] == "nvme-raid0"
+    spec = ds["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == ["raid0", "workdirs"]  # mount first, then dirs
+    script = spec["initContainers"][0]["command"][-1]
     assert "mount -o noatime,discard /dev/md/gpu-train-nvme /mnt/nvme" in script
     assert "mdadm --create" in script and "--level=0" in script
+    assert spec["hostPID"] is True
     with pytest.raises(ValueError, match="nvme_host_path"):
         nvme.raid_script("relative/path")
+
+
+def _workdirs(ds):
+    (c,) = [c for c in ds["spec"]["template"]["spec"]["initContainers"] if c["name"] == "workdirs"]
+    return c
+
+
+@pytest.mark.parametrize("raid", [True, False])
+def test_nvme_workdirs_step_is_root_with_chown_only_and_never_privileged(raid):
+    ds = nvme.nvme_daemonset("/mnt/k8s-disks/0/", [pool()], "gpu-system", raid=raid,
+                             team_namespaces=["team-b", "team-a"])
+    spec = ds["spec"]["template"]["spec"]
+    c = _workdirs(ds)
+    sc = c["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+    # The namespaces are arguments of the script ($@), sorted, after $0.
+    assert c["command"][:2] == ["sh", "-c"] and c["command"][4:] == ["team-a", "team-b"]
+    (vol,) = spec["volumes"]
+    assert c["volumeMounts"] == [{"name": vol["name"], "mountPath": nvme.NVME_MOUNT}]
+    # EKS: nodeadm mounted the disk already; GKE: raid0 mounts it over a directory the kubelet may create.
+    assert vol["hostPath"] == {"path": "/mnt/k8s-disks/0/", "type": "DirectoryOrCreate" if raid else "Directory"}
+    if not raid:
+        assert ds["metadata"]["name"] == "nvme-workdirs" and [i["name"] for i in spec["initContainers"]] == [
+            "workdirs"]
+        assert "hostPID" not in spec and all(not i["securityContext"].get("privileged")
+                                             for i in spec["initContainers"])
+    assert ds["metadata"]["annotations"], "documented checkov skips must travel with the object"
+    with pytest.raises(ValueError, match="team namespaces"):
+        nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system", raid=raid, team_namespaces=[])
+    with pytest.raises(ValueError, match="not Kubernetes namespace names"):
+        nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system", raid=raid, team_namespaces=["a; rm -rf /"])
+
+
+def test_nvme_workdirs_script_makes_owned_0700_directories_and_is_idempotent(tmp_path):
+    """Run the real script against a temporary root, as the current user (chown to ourselves needs no
+    capability), twice: the second run changes nothing and fails on nothing. A directory left with
+    the wrong mode (as an old pod-created hostPath would be) is corrected."""
+    uid, gid = os.getuid(), os.getgid()
+    script = nvme.workdirs_script(uid=uid, gid=gid, root=str(tmp_path))
+    (tmp_path / "gpu-train" / "team-a").mkdir(parents=True, mode=0o777)
+    (tmp_path / "gpu-train" / "team-a").chmod(0o777)
+    for _ in range(2):
+        proc = subprocess.run(["sh", "-c", script, "nvme-workdirs", "team-a", "team-b"], capture_output=True,
+                              text=True, timeout=30, check=False)
+        assert proc.returncode == 0, proc.stderr
+        for ns in ("team-a", "team-b"):
+            st = (tmp_path / "gpu-train" / ns).stat()
+            assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, gid, 0o700)
+        assert stat.S_IMODE((tmp_path / "gpu-train").stat().st_mode) == 0o755
+    assert nvme.workdir_path("/mnt/k8s-disks/0/", "team-a") == "/mnt/k8s-disks/0/gpu-train/team-a"
 
 
 def test_storage_class_must_be_encrypted():
@@ -375,7 +434,10 @@ def test_storage_class_must_be_encrypted():
 
 def test_checkov_skips_file_is_documented(tmp_path):
     skips = common.checkov_skips()
-    assert set(skips) == {"nvme-raid0", "nccl-tcpx-installer", "nccl-tcpxo-installer", "nccl-rdma-installer"}
+    assert set(skips) == {"nvme-raid0", "nvme-workdirs", "nccl-tcpx-installer", "nccl-tcpxo-installer",
+                          "nccl-rdma-installer", "mlflow"}
+    # The unprivileged NVMe variant carries no privileged-container skips.
+    assert not {"CKV_K8S_16", "CKV_K8S_17", "CKV_K8S_20"} & set(skips["nvme-workdirs"])
     ann = common.checkov_skip_annotations("nvme-raid0")
     assert len(ann) == len(skips["nvme-raid0"]) and all(v.startswith("CKV_K8S_") for v in ann.values())
     bad = tmp_path / "bad-skips.yaml"
