@@ -6,7 +6,10 @@ Usage: .venv/bin/pytest tests/infra/k8s/test_rules.py -q   (needs /usr/bin/promt
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -92,3 +95,48 @@ def test_unit_tests_notice_a_different_threshold(tmp_path, change):
     shows the settings really reach the rules."""
     results = run_unit_tests(tmp_path, dataclasses.replace(MonitoringConfig(), **change))
     assert any(proc.returncode != 0 for proc in results.values())
+
+
+# Job-wide trainer series (every local rank serves the same value) -> (input values every minute,
+# the value one rank alone gives through the dashboard's expression).
+JOB_WIDE = {
+    "trainer_step": ("1200x30", 1200),
+    "trainer_loss": ("2.5x30", 2.5),
+    "trainer_tokens_per_second": ("50000x30", 50000),
+    "trainer_mfu": ("0.4x30", 0.4),
+    "trainer_tokens_total": ("0+6000x30", 100),  # 6000 tokens a minute = 100 tokens/s
+}
+
+
+def test_dashboard_job_wide_panels_do_not_multiply_by_the_number_of_ranks(tmp_path):
+    """Every dashboard query over a job-wide series, evaluated by promtool with one job served by two
+    ranks (two pods' endpoints, identical values), gives exactly the one-rank value: a `sum` over
+    ranks would double it."""
+    board = json.loads(monitoring.load_dashboards()["training.json"])
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    cases = []
+    for expr in exprs:
+        used = [m for m in JOB_WIDE if re.search(rf"\b{m}\b", expr)]
+        if len(used) != 1:
+            continue
+        query = (expr.replace("$namespace", ".*").replace("$jobset", ".*")
+                 .replace("$__rate_interval", "5m"))
+        cases.append({"expr": query, "eval_time": "20m",
+                      "exp_samples": [{"labels": '{namespace="team-a", jobset="job"}',
+                                       "value": JOB_WIDE[used[0]][1]}]})
+    assert {m for m in JOB_WIDE if any(re.search(rf"\b{m}\b", c["expr"]) for c in cases)} == set(JOB_WIDE)
+    series = [{"series": f'{m}{{namespace="team-a", jobset="job", pod="job-worker-0-{p}", endpoint="metrics-{r}"}}',
+               "values": values}
+              for m, (values, _) in JOB_WIDE.items() for p in range(2) for r in range(2)]
+    render_to(tmp_path, MonitoringConfig())
+    test = {"rule_files": ["training.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": cases}]}
+    path = tmp_path / "dashboard.test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    proc = promtool("test", "rules", str(path))
+    assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}"
+    # Control: the same check fails for a sum over ranks, so it can tell the difference.
+    summed = copy.deepcopy(test)
+    summed["tests"][0]["promql_expr_test"] = [{**cases[0], "expr": cases[0]["expr"].replace("max by", "sum by", 1)}]
+    path.write_text(yaml.safe_dump(summed, sort_keys=False))
+    assert promtool("test", "rules", str(path)).returncode != 0
