@@ -4,7 +4,8 @@ Usage: `from policies import kubernetes; list(kubernetes.container_requests(res,
 detail string per problem; `namespace_default_deny` is a stack rule yielding `(resource, detail)`.
 
 Training pods are the JobSet's pods and every typed workload in a team namespace
-(`naming.team_namespace`, "team-<name>"). Objects that Helm charts render are not visible to policies
+(`naming.team_namespace`, "team-<name>"). One documented exemption: Google's GPUDirect
+receive-datapath sidecars (`GPUDIRECT_RXDM`, matched by container name AND image repository). Objects that Helm charts render are not visible to policies
 (a Helm release is one resource); the charts' values set their own security contexts.
 
 References: Pod security "restricted" profile
@@ -37,6 +38,21 @@ POD_SPEC_PATHS: dict[str, tuple[str, ...]] = {
 }
 TEAM_NAMESPACE_PREFIX = naming.team_namespace("")
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+# The one exemption from training-pod-security and training-image-digest: Google's GPUDirect
+# receive-datapath managers, the native sidecars a TCPX/TCPXO training pod needs next to the trainer
+# (infra/gcp/fabric.py). They program flow steering on the GPU NICs, so Google's manifests run them
+# privileged and as root, and Google publishes them by version tag only
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx,
+# https://github.com/GoogleCloudPlatform/container-engine-accelerators/tree/master/gpudirect-tcpxo).
+# Exempt only when BOTH the container name and the image repository match: any other privileged,
+# root or tag-pinned container in a training pod still fails, and so does one of these names running
+# any other image. Resource requests are still required of them.
+GPUDIRECT_RXDM: dict[str, str] = {
+    "tcpx-daemon": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpx/",
+    "tcpxo-daemon": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/",
+}
+# What may follow the repository prefix: one image name, then a tag and/or a digest (no sub-paths).
+_RXDM_IMAGE_REST = re.compile(r"[a-z0-9][a-z0-9._-]*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@sha256:[0-9a-f]{64})?")
 
 
 def pod_specs(res: Resource) -> list[tuple[str, Mapping[str, Any]]]:
@@ -72,14 +88,24 @@ def is_training(res: Resource) -> bool:
     return res.type == JOBSET or (res.type in POD_SPEC_PATHS and str(namespace).startswith(TEAM_NAMESPACE_PREFIX))
 
 
+def is_gpudirect_rxdm(container: Mapping[str, Any]) -> bool:
+    """A GPUDirect receive-datapath manager: its name and Google's repository for it (GPUDIRECT_RXDM)."""
+    repo = GPUDIRECT_RXDM.get(str(container.get("name", "")))
+    image = container.get("image")
+    return (repo is not None and isinstance(image, str) and image.startswith(repo)
+            and _RXDM_IMAGE_REST.fullmatch(image[len(repo):]) is not None)
+
+
 def training_pod_security(res: Resource, ctx: Context) -> Iterator[str]:
-    """Training pods run as non-root without privilege escalation."""
+    """Training pods run as non-root without privilege escalation (GPUDirect managers exempt)."""
     if not is_training(res):
         return
     for where, spec in pod_specs(res):
         pod_non_root = truthy(dig(spec, "securityContext", "runAsNonRoot"))
         pod_root_uid = dig(spec, "securityContext", "runAsUser") == 0
         for name, c in containers(spec):
+            if is_gpudirect_rxdm(c):
+                continue
             sc = c.get("securityContext") or {}
             non_root = dig(sc, "runAsNonRoot")
             if falsy(non_root) or not (truthy(non_root) or pod_non_root):
@@ -92,18 +118,20 @@ def training_pod_security(res: Resource, ctx: Context) -> Iterator[str]:
                 yield f"{where} {name}: securityContext.privileged is true."
 
 
-def _unpinned(res: Resource) -> Iterator[str]:
+def _unpinned(res: Resource, exempt_rxdm: bool = False) -> Iterator[str]:
     for where, spec in pod_specs(res):
         for name, c in containers(spec):
+            if exempt_rxdm and is_gpudirect_rxdm(c):
+                continue
             image = c.get("image")
             if not isinstance(image, str) or not _DIGEST.search(image):
                 yield f"{where} {name}: image {image!r} is not pinned by digest (@sha256:...)."
 
 
 def training_image_digest(res: Resource, ctx: Context) -> Iterator[str]:
-    """Training pods run images pinned by digest."""
+    """Training pods run images pinned by digest (GPUDirect managers exempt: Google tags them)."""
     if is_training(res):
-        yield from _unpinned(res)
+        yield from _unpinned(res, exempt_rxdm=True)
 
 
 def image_digest(res: Resource, ctx: Context) -> Iterator[str]:

@@ -15,6 +15,7 @@ https://cloud.google.com/ai-hypercomputer/docs/create/gke-ai-hypercompute-custom
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +32,20 @@ GIB_DIR = "/usr/local/gib"
 TCPX_RXDM_IMAGE = "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpx/tcpgpudmarxd-dev:v2.0.12"
 TCPXO_RXDM_IMAGE = "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/tcpgpudmarxd-dev:v1.0.18"
 TCPX_SOCKET_DIR = "/run/tcpx"
+# Requests of a receive-datapath manager: it pins a few polling threads and its buffers live in GPU
+# memory, so one CPU and a small heap; the memory limit stops a leak from taking the trainer's node.
+# Native sidecars count toward the pod's requests, and the trainer's requests leave this headroom
+# (infra/k8s/training.py NODE_FRACTION).
+RXDM_RESOURCES = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+# Google's manifests run both managers privileged: they program flow steering on the GPU NICs and
+# tune the host's network sysctls through the mounted /sys and /proc/sys
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx,
+# https://github.com/GoogleCloudPlatform/container-engine-accelerators/tree/master/gpudirect-tcpxo).
+# A capability-only variant exists but needs NRI device injection on the nodes, which this platform
+# does not deploy. They run as root: the training pod's own securityContext makes every container
+# non-root (the trainer's UID), and a non-root process gets no capabilities even in a privileged
+# container. The policy pack exempts exactly these two containers (policies/kubernetes.py).
+RXDM_SECURITY = {"privileged": True, "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False}
 
 
 def nic_names(fset: FabricSetPlan) -> list[str]:
@@ -153,7 +168,8 @@ def sidecars(kind: str, nic_count: int) -> list[dict[str, Any]]:
             "command": ["/tcpgpudmarxd/build/app/tcpgpudmarxd", "--gpu_nic_preset", "a3vm",
                         "--gpu_shmem_type", "fd", "--uds_path", TCPX_SOCKET_DIR,
                         "--setup_param", "--verbose 128 2 0"],
-            "securityContext": {"privileged": True},
+            "securityContext": dict(RXDM_SECURITY),
+            "resources": copy.deepcopy(RXDM_RESOURCES),
             "env": env,
             "volumeMounts": [*common_mounts, {"name": "tcpx-socket", "mountPath": TCPX_SOCKET_DIR}],
         }]
@@ -163,7 +179,8 @@ def sidecars(kind: str, nic_count: int) -> list[dict[str, Any]]:
             "restartPolicy": "Always",
             "command": ["/bin/sh", "-c", "chmod 755 /fts/entrypoint_rxdm_container.sh && "
                         f"exec /fts/entrypoint_rxdm_container.sh --num_hops=2 --num_nics={nic_count}"],
-            "securityContext": {"privileged": True},
+            "securityContext": dict(RXDM_SECURITY),
+            "resources": copy.deepcopy(RXDM_RESOURCES),
             "env": env,
             "volumeMounts": common_mounts,
         }]

@@ -1,16 +1,19 @@
 """Kubernetes rules on realistic hand-built objects: each passes intact and fails with one field broken.
 
-Usage: `.venv/bin/pytest tests/policies/test_kubernetes_rules.py -q` (no plans, no mocks).
+Usage: `.venv/bin/pytest tests/policies/test_kubernetes_rules.py -q` (no mocks; the GPUDirect exemption
+tests use the real gcp-prod plan from the session `plans` fixture).
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
 from policies.core import Context, Resource
-from tests.policies.helpers import broken, details
+from policies.registry import RULES
+from tests.policies.helpers import broken, details, first
 
 CTX = Context(stack="aws-dev", environment="dev")
 DIGEST = "sha256:" + "ab" * 32
@@ -122,3 +125,54 @@ def test_storage_class_encryption():
     bad = copy.deepcopy(dict(sc.props))
     del bad["parameters"]["kmsKeyId"]
     assert details("disk-encryption-cmk", [broken(sc, lambda p: p.update(bad))], CTX)
+
+
+# --------------------------------------------------------------- the GPUDirect receive-datapath exemption
+
+JOBSET_TYPE = "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"
+GPROD = Context(stack="gcp-prod", environment="prod")
+RXDM_RULES = ("training-pod-security", "training-image-digest", "container-requests")
+
+
+def _rxdm(props):
+    """The tcpxo-daemon sidecar of a real gcp-prod JobSet's pod."""
+    return next(c for c in _pod(props)["initContainers"] if c["name"] == "tcpxo-daemon")
+
+
+def test_real_gcp_prod_jobset_with_its_privileged_gpudirect_sidecar_passes(plans):
+    real = first(plans, "gcp-prod", JOBSET_TYPE)
+    sidecar = _rxdm(real.props)
+    assert sidecar["securityContext"]["privileged"] is True  # the case the exemption is for
+    assert not sidecar["image"].count("@sha256:")
+    for rule_id in RXDM_RULES:
+        assert details(rule_id, [real], GPROD) == [], rule_id
+
+
+@pytest.mark.parametrize(("mutate", "rules"), [
+    # Same privileged root container under another name: every check applies again.
+    (lambda c: c.update(name="helper"), {"training-pod-security", "training-image-digest"}),
+    # Same name, another image (or a look-alike repository): not Google's manager.
+    (lambda c: c.update(image="ghcr.io/acme/tcpgpudmarxd-dev:v1.0.18"),
+     {"training-pod-security", "training-image-digest"}),
+    (lambda c: c.update(image="us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo-evil/tcpgpudmarxd-dev:v1"),
+     {"training-pod-security", "training-image-digest"}),
+    (lambda c: c.update(image="us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpx/tcpgpudmarxd-dev:v2.0.12"),
+     {"training-pod-security", "training-image-digest"}),  # TCPX's manager under TCPXO's name
+    # The exemption never covers resource requests.
+    (lambda c: c.pop("resources"), {"container-requests"}),
+])
+def test_gpudirect_exemption_needs_both_the_name_and_googles_repository(plans, mutate, rules):
+    real = first(plans, "gcp-prod", JOBSET_TYPE)
+    bad = broken(real, lambda p: mutate(_rxdm(p)))
+    for rule_id in RXDM_RULES:
+        found = details(rule_id, [bad], GPROD)
+        assert bool(found) == (rule_id in rules), (rule_id, found)
+    if "training-pod-security" in rules:
+        found = " ".join(details("training-pod-security", [bad], GPROD))
+        assert "privileged" in found and "allowPrivilegeEscalation" in found
+
+
+def test_every_rule_is_listed_in_the_docs():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "policies.md").read_text()
+    missing = [r.id for r in RULES if f"| `{r.id}` | {r.level} |" not in text]
+    assert missing == []

@@ -76,6 +76,11 @@ def test_fabric_contract_per_machine(machine, kind, nics):
         (sidecar,) = fab.sidecars
         assert sidecar["restartPolicy"] == "Always"
         assert sidecar["image"].rsplit(":", 1)[1].startswith("v")
+        assert sidecar["name"] == f"{kind}-daemon"
+        # Requests count toward the pod (native sidecar); a memory limit bounds a leak.
+        req, lim = sidecar["resources"]["requests"], sidecar["resources"]["limits"]
+        assert req["cpu"] and req["memory"] and lim["memory"]
+        assert sidecar["image"].startswith(f"us-docker.pkg.dev/gce-ai-infra/gpudirect-{kind}/")
         ifname_key = "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME" if kind == "tcpx" else "NCCL_FASTRAK_IFNAME"
         assert fab.nccl_env[ifname_key] == ",".join(f"eth{i}" for i in range(1, nics + 1))
     assert fab.nccl_env["NCCL_CROSS_NIC"] == "0"
