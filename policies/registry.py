@@ -7,7 +7,7 @@ both iterate this one tuple; docs/policies.md lists the same rules.
 
 from __future__ import annotations
 
-from policies import capacity, encryption, kubernetes, networking, nodes, storage, tagging
+from policies import capacity, databases, encryption, kubernetes, networking, nodes, storage, tagging
 from policies.core import Rule
 
 RULES: tuple[Rule, ...] = (
@@ -59,6 +59,17 @@ RULES: tuple[Rule, ...] = (
     Rule(id="kms-rotation", level="mandatory", scope="resource", check=encryption.kms_rotation,
          description="Customer-managed keys rotate (KMS enableKeyRotation; Cloud KMS rotationPeriod <= 365 days).",
          remediation="Set enableKeyRotation true (AWS) or rotationPeriod, e.g. '7776000s' (GCP)."),
+    # Managed databases
+    Rule(id="rds-encrypted-private", level="mandatory", scope="resource",
+         check=databases.rds_encrypted_private,
+         description="RDS instances encrypt storage with a customer-managed KMS key and are not public.",
+         remediation="Set storageEncrypted true, kmsKeyId to a customer-managed KMS key ARN (not "
+                     "alias/aws/rds) and publiclyAccessible false."),
+    Rule(id="cloud-sql-encrypted-private", level="mandatory", scope="resource",
+         check=databases.cloud_sql_encrypted_private,
+         description="Cloud SQL instances use CMEK, have no public IPv4 address and accept only TLS.",
+         remediation="Set encryptionKeyName to a Cloud KMS key, settings.ipConfiguration.ipv4Enabled false "
+                     "(private IP only) and settings.ipConfiguration.sslMode ENCRYPTED_ONLY."),
     # Nodes and images
     Rule(id="imdsv2-required", level="mandatory", scope="resource", check=nodes.imdsv2_required,
          description="Nodes require IMDSv2 tokens; GKE nodes use the GKE metadata server.",

@@ -17,6 +17,8 @@ GDEV = Context(stack="gcp-dev", environment="dev")
 PROD = Context(stack="aws-prod", environment="prod")
 GPROD = Context(stack="gcp-prod", environment="prod")
 CTX = {"aws-dev": DEV, "gcp-dev": GDEV, "aws-prod": PROD, "gcp-prod": GPROD}
+RDS = "aws:rds/instance:Instance"
+SQL = "gcp:sql/databaseInstance:DatabaseInstance"
 
 
 def _set(*path, value):
@@ -107,6 +109,18 @@ RESOURCE_CASES = [
     ("required-tags", "gcp-prod", "gcp:container/cluster:Cluster", None, _drop("resourceLabels"), "project"),
     ("required-tags", "aws-dev", "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass", None,
      _drop("spec", "tags", "project"), "spec.tags"),
+    ("rds-encrypted-private", "aws-prod", RDS, None, _set("storageEncrypted", value=False), "storageEncrypted"),
+    ("rds-encrypted-private", "aws-prod", RDS, None, _drop("kmsKeyId"), "kmsKeyId"),
+    ("rds-encrypted-private", "aws-prod", RDS, None,
+     _set("kmsKeyId", value="arn:aws:kms:us-east-1:123456789012:alias/aws/rds"), "AWS-managed"),
+    ("rds-encrypted-private", "aws-prod", RDS, None, _set("publiclyAccessible", value=True), "publiclyAccessible"),
+    ("cloud-sql-encrypted-private", "gcp-prod", SQL, None, _drop("encryptionKeyName"), "encryptionKeyName"),
+    ("cloud-sql-encrypted-private", "gcp-prod", SQL, None, _set("settings", "ipConfiguration", "ipv4Enabled",
+                                                                value=True), "ipv4Enabled"),
+    ("cloud-sql-encrypted-private", "gcp-prod", SQL, None, _drop("settings", "ipConfiguration", "ipv4Enabled"),
+     "ipv4Enabled"),
+    ("cloud-sql-encrypted-private", "gcp-prod", SQL, None, _set("settings", "ipConfiguration", "sslMode",
+                                                                value="ALLOW_UNENCRYPTED_AND_ENCRYPTED"), "sslMode"),
     ("allowed-regions", "gcp-dev", "gcp:container/cluster:Cluster", None, _set("location", value="asia-east1-a"),
      "asia-east1-a"),
     ("allowed-regions", "gcp-prod", "gcp:storage/bucket:Bucket", None, _set("location", value="EU"), "EU"),
