@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainer.data.storage import StorageError, open_store
@@ -160,6 +161,13 @@ class CheckpointManager:
         self._pg = dist.new_group(backend="gloo")
         self._thread: threading.Thread | None = None
         self._store = None
+        # One stager for the whole run: it keeps the CPU copy (pinned on CUDA) of the state between saves
+        # and refills it in place, so an async save blocks training only for a memory copy, not for
+        # allocating and faulting in a fresh multi-GB buffer each time (torch.distributed.checkpoint.staging).
+        # Safe because save() waits for the previous save before staging again.
+        cuda = env.device.type == "cuda"
+        self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                    use_async_staging=False, use_non_blocking_copy=cuda))
         self.last_success_unix: float | None = None
         self.saved: list[SaveRecord] = []  # every finished save, oldest first
 
@@ -200,7 +208,8 @@ class CheckpointManager:
         manifest_extra = {"trainer": trainer_state, "config": config}
         if self.async_save and not block:
             # Returns once the state is staged (copied) to CPU memory; writing happens in a DCP thread.
-            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._pg)
+            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._pg,
+                                    async_stager=self._stager)
             self._thread = threading.Thread(
                 target=self._finish, args=(record, future, manifest_extra), name=f"ckpt-{step}", daemon=True
             )
@@ -399,3 +408,4 @@ class CheckpointManager:
 
     def close(self) -> None:
         self.wait()
+        self._stager.close()

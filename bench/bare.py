@@ -1,0 +1,78 @@
+"""The reference for the overhead benchmark: a bare PyTorch training loop, nothing else.
+
+Usage: `python -m bench.bare --preset tiny --steps 60 model.n_layer=4 ...` prints one JSON line,
+{"seconds_per_step": ..., "from_step": ..., "to_step": ...}.
+
+Same model, optimizer, learning-rate schedule, gradient accumulation, clipping, batch and precision
+as `python -m trainer` with the same preset and overrides; no process group, no DDP wrapper, no
+sampler or dataset (batches are drawn once up front), no metrics, no checkpoints. Timed like the
+trainer's metrics log: wall clock between the end of step `from_step` and the end of the last step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+
+import torch
+
+from trainer import config as tcfg
+from trainer.model import GPT
+from trainer.train import build_optimizer, lr_at
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.bare")
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--from-step", type=int, default=10)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    cfg = tcfg.build_config(args.preset, None, args.overrides)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.train.seed)
+    if cfg.train.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+    model = GPT(cfg.model).to(device)
+    if cfg.train.compile:
+        model = torch.compile(model)
+    opt = build_optimizer(model, cfg, device)
+    b = cfg.train.global_batch_tokens // cfg.model.context
+    micro = cfg.train.micro_batch_size
+    accum = b // micro
+    data = torch.randint(0, cfg.model.vocab_size, (accum, micro, cfg.model.context + 1), device=device)
+    bf16 = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    start = None
+    for step in range(1, args.steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, lr=cfg.train.lr, min_lr=cfg.train.min_lr,
+                                warmup_steps=cfg.train.warmup_steps, total_steps=cfg.train.steps)
+        for m in range(accum):
+            with autocast():
+                _, loss = model(data[m, :, :-1], data[m, :, 1:])
+            (loss / accum).backward()
+        if cfg.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()  # the trainer reads the loss every step too
+        if step == args.from_step:
+            sync()
+            start = time.perf_counter()
+    sync()
+    elapsed = time.perf_counter() - start
+    print(json.dumps({"seconds_per_step": elapsed / (args.steps - args.from_step),
+                      "from_step": args.from_step, "to_step": args.steps}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""Helpers that run the real trainer as a user would (`python -m trainer`, `torchrun`) and read its
+metrics log. Used by the overhead, recovery and elastic benchmarks.
+
+Usage: `run_trainer(run_dir, preset, overrides, nproc=2)` -> list of metrics.jsonl events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.common import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+QUIET = ["metrics.port=0", "tracking.enabled=false"]
+
+
+def run_trainer(run_dir: Path, preset: str, overrides: list[str], *, nproc: int = 1, max_restarts: int = 0,
+                env: dict[str, str] | None = None, timeout: float = 1200) -> list[dict]:
+    """Run the trainer to completion under torchrun (c10d rendezvous) and return its events."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--max-restarts={max_restarts}",
+           "-m", "trainer", "--preset", preset, "--run-dir", str(run_dir), *QUIET, *overrides]
+    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"trainer failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def seconds_per_step(events: list[dict], from_step: int) -> float:
+    """Wall clock per step between the end of `from_step` and the end of the last logged step."""
+    steps = {e["step"]: e["time"] for e in events if e.get("event") == "step"}
+    last = max(steps)
+    return (steps[last] - steps[from_step]) / (last - from_step)
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
