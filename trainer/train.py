@@ -423,6 +423,8 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
         "step": step, "tokens": tokens_seen, "final_loss": loss_value if math.isfinite(loss_value) else None,
         "params_sha256": digest,
         "restarts": env.restart_count, "tokens_per_s": tokens_per_s, "mfu": run_mfu, "status": status,
+        # Rank 0's peak GPU memory (allocated by tensors), for sizing; None on CPU.
+        "peak_memory_gb": torch.cuda.max_memory_allocated(env.device) / 1e9 if env.is_cuda else None,
     }
     if env.rank == 0:
         _finish_outputs(cfg, run_dir, ckpt, model, summary, tracker, ds.manifest_sha256,

@@ -1,0 +1,45 @@
+"""The benchmark harness runs and writes its results file (no timings are asserted: figures are
+reported by `make bench`, never checked in tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_plan_section_writes_results(tmp_path):
+    out = tmp_path / "results.json"
+    proc = run_bench("--only", "plan", "--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    names = {f["name"] for f in doc["figures"]}
+    assert {"plan aws-dev", "plan aws-prod", "plan gcp-dev", "plan gcp-prod"} <= names
+    assert all(f["value"] > 0 and f["unit"] == "s" for f in doc["figures"])
+    assert "gpu-train benchmarks" in proc.stdout
+
+
+def test_unknown_section_is_rejected():
+    proc = run_bench("--only", "speed")
+    assert proc.returncode == 2 and "unknown section(s) ['speed']" in proc.stderr
+
+
+def test_gpu_section_says_it_needs_cuda(tmp_path):
+    proc = run_bench("--only", "gpu", "--gpu", "--out", str(tmp_path / "r.json"))
+    assert proc.returncode != 0
+    assert "needs a CUDA device" in proc.stderr
+
+
+def test_bare_reference_loop_runs():
+    proc = subprocess.run([sys.executable, "-m", "bench.bare", "--preset", "tiny", "--steps", "4", "--from-step", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["from_step"] == 2 and result["to_step"] == 4 and result["seconds_per_step"] > 0
