@@ -34,6 +34,7 @@ import pulumi_kubernetes as k8s
 from infra import naming
 from infra.config import JobConfig
 from infra.k8s import nvme
+from infra.k8s.cache import proxy_dataset_uri
 from infra.platform import ClusterPlatform, GpuPool
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
@@ -184,11 +185,16 @@ def jobset_manifest(
     dataset_uri: str,
     checkpoint_uri: str,
     nvme_host_path: str,
+    datasets_bucket: str = "",
     cache_endpoint: str = "",
     tracking_uri: str = "",
     register_name: str = "",
 ) -> dict[str, Any]:
-    """The JobSet for the stack's job, as a plain dict (all inputs resolved)."""
+    """The JobSet for the stack's job, as a plain dict (all inputs resolved).
+
+    With a cache endpoint, a dataset under the datasets bucket is read through the Alluxio S3 proxy
+    under its proxy name (cache.proxy_dataset_uri); anything else is read from the object store
+    directly. Checkpoints always go to the object store: the cache is a read-only view."""
     if pool.name != job.pool:
         raise JobSpecError(f"gpu-train:job.pool is {job.pool!r} but the pool given is {pool.name!r}")
     gpus = job.gpus_per_node or pool.gpus_per_node
@@ -220,8 +226,6 @@ def jobset_manifest(
         # Elastic restarts must not hang on a dead peer: surface NCCL errors as exceptions.
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     }
-    if cache_endpoint:
-        env["TRAINER_S3_ENDPOINT_URL"] = cache_endpoint
     if tracking_uri:
         env["MLFLOW_TRACKING_URI"] = tracking_uri
     if cloud == "aws":
@@ -236,9 +240,10 @@ def jobset_manifest(
         {"name": f"metrics-{rank}", "containerPort": naming.METRICS_PORT + rank, "protocol": "TCP"}
         for rank in range(gpus)
     ] + [{"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"}]
+    proxied = proxy_dataset_uri(dataset_uri, datasets_bucket) if cache_endpoint and datasets_bucket else None
     overrides = trainer_overrides(
-        job, dataset_uri=dataset_uri, checkpoint_uri=checkpoint_uri, cache_endpoint=cache_endpoint,
-        register_name=register_name or job.name,
+        job, dataset_uri=proxied or dataset_uri, checkpoint_uri=checkpoint_uri,
+        cache_endpoint=cache_endpoint if proxied else "", register_name=register_name or job.name,
     )
     trainer = {
         "name": CONTAINER,
@@ -425,7 +430,8 @@ class TrainingJob(pulumi.ComponentResource):
             return jobset_manifest(
                 job=job, pool=pool, cloud=platform.cloud, region=platform.region, image=image,
                 local_queue=queue, dataset_uri=dataset_uri, checkpoint_uri=checkpoint_uri,
-                nvme_host_path=platform.nvme_host_path, cache_endpoint=cache or "", tracking_uri=tracking or "",
+                nvme_host_path=platform.nvme_host_path, datasets_bucket=datasets,
+                cache_endpoint=cache or "", tracking_uri=tracking or "",
                 register_name=args.register_name,
             )
 

@@ -115,7 +115,8 @@ def build(job: JobConfig, pool: GpuPool, cloud: str = "aws", **kw) -> dict:
     dataset, ckpt = t.default_uris(job, f"{bucket}ds-bucket", f"{bucket}ck-bucket")
     args = dict(job=job, pool=pool, cloud=cloud, region="us-east-1" if cloud == "aws" else "us-central1",
                 image=IMAGE, local_queue="research", dataset_uri=dataset, checkpoint_uri=ckpt,
-                nvme_host_path="/mnt/k8s-disks/0", cache_endpoint=CACHE, tracking_uri=MLFLOW)
+                nvme_host_path="/mnt/k8s-disks/0", datasets_bucket=f"{bucket}ds-bucket", cache_endpoint=CACHE,
+                tracking_uri=MLFLOW)
     args.update(kw)
     return t.jobset_manifest(**args)
 
@@ -170,7 +171,9 @@ def test_aws_efa_pool_gets_efa_devices_env_and_a_valid_pod():
     assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert env["AWS_REGION"] == "us-east-1"
     assert env["TRAINER_IMAGE_DIGEST"] == "sha256:" + "c" * 64
-    assert env["TRAINER_S3_ENDPOINT_URL"] == CACHE and env["MLFLOW_TRACKING_URI"] == MLFLOW
+    # The cache endpoint is for dataset reads only (data.endpoint_url): no process-wide S3 endpoint that
+    # would send checkpoints to the read-only cache.
+    assert "TRAINER_S3_ENDPOINT_URL" not in env and env["MLFLOW_TRACKING_URI"] == MLFLOW
     assert env["TRAINER_METRICS_PORT"] == str(naming.METRICS_PORT)
     # No added capabilities even on EFA (memlock comes from the runtime; see the module's comment).
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
@@ -303,8 +306,10 @@ def test_command_line_parses_with_torchrun_and_the_trainer():
     assert cfg.checkpoint.every_steps == 500
     assert cfg.checkpoint.remote_uri == "s3://ck-bucket/research/gpt2-350m-pretrain"
     assert cfg.checkpoint.local_dir.startswith("/mnt/nvme/")
-    assert cfg.data.uri == "s3://ds-bucket/gpt2-350m-pretrain/manifest.json"
+    # Read through the Alluxio S3 proxy, where the bucket's top-level directory is the bucket.
+    assert cfg.data.uri == "s3://gpt2-350m-pretrain/manifest.json"
     assert cfg.data.endpoint_url == CACHE and cfg.data.cache_dir.startswith("/mnt/nvme/")
+    assert cfg.checkpoint.endpoint_url == ""
     assert cfg.train.micro_batch_size == 16 and cfg.train.compile is True  # the job's overrides
     assert cfg.tracking.register_name == job.name
     # Every NVMe path the trainer writes to is on the hostPath mount.
@@ -325,7 +330,10 @@ def test_every_stacks_job_is_accepted_by_the_trainer(stack):
     validate_pod(m)
     _, _, tcfg = parse_command(trainer_container(m))
     assert tcfg.train.steps == cfg.job.steps
-    assert tcfg.data.uri.startswith("s3://" if cfg.cloud == "aws" else "gs://")
+    # Every stack caches its datasets bucket: the job reads through the S3 proxy on both clouds, and
+    # writes checkpoints straight to the cloud's object store.
+    assert tcfg.data.uri == f"s3://{cfg.job.name}/manifest.json" and tcfg.data.endpoint_url == CACHE
+    assert tcfg.checkpoint.remote_uri.startswith("s3://" if cfg.cloud == "aws" else "gs://")
 
 
 def test_user_overrides_win_over_defaults_but_not_over_job_settings():
@@ -433,8 +441,18 @@ def test_component_creates_the_jobset_and_pod_monitor_under_mocks():
     assert jobset["metadata"]["namespace"] == "team-research"
     assert jobset["metadata"]["labels"][t.QUEUE_LABEL] == "research"
     args = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "data.uri=s3://gpu-train-aws-prod-datasets/gpt2-350m-pretrain/manifest.json" in args
+    assert "data.uri=s3://gpt2-350m-pretrain/manifest.json" in args  # through the cache proxy
+    assert f"data.endpoint_url={CACHE}" in args
     assert "checkpoint.remote_uri=s3://gpu-train-aws-prod-checkpoints/research/gpt2-350m-pretrain" in args
     _, pm = by_kind["PodMonitor"]
     assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert len(pm["spec"]["podMetricsEndpoints"]) == 8
+
+
+def test_dataset_outside_the_cached_bucket_is_read_directly():
+    from dataclasses import replace
+
+    job = replace(prod_job(), dataset_uri="s3://partner-bucket/corpus/manifest.json")
+    _, _, cfg = parse_command(trainer_container(build(job, efa_pool())))
+    assert cfg.data.uri == "s3://partner-bucket/corpus/manifest.json"
+    assert cfg.data.endpoint_url == ""

@@ -456,3 +456,14 @@ def test_nccl_installers_mount_every_host_directory_their_script_writes(kind):
     assert set(volumes) == set(mounts)
     for target in re.findall(r"cp -r \S+ (\S+)", install["args"][0]):
         assert any(target.startswith(path) for path in mounts.values()), f"{kind}: {target} is not on the host"
+
+
+@pytest.mark.parametrize(("uri", "expected"), [
+    ("s3://acme-datasets/gpt2/manifest.json", "s3://gpt2/manifest.json"),
+    ("gs://acme-datasets/web/v2/manifest.json", "s3://web/v2/manifest.json"),
+    ("s3://acme-datasets/manifest.json", None),  # top level: no Alluxio "bucket" to name it by
+    ("s3://other-bucket/gpt2/manifest.json", None),  # outside the cached bucket: read directly
+])
+def test_dataset_uri_through_the_cache_proxy(uri, expected):
+    bucket = "gs://acme-datasets" if uri.startswith("gs://") else "s3://acme-datasets"
+    assert cache.proxy_dataset_uri(uri, bucket) == expected
