@@ -105,6 +105,10 @@ def test_build_platform_contract_with_managed_database():
     return pulumi.Output.all(db.host, db.password, db.username).apply(check)
 
 
+# pulumi.runtime.test waits for the registrations the build started; without it they stay pending in
+# Pulumi's global runtime state and the next program run under mocks (the Kubernetes layer's fixture)
+# waits for them forever.
+@pulumi.runtime.test
 def test_build_platform_in_cluster_mlflow_has_no_database():
     platform = _run(stack_cfg(POOL))
     assert platform.mlflow_database is None
