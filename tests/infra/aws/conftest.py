@@ -1,30 +1,22 @@
 """Fixtures for the AWS layer tests.
 
-`plans` plans only the aws-* stacks through the plan tool (as a user runs it), so these tests do not
-wait for the other cloud. `stack_cfg(pools)` builds a validated AWS StackConfig for component tests.
+`plans` is the session's plans of the aws-* stacks (each planned once per session, by tests/conftest.py). `stack_cfg(pools)` builds a validated AWS StackConfig for component tests.
 """
 
 from __future__ import annotations
 
-import json
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from infra import config
-from tests.conftest import STACKS, _plan
+from tests.conftest import STACKS
 
 AWS_STACKS = [s for s in STACKS if s.startswith("aws-")]
 
 
 @pytest.fixture(scope="session")
-def plans(tmp_path_factory) -> dict[str, dict]:
-    out = tmp_path_factory.mktemp("aws-plan")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda s: _plan(s, out), AWS_STACKS))
-    failures = [f"{s}:\n{p.stdout}\n{p.stderr}" for s, p in results if p.returncode != 0]
-    assert not failures, "planning failed:\n" + "\n".join(failures)
-    return {s: json.loads((out / f"{s}.json").read_text()) for s in AWS_STACKS}
+def plans(plans) -> dict[str, dict]:
+    """The session's plans (tests/conftest.py), only the aws stacks."""
+    return {s: p for s, p in plans.items() if s in AWS_STACKS}
 
 
 def stack_cfg(pools: list[dict], environment: str = "prod", nat: str = "per-zone") -> config.StackConfig:

@@ -1,31 +1,23 @@
 """Fixtures for the GCP layer tests.
 
-`plans` here plans only the gcp-* stacks (through the same plan tool and helper as the root
-fixture), so these tests neither wait for nor depend on the other cloud's stacks.
+`plans` is the session's plans of the gcp-* stacks (each planned once per session, by tests/conftest.py).
 `stack_cfg(...)` builds a validated StackConfig with chosen GPU pools for component tests.
 """
 
 from __future__ import annotations
 
-import json
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from infra import config
-from tests.conftest import STACKS, _plan
+from tests.conftest import STACKS
 
 GCP_STACKS = [s for s in STACKS if s.startswith("gcp-")]
 
 
 @pytest.fixture(scope="session")
-def plans(tmp_path_factory) -> dict[str, dict]:
-    out = tmp_path_factory.mktemp("gcp-plan")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda s: _plan(s, out), GCP_STACKS))
-    failures = [f"{s}:\n{p.stdout}\n{p.stderr}" for s, p in results if p.returncode != 0]
-    assert not failures, "planning failed:\n" + "\n".join(failures)
-    return {s: json.loads((out / f"{s}.json").read_text()) for s in GCP_STACKS}
+def plans(plans) -> dict[str, dict]:
+    """The session's plans (tests/conftest.py), only the gcp stacks."""
+    return {s: p for s, p in plans.items() if s in GCP_STACKS}
 
 
 def stack_cfg(pools: list[dict], environment: str = "prod", regional: bool = True) -> config.StackConfig:
