@@ -1,6 +1,7 @@
 """Fixtures for the AWS layer tests.
 
-`plans` is the session's plans of the aws-* stacks (each planned once per session, by tests/conftest.py). `stack_cfg(pools)` builds a validated AWS StackConfig for component tests.
+`plans` is the session's plans of the aws-* stacks (each planned once per session, by tests/conftest.py).
+`stack_cfg(pools)` builds a validated AWS StackConfig for component tests.
 """
 
 from __future__ import annotations
