@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -17,18 +16,14 @@ from typing import Any
 
 import boto3
 
+from trainer.distributed import free_port
+
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "bench",
     "AWS_SECRET_ACCESS_KEY": "bench",
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -82,6 +77,21 @@ class Figure:
     meets_target: bool | None = None
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def preset_flops_per_token(preset: str) -> float:
+    """Training FLOPs per token (6N + 12·L·H·Q·T) of a trainer preset; the model is built on the meta
+    device, so no memory is allocated."""
+    import torch
+
+    from trainer import config as tcfg
+    from trainer.flops import flops_per_token
+    from trainer.model import GPT
+
+    m = tcfg.PRESETS[preset]().model
+    with torch.device("meta"):
+        n = GPT(m).num_params(non_embedding=True)
+    return flops_per_token(n, m.n_layer, m.n_head, m.d_model // m.n_head, m.context)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

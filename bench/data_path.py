@@ -17,11 +17,11 @@ import boto3
 import numpy as np
 import torch
 
-from bench.common import Figure, local_s3, ratio
+from bench.common import Figure, local_s3, preset_flops_per_token, ratio
 from trainer import config as tcfg
 from trainer.data import GlobalSampler, open_dataset
 from trainer.data.prepare import synth
-from trainer.flops import flops_per_token, gpu_peak_flops
+from trainer.flops import gpu_peak_flops
 from trainer.model import GPT
 
 CONTEXT = 1024
@@ -88,10 +88,7 @@ def _consumption_cpu(steps: int = 5) -> tuple[float, str]:
 
 def _consumption_h100() -> float:
     """Tokens/s gpt2-124m needs on one H100 at the 40% MFU target (computed, not measured here)."""
-    m = tcfg.gpt2_124m().model
-    n = GPT(m).num_params(non_embedding=True)
-    fpt = flops_per_token(n, m.n_layer, m.n_head, m.d_model // m.n_head, m.context)
-    return 0.40 * gpu_peak_flops("NVIDIA H100 80GB HBM3") / fpt
+    return 0.40 * gpu_peak_flops("NVIDIA H100 80GB HBM3") / preset_flops_per_token("gpt2-124m")
 
 
 def run(quick: bool = False) -> list[Figure]:

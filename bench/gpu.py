@@ -15,20 +15,11 @@ from pathlib import Path
 
 import torch
 
-from bench.common import Figure, ratio
+from bench.common import Figure, preset_flops_per_token, ratio
 from bench.runs import ROOT, run_trainer, seconds_per_step, summary
-from trainer import config as tcfg
-from trainer.flops import flops_per_token, gpu_peak_flops, mfu
-from trainer.model import GPT
+from trainer.flops import gpu_peak_flops, mfu
 
 FROM_STEP = 10
-
-
-def _flops_per_token(preset: str) -> float:
-    m = tcfg.PRESETS[preset]().model
-    with torch.device("meta"):
-        n = GPT(m).num_params(non_embedding=True)
-    return flops_per_token(n, m.n_layer, m.n_head, m.d_model // m.n_head, m.context)
 
 
 def run(quick: bool = False) -> list[Figure]:
@@ -44,7 +35,7 @@ def run(quick: bool = False) -> list[Figure]:
         common = [f"train.steps={steps}", f"train.micro_batch_size={micro}", "train.precision=bf16",
                   "train.compile=true", f"train.global_batch_tokens={micro * 1024 * gpus}",
                   "checkpoint.every_steps=0", "metrics.log_every=10", "train.deterministic=false"]
-        fpt = _flops_per_token(preset)
+        fpt = preset_flops_per_token(preset)
         out = subprocess.run([sys.executable, "-m", "bench.bare", "--preset", preset, "--steps", str(steps),
                               "--from-step", str(FROM_STEP), *common,
                               f"train.global_batch_tokens={micro * 1024}"],

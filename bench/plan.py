@@ -5,6 +5,7 @@ Usage: `python -m bench --only plan`.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -27,8 +28,6 @@ def run(quick: bool = False) -> list[Figure]:
             seconds = time.perf_counter() - t0
             if proc.returncode != 0:
                 raise RuntimeError(f"planning {stack} failed:\n{proc.stderr[-2000:]}")
-            import json
-
             n = len(json.loads(Path(proc.stdout.strip()).read_text())["resources"])
             figures.append(Figure("plan", f"plan {stack}", seconds, "s", target="< 30 s",
                                   meets_target=seconds < 30, notes=f"{n} resources"))

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.common import free_port
+from trainer.distributed import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["metrics.port=0", "tracking.enabled=false"]

@@ -14,11 +14,12 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainer.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,12 +30,6 @@ SMALL = [
     "train.global_batch_tokens=384", "train.micro_batch_size=2", "train.warmup_steps=2",
     "tracking.enabled=false", "metrics.log_every=1",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

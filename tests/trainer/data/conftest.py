@@ -8,7 +8,6 @@ client's read timeout, so retries are exercised on the wire rather than by patch
 from __future__ import annotations
 
 import http.client
-import socket
 import threading
 import time
 import uuid
@@ -21,18 +20,14 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from trainer.distributed import free_port
+
 _AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -141,7 +136,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
