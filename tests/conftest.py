@@ -56,3 +56,57 @@ def _fresh_pulumi_root():
 def resources_of(plan: dict, type_token: str) -> list[dict]:
     """All resources of one Pulumi type token in a plan."""
     return [r for r in plan["resources"] if r["type"] == type_token]
+
+
+# Variants of the prod stacks on the other fabric machine types: the same settings with every GPU
+# pool (and so the job) moved to another instance type. Planned like the real stacks.
+VARIANTS = {
+    "aws-prod-p4d": ("aws-prod", "p4d.24xlarge"),
+    "aws-prod-p5en": ("aws-prod", "p5en.48xlarge"),
+    "gcp-prod-a3high": ("gcp-prod", "a3-highgpu-8g"),
+    "gcp-prod-a3ultra": ("gcp-prod", "a3-ultragpu-8g"),
+}
+
+
+def variant_stack_file(name: str, out_dir: Path) -> Path:
+    """Write stacks/Pulumi.<base>.yaml with every GPU pool on the variant's instance type."""
+    import yaml
+
+    base, instance_type = VARIANTS[name]
+    doc = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{base}.yaml").read_text())
+    for pool in doc["config"]["gpu-train:gpuPools"]:
+        pool["instanceType"] = instance_type
+    path = out_dir / f"Pulumi.{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="session")
+def variant_plan_dir(tmp_path_factory) -> Path:
+    files = tmp_path_factory.mktemp("variant-stacks")
+    out = tmp_path_factory.mktemp("variant-plan")
+
+    def plan(name: str) -> tuple[str, subprocess.CompletedProcess]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "infra.plan", "--stack-file", str(variant_stack_file(name, files)),
+             "--out", str(out), "--quiet"],
+            cwd=ROOT, capture_output=True, text=True, timeout=600,
+        )
+        return name, proc
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(plan, sorted(VARIANTS)))
+    failures = [f"{s}:\n{p.stdout}\n{p.stderr}" for s, p in results if p.returncode != 0]
+    assert not failures, "planning failed:\n" + "\n".join(failures)
+    return out
+
+
+@pytest.fixture(scope="session")
+def variant_plans(variant_plan_dir) -> dict[str, dict]:
+    return {s: json.loads((variant_plan_dir / f"{s}.json").read_text()) for s in sorted(VARIANTS)}
+
+
+@pytest.fixture(scope="session")
+def all_plans(plans, variant_plans) -> dict[str, dict]:
+    """The four stacks and the fabric variants, by stack name."""
+    return {**plans, **variant_plans}
