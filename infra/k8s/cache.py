@@ -7,6 +7,17 @@ Helm values are the pure function `alluxio_values(...)`. Chart: Alluxio 2.9 open
 (https://github.com/Alluxio/alluxio/tree/release-2.9/integration/kubernetes/helm-chart/alluxio),
 whose workers support the paged block store (`alluxio.worker.block.store.type=PAGE`) and whose
 proxy serves the S3 REST API at /api/v1/s3 (https://docs.alluxio.io/os/user/2.9.5/en/api/S3-API.html).
+
+What this chart offers, and so how the values are shaped (checked against its snapshot in
+tests/schemas/charts by tests/infra/validation):
+- The page store lives on the node's NVMe through the chart's only host-storage option, a
+  `tieredstore.levels[]` entry of `type: hostPath` (the chart mounts `path` from the host at the same
+  path; `extraVolumes` would silently become an emptyDir). The page-store properties point at it.
+- Workers are placed by `worker.nodeSelector` and `worker.tolerations` only (the chart has no
+  affinity), so the selector is the set of node labels every GPU pool's nodes carry.
+- JVM options are lists (the chart `concat`s them; a string fails the render).
+- The worker runs as ALLUXIO_UID; the NVMe DaemonSet (infra/k8s/nvme.py) creates the page-store
+  directory owned by it, because a hostPath the kubelet creates is root's.
 """
 
 from __future__ import annotations
@@ -36,6 +47,10 @@ JOB_WORKER_WEB_PORT = 30003
 METRICS_PATH = "/metrics/prometheus/"
 # Labels the chart puts on its pods (templates/*: app=<chart name>, release=<release>, role=...).
 POD_LABELS = {"app": "alluxio", "release": RELEASE}
+# The user and group the chart runs Alluxio as (its values.yaml default, set explicitly so the page
+# store directory can be created for exactly this owner).
+ALLUXIO_UID = 1000
+PAGE_STORE_DIR = "alluxio"  # under the node's NVMe root
 PROXY_LABELS = {**POD_LABELS, "role": "alluxio-proxy"}
 
 
@@ -64,7 +79,22 @@ def proxy_dataset_uri(dataset_uri: str, datasets_bucket: str) -> str | None:
 
 def page_store_path(nvme_host_path: str) -> str:
     """Directory of the workers' page store on the node's local NVMe filesystem."""
-    return nvme_host_path.rstrip("/") + "/alluxio"
+    return nvme_host_path.rstrip("/") + "/" + PAGE_STORE_DIR
+
+
+def worker_node_selector(gpu_pools: list[GpuPool]) -> dict[str, str]:
+    """The node labels every node of every GPU pool carries (naming.pool_node_labels): the chart
+    places workers by nodeSelector only, and none of these labels is on system nodes."""
+    shared: set[tuple[str, str]] | None = None
+    for pool in gpu_pools:
+        labels = set(naming.pool_node_labels(pool.name, pool.capacity, pool.fabric.kind, pool.gpu_type).items())
+        shared = labels if shared is None else shared & labels
+    if not shared:
+        names = ", ".join(sorted(p.name for p in gpu_pools))
+        raise ValueError(f"gpu-train:cache: the Alluxio chart places workers by nodeSelector only, and the GPU "
+                         f"pools {names} share no node label (capacity, fabric or GPU type); disable the cache "
+                         f"(gpu-train:cache.enabled: false) or give the pools one of these in common")
+    return dict(sorted(shared))
 
 
 def ufs_uri(datasets_bucket: str) -> str:
@@ -86,7 +116,7 @@ def alluxio_values(*, settings: CacheConfig, nvme_host_path: str, datasets_bucke
         raise ValueError("the cache needs at least one GPU pool for its workers")
     pages = page_store_path(nvme_host_path)
     quota = f"{settings.page_store_gb}GB"
-    worker_affinity = common.pool_affinity(gpu_pools)
+    worker_selector = worker_node_selector(gpu_pools)
     tolerations = common.gpu_tolerations(gpu_pools)
     properties = {
         "alluxio.master.mount.table.root.ufs": ufs_uri(datasets_bucket),
@@ -111,6 +141,9 @@ def alluxio_values(*, settings: CacheConfig, nvme_host_path: str, datasets_bucke
         "image": IMAGE,
         "imageTag": ALLUXIO_VERSION,
         "imagePullPolicy": "IfNotPresent",
+        "user": ALLUXIO_UID,
+        "group": ALLUXIO_UID,
+        "fsGroup": ALLUXIO_UID,
         "serviceAccount": service_account,
         "properties": properties,
         "journal": {
@@ -125,23 +158,22 @@ def alluxio_values(*, settings: CacheConfig, nvme_host_path: str, datasets_bucke
             "count": settings.masters,
             "nodeSelector": system_selector,
             "resources": common.resources("1", "4Gi", "2", "4Gi"),
-            "jvmOptions": "-Xms2g -Xmx2g -XX:MaxDirectMemorySize=1g",
+            "jvmOptions": ["-Xms2g", "-Xmx2g", "-XX:MaxDirectMemorySize=1g"],
         },
         "jobMaster": {"resources": common.resources("250m", "1Gi", "1", "1Gi")},
-        "pagestore": {
-            "type": "hostPath",
-            "hostPath": pages,
-            "quota": quota,
-            "memoryBacked": False,
-        },
+        # One tier on the node's NVMe, mounted by the chart as a hostPath; the paged store uses it
+        # through alluxio.worker.page.store.dirs (same path, same quota).
+        "tieredstore": {"levels": [{
+            "level": 0, "alias": "SSD", "mediumtype": "SSD", "type": "hostPath", "path": pages, "quota": quota,
+            "high": 0.95, "low": 0.7,
+        }]},
         "worker": {
-            "affinity": worker_affinity,
+            "nodeSelector": worker_selector,
             "tolerations": tolerations,
             # Pod networking so NetworkPolicies apply; the proxy is the only client (no short-circuit).
             "hostNetwork": False,
-            "shortCircuit": {"enabled": False},
             "resources": common.resources("2", "8Gi", "8", "8Gi"),
-            "jvmOptions": "-Xms4g -Xmx4g -XX:MaxDirectMemorySize=2g",
+            "jvmOptions": ["-Xms4g", "-Xmx4g", "-XX:MaxDirectMemorySize=2g"],
         },
         "jobWorker": {"resources": common.resources("250m", "1Gi", "1", "1Gi")},
         "shortCircuit": {"enabled": False},

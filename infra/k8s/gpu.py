@@ -22,11 +22,11 @@ from infra.platform import ClusterPlatform, GpuPool
 # https://github.com/NVIDIA/k8s-device-plugin/releases (chart and image share the version).
 DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
 DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
-DEVICE_PLUGIN_VERSION = "0.17.1"
+DEVICE_PLUGIN_VERSION = "0.20.0"
 # https://github.com/aws/eks-charts/tree/master/stable/aws-efa-k8s-device-plugin
 EFA_CHART = "aws-efa-k8s-device-plugin"
 EFA_REPO = "https://aws.github.io/eks-charts"
-EFA_VERSION = "v0.5.7"
+EFA_VERSION = "v0.5.30"
 
 # GKE's NCCL fabric plugins, pinned as in Google's installer manifests
 # (https://github.com/GoogleCloudPlatform/container-engine-accelerators: gpudirect-tcpx/,

@@ -60,7 +60,7 @@ RUN_AS = 10001  # the image has no USER; any non-root uid works because it only 
 # operator pins its default PostgreSQL image (https://cloudnative-pg.io/charts/).
 CNPG_REPO = "https://cloudnative-pg.github.io/charts"
 CNPG_CHART = "cloudnative-pg"
-CNPG_CHART_VERSION = "0.27.1"
+CNPG_CHART_VERSION = "0.29.0"
 CNPG_NAMESPACE = "cnpg-system"
 DB_CLUSTER = "mlflow-db"  # CNPG names the read-write Service <cluster>-rw and labels pods cnpg.io/cluster
 DB_NAME = "mlflow"

@@ -33,11 +33,12 @@ COUNTERS_CSV = HERE / "dcgm-counters.csv"
 # https://github.com/prometheus-community/helm-charts/tree/main/charts/kube-prometheus-stack
 KPS_CHART = "kube-prometheus-stack"
 KPS_REPO = "https://prometheus-community.github.io/helm-charts"
-KPS_VERSION = "77.5.0"
-# https://github.com/NVIDIA/dcgm-exporter/tree/main/deployment
+KPS_VERSION = "88.5.3"
+# https://github.com/NVIDIA/dcgm-exporter/tree/main/deployment. The chart version is the exporter's own
+# release (4.8.2, git tag 4.5.3-4.8.2: DCGM 4.5.3 inside exporter 4.8.2), not the DCGM version.
 DCGM_CHART = "dcgm-exporter"
 DCGM_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
-DCGM_VERSION = "4.2.3"
+DCGM_VERSION = "4.8.2"
 DCGM_RELEASE = "dcgm-exporter"
 DCGM_PORT = 9400
 COUNTERS_MOUNT = "/etc/dcgm-exporter/custom"

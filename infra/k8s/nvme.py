@@ -10,9 +10,12 @@ One DaemonSet on all GPU pools, with up to two init steps and a pause container:
    On EKS, nodeadm already assembles and mounts the instance store, so this step is absent.
 2. `workdirs` (always): creates `<nvme_host_path>/gpu-train/<team namespace>` for every team, owned by
    the trainer image's user (naming.TRAINER_UID) with mode 0700. Training pods mount their namespace's
-   directory with hostPath type `Directory`, so they never need root to fix ownership. This step runs
-   as root but is not privileged: it holds only CAP_CHOWN and CAP_FOWNER, cannot escalate, and sees the
-   host only through one hostPath volume of the NVMe root.
+   directory with hostPath type `Directory`, so they never need root to fix ownership. It also creates
+   the Alluxio workers' page store, `<nvme_host_path>/alluxio`, owned by Alluxio's user
+   (infra/k8s/cache.py): the chart mounts it with hostPath type `DirectoryOrCreate`, and a directory the
+   kubelet creates belongs to root, which the worker cannot write. This step runs as root but is not
+   privileged: it holds only CAP_CHOWN and CAP_FOWNER, cannot escalate, and sees the host only through
+   one hostPath volume of the NVMe root.
 
 Both steps are idempotent (safe after a pod restart, a node reboot or a new team). checkov's matching
 checks are skipped for these DaemonSets by name in infra/k8s/checkov-skips.yaml, each with its reason.
@@ -30,7 +33,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra import naming
-from infra.k8s import common
+from infra.k8s import cache, common
 from infra.k8s.gpu import HOST_TOOLS_IMAGE, PAUSE_IMAGE
 from infra.platform import ClusterPlatform, GpuPool
 
@@ -48,6 +51,8 @@ WORKDIR_ROOT = "gpu-train"
 # Where the workdirs step sees the node's NVMe root.
 NVME_MOUNT = "/nvme"
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+# Directories under the NVMe root that belong to a service's user: (name, uid, gid).
+SERVICE_DIRS: tuple[tuple[str, int, int], ...] = ((cache.PAGE_STORE_DIR, cache.ALLUXIO_UID, cache.ALLUXIO_UID),)
 
 
 def _check_host_path(host_path: str) -> None:
@@ -83,15 +88,26 @@ def raid_script(host_path: str, device_glob: str = DEVICE_GLOB) -> str:
     ])
 
 
-def workdirs_script(uid: int = naming.TRAINER_UID, gid: int | None = None, root: str = NVME_MOUNT) -> str:
+def workdirs_script(uid: int = naming.TRAINER_UID, gid: int | None = None, root: str = NVME_MOUNT,
+                    service_dirs: Sequence[tuple[str, int, int]] = SERVICE_DIRS) -> str:
     """Idempotent shell script: for every namespace given as an argument, make
     <root>/gpu-train/<namespace> owned by uid:gid (gid defaults to uid) with mode 0700. The parent stays root-owned 0755, so
-    one team's pods cannot reach another team's directory through it."""
+    one team's pods cannot reach another team's directory through it. Each service directory
+    <root>/<name> is made owned by its uid:gid, mode 0700 (ownership is re-applied on every run, so
+    a directory the kubelet created first is fixed too)."""
     base = shlex.quote(f"{root.rstrip('/')}/{WORKDIR_ROOT}")
-    return "\n".join([
+    lines = [
         "set -eu",
         f"mkdir -p {base}",
         f"chmod 0755 {base}",
+    ]
+    for name, owner, group in service_dirs:
+        if not _NAMESPACE.fullmatch(name):
+            raise ValueError(f"nvme service directory {name!r} must be one plain path segment")
+        path = shlex.quote(f"{root.rstrip('/')}/{name}")
+        lines += [f"mkdir -p {path}", f"chown {int(owner)}:{int(group)} {path}", f"chmod 0700 {path}",
+                  f"echo ready: {path}"]
+    lines += [
         'for ns in "$@"; do',
         f'  dir={base}/"$ns"',
         '  mkdir -p "$dir"',
@@ -99,7 +115,8 @@ def workdirs_script(uid: int = naming.TRAINER_UID, gid: int | None = None, root:
         '  chmod 0700 "$dir"',  # not the owner any more: needs CAP_FOWNER
         '  echo "ready: $dir"',
         "done",
-    ])
+    ]
+    return "\n".join(lines)
 
 
 def workdirs_container(namespaces: Sequence[str], uid: int = naming.TRAINER_UID) -> dict[str, Any]:

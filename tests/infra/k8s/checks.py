@@ -1,5 +1,5 @@
-"""Checks shared by the Kubernetes-layer tests: strict schema validation, required fields of custom
-resources, containers' resources, and checkov over a directory of manifests.
+"""Checks shared by the Kubernetes-layer tests: strict schema validation, custom resources against
+their CRDs, containers' resources, and checkov over a directory of manifests.
 
 Usage: `problems = cr_problems(obj)`; `failures = run_checkov(dir)`; `validate_strict(objs, "1.33")`.
 """
@@ -15,6 +15,7 @@ from typing import Any
 import kubernetes_validate
 
 from infra.k8s.monitoring import release_labels, selector_matches
+from infra.validation import crd
 
 CHECKOV = Path(__file__).resolve().parents[3] / ".venv-checkov" / "bin" / "checkov"
 
@@ -38,69 +39,18 @@ def _need(cond: bool, problems: list[str], where: str, what: str) -> None:
 
 
 def cr_problems(obj: dict[str, Any]) -> list[str]:
-    """Required fields of the custom resources in our plans (the CRDs' required properties plus the
-    cross-field rules their controllers enforce)."""
-    p: list[str] = []
+    """A custom resource against its CRD at the pinned version (infra.validation.crd: structural
+    schema, defaults, CEL rules), plus what the platform itself needs of it: monitors and rules the
+    kube-prometheus-stack Prometheus selects, flavors that select their pool's nodes."""
     kind = obj.get("kind")
     meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
     where = f"{kind}/{meta.get('name')}"
-    _need(bool(obj.get("apiVersion")) and bool(meta.get("name")), p, where, "apiVersion and metadata.name")
+    p = [f"{where}: {problem}" for problem in crd.validate(obj).problems]
     if kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
-        _need(obj["apiVersion"] == "monitoring.coreos.com/v1", p, where, "apiVersion monitoring.coreos.com/v1")
         _need(selector_matches({"matchLabels": release_labels()}, meta.get("labels") or {}), p, where,
               "labels selected by the kube-prometheus-stack Prometheus")
-    if kind == "ServiceMonitor":
-        _need(isinstance(spec.get("selector"), dict), p, where, "spec.selector")
-        eps = spec.get("endpoints") or []
-        _need(bool(eps) and all(e.get("port") or e.get("targetPort") for e in eps), p, where, "spec.endpoints[].port")
-    elif kind == "PodMonitor":
-        _need(isinstance(spec.get("selector"), dict), p, where, "spec.selector")
-        eps = spec.get("podMetricsEndpoints") or []
-        _need(bool(eps) and all(e.get("port") or e.get("portNumber") for e in eps), p, where,
-              "spec.podMetricsEndpoints[].port")
-    elif kind == "PrometheusRule":
-        groups = spec.get("groups") or []
-        _need(bool(groups), p, where, "spec.groups")
-        for g in groups:
-            _need(bool(g.get("name")) and bool(g.get("rules")), p, where, "group name and rules")
-            for r in g.get("rules") or []:
-                _need(bool(r.get("alert") or r.get("record")) and bool(r.get("expr")), p, where,
-                      f"rule alert/record + expr: {r}")
     elif kind == "ResourceFlavor":
-        _need(bool(spec.get("nodeLabels")), p, where, "spec.nodeLabels")
-    elif kind == "ClusterQueue":
-        groups = spec.get("resourceGroups") or []
-        _need(bool(groups), p, where, "spec.resourceGroups")
-        for g in groups:
-            covered = g.get("coveredResources") or []
-            _need(bool(covered) and bool(g.get("flavors")), p, where, "coveredResources and flavors")
-            for f in g.get("flavors") or []:
-                names = [r.get("name") for r in f.get("resources") or []]
-                _need(names == covered, p, where, f"flavor {f.get('name')} resources {names} != {covered}")
-                for r in f.get("resources") or []:
-                    _need("nominalQuota" in r, p, where, f"{f.get('name')}/{r.get('name')} nominalQuota")
-                    if "borrowingLimit" in r:
-                        _need(bool(spec.get("cohort") or spec.get("cohortName")), p, where,
-                              "borrowingLimit needs a cohort")
-    elif kind == "LocalQueue":
-        _need(bool(spec.get("clusterQueue")) and bool(meta.get("namespace")), p, where,
-              "spec.clusterQueue and metadata.namespace")
-    elif kind == "GKENetworkParamSet":
-        _need(bool(spec.get("vpc")) and bool(spec.get("vpcSubnet")), p, where, "spec.vpc and spec.vpcSubnet")
-        _need(spec.get("deviceMode") in ("NetDevice", "RDMA"), p, where, "spec.deviceMode NetDevice|RDMA")
-    elif kind == "Network":
-        ref = spec.get("parametersRef") or {}
-        _need(spec.get("type") in ("Device", "L3"), p, where, "spec.type")
-        _need(ref.get("kind") == "GKENetworkParamSet" and bool(ref.get("name")), p, where, "spec.parametersRef")
-    elif kind == "NodePool" and obj["apiVersion"].startswith("karpenter.sh/"):
-        tmpl = (spec.get("template") or {}).get("spec") or {}
-        _need(bool(tmpl.get("nodeClassRef")) and bool(tmpl.get("requirements")), p, where,
-              "spec.template.spec.nodeClassRef and requirements")
-    elif kind == "EC2NodeClass":
-        _need(bool(spec.get("subnetSelectorTerms")) and bool(spec.get("securityGroupSelectorTerms")), p, where,
-              "subnet and security group selector terms")
-        _need(bool(spec.get("role") or spec.get("instanceProfile")), p, where, "role or instanceProfile")
+        _need(bool((obj.get("spec") or {}).get("nodeLabels")), p, where, "spec.nodeLabels")
     return p
 
 

@@ -74,13 +74,13 @@ def test_queues_and_quotas_come_from_settings(layers, stack):
         spec = queues[naming.team_namespace(team.name)]["spec"]
         gpus = sum(r["nominalQuota"] for f in spec["resourceGroups"][0]["flavors"] for r in f["resources"]
                    if r["name"] == "nvidia.com/gpu")
-        assert gpus == team.gpu_quota
+        assert gpus == sum(cfg.team_quota(team).values())
         lq = [o for o in of_kind(records, "LocalQueue") if o["metadata"]["namespace"] == naming.team_namespace(team.name)]
         assert [o["spec"]["clusterQueue"] for o in lq] == [naming.team_namespace(team.name)]
         assert fields["layer"].local_queue[team.name] == lq[0]["metadata"]["name"]
         quota = next(o for o in of_kind(records, "ResourceQuota")
                      if o["metadata"]["namespace"] == naming.team_namespace(team.name))
-        assert int(quota["spec"]["hard"]["requests.nvidia.com/gpu"]) >= team.gpu_quota
+        assert int(quota["spec"]["hard"]["requests.nvidia.com/gpu"]) >= sum(cfg.team_quota(team).values())
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -122,7 +122,8 @@ def test_page_store_uses_the_platform_nvme_path(layers, stack):
     path = "/mnt/k8s-disks/0" if cfg.cloud == "aws" else "/mnt/stateful_partition/kube-ephemeral-ssd/nvme"
     values = releases(records)["alluxio"]["values"]
     assert values["properties"]["alluxio.worker.page.store.dirs"] == cache.page_store_path(path)
-    assert values["pagestore"]["quota"] == f"{cfg.cache.page_store_gb}GB"
+    (level,) = values["tieredstore"]["levels"]  # the chart's hostPath mount of the page store
+    assert (level["path"], level["quota"]) == (cache.page_store_path(path), f"{cfg.cache.page_store_gb}GB")
     daemonsets = {o["metadata"]["name"]: o for o in of_kind(records, "DaemonSet")}
     # One NVMe DaemonSet on every stack: RAID0 only where GKE leaves raw disks, team directories always.
     name = "nvme-raid0" if cfg.cloud == "gcp" else "nvme-workdirs"

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from infra import naming
-from infra.config import CacheConfig, MonitoringConfig, TeamConfig
+from infra.config import CacheConfig, MonitoringConfig
 from infra.k8s import cache, common, gpu, monitoring, nvme, storage, tenancy
 from infra.platform import EgressTarget, Fabric, GpuPool, StorageClassSpec
 
@@ -53,11 +53,22 @@ def test_page_store_lives_on_the_nvme_path_with_the_configured_quota(nvme_path):
     values = alluxio(nvme_path=nvme_path, page_store_gb=1234)
     expected = nvme_path.rstrip("/") + "/alluxio"
     assert values["properties"]["alluxio.worker.page.store.dirs"] == expected
-    assert values["pagestore"]["hostPath"] == expected
-    assert values["pagestore"]["type"] == "hostPath"
+    # The chart mounts host storage only through a tiered-store level of type hostPath.
+    (level,) = values["tieredstore"]["levels"]
+    assert (level["type"], level["path"], level["quota"]) == ("hostPath", expected, "1234GB")
     assert values["properties"]["alluxio.worker.page.store.sizes"] == "1234GB"
-    assert values["pagestore"]["quota"] == "1234GB"
     assert values["properties"]["alluxio.worker.block.store.type"] == "PAGE"
+    # The worker runs as the user the NVMe DaemonSet creates the directory for.
+    assert values["user"] == values["group"] == values["fsGroup"] == cache.ALLUXIO_UID
+    assert (cache.PAGE_STORE_DIR, cache.ALLUXIO_UID, cache.ALLUXIO_UID) in nvme.SERVICE_DIRS
+
+
+def test_cache_jvm_options_are_lists_as_the_chart_concatenates_them():
+    values = alluxio()
+    for component in ("master", "worker"):
+        opts = values[component]["jvmOptions"]
+        assert isinstance(opts, list) and all(isinstance(o, str) and " " not in o for o in opts)
+        assert any(o.startswith("-Xmx") for o in opts)
 
 
 def test_cache_reads_the_datasets_bucket_through_workload_identity_only():
@@ -71,9 +82,9 @@ def test_cache_reads_the_datasets_bucket_through_workload_identity_only():
 
 def test_cache_workers_run_on_gpu_nodes_and_masters_on_system_nodes_with_encrypted_journal():
     values = alluxio(masters=3, journal_gb=42)
-    terms = values["worker"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0] == {
-        "key": naming.POOL_LABEL, "operator": "In", "values": ["h100"]}
+    # The chart places workers by nodeSelector only: the labels the pool's nodes carry.
+    assert values["worker"]["nodeSelector"] == naming.pool_node_labels("h100", "spot", "none", "H100")
+    assert naming.SYSTEM_LABEL not in values["worker"]["nodeSelector"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values["worker"]["tolerations"]
     assert values["master"]["nodeSelector"] == SYSTEM and values["master"]["count"] == 3
     assert values["journal"] == {"type": "EMBEDDED", "folder": "/journal", "volumeType": "persistentVolumeClaim",
@@ -81,6 +92,15 @@ def test_cache_workers_run_on_gpu_nodes_and_masters_on_system_nodes_with_encrypt
     for component in ("master", "jobMaster", "worker", "jobWorker", "proxy"):
         res = values[component]["resources"]
         assert res["requests"] and res["limits"], component
+
+
+def test_cache_workers_select_the_labels_all_gpu_pools_share():
+    pools = [pool("a", capacity="spot"), pool("b", capacity="on-demand")]
+    assert cache.worker_node_selector(pools) == {naming.FABRIC_LABEL: "none", naming.GPU_TYPE_LABEL: "h100"}
+    mixed = [pool("a", capacity="spot"), GpuPool(**{**pool("b").__dict__, "capacity": "on-demand",
+                                                      "gpu_type": "L4", "fabric": Fabric(kind="efa")})]
+    with pytest.raises(ValueError, match="share no node label"):
+        cache.worker_node_selector(mixed)
 
 
 def test_cache_rejects_bad_settings_with_the_key():
@@ -228,35 +248,7 @@ def test_trainer_pod_monitor_covers_every_local_rank_port():
 # ---------------------------------------------------------------- scheduling and tenancy
 
 
-def test_quota_split_adds_up_and_respects_capacity():
-    pools = [pool("a", gpus=1, max_nodes=4), pool("b", gpus=1, max_nodes=2)]
-    assert tenancy.split_quota(4, pools) == {"a": 3, "b": 1}
-    assert tenancy.split_quota(6, pools) == {"a": 4, "b": 2}
-    assert tenancy.split_quota(0, pools) == {"a": 0, "b": 0}
-    big = [pool("x", max_nodes=4), pool("y", max_nodes=4)]
-    for q in range(0, 65):
-        parts = tenancy.split_quota(q, big)
-        assert sum(parts.values()) == min(q, 64) and all(v <= 32 for v in parts.values()), (q, parts)
-
-
-def test_cluster_queues_take_gpu_quota_from_settings_and_borrow_in_one_cohort():
-    teams = (TeamConfig(name="research", gpu_quota=32), TeamConfig(name="applied", gpu_quota=16))
-    pools = [pool("reserved", max_nodes=4), pool("spot", max_nodes=4)]
-    queues = {q["metadata"]["name"]: q for q in tenancy.cluster_queues(teams, pools)}
-    assert set(queues) == {"team-research", "team-applied"}
-    for team in teams:
-        spec = queues[naming.team_namespace(team.name)]["spec"]
-        assert spec["cohort"] == tenancy.COHORT
-        assert spec["namespaceSelector"] == {"matchLabels": {naming.TEAM_LABEL: team.name}}
-        flavors = spec["resourceGroups"][0]["flavors"]
-        assert [f["name"] for f in flavors] == ["reserved", "spot"]
-        gpus = [next(r for r in f["resources"] if r["name"] == "nvidia.com/gpu") for f in flavors]
-        assert sum(g["nominalQuota"] for g in gpus) == team.gpu_quota
-        other = sum(t.gpu_quota for t in teams if t is not team)
-        assert sum(g["borrowingLimit"] for g in gpus) == other
-        assert all(g["lendingLimit"] <= g["nominalQuota"] for g in gpus)
-        cpu = [next(r for r in f["resources"] if r["name"] == "cpu") for f in flavors]
-        assert sum(c["nominalQuota"] for c in cpu) == team.gpu_quota * tenancy.CPU_PER_GPU
+# Kueue's queues, quotas and configuration: tests/infra/k8s/test_tenancy.py.
 
 
 def test_cpu_and_memory_per_gpu_cover_every_catalog_machine():
@@ -273,15 +265,6 @@ def test_resource_flavor_selects_the_pool_and_its_capacity_type():
     flavor = tenancy.resource_flavor(pool("h100-spot", capacity="spot"))
     assert flavor["spec"]["nodeLabels"] == {naming.POOL_LABEL: "h100-spot", naming.CAPACITY_LABEL: "spot"}
     assert flavor["spec"]["tolerations"] == [naming.GPU_TAINT]
-
-
-def test_team_quota_backstop_and_kueue_config():
-    teams = (TeamConfig(name="a", gpu_quota=4), TeamConfig(name="b", gpu_quota=2))
-    hard = tenancy.team_quota(teams[0], teams, [pool("p", gpus=1, max_nodes=6)])
-    assert hard["requests.nvidia.com/gpu"] == "6"
-    assert hard["services.loadbalancers"] == "0"
-    config = tenancy.kueue_manager_config()
-    assert "jobset.x-k8s.io/jobset" in config and tenancy.KUEUE_MANAGED_LABEL in config
 
 
 def test_team_namespaces_start_from_default_deny_and_open_only_what_jobs_need():
@@ -410,7 +393,8 @@ def test_nvme_workdirs_script_makes_owned_0700_directories_and_is_idempotent(tmp
     capability), twice: the second run changes nothing and fails on nothing. A directory left with
     the wrong mode (as an old pod-created hostPath would be) is corrected."""
     uid, gid = os.getuid(), os.getgid()
-    script = nvme.workdirs_script(uid=uid, gid=gid, root=str(tmp_path))
+    script = nvme.workdirs_script(uid=uid, gid=gid, root=str(tmp_path), service_dirs=[("alluxio", uid, gid)])
+    (tmp_path / "alluxio").mkdir(mode=0o755)  # as the kubelet creates a hostPath it mounts first
     (tmp_path / "gpu-train" / "team-a").mkdir(parents=True, mode=0o777)
     (tmp_path / "gpu-train" / "team-a").chmod(0o777)
     for _ in range(2):
@@ -421,6 +405,10 @@ def test_nvme_workdirs_script_makes_owned_0700_directories_and_is_idempotent(tmp
             st = (tmp_path / "gpu-train" / ns).stat()
             assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, gid, 0o700)
         assert stat.S_IMODE((tmp_path / "gpu-train").stat().st_mode) == 0o755
+        st = (tmp_path / "alluxio").stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, gid, 0o700)
+    with pytest.raises(ValueError, match="one plain path segment"):
+        nvme.workdirs_script(service_dirs=[("../etc", 0, 0)])
     assert nvme.workdir_path("/mnt/k8s-disks/0/", "team-a") == "/mnt/k8s-disks/0/gpu-train/team-a"
 
 

@@ -1,0 +1,160 @@
+"""Render every Helm release of a plan with the real chart, and write kubeconform schemas for the CRDs.
+
+Usage (the `charts` job of .github/workflows/ci.yml; needs network and helm):
+    python -m infra.validation.releases template build/plan/*.json --out build/rendered
+    python -m infra.validation.releases schemas --out build/kubeconform-schemas
+    python -m infra.validation.releases kube-version aws-dev          # 1.33.0
+    kubeconform -strict -summary -kubernetes-version 1.33.0 -schema-location default \\
+        -schema-location 'build/kubeconform-schemas/{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json' \\
+        build/rendered/manifests/aws-dev
+
+`template` writes `values/<stack>/<release>.yaml` (exactly the values the plan records) and, under
+`manifests/<stack>/`, `<release>.yaml` (what `helm template` renders from the chart repository at the
+pinned version, with the release's namespace, CRD and API-version context) and
+`custom-resources.yaml` (the plan's custom resources); then it fails listing every release that did
+not render. `schemas` turns each CRD
+snapshot of tests/schemas/crds into the JSON schema kubeconform reads, with the same translation
+the offline check uses (infra.validation.crd.to_jsonschema: unknown fields rejected, int-or-string,
+nullable, embedded resources). The pure parts (`template_command`, `values_yaml`, `api_versions`,
+`kubeconform_schemas`) are tested offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.validation import crd, helm
+
+ROOT = Path(__file__).resolve().parents[2]
+JSON_SCHEMA_DRAFT4 = "http://json-schema.org/draft-04/schema#"
+
+
+def stack_kube_version(stack: str, stacks_dir: Path = ROOT / "stacks") -> str:
+    """The stack's Kubernetes minor version (gpu-train:cluster.kubernetesVersion) as x.y.0."""
+    path = stacks_dir / f"Pulumi.{stack}.yaml"
+    doc = yaml.safe_load(path.read_text()) or {}
+    version = str(((doc.get("config") or {}).get("gpu-train:cluster") or {}).get("kubernetesVersion") or "")
+    if not version:
+        raise ValueError(f"{path}: gpu-train:cluster.kubernetesVersion is not set")
+    return version if version.count(".") >= 2 else f"{version}.0"
+
+
+def api_versions(snapshots: crd.Snapshots | None = None) -> list[str]:
+    """`group/version` and `group/version/Kind` of every served CRD version: the API versions a
+    chart may ask `.Capabilities.APIVersions.Has` for (the cluster serves them once the CRDs exist)."""
+    snaps = snapshots or crd.Snapshots()
+    out = set()
+    for (group, kind), doc in snaps.by_kind().items():
+        for version, data in doc["versions"].items():
+            if data.get("served"):
+                out.add(f"{group}/{version}")
+                out.add(f"{group}/{version}/{kind}")
+    return sorted(out)
+
+
+def values_yaml(values: Mapping[str, Any]) -> str:
+    return yaml.safe_dump(dict(values), sort_keys=True, default_flow_style=False)
+
+
+def template_command(release: helm.Release, values_file: Path, kube_version: str, apis: list[str],
+                     skip_crds: bool = False, helm_bin: str = "helm") -> list[str]:
+    """The `helm template` invocation that renders a release as `pulumi up` would install it."""
+    cmd = [helm_bin, "template", release.name]
+    if release.chart.startswith("oci://"):
+        cmd.append(release.chart)
+    else:
+        cmd += [release.chart, "--repo", release.repo or ""]
+    cmd += ["--version", release.version, "--namespace", release.namespace or "default", "--values", str(values_file),
+            "--kube-version", kube_version, "--skip-tests"]
+    cmd.append("--skip-crds" if skip_crds else "--include-crds")
+    for api in apis:
+        cmd += ["--api-versions", api]
+    return cmd
+
+
+def _skip_crds(plan: Mapping[str, Any], release: helm.Release) -> bool:
+    for res in plan.get("resources") or []:
+        inputs = res.get("inputs") or {}
+        if res.get("type") == helm.RELEASE_TYPE and inputs.get("name") == release.name:
+            return bool(inputs.get("skipCrds"))
+    return False
+
+
+def kubeconform_schemas(snapshots: crd.Snapshots | None = None) -> dict[str, dict[str, Any]]:
+    """Relative path ({group}/{kind lowercased}_{version}.json, kubeconform's layout) -> JSON schema."""
+    snaps = snapshots or crd.Snapshots()
+    out = {}
+    for (group, kind), doc in snaps.by_kind().items():
+        for version, data in doc["versions"].items():
+            if not data.get("served"):
+                continue
+            schema = crd.to_jsonschema(data["schema"], root=True)
+            schema["$schema"] = JSON_SCHEMA_DRAFT4
+            out[f"{group}/{kind.lower()}_{version}.json"] = schema
+    return out
+
+
+def template(plans: list[Path], out: Path, helm_bin: str = "helm") -> list[str]:
+    """Render every release of every plan; returns the failures (one line each)."""
+    failures = []
+    apis = api_versions()
+    for plan_path in plans:
+        plan = json.loads(plan_path.read_text())
+        stack = plan["stack"]
+        kube_version = stack_kube_version(stack)
+        stack_dir = out / "manifests" / stack
+        values_dir = out / "values" / stack
+        stack_dir.mkdir(parents=True, exist_ok=True)
+        values_dir.mkdir(parents=True, exist_ok=True)
+        for rel in helm.releases(plan):
+            values_file = values_dir / f"{rel.name}.yaml"
+            values_file.write_text(values_yaml(rel.values))
+            cmd = template_command(rel, values_file, kube_version, apis, _skip_crds(plan, rel), helm_bin)
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                failures.append(f"{stack}: {rel.label}: helm template failed: {proc.stderr.strip()[-2000:]}")
+                continue
+            (stack_dir / f"{rel.name}.yaml").write_text(proc.stdout)
+        objects = crd.custom_resources(plan)
+        (stack_dir / "custom-resources.yaml").write_text(yaml.safe_dump_all(objects, sort_keys=False))
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.validation.releases", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    t = sub.add_parser("template", help="render every release of the plans with helm template")
+    t.add_argument("plans", type=Path, nargs="+")
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--helm", default="helm", help="the helm binary")
+    s = sub.add_parser("schemas", help="write kubeconform schemas from the CRD snapshots")
+    s.add_argument("--out", type=Path, required=True)
+    k = sub.add_parser("kube-version", help="print a stack's Kubernetes version (x.y.0)")
+    k.add_argument("stack")
+    args = parser.parse_args(argv)
+    if args.what == "kube-version":
+        print(stack_kube_version(args.stack))
+        return 0
+    if args.what == "schemas":
+        for rel_path, schema in sorted(kubeconform_schemas().items()):
+            path = args.out / rel_path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(schema, indent=1, sort_keys=True))
+        print(f"wrote {len(kubeconform_schemas())} schemas under {args.out}")
+        return 0
+    failures = template(args.plans, args.out, args.helm)
+    for f in failures:
+        print(f"error: {f}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
