@@ -27,6 +27,9 @@ class MockContext:
     region: str
     project: str = "acme-ml"  # GCP project id
     account_id: str = "123456789012"  # AWS account id
+    # AWS service-linked roles the account already has (service principals, e.g. "spot.amazonaws.com");
+    # none by default: a fresh account, where the program must create the ones it names.
+    service_linked_roles: tuple[str, ...] = ()
 
 
 def fake_digest(*parts: str) -> str:

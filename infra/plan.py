@@ -6,10 +6,16 @@ Usage:
     python -m infra.plan --stack gcp-prod --out build/plan --quiet
 
 Writes `OUT/<stack>.json`:
-    {"project", "stack", "resources": [{"urn", "type", "name", "parent", "inputs"}], "outputs": {...}}
+    {"project", "stack", "resources": [{"urn", "type", "name", "parent", "inputs"}], "outputs": {...},
+     "registrations": {urn: {"provider", "id", "outputs", "dependencies"}},
+     "invokes": [{"token", "args", "provider"}]}
 with the engine's camelCase inputs and every secret replaced by "[secret]", and every Kubernetes
-object as YAML under `OUT/<stack>/k8s/`. Prints resources by type and the stack outputs. A bad
-configuration prints the error (every bad key) and exits with status 2.
+object as YAML under `OUT/<stack>/k8s/`. `registrations` holds what the engine knows beyond the
+inputs: the provider reference each resource was registered with ("<provider urn>::<id>", null for
+the default provider), its (mocked) id and provider-computed outputs (ARNs, names), and the URNs it
+depends on; `invokes` lists every data-source call with the provider it went to. Prints resources
+by type and the stack outputs. A bad configuration prints the error (every bad key) and exits with
+status 2.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ def read_stack_file(path: Path) -> tuple[str, dict[str, Any]]:
         raise stack_config.ConfigError([f"{path}: no such stack settings file"]) from None
     except yaml.YAMLError as exc:
         raise stack_config.ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+    if not isinstance(doc, dict):
+        raise stack_config.ConfigError([f"{path}: must have a top-level 'config:' mapping"])
     raw = doc.get("config")
     if not isinstance(raw, dict):
         raise stack_config.ConfigError([f"{path}: must have a top-level 'config:' mapping"])
@@ -105,9 +113,12 @@ def run_program(stack: str, raw: dict[str, Any]) -> dict[str, Any]:
     ctx = MockContext(region=cfg.region, project=cfg.project or "acme-ml")
 
     records: dict[str, dict[str, Any]] = {}
+    registrations: dict[str, dict[str, Any]] = {}
+    invokes: list[dict[str, Any]] = []
 
     class RecordingMonitor(runtime_mocks.MockMonitor):
-        """Keeps each resource's inputs and parent, which the stock mock monitor drops."""
+        """Keeps each resource's inputs, parent, provider, computed outputs and dependencies, and every
+        invoke with its provider, which the stock mock monitor drops."""
 
         def RegisterResource(self, request):  # noqa: N802 - gRPC method name
             response = super().RegisterResource(request)
@@ -122,7 +133,22 @@ def run_program(stack: str, raw: dict[str, Any]) -> dict[str, Any]:
                     "parent": request.parent or None,
                     "inputs": _plain(redact(inputs)),
                 }
+                state = self.resources[response.urn].state
+                registrations[response.urn] = {
+                    "provider": request.provider or None,
+                    "id": response.id or None,
+                    "outputs": _plain(redact({k: v for k, v in state.items() if k not in inputs})),
+                    "dependencies": sorted(set(request.dependencies)),
+                }
             return response
+
+        def Invoke(self, request):  # noqa: N802 - gRPC method name
+            from pulumi.runtime import rpc
+
+            if request.tok != "pulumi:pulumi:getResource":
+                invokes.append({"token": request.tok, "provider": request.provider or None,
+                                "args": _plain(redact(rpc.deserialize_properties(request.args)))})
+            return super().Invoke(request)
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -145,6 +171,8 @@ def run_program(stack: str, raw: dict[str, Any]) -> dict[str, Any]:
         "stack": stack,
         "resources": list(records.values()),
         "outputs": outputs,
+        "registrations": registrations,
+        "invokes": invokes,
     }
 
 

@@ -101,6 +101,9 @@ class Registry:
     server: pulumi.Output[str]  # registry host for docker login
     username: pulumi.Output[str]
     password: pulumi.Output[str]  # secret
+    # Where BuildKit keeps its layer cache (a repository whose tags may be overwritten, on the same
+    # server and credentials); None: no registry cache.
+    cache_repository: pulumi.Input[str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

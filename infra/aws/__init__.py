@@ -4,10 +4,11 @@ Usage (from infra/__main__.py):
     from infra.aws import build_platform
     platform = build_platform(cfg, naming.common_tags(cfg))
 
-Order: KMS keys -> network -> buckets -> registry -> EKS cluster (add-ons, system nodes, provider)
--> GPU managed node groups (reserved and EFA pools) -> Karpenter (elastic pools) -> AWS Load
-Balancer Controller -> workload identities -> (mlflow.database: managed) RDS PostgreSQL.
-See docs/aws.md.
+Every AWS resource and data source goes through one explicit provider in `gpu-train:region`
+(`aws_provider`), so nothing depends on the caller's AWS_REGION or profile. Order: service-linked roles
+-> KMS keys -> network -> buckets -> registry -> EKS cluster (add-ons, system nodes, provider) ->
+Karpenter (every GPU pool) -> AWS Load Balancer Controller -> workload identities -> (mlflow.database:
+managed) RDS PostgreSQL. See docs/aws.md.
 """
 
 from __future__ import annotations
@@ -21,20 +22,15 @@ from infra import naming
 from infra.aws.catalog import instance_spec
 from infra.aws.cluster import Cluster, ClusterArgs
 from infra.aws.database import Database, DatabaseArgs
-from infra.aws.gpu_nodes import (
-    NVME_HOST_PATH,
-    GpuNodeGroups,
-    GpuNodeGroupsArgs,
-    PoolInput,
-    fabric_for,
-    provisioner_for,
-)
+from infra.aws.deploy_runner import DeployRunner, DeployRunnerArgs
+from infra.aws.gpu_nodes import NVME_HOST_PATH
 from infra.aws.identities import WorkloadIdentities, WorkloadIdentitiesArgs, bindings
 from infra.aws.karpenter import Karpenter, KarpenterArgs
 from infra.aws.keys import Keys, KeysArgs
 from infra.aws.load_balancer import LoadBalancerController, LoadBalancerControllerArgs
 from infra.aws.network import Network, NetworkArgs
 from infra.aws.registry import ContainerRegistry, RegistryArgs
+from infra.aws.service_roles import AUTOSCALING, SPOT, ServiceLinkedRoles, ServiceLinkedRolesArgs
 from infra.aws.storage import Storage, StorageArgs
 from infra.config import StackConfig
 from infra.platform import Buckets, ClusterPlatform, EgressTarget, GpuPool, ManagedDatabase, StorageClassSpec
@@ -64,28 +60,41 @@ def storage_class_parameters(key_arn: pulumi.Input[str]) -> Mapping[str, pulumi.
     return {"type": "gp3", "encrypted": "true", "kmsKeyId": key_arn, "csi.storage.k8s.io/fstype": "ext4"}
 
 
+def aws_provider(region: str) -> aws.Provider:
+    """The one AWS provider of the program: the stack's region, whatever the caller's environment says."""
+    return aws.Provider("aws", region=region)
+
+
 def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
     if cfg.cloud != "aws":
         raise ValueError(f"infra.aws.build_platform needs gpu-train:cloud aws (got {cfg.cloud!r})")
-    account_id = aws.get_caller_identity().account_id
     region = cfg.region
+    provider = aws_provider(region)
+    # Components hand the provider down to their children (and invokes that name a parent).
+    on_aws = pulumi.ResourceOptions(providers=[provider])
+    account_id = aws.get_caller_identity(opts=pulumi.InvokeOptions(provider=provider)).account_id
     cluster_name = naming.prefix(cfg)
     karpenter_role = f"{cluster_name}-karpenter"
     ebs_csi_role = f"{cluster_name}-ebs-csi"
     managed_db = cfg.mlflow.enabled and cfg.mlflow.database == "managed"
-    role_arn = f"arn:aws:iam::{account_id}:role/{{}}".format
 
+    # EC2 Auto Scaling launches the system node group; EC2 Spot's role must exist for Karpenter's spot pools.
+    services = [AUTOSCALING] + ([SPOT] if any(p.capacity == "spot" for p in cfg.gpu_pools) else [])
+    service_roles = ServiceLinkedRoles("service-roles", ServiceLinkedRolesArgs(
+        account_id=account_id, services=services, tags=tags), opts=on_aws)
     keys = Keys("keys", KeysArgs(prefix=cluster_name, account_id=account_id, region=region,
-                                 ebs_user_role_arns=[role_arn(karpenter_role), role_arn(ebs_csi_role)],
-                                 optional=("rds",) if managed_db else (), tags=tags))
+                                 volume_service_roles=[service_roles.arns[AUTOSCALING]],
+                                 optional=("rds",) if managed_db else (), tags=tags), opts=on_aws)
     network = Network("network", NetworkArgs(
         cluster_name=cluster_name, region=region, account_id=account_id, zones=cfg.zones,
         vpc_cidr=cfg.network.vpc_cidr, pod_cidr=cfg.network.pod_cidr, nat=cfg.network.nat,
-        flow_logs=cfg.network.flow_logs, logs_key_arn=keys.arns["logs"], database_subnets=managed_db, tags=tags))
+        flow_logs=cfg.network.flow_logs, logs_key_arn=keys.arns["logs"], database_subnets=managed_db, tags=tags),
+        opts=on_aws)
     storage = Storage("storage", StorageArgs(prefix=cluster_name, account_id=account_id, region=region,
-                                             key_arn=keys.arns["s3"], force_destroy=not cfg.is_prod, tags=tags))
+                                             key_arn=keys.arns["s3"], force_destroy=not cfg.is_prod, tags=tags),
+                      opts=on_aws)
     registry = ContainerRegistry("registry", RegistryArgs(name=f"{cluster_name}-trainer", key_arn=keys.arns["ecr"],
-                                                          force_delete=not cfg.is_prod, tags=tags))
+                                                          force_delete=not cfg.is_prod, tags=tags), opts=on_aws)
     system_labels = {naming.SYSTEM_LABEL: "true"}
     cluster = Cluster("cluster", ClusterArgs(
         cluster_name=cluster_name, kubernetes_version=cfg.cluster.kubernetes_version, region=region,
@@ -96,39 +105,39 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
         ebs_key_arn=keys.arns["ebs"], logs_key_arn=keys.arns["logs"],
         system_node_type=cfg.cluster.system_node_type or "m6i.xlarge",
         system_nodes_min=cfg.cluster.system_nodes_min, system_nodes_max=cfg.cluster.system_nodes_max,
-        system_labels=system_labels, ebs_csi_role_name=ebs_csi_role, tags=tags))
+        system_labels=system_labels, ebs_csi_role_name=ebs_csi_role, tags=tags), opts=on_aws)
 
-    group_pools = [PoolInput(pool=p, spec=instance_spec(p.instance_type))
-                   for p in cfg.gpu_pools if provisioner_for(p) == "node-group"]
-    elastic = [(p, instance_spec(p.instance_type)) for p in cfg.gpu_pools if provisioner_for(p) == "karpenter"]
-    gpu = GpuNodeGroups("gpu", GpuNodeGroupsArgs(
-        cluster_name=cluster.cluster_name, endpoint=cluster.endpoint, ca_data=cluster.ca_data,
-        service_cidr=cfg.network.service_cidr, kubernetes_version=cfg.cluster.kubernetes_version,
-        vpc_id=network.vpc_id, subnets={z: s.id for z, s in network.private_subnets.items()},
-        node_security_group_id=cluster.cluster_security_group_id, node_role_arn=cluster.node_role.arn,
-        ebs_key_arn=keys.arns["ebs"], pools=group_pools, tags=tags),
-        opts=pulumi.ResourceOptions(depends_on=cluster.addons[:3]))
-    ready: list[pulumi.Resource] = [*cluster.ready, *gpu.node_groups]
-    if elastic:
-        karpenter = Karpenter("karpenter", KarpenterArgs(
-            cluster_name=cluster_name, cluster_arn=cluster.cluster_arn, endpoint=cluster.endpoint, region=region,
-            account_id=account_id, zones=cfg.zones, controller_role_name=karpenter_role,
-            sqs_key_arn=keys.arns["sqs"], ebs_key_arn=keys.arns["ebs"],
-            kubernetes_version=cfg.cluster.kubernetes_version, provider=cluster.provider,
-            system_selector=system_labels, pools=elastic, depends_on=cluster.ready, tags=tags),
-            opts=pulumi.ResourceOptions(depends_on=[cluster.cluster]))
-        ready += [karpenter.release, *karpenter.node_pools]
+    karpenter = Karpenter("karpenter", KarpenterArgs(
+        cluster_name=cluster_name, cluster_arn=cluster.cluster_arn, endpoint=cluster.endpoint, region=region,
+        account_id=account_id, vpc_id=network.vpc_id, zones=cfg.zones, controller_role_name=karpenter_role,
+        sqs_key_arn=keys.arns["sqs"], ebs_key_arn=keys.arns["ebs"],
+        kubernetes_version=cfg.cluster.kubernetes_version, provider=cluster.provider,
+        system_selector=system_labels, pools=[(p, instance_spec(p.instance_type)) for p in cfg.gpu_pools],
+        depends_on=cluster.ready, tags=tags),
+        opts=pulumi.ResourceOptions(providers=[provider], depends_on=[cluster.cluster, service_roles]))
+    ready: list[pulumi.Resource] = [*cluster.ready, karpenter.release, *karpenter.node_pools]
+
+    # gpu-train:deployRunner: a CodeBuild-hosted GitHub Actions runner in the VPC for the deploy
+    # workflow, which cannot reach the private API endpoint from GitHub's own runners.
+    runner = cfg.deploy_runner
+    if runner.kind == "codebuild":
+        DeployRunner("deploy-runner", DeployRunnerArgs(
+            project=f"{cluster_name}-deploy", region=region, account_id=account_id, vpc_id=network.vpc_id,
+            subnet_ids=network.private_subnet_ids, cluster_security_group_id=cluster.cluster_security_group_id,
+            logs_key_arn=keys.arns["logs"], repository=runner.repository, connection_arn=runner.connection_arn,
+            tags=tags), opts=on_aws)
 
     lb_controller = LoadBalancerController("lb-controller", LoadBalancerControllerArgs(
         cluster_name=cluster.cluster_name, region=region, account_id=account_id, vpc_id=network.vpc_id,
         role_name=f"{cluster_name}-lb-controller", provider=cluster.provider, system_selector=system_labels,
-        depends_on=cluster.ready, tags=tags))
+        depends_on=cluster.ready, tags=tags), opts=on_aws)
     ready.append(lb_controller.release)
 
     identities = WorkloadIdentities("identities", WorkloadIdentitiesArgs(
         cluster_name=cluster.cluster_name, role_prefix=cluster_name, account_id=account_id,
         bindings=bindings([t.name for t in cfg.teams], cache=cfg.cache.enabled, mlflow=cfg.mlflow.enabled),
-        resources={**storage.names, "s3_key": keys.arns["s3"]}, depends_on=cluster.addons[:1], tags=tags))
+        resources={**storage.names, "s3_key": keys.arns["s3"]}, depends_on=cluster.addons[:1], tags=tags),
+        opts=on_aws)
     ready += identities.associations
 
     mlflow_database: ManagedDatabase | None = None
@@ -137,18 +146,18 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
             identifier=f"{cluster_name}-mlflow", vpc_id=network.vpc_id,
             subnet_ids=[s.id for s in network.database_subnets.values()], subnet_cidrs=network.database_cidrs,
             client_cidrs=[cfg.network.vpc_cidr, cfg.network.pod_cidr], key_arn=keys.arns["rds"],
-            logs_key_arn=keys.arns["logs"], is_prod=cfg.is_prod, storage_gb=cfg.mlflow.storage_gb, tags=tags))
+            logs_key_arn=keys.arns["logs"], is_prod=cfg.is_prod, storage_gb=cfg.mlflow.storage_gb, tags=tags),
+            opts=on_aws)
         mlflow_database = database.contract
 
     pools = []
     for p in cfg.gpu_pools:
         spec = instance_spec(p.instance_type)
-        fabric = gpu.fabrics.get(p.name) or fabric_for(p, spec.network_cards)
         pools.append(GpuPool(
             name=p.name, instance_type=p.instance_type, capacity=p.capacity, gpu_type=spec.gpu_type,
             gpus_per_node=spec.gpus, min_nodes=p.min_nodes, max_nodes=p.max_nodes, zone=p.zone,
-            node_selector={naming.POOL_LABEL: p.name}, tolerations=gpu_tolerations(), fabric=fabric,
-            provisioner=provisioner_for(p)))
+            node_selector={naming.POOL_LABEL: p.name}, tolerations=gpu_tolerations(), fabric=karpenter.fabrics[p.name],
+            provisioner="karpenter"))
 
     return ClusterPlatform(
         cloud="aws", region=region, cluster_name=cluster.cluster_name,

@@ -109,7 +109,7 @@ class ClusterArgs:
     endpoint_public_access: bool  # public API endpoint on (limited to public_access_cidrs)
     public_access_cidrs: Sequence[str]  # allowed CIDRs for a public endpoint
     secrets_key_arn: pulumi.Input[str]  # KMS key for envelope encryption of Secrets
-    ebs_key_arn: pulumi.Input[str]  # KMS key for node root volumes
+    ebs_key_arn: pulumi.Input[str]  # KMS key for the system nodes' root volumes
     logs_key_arn: pulumi.Input[str]  # KMS key for the control-plane log group
     system_node_type: str  # instance type of the system node group
     system_nodes_min: int  # system node group bounds
@@ -131,6 +131,10 @@ class Cluster(pulumi.ComponentResource):
                             tags=tags, opts=child)
         for i, arn in enumerate(iam.CLUSTER_MANAGED_POLICIES):
             aws.iam.RolePolicyAttachment(f"{name}-control-plane-{i}", role=role.name, policy_arn=arn, opts=child)
+        # EKS encrypts Secrets with the cluster role's credentials; the managed policy grants no KMS.
+        encryption = aws.iam.RolePolicy(f"{name}-control-plane-kms", role=role.id,
+                                        policy=pulumi.Output.from_input(args.secrets_key_arn).apply(
+                                            lambda k: json.dumps(iam.cluster_encryption_policy(k))), opts=child)
 
         # EKS writes control-plane logs to this fixed name; creating it first lets us encrypt it.
         log_group = aws.cloudwatch.LogGroup(f"{name}-control-plane", name=f"/aws/eks/{args.cluster_name}/cluster",
@@ -153,7 +157,7 @@ class Cluster(pulumi.ComponentResource):
                                                           bootstrap_cluster_creator_admin_permissions=True),
             # Add-ons are managed below, pinned, instead of the unmanaged defaults.
             bootstrap_self_managed_addons=False,
-            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group]))
+            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group, encryption]))
         cluster = self.cluster
         self.cluster_name = cluster.name
         self.cluster_arn = cluster.arn
@@ -173,7 +177,7 @@ class Cluster(pulumi.ComponentResource):
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
                                      opts=child)
 
-        # Node role for managed node groups (system and reserved GPU pools); EKS creates its access entry.
+        # Node role of the system node group; EKS creates its access entry.
         self.node_role = aws.iam.Role(f"{name}-nodes", name=f"{args.cluster_name}-nodes",
                                       assume_role_policy=json.dumps(iam.service_trust("ec2.amazonaws.com")),
                                       tags=tags, opts=child)
@@ -217,6 +221,10 @@ class Cluster(pulumi.ComponentResource):
             tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=r, tags=tags)
                                 for r in ("instance", "volume", "network-interface")],
             tags=tags, opts=child)
+        # The one managed node group: Karpenter's controller, CoreDNS and the other controllers need
+        # nodes before Karpenter can launch any, so these cannot come from Karpenter itself. Its
+        # instances are launched by EC2 Auto Scaling's service-linked role, which the ebs key policy
+        # names (infra/aws/keys.py).
         self.system_nodes = aws.eks.NodeGroup(
             f"{name}-system", cluster_name=cluster.name, node_group_name="system", node_role_arn=self.node_role.arn,
             subnet_ids=list(args.subnet_ids), ami_type="AL2023_x86_64_STANDARD", capacity_type="ON_DEMAND",
@@ -249,7 +257,7 @@ class Cluster(pulumi.ComponentResource):
 
     def _default_version(self, addon: str, args: ClusterArgs) -> pulumi.Output[str]:
         return aws.eks.get_addon_version_output(addon_name=addon, kubernetes_version=args.kubernetes_version,
-                                                most_recent=False).version
+                                                most_recent=False, opts=pulumi.InvokeOutputOptions(parent=self)).version
 
     def _pod_role(self, res: str, args: ClusterArgs, managed: str, role_name: str) -> aws.iam.Role:
         role = aws.iam.Role(res, name=role_name, assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)),

@@ -104,80 +104,117 @@ def ebs_kms_policy(ebs_key_arn: str) -> dict:
 
 
 def karpenter_controller_policy(*, cluster_name: str, cluster_arn: str, region: str, account_id: str,
-                                node_role_arn: str, queue_arn: str, ebs_key_arn: str) -> dict:
-    """Karpenter v1 controller permissions, narrowed to this cluster's tags, region, queue and node role.
+                                node_role_arn: str, queue_arn: str, ebs_key_arn: str, sqs_key_arn: str) -> dict:
+    """Karpenter 1.14 controller permissions, narrowed to this cluster's tags, region, queue and node role.
 
-    Follows the statements of Karpenter's reference CloudFormation policy
-    (https://karpenter.sh/docs/reference/cloudformation/), restricted to one region and cluster.
+    Statement for statement the reference policy of Karpenter v1.14.1 (the CloudFormation template in
+    website/content/en/docs/getting-started/getting-started-with-karpenter/cloudformation.yaml,
+    https://karpenter.sh/docs/reference/cloudformation/): node lifecycle (including launch-template
+    use, capacity reservations and placement groups), instance profiles, EKS discovery, the
+    interruption queue and resource discovery. Narrowings: one region, ec2.amazonaws.com only for
+    PassRole, and no zonal-shift statement (settings.enableZonalShift stays off). Two statements the
+    reference lacks because this platform uses customer-managed keys where it uses AWS-managed ones:
+    EBS volumes encrypted with our key (EC2 calls KMS as the caller, via ec2) and the SSE-KMS
+    interruption queue (ReceiveMessage needs kms:Decrypt, via sqs).
     """
     ec2 = f"arn:aws:ec2:{region}"
-    owned = {f"aws:RequestTag/kubernetes.io/cluster/{cluster_name}": "owned",
-             "aws:RequestTag/eks:eks-cluster-name": cluster_name}
-    region_only = {"StringEquals": {"aws:RequestedRegion": region}}
+    cluster_tag = f"kubernetes.io/cluster/{cluster_name}"
+    owned_request = {f"aws:RequestTag/{cluster_tag}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster_name}
+    owned_resource = {f"aws:ResourceTag/{cluster_tag}": "owned"}
+    nodepool_request = {"aws:RequestTag/karpenter.sh/nodepool": "*"}
+    nodepool_resource = {"aws:ResourceTag/karpenter.sh/nodepool": "*"}
+    launched = [f"{ec2}:*:fleet/*", f"{ec2}:*:instance/*", f"{ec2}:*:volume/*", f"{ec2}:*:network-interface/*",
+                f"{ec2}:*:launch-template/*", f"{ec2}:*:spot-instances-request/*"]
+    profiles = f"arn:aws:iam::{account_id}:instance-profile/*"
+    profile_resource = {**owned_resource, "aws:ResourceTag/topology.kubernetes.io/region": region}
+    profile_request = {**owned_request, "aws:RequestTag/topology.kubernetes.io/region": region}
     return _doc(
         {"Sid": "LaunchFromSharedResources", "Effect": "Allow",
          "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
          "Resource": [f"{ec2}::image/*", f"{ec2}::snapshot/*", f"{ec2}:*:security-group/*", f"{ec2}:*:subnet/*",
                       f"{ec2}:*:capacity-reservation/*", f"{ec2}:*:placement-group/*"]},
+        {"Sid": "LaunchFromOwnedLaunchTemplates", "Effect": "Allow",
+         "Action": ["ec2:RunInstances", "ec2:CreateFleet"], "Resource": f"{ec2}:*:launch-template/*",
+         "Condition": {"StringEquals": owned_resource, "StringLike": nodepool_resource}},
         {"Sid": "LaunchTaggedResources", "Effect": "Allow",
-         "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
-         "Resource": [f"{ec2}:*:fleet/*", f"{ec2}:*:instance/*", f"{ec2}:*:volume/*",
-                      f"{ec2}:*:network-interface/*", f"{ec2}:*:launch-template/*",
-                      f"{ec2}:*:spot-instances-request/*"],
-         "Condition": {"StringEquals": owned, "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"}}},
-        {"Sid": "TagOnLaunch", "Effect": "Allow", "Action": "ec2:CreateTags",
-         "Resource": [f"{ec2}:*:fleet/*", f"{ec2}:*:instance/*", f"{ec2}:*:volume/*",
-                      f"{ec2}:*:network-interface/*", f"{ec2}:*:launch-template/*",
-                      f"{ec2}:*:spot-instances-request/*"],
-         "Condition": {"StringEquals": {**owned,
+         "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"], "Resource": launched,
+         "Condition": {"StringEquals": owned_request, "StringLike": nodepool_request}},
+        {"Sid": "TagOnLaunch", "Effect": "Allow", "Action": "ec2:CreateTags", "Resource": launched,
+         "Condition": {"StringEquals": {**owned_request,
                                         "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"]},
-                       "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"}}},
+                       "StringLike": nodepool_request}},
         {"Sid": "TagOwnedInstances", "Effect": "Allow", "Action": "ec2:CreateTags",
          "Resource": f"{ec2}:*:instance/*",
-         "Condition": {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned"},
-                       "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
+         "Condition": {"StringEquals": owned_resource, "StringLike": nodepool_resource,
+                       "StringEqualsIfExists": {"aws:RequestTag/eks:eks-cluster-name": cluster_name},
                        "ForAllValues:StringEquals": {"aws:TagKeys": ["eks:eks-cluster-name",
                                                                      "karpenter.sh/nodeclaim", "Name"]}}},
         {"Sid": "DeleteOwned", "Effect": "Allow", "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
          "Resource": [f"{ec2}:*:instance/*", f"{ec2}:*:launch-template/*"],
-         "Condition": {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned"},
-                       "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"}}},
+         "Condition": {"StringEquals": owned_resource, "StringLike": nodepool_resource}},
         {"Sid": "Describe", "Effect": "Allow",
-         "Action": ["ec2:DescribeAvailabilityZones", "ec2:DescribeImages", "ec2:DescribeInstances",
-                    "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
-                    "ec2:DescribeSecurityGroups", "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets",
-                    "ec2:DescribeCapacityReservations", "ec2:DescribePlacementGroups"],
-         "Resource": "*", "Condition": region_only},
+         "Action": ["ec2:DescribeCapacityReservations", "ec2:DescribeImages", "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceStatus", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
+                    "ec2:DescribeLaunchTemplates", "ec2:DescribePlacementGroups", "ec2:DescribeSecurityGroups",
+                    "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets"],
+         "Resource": "*", "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
+        # Public SSM parameters have an empty account field: arn:aws:ssm:<region>::parameter/aws/service/...
         {"Sid": "AmiParameters", "Effect": "Allow", "Action": "ssm:GetParameter",
          "Resource": f"arn:aws:ssm:{region}::parameter/aws/service/*"},
         {"Sid": "Pricing", "Effect": "Allow", "Action": "pricing:GetProducts", "Resource": "*"},
         {"Sid": "InterruptionQueue", "Effect": "Allow",
          "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"], "Resource": queue_arn},
+        {"Sid": "InterruptionQueueKey", "Effect": "Allow", "Action": "kms:Decrypt", "Resource": sqs_key_arn,
+         "Condition": {"StringEquals": {"kms:ViaService": f"sqs.{region}.amazonaws.com"}}},
         {"Sid": "PassNodeRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": node_role_arn,
          "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
-        {"Sid": "ManageOwnedInstanceProfiles", "Effect": "Allow",
-         "Action": ["iam:CreateInstanceProfile", "iam:TagInstanceProfile", "iam:AddRoleToInstanceProfile",
-                    "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"],
-         "Resource": f"arn:aws:iam::{account_id}:instance-profile/*",
-         "Condition": {"StringEquals": {f"aws:ResourceTag/kubernetes.io/cluster/{cluster_name}": "owned",
-                                        "aws:ResourceTag/topology.kubernetes.io/region": region},
-                       "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"}}},
-        {"Sid": "CreateInstanceProfiles", "Effect": "Allow",
-         "Action": ["iam:CreateInstanceProfile", "iam:TagInstanceProfile"],
-         "Resource": f"arn:aws:iam::{account_id}:instance-profile/*",
-         "Condition": {"StringEquals": {f"aws:RequestTag/kubernetes.io/cluster/{cluster_name}": "owned",
-                                        "aws:RequestTag/eks:eks-cluster-name": cluster_name,
-                                        "aws:RequestTag/topology.kubernetes.io/region": region},
+        {"Sid": "CreateInstanceProfiles", "Effect": "Allow", "Action": "iam:CreateInstanceProfile",
+         "Resource": profiles,
+         "Condition": {"StringEquals": profile_request,
                        "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"}}},
-        {"Sid": "ReadInstanceProfiles", "Effect": "Allow",
-         "Action": ["iam:GetInstanceProfile", "iam:ListInstanceProfiles"], "Resource": "*"},
+        {"Sid": "TagInstanceProfiles", "Effect": "Allow", "Action": "iam:TagInstanceProfile", "Resource": profiles,
+         "Condition": {"StringEquals": {**profile_resource, **profile_request},
+                       "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*",
+                                      "aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"}}},
+        {"Sid": "ManageOwnedInstanceProfiles", "Effect": "Allow",
+         "Action": ["iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile",
+                    "iam:DeleteInstanceProfile"],
+         "Resource": profiles,
+         "Condition": {"StringEquals": profile_resource,
+                       "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"}}},
+        {"Sid": "ListInstanceProfiles", "Effect": "Allow", "Action": "iam:ListInstanceProfiles", "Resource": "*"},
+        {"Sid": "ReadInstanceProfiles", "Effect": "Allow", "Action": "iam:GetInstanceProfile",
+         "Resource": profiles},
         {"Sid": "DescribeCluster", "Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": cluster_arn},
-        # RunInstances with volumes encrypted by our key: EC2 creates grants as the caller.
-        {"Sid": "EbsKey", "Effect": "Allow",
-         "Action": ["kms:CreateGrant", "kms:Decrypt", "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey",
-                    "kms:ReEncrypt*"],
-         "Resource": ebs_key_arn, "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}}},
+        # RunInstances / CreateFleet with volumes encrypted by our key: EC2 calls KMS with the caller's
+        # credentials (kms:ViaService ec2), and creates a grant for the volume (kms:GrantIsForAWSResource
+        # applies to the grant operations only, so it sits on CreateGrant alone).
+        # https://docs.aws.amazon.com/ebs/latest/userguide/ebs-encryption-requirements.html
+        *ebs_key_use_statements("EbsKey", ebs_key_arn, region),
     )
+
+
+def ebs_key_use_statements(sid: str, ebs_key_arn: str, region: str) -> list[dict]:
+    """What a principal that creates encrypted EBS volumes (RunInstances, CreateVolume) needs on the key."""
+    via_ec2 = {"kms:ViaService": f"ec2.{region}.amazonaws.com"}
+    return [
+        {"Sid": f"{sid}Use", "Effect": "Allow",
+         "Action": ["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKeyWithoutPlaintext", "kms:ReEncrypt*"],
+         "Resource": ebs_key_arn, "Condition": {"StringEquals": via_ec2}},
+        {"Sid": f"{sid}Grants", "Effect": "Allow", "Action": "kms:CreateGrant", "Resource": ebs_key_arn,
+         "Condition": {"StringEquals": via_ec2, "Bool": {"kms:GrantIsForAWSResource": "true"}}},
+    ]
+
+
+def cluster_encryption_policy(secrets_key_arn: str) -> dict:
+    """The EKS cluster role's use of the Secrets key: AmazonEKSClusterPolicy grants no KMS on customer keys.
+
+    The same four actions the terraform-aws-eks module attaches to its cluster role for secrets encryption
+    (https://github.com/terraform-aws-modules/terraform-aws-eks/blob/master/main.tf, `cluster_encryption`).
+    """
+    return _doc({"Sid": "SecretsEncryption", "Effect": "Allow",
+                 "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ListGrants", "kms:DescribeKey"],
+                 "Resource": secrets_key_arn})
 
 
 LB_CONTROLLER_TAG = "elbv2.k8s.aws/cluster"  # the controller tags what it creates with this key
@@ -188,25 +225,30 @@ def load_balancer_controller_policy(*, region: str, account_id: str) -> dict:
 
     Statement for statement the controller's own `docs/install/iam_policy.json` (v2.13,
     https://github.com/kubernetes-sigs/aws-load-balancer-controller/blob/main/docs/install/iam_policy.json),
-    with two narrowings: ARNs are limited to this account and region, and the Cognito, WAF and
-    Shield actions are left out because the Helm values turn those features off (this platform
-    makes internal NLBs only). Mutations stay keyed on the controller's ownership tag.
+    with these narrowings: ARNs are limited to this account and region; where the published policy
+    says "*" for an action that supports resource-level permissions, the resource is the ARN type
+    the Service Authorization Reference lists for it (the IAM lint checks each against its
+    catalogue); and the Cognito, WAF, Shield, Outposts customer-owned IP and IPAM pool actions are
+    left out, because the Helm values turn those features off and this platform makes internal
+    NLBs only (no ALB Ingress). Mutations stay keyed on the controller's ownership tag.
     """
     elb = f"arn:aws:elasticloadbalancing:{region}:{account_id}"
     sg = f"arn:aws:ec2:{region}:{account_id}:security-group/*"
     tagged_request = {f"aws:RequestTag/{LB_CONTROLLER_TAG}": "false"}
     owned_resource = {f"aws:ResourceTag/{LB_CONTROLLER_TAG}": "false"}
     balancers = [f"{elb}:targetgroup/*/*", f"{elb}:loadbalancer/net/*/*", f"{elb}:loadbalancer/app/*/*"]
+    listeners = [f"{elb}:listener/net/*/*/*", f"{elb}:listener/app/*/*/*"]
+    rules = [f"{elb}:listener-rule/net/*/*/*", f"{elb}:listener-rule/app/*/*/*"]
     return _doc(
         {"Sid": "ElbServiceLinkedRole", "Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
-         "Resource": "*",
+         "Resource": f"arn:aws:iam::{account_id}:role/aws-service-role/elasticloadbalancing.amazonaws.com/"
+                     "AWSServiceRoleForElasticLoadBalancing",
          "Condition": {"StringEquals": {"iam:AWSServiceName": "elasticloadbalancing.amazonaws.com"}}},
         {"Sid": "Describe", "Effect": "Allow",
          "Action": ["ec2:DescribeAccountAttributes", "ec2:DescribeAddresses", "ec2:DescribeAvailabilityZones",
                     "ec2:DescribeInternetGateways", "ec2:DescribeVpcs", "ec2:DescribeVpcPeeringConnections",
                     "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups", "ec2:DescribeInstances",
-                    "ec2:DescribeNetworkInterfaces", "ec2:DescribeTags", "ec2:GetCoipPoolUsage",
-                    "ec2:DescribeCoipPools", "ec2:GetSecurityGroupsForVpc", "ec2:DescribeIpamPools",
+                    "ec2:DescribeNetworkInterfaces", "ec2:DescribeTags", "ec2:DescribeIpamPools",
                     "ec2:DescribeRouteTables",
                     "elasticloadbalancing:DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancerAttributes",
                     "elasticloadbalancing:DescribeListeners", "elasticloadbalancing:DescribeListenerCertificates",
@@ -217,11 +259,14 @@ def load_balancer_controller_policy(*, region: str, account_id: str) -> dict:
                     "elasticloadbalancing:DescribeTrustStores", "elasticloadbalancing:DescribeListenerAttributes",
                     "elasticloadbalancing:DescribeCapacityReservation"],
          "Resource": "*"},
+        {"Sid": "SecurityGroupsForVpc", "Effect": "Allow", "Action": "ec2:GetSecurityGroupsForVpc",
+         "Resource": f"arn:aws:ec2:{region}:{account_id}:vpc/*"},
         # TLS listeners look certificates up in ACM / IAM (read only).
-        {"Sid": "Certificates", "Effect": "Allow",
-         "Action": ["acm:ListCertificates", "acm:DescribeCertificate", "iam:ListServerCertificates",
-                    "iam:GetServerCertificate"],
+        {"Sid": "ListCertificates", "Effect": "Allow", "Action": ["acm:ListCertificates", "iam:ListServerCertificates"],
          "Resource": "*"},
+        {"Sid": "ReadCertificates", "Effect": "Allow", "Action": ["acm:DescribeCertificate", "iam:GetServerCertificate"],
+         "Resource": [f"arn:aws:acm:{region}:{account_id}:certificate/*",
+                      f"arn:aws:iam::{account_id}:server-certificate/*"]},
         {"Sid": "SecurityGroupIngress", "Effect": "Allow",
          "Action": ["ec2:AuthorizeSecurityGroupIngress", "ec2:RevokeSecurityGroupIngress"], "Resource": sg},
         {"Sid": "CreateSecurityGroup", "Effect": "Allow", "Action": "ec2:CreateSecurityGroup",
@@ -237,26 +282,25 @@ def load_balancer_controller_policy(*, region: str, account_id: str) -> dict:
          "Resource": sg, "Condition": {"Null": owned_resource}},
         {"Sid": "CreateTaggedBalancers", "Effect": "Allow",
          "Action": ["elasticloadbalancing:CreateLoadBalancer", "elasticloadbalancing:CreateTargetGroup"],
-         "Resource": "*", "Condition": {"Null": tagged_request}},
+         "Resource": balancers, "Condition": {"Null": tagged_request}},
         {"Sid": "Listeners", "Effect": "Allow",
          "Action": ["elasticloadbalancing:CreateListener", "elasticloadbalancing:DeleteListener",
                     "elasticloadbalancing:CreateRule", "elasticloadbalancing:DeleteRule"],
-         "Resource": "*"},
+         "Resource": [f"{elb}:loadbalancer/net/*/*", f"{elb}:loadbalancer/app/*/*", *listeners, *rules]},
         {"Sid": "RetagOwnedBalancers", "Effect": "Allow",
          "Action": ["elasticloadbalancing:AddTags", "elasticloadbalancing:RemoveTags"], "Resource": balancers,
          "Condition": {"Null": {f"aws:RequestTag/{LB_CONTROLLER_TAG}": "true", **owned_resource}}},
         {"Sid": "TagListeners", "Effect": "Allow",
          "Action": ["elasticloadbalancing:AddTags", "elasticloadbalancing:RemoveTags"],
-         "Resource": [f"{elb}:listener/net/*/*/*", f"{elb}:listener/app/*/*/*",
-                      f"{elb}:listener-rule/net/*/*/*", f"{elb}:listener-rule/app/*/*/*"]},
+         "Resource": [*listeners, *rules]},
         {"Sid": "ModifyOwnedBalancers", "Effect": "Allow",
          "Action": ["elasticloadbalancing:ModifyLoadBalancerAttributes", "elasticloadbalancing:SetIpAddressType",
                     "elasticloadbalancing:SetSecurityGroups", "elasticloadbalancing:SetSubnets",
                     "elasticloadbalancing:DeleteLoadBalancer", "elasticloadbalancing:ModifyTargetGroup",
                     "elasticloadbalancing:ModifyTargetGroupAttributes", "elasticloadbalancing:DeleteTargetGroup",
                     "elasticloadbalancing:ModifyListenerAttributes",
-                    "elasticloadbalancing:ModifyCapacityReservation", "elasticloadbalancing:ModifyIpPools"],
-         "Resource": "*", "Condition": {"Null": owned_resource}},
+                    "elasticloadbalancing:ModifyCapacityReservation"],
+         "Resource": [*balancers, *listeners], "Condition": {"Null": owned_resource}},
         {"Sid": "TagOnCreate", "Effect": "Allow", "Action": "elasticloadbalancing:AddTags", "Resource": balancers,
          "Condition": {"StringEquals": {"elasticloadbalancing:CreateAction": ["CreateTargetGroup",
                                                                                "CreateLoadBalancer"]},
@@ -268,7 +312,40 @@ def load_balancer_controller_policy(*, region: str, account_id: str) -> dict:
          "Action": ["elasticloadbalancing:ModifyListener", "elasticloadbalancing:AddListenerCertificates",
                     "elasticloadbalancing:RemoveListenerCertificates", "elasticloadbalancing:ModifyRule",
                     "elasticloadbalancing:SetRulePriorities"],
+         "Resource": [*listeners, *rules]},
+    )
+
+
+def codebuild_runner_policy(*, region: str, account_id: str, log_group_arn: str, subnet_ids: Sequence[str],
+                            connection_arn: str) -> dict:
+    """The CodeBuild deploy runner's own role: network interfaces in its subnets, its log group, and the
+    GitHub connection. Nothing else: deploy jobs assume the deploy role through GitHub's OIDC token.
+
+    https://docs.aws.amazon.com/codebuild/latest/userguide/auth-and-access-control-iam-identity-based-access-control.html#customer-managed-policies-example-create-vpc-network-interface
+    https://docs.aws.amazon.com/codebuild/latest/userguide/connections-github-app.html
+    """
+    service = connection_arn.split(":")[2] if connection_arn.count(":") >= 5 else ""
+    if service not in ("codeconnections", "codestar-connections"):
+        raise ValueError(f"gpu-train:deployRunner.connectionArn must be a CodeConnections connection ARN "
+                         f"(got {connection_arn!r})")
+    ec2 = f"arn:aws:ec2:{region}:{account_id}"
+    return _doc(
+        {"Sid": "DescribeNetwork", "Effect": "Allow",
+         "Action": ["ec2:DescribeDhcpOptions", "ec2:DescribeNetworkInterfaces", "ec2:DescribeSubnets",
+                    "ec2:DescribeSecurityGroups", "ec2:DescribeVpcs"],
          "Resource": "*"},
+        {"Sid": "NetworkInterfaces", "Effect": "Allow",
+         "Action": ["ec2:CreateNetworkInterface", "ec2:DeleteNetworkInterface"],
+         "Resource": [f"{ec2}:network-interface/*", f"{ec2}:subnet/*", f"{ec2}:security-group/*"]},
+        {"Sid": "AttachInOwnSubnets", "Effect": "Allow", "Action": "ec2:CreateNetworkInterfacePermission",
+         "Resource": f"{ec2}:network-interface/*",
+         "Condition": {"ArnEquals": {"ec2:Subnet": [f"{ec2}:subnet/{s}" for s in subnet_ids]},
+                       "StringEquals": {"ec2:AuthorizedService": "codebuild.amazonaws.com"}}},
+        {"Sid": "BuildLogs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+         "Resource": [log_group_arn, f"{log_group_arn}:*"]},
+        {"Sid": "GitHubConnection", "Effect": "Allow",
+         "Action": [f"{service}:GetConnection", f"{service}:GetConnectionToken", f"{service}:UseConnection"],
+         "Resource": connection_arn},
     )
 
 

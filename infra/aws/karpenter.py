@@ -1,14 +1,32 @@
-"""Karpenter for elastic (spot / on-demand, non-fabric) GPU pools, with its interruption queue.
+"""Karpenter provisions every GPU pool: an EC2NodeClass and its NodePools per pool, and the interruption queue.
 
 Usage:
-    karp = Karpenter("karpenter", KarpenterArgs(...))   # Helm release + EC2NodeClass/NodePool per pool
-    node_class_spec(...), node_pool_spec(...)            # pure: the custom resources' specs
+    karp = Karpenter("karpenter", KarpenterArgs(...))      # CRDs, controller, queue, IAM, classes and pools
+    karp.fabrics["h100"]                                    # the pool's Fabric for the contract
+    node_class_spec(...), node_pools(...), helm_values(...) # pure: the custom resources and chart values
 
-Karpenter launches nodes only when pending pods need them and removes them when empty, so these
-pools cost nothing while idle. EventBridge forwards spot interruption warnings, rebalance
-recommendations, instance state changes, AWS Health events and capacity-reservation interruptions
-to an SQS queue (encrypted with the SQS key) that Karpenter drains so it can cordon and replace
-nodes before they go away. https://karpenter.sh/docs/concepts/disruption/#interruption
+Karpenter launches nodes only when pending pods need them and removes them when empty, so pools cost
+nothing while idle. Since v1.11 an EC2NodeClass can declare the network interfaces of its nodes
+(`networkInterfaces`), select a placement group (`placementGroupSelector`) and launch into capacity
+reservations and capacity blocks (`capacityReservationSelectorTerms` with capacity type `reserved`), so
+EFA pools and reserved capacity need no managed node group any more:
+
+- fabric pools: one EFA device per network card (`gpu_nodes.efa_interfaces`), the EFA security group
+  next to the cluster's, and, on spot / on-demand capacity, a cluster placement group created here;
+- reservation and capacity-block pools: the reservation by id, capacity type `reserved` (a capacity
+  block is a reservation to EC2 and to Karpenter, https://karpenter.sh/docs/tasks/odcrs/); the
+  reservation fixes where its instances land, so no placement group is added;
+- `minNodes` > 0: a static NodePool (`spec.replicas` = minNodes, Karpenter's StaticCapacity feature,
+  alpha in 1.14 and turned on here only when a pool needs it) keeps that many nodes up; a dynamic
+  NodePool with the same labels adds up to maxNodes - minNodes on demand. Both use the pool's
+  EC2NodeClass; the job selects them by the pool label, so it does not see the split.
+
+EventBridge forwards spot interruption warnings, rebalance recommendations, instance state changes,
+AWS Health events and capacity-reservation interruptions to an SQS queue (encrypted with the sqs key)
+that Karpenter drains so it can cordon and replace nodes before they go away
+(https://karpenter.sh/docs/concepts/disruption/#interruption). The CRDs come from the separate
+`karpenter-crd` chart, because Helm installs a chart's own crds/ only once and never upgrades them
+(https://karpenter.sh/docs/upgrading/upgrade-guide/#crd-upgrades).
 """
 
 from __future__ import annotations
@@ -24,15 +42,30 @@ import pulumi_kubernetes as k8s
 from infra import naming
 from infra.aws import iam
 from infra.aws.catalog import InstanceSpec
-from infra.aws.gpu_nodes import GPU_ROOT_GB, node_labels, nvidia_ami_parameter
+from infra.aws.gpu_nodes import (
+    GPU_ROOT_GB,
+    Interface,
+    efa_interfaces,
+    efa_security_group_rules,
+    fabric_for,
+    network_cards,
+    node_labels,
+    nvidia_ami_parameter,
+)
 from infra.config import GpuPoolConfig
+from infra.platform import Fabric
 
 CHART = "oci://public.ecr.aws/karpenter/karpenter"
-CHART_VERSION = "1.8.1"
+CRD_CHART = "oci://public.ecr.aws/karpenter/karpenter-crd"
+CHART_VERSION = "1.14.1"  # the controller, the CRDs and iam.karpenter_controller_policy follow this release
 CONSOLIDATE_AFTER = "5m"
 EXPIRE_AFTER = "720h"  # replace nodes monthly (AMI and kernel updates)
+# The pool's capacity setting -> Karpenter's karpenter.sh/capacity-type.
+CAPACITY_TYPES = {"spot": "spot", "on-demand": "on-demand", "reservation": "reserved", "capacity-block": "reserved"}
+# Tag that marks the cluster's EFA security group, by which fabric EC2NodeClasses select it.
+EFA_GROUP_TAG = "gpu-train.io/efa"
 
-# EventBridge patterns Karpenter handles (https://karpenter.sh/docs/reference/cloudformation/).
+# EventBridge patterns Karpenter handles (the rules of its v1.14.1 reference CloudFormation template).
 EVENT_PATTERNS = {
     "spot-interruption": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
     "rebalance": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
@@ -54,10 +87,17 @@ def queue_policy(queue_arn: str) -> dict:
     ]}
 
 
-def helm_values(*, cluster_name: str, endpoint: str, queue_name: str, system_selector: Mapping[str, str]) -> dict:
+def helm_values(*, cluster_name: str, endpoint: str, queue_name: str, system_selector: Mapping[str, str],
+                static_capacity: bool) -> dict:
     """Chart values: Pod Identity (no IRSA annotation), HA controller on the system nodes."""
     return {
-        "settings": {"clusterName": cluster_name, "clusterEndpoint": endpoint, "interruptionQueue": queue_name},
+        "settings": {
+            "clusterName": cluster_name, "clusterEndpoint": endpoint, "interruptionQueue": queue_name,
+            # VPC CNI custom networking keeps the primary ENI for the node only, so max-pods must not
+            # count it (https://karpenter.sh/docs/concepts/nodeclasses/, pod density).
+            "reservedENIs": "1",
+            "featureGates": {"reservedCapacity": True, "staticCapacity": static_capacity},
+        },
         "serviceAccount": {"create": True, "name": naming.KARPENTER_SERVICE_ACCOUNT},
         "replicas": 2,
         "nodeSelector": dict(system_selector),
@@ -67,16 +107,30 @@ def helm_values(*, cluster_name: str, endpoint: str, queue_name: str, system_sel
     }
 
 
+def placement_group_name(cluster_name: str, pool: GpuPoolConfig) -> str:
+    return f"{cluster_name}-{pool.name}"
+
+
+def wants_placement_group(pool: GpuPoolConfig) -> bool:
+    """Fabric pools on spot / on-demand capacity get a cluster placement group; a reservation already
+    decides where its instances land (and launching it into another group would fail)."""
+    return pool.fabric and pool.placement_group and pool.capacity in ("spot", "on-demand")
+
+
 def node_class_spec(*, cluster_name: str, node_role_name: str, ami_id: str, ebs_key_arn: str,
-                    tags: Mapping[str, str]) -> dict:
-    """EC2NodeClass (karpenter.k8s.aws/v1) spec: NVIDIA AL2023 AMI, encrypted root, IMDSv2, NVMe RAID0."""
+                    tags: Mapping[str, str], interfaces: Sequence[Interface] = (), efa_group: bool = False,
+                    placement_group: str = "", reservation_id: str = "") -> dict:
+    """EC2NodeClass (karpenter.k8s.aws/v1) spec: NVIDIA AL2023 AMI, encrypted root, IMDSv2, NVMe RAID0,
+    and for fabric pools the EFA interfaces, the EFA security group and the placement group."""
     discovery = {"tags": {"karpenter.sh/discovery": cluster_name}}
-    return {
+    spec: dict = {
         "role": node_role_name,
         "amiFamily": "AL2023",
         "amiSelectorTerms": [{"id": ami_id}],
         "subnetSelectorTerms": [discovery],
-        "securityGroupSelectorTerms": [discovery],
+        # Terms are ORed: the cluster security group (by its discovery tag), and for fabric pools the
+        # EFA group (by its own tag).
+        "securityGroupSelectorTerms": [discovery] + ([{"tags": {EFA_GROUP_TAG: cluster_name}}] if efa_group else []),
         "associatePublicIPAddress": False,
         # Hop limit 1: pods cannot reach the node role's credentials; Pod Identity serves theirs.
         "metadataOptions": {"httpEndpoint": "enabled", "httpProtocolIPv6": "disabled",
@@ -88,34 +142,68 @@ def node_class_spec(*, cluster_name: str, node_role_name: str, ami_id: str, ebs_
         "instanceStorePolicy": "RAID0",
         "tags": dict(tags),
     }
+    if interfaces:
+        spec["networkInterfaces"] = [{"networkCardIndex": i.network_card_index, "deviceIndex": i.device_index,
+                                      "interfaceType": i.interface_type} for i in interfaces]
+    if placement_group:
+        spec["placementGroupSelector"] = {"name": placement_group}
+    if reservation_id:
+        spec["capacityReservationSelectorTerms"] = [{"id": reservation_id}]
+    return spec
 
 
-def node_pool_spec(pool: GpuPoolConfig, spec: InstanceSpec, *, node_class: str, zones: Sequence[str]) -> dict:
-    """NodePool (karpenter.sh/v1) spec for one elastic pool: scale 0..maxNodes, empty nodes removed."""
-    if pool.capacity not in ("spot", "on-demand"):
-        raise ValueError(f"pool {pool.name!r}: capacity {pool.capacity!r} is served by a managed node group")
+def _template(pool: GpuPoolConfig, spec: InstanceSpec, node_class: str, zones: Sequence[str]) -> dict:
     taint = naming.GPU_TAINT
     return {
-        "template": {
-            "metadata": {"labels": node_labels(pool, spec)},
-            "spec": {
-                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": node_class},
-                "requirements": [
-                    {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [pool.capacity]},
-                    {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [pool.instance_type]},
-                    {"key": "topology.kubernetes.io/zone", "operator": "In",
-                     "values": [pool.zone] if pool.zone else list(zones)},
-                ],
-                "taints": [{"key": taint["key"], "value": taint["value"], "effect": taint["effect"]}],
-                "expireAfter": EXPIRE_AFTER,
-            },
+        "metadata": {"labels": node_labels(pool, spec)},
+        "spec": {
+            "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": node_class},
+            "requirements": [
+                {"key": "karpenter.sh/capacity-type", "operator": "In", "values": [CAPACITY_TYPES[pool.capacity]]},
+                {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [pool.instance_type]},
+                {"key": "topology.kubernetes.io/zone", "operator": "In",
+                 "values": [pool.zone] if pool.zone else list(zones)},
+            ],
+            "taints": [{"key": taint["key"], "value": taint["value"], "effect": taint["effect"]}],
+            "expireAfter": EXPIRE_AFTER,
         },
-        # The GPU limit caps the pool at maxNodes instances.
-        "limits": {"nvidia.com/gpu": str(pool.max_nodes * spec.gpus)},
-        # Only empty nodes are removed: a running training job is never consolidated away (jobs also
-        # carry karpenter.sh/do-not-disrupt).
-        "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": CONSOLIDATE_AFTER},
     }
+
+
+def node_pools(pool: GpuPoolConfig, spec: InstanceSpec, *, node_class: str, zones: Sequence[str]) -> dict[str, dict]:
+    """NodePool (karpenter.sh/v1) specs for one pool, by NodePool name (pure).
+
+    `<pool>`: dynamic, 0..(maxNodes - minNodes) nodes, bounded by an nvidia.com/gpu limit, empty nodes
+    removed after CONSOLIDATE_AFTER. `<pool>-static` (only when minNodes > 0): a static NodePool that
+    keeps exactly minNodes nodes (limits.nodes, the only limit a static NodePool takes, stops a drift
+    replacement from overshooting).
+    """
+    if pool.capacity not in CAPACITY_TYPES:
+        raise ValueError(f"pool {pool.name!r}: capacity {pool.capacity!r} has no Karpenter capacity type")
+    if pool.min_nodes < 0 or pool.max_nodes < max(pool.min_nodes, 1):
+        raise ValueError(f"pool {pool.name!r}: needs 0 <= minNodes <= maxNodes and maxNodes >= 1 "
+                         f"(got {pool.min_nodes}..{pool.max_nodes})")
+    template = _template(pool, spec, node_class, zones)
+    out: dict[str, dict] = {}
+    if pool.min_nodes > 0:
+        out[f"{pool.name}-static"] = {
+            "replicas": pool.min_nodes,
+            "template": template,
+            "limits": {"nodes": str(pool.min_nodes)},
+            # Consolidation does not apply to static NodePools; the field is required, so it says so.
+            "disruption": {"consolidateAfter": "Never"},
+        }
+    dynamic = pool.max_nodes - pool.min_nodes
+    if dynamic > 0:
+        out[pool.name] = {
+            "template": template,
+            # The GPU limit caps this NodePool at its share of maxNodes instances.
+            "limits": {"nvidia.com/gpu": str(dynamic * spec.gpus)},
+            # Only empty nodes are removed: a running training job is never consolidated away (jobs
+            # also carry karpenter.sh/do-not-disrupt).
+            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": CONSOLIDATE_AFTER},
+        }
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,14 +213,15 @@ class KarpenterArgs:
     endpoint: pulumi.Input[str]  # API server URL
     region: str  # region scoping of the controller policy
     account_id: str  # for ARNs and trust
+    vpc_id: pulumi.Input[str]  # for the EFA security group
     zones: Sequence[str]  # default zones for pools without one
-    controller_role_name: str  # IAM role name (also listed in the EBS key policy)
+    controller_role_name: str  # IAM role name of the controller
     sqs_key_arn: pulumi.Input[str]  # interruption queue encryption
     ebs_key_arn: pulumi.Input[str]  # node volume encryption
     kubernetes_version: str  # selects the NVIDIA AMI
     provider: k8s.Provider  # the cluster's Kubernetes provider
     system_selector: Mapping[str, str]  # where the controller runs
-    pools: Sequence[tuple[GpuPoolConfig, InstanceSpec]]  # pools with provisioner "karpenter"
+    pools: Sequence[tuple[GpuPoolConfig, InstanceSpec]]  # every GPU pool of the stack
     depends_on: Sequence[pulumi.Resource]  # add-ons and system nodes that must exist first
     tags: Mapping[str, str]  # common tags
 
@@ -167,38 +256,77 @@ class Karpenter(pulumi.ComponentResource):
                                   assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)), tags=tags,
                                   opts=child)
         aws.iam.RolePolicy(f"{name}-controller", role=controller.id, policy=pulumi.Output.all(
-            args.cluster_arn, node_role.arn, queue.arn, args.ebs_key_arn).apply(
+            args.cluster_arn, node_role.arn, queue.arn, args.ebs_key_arn, args.sqs_key_arn).apply(
             lambda a: json.dumps(iam.karpenter_controller_policy(
                 cluster_name=args.cluster_name, cluster_arn=a[0], region=args.region, account_id=args.account_id,
-                node_role_arn=a[1], queue_arn=a[2], ebs_key_arn=a[3]))), opts=child)
+                node_role_arn=a[1], queue_arn=a[2], ebs_key_arn=a[3], sqs_key_arn=a[4]))), opts=child)
         association = aws.eks.PodIdentityAssociation(
             f"{name}-controller", cluster_name=args.cluster_name, namespace=naming.KARPENTER_NAMESPACE,
             service_account=naming.KARPENTER_SERVICE_ACCOUNT, role_arn=controller.arn, tags=tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
 
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider,
-                                          depends_on=[*args.depends_on, association, entry])
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.depends_on))
+        self.crds = k8s.helm.v3.Release(
+            f"{name}-crd", name="karpenter-crd", chart=CRD_CHART, version=CHART_VERSION,
+            namespace=naming.KARPENTER_NAMESPACE, atomic=True, timeout=300, opts=k8s_opts)
+        static = any(p.min_nodes > 0 for p, _ in args.pools)
         values = pulumi.Output.all(args.endpoint, queue.name).apply(lambda a: helm_values(
-            cluster_name=args.cluster_name, endpoint=a[0], queue_name=a[1], system_selector=args.system_selector))
+            cluster_name=args.cluster_name, endpoint=a[0], queue_name=a[1], system_selector=args.system_selector,
+            static_capacity=static))
         self.release = k8s.helm.v3.Release(
             name, name="karpenter", chart=CHART, version=CHART_VERSION, namespace=naming.KARPENTER_NAMESPACE,
-            # An OCI chart: the registry is in `chart`, so there is no repository to configure.
-            values=values, atomic=True,
-            timeout=600, opts=k8s_opts)
+            # An OCI chart: the registry is in `chart`, so there is no repository to configure. The CRDs
+            # belong to the karpenter-crd release above.
+            values=values, skip_crds=True, atomic=True, timeout=600,
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
+                                        depends_on=[*args.depends_on, association, entry, self.crds]))
 
-        ami = aws.ssm.get_parameter(name=nvidia_ami_parameter(args.kubernetes_version)).value
-        cr_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.release])
-        self.node_pools = []
+        self.efa_security_group = None
+        if any(p.fabric for p, _ in args.pools):
+            sg = aws.ec2.SecurityGroup(f"{name}-efa", vpc_id=args.vpc_id, description="EFA: all traffic within the group",
+                                       tags={**tags, "Name": f"{args.cluster_name}-efa",
+                                             EFA_GROUP_TAG: args.cluster_name}, opts=child)
+            for rule in efa_security_group_rules():
+                cls = aws.vpc.SecurityGroupIngressRule if rule["direction"] == "ingress" else \
+                    aws.vpc.SecurityGroupEgressRule
+                cls(f"{name}-efa-self-{rule['direction']}", security_group_id=sg.id, ip_protocol=rule["ip_protocol"],
+                    referenced_security_group_id=sg.id, description="EFA peers", tags=tags, opts=child)
+            self.efa_security_group = sg
+
+        ami = aws.ssm.get_parameter(name=nvidia_ami_parameter(args.kubernetes_version),
+                                    opts=pulumi.InvokeOptions(parent=self)).value
+        self.fabrics: dict[str, Fabric] = {}
+        self.node_pools: list[k8s.apiextensions.CustomResource] = []
+        self.placement_groups: dict[str, aws.ec2.PlacementGroup] = {}
         for pool, spec in args.pools:
             class_name = f"gpu-{pool.name}"
-            class_spec = pulumi.Output.all(args.ebs_key_arn, node_role.name).apply(lambda a: node_class_spec(
-                cluster_name=args.cluster_name, node_role_name=a[1], ami_id=ami, ebs_key_arn=a[0], tags=tags))
-            k8s.apiextensions.CustomResource(f"{name}-class-{pool.name}", api_version="karpenter.k8s.aws/v1",
-                                             kind="EC2NodeClass", metadata={"name": class_name}, spec=class_spec,
-                                             opts=cr_opts)
-            self.node_pools.append(k8s.apiextensions.CustomResource(
-                f"{name}-pool-{pool.name}", api_version="karpenter.sh/v1", kind="NodePool",
-                metadata={"name": pool.name},
-                spec=node_pool_spec(pool, spec, node_class=class_name, zones=args.zones), opts=cr_opts))
+            cards = network_cards(pool.instance_type, pulumi.InvokeOptions(parent=self)) if pool.fabric else 1
+            self.fabrics[pool.name] = fabric_for(pool, cards)
+            interfaces = efa_interfaces(cards) if pool.fabric else []
+            group_name: pulumi.Input[str] = ""
+            if wants_placement_group(pool):
+                pg = aws.ec2.PlacementGroup(f"{name}-{pool.name}", name=placement_group_name(args.cluster_name, pool),
+                                            strategy="cluster", tags=tags, opts=child)
+                self.placement_groups[pool.name] = pg
+                group_name = pg.name
+            class_spec = pulumi.Output.all(args.ebs_key_arn, node_role.name, group_name).apply(
+                lambda a, pool=pool, interfaces=interfaces: node_class_spec(
+                    cluster_name=args.cluster_name, node_role_name=a[1], ami_id=ami, ebs_key_arn=a[0], tags=tags,
+                    interfaces=interfaces, efa_group=pool.fabric, placement_group=a[2],
+                    reservation_id=pool.reservation_id))
+            # A fabric node class selects the EFA group by tag, so it must exist (tagged) first.
+            class_deps = [self.release] + ([self.efa_security_group] if pool.fabric else [])
+            node_class = k8s.apiextensions.CustomResource(
+                f"{name}-class-{pool.name}", api_version="karpenter.k8s.aws/v1", kind="EC2NodeClass",
+                metadata={"name": class_name}, spec=class_spec,
+                opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=class_deps))
+            pool_opts = pulumi.ResourceOptions(parent=self, provider=args.provider,
+                                               depends_on=[self.release, node_class])
+            for pool_name, pool_spec in node_pools(pool, spec, node_class=class_name, zones=args.zones).items():
+                self.node_pools.append(k8s.apiextensions.CustomResource(
+                    f"{name}-pool-{pool_name}", api_version="karpenter.sh/v1", kind="NodePool",
+                    metadata={"name": pool_name}, spec=pool_spec, opts=pool_opts))
         self.queue_url = queue.url
+        self.node_role = node_role
+        self.controller_role = controller
         self.register_outputs({"queue_url": queue.url, "release": self.release.name})

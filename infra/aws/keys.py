@@ -37,22 +37,31 @@ def _root_admin(account_id: str) -> dict:
     }
 
 
-def key_policy(purpose: str, *, account_id: str, region: str, ebs_user_role_arns: Sequence[str] = ()) -> dict:
-    """The key policy for one purpose (pure). `ebs_user_role_arns`: roles that attach encrypted volumes."""
+def key_policy(purpose: str, *, account_id: str, region: str, volume_service_roles: Sequence[str] = ()) -> dict:
+    """The key policy for one purpose (pure).
+
+    `volume_service_roles` (ebs only): service-linked roles that launch instances with volumes encrypted
+    by this key on our behalf (EC2 Auto Scaling's, for the managed system node group). They are named
+    as principals: a service-linked role's own policy cannot be edited and grants no use of customer
+    keys, so delegating to the account root (which needs an IAM allow on the principal's side) cannot
+    reach it. The role must exist when the policy is written, which `ServiceLinkedRoles` ensures.
+    """
     if purpose not in PURPOSES:
         raise ValueError(f"unknown KMS key purpose {purpose!r} (known: {', '.join(PURPOSES)})")
     statements = [_root_admin(account_id)]
     use = ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"]
     if purpose == "logs":
-        # CloudWatch Logs encrypts log groups only for log groups of this account and region.
+        # CloudWatch Logs uses the key only for log groups of this account and region. The
+        # encryption-context key exists on the cryptographic operations only (not on DescribeKey), and
+        # is a string key, so it is matched with StringLike.
         # https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html
         statements.append({
             "Sid": "CloudWatchLogs",
             "Effect": "Allow",
             "Principal": {"Service": f"logs.{region}.amazonaws.com"},
-            "Action": use,
+            "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*"],
             "Resource": "*",
-            "Condition": {"ArnLike": {
+            "Condition": {"StringLike": {
                 "kms:EncryptionContext:aws:logs:arn": f"arn:aws:logs:{region}:{account_id}:log-group:*"}},
         })
     elif purpose == "sqs":
@@ -67,30 +76,18 @@ def key_policy(purpose: str, *, account_id: str, region: str, ebs_user_role_arns
             "Condition": {"StringEquals": {"aws:SourceAccount": account_id}},
         })
     elif purpose == "ebs":
-        # Auto Scaling launches managed-node-group instances with encrypted volumes through its
-        # service-linked role, which needs the key and a grant for EC2.
+        # The two statements EC2 Auto Scaling documents for its service-linked role: use of the key,
+        # and grants for the volumes it attaches.
         # https://docs.aws.amazon.com/autoscaling/ec2/userguide/key-policy-requirements-EBS-encryption.html
-        # The principals are matched by aws:PrincipalArn rather than named as principals, because KMS
-        # rejects a policy naming a role that does not exist yet (the service-linked role appears
-        # with the first Auto Scaling group of the account).
-        asg = f"arn:aws:iam::{account_id}:role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
-        users = {"ArnEquals": {"aws:PrincipalArn": [asg, *ebs_user_role_arns]}}
-        statements.append({
-            "Sid": "VolumeLaunchers",
-            "Effect": "Allow",
-            "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
-            "Action": use,
-            "Resource": "*",
-            "Condition": users,
-        })
-        statements.append({
-            "Sid": "VolumeLaunchersGrants",
-            "Effect": "Allow",
-            "Principal": {"AWS": f"arn:aws:iam::{account_id}:root"},
-            "Action": "kms:CreateGrant",
-            "Resource": "*",
-            "Condition": {**users, "Bool": {"kms:GrantIsForAWSResource": "true"}},
-        })
+        # Roles in this account that create volumes (Karpenter's controller, the EBS CSI driver) get
+        # their use from the account-root statement plus their own IAM policies.
+        if volume_service_roles:
+            principal = {"AWS": sorted(volume_service_roles)}
+            statements.append({"Sid": "ServiceLinkedRoleUse", "Effect": "Allow", "Principal": principal,
+                               "Action": use, "Resource": "*"})
+            statements.append({"Sid": "ServiceLinkedRoleGrants", "Effect": "Allow", "Principal": principal,
+                               "Action": "kms:CreateGrant", "Resource": "*",
+                               "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}}})
     elif purpose in ("s3", "ecr", "eks", "rds"):
         # Used by the service on behalf of callers, through the caller's IAM permissions, only via
         # that service (kms:ViaService): a role with kms:Decrypt cannot use the key directly.
@@ -115,8 +112,9 @@ class KeysArgs:
     prefix: str  # alias and description prefix, e.g. gpu-train-aws-dev
     account_id: str  # the account whose root administers the keys
     region: str  # for service principals and conditions
-    # Roles that launch or attach encrypted EBS volumes (Karpenter controller, EBS CSI driver, nodes).
-    ebs_user_role_arns: Sequence[pulumi.Input[str]] = field(default_factory=tuple)
+    # Service-linked roles that launch instances with volumes encrypted by the ebs key (Auto Scaling's);
+    # outputs of the resources that ensure the roles exist, so the key policy is written after them.
+    volume_service_roles: Sequence[pulumi.Input[str]] = field(default_factory=tuple)
     tags: Mapping[str, str] = field(default_factory=dict)  # common tags
     optional: Sequence[str] = ()  # which OPTIONAL_PURPOSES to create as well, e.g. ("rds",)
 
@@ -134,9 +132,9 @@ class Keys(pulumi.ComponentResource):
             if purpose in OPTIONAL_PURPOSES and purpose not in args.optional:
                 continue
             if purpose == "ebs":
-                policy = pulumi.Output.all(*args.ebs_user_role_arns).apply(
+                policy = pulumi.Output.all(*args.volume_service_roles).apply(
                     lambda roles: json.dumps(key_policy("ebs", account_id=args.account_id, region=args.region,
-                                                        ebs_user_role_arns=list(roles))))
+                                                        volume_service_roles=list(roles))))
             else:
                 policy = json.dumps(key_policy(purpose, account_id=args.account_id, region=args.region))
             key = aws.kms.Key(f"{name}-{purpose}", description=f"{args.prefix} {purpose} encryption",

@@ -11,6 +11,7 @@ import base64
 import hashlib
 from typing import Any
 
+from infra.aws import service_roles
 from infra.aws.catalog import CATALOG
 
 # Offline stand-ins, shaped like `aws eks describe-addon-versions` output for Kubernetes 1.33.
@@ -72,6 +73,14 @@ def invoke(token: str, args: dict[str, Any], ctx) -> dict[str, Any] | None:
                 "authorizationToken": base64.b64encode(f"AWS:{password}".encode()).decode(),
                 "proxyEndpoint": f"https://{registry}.dkr.ecr.{region}.amazonaws.com",
                 "expiresAt": "2030-01-01T00:00:00Z"}
+    if token == "aws:iam/getRoles:getRoles":
+        # Service-linked roles the (mocked) account already has: MockContext.service_linked_roles.
+        prefix, pattern = args.get("pathPrefix", ""), args.get("nameRegex", "")
+        found = [s for s in getattr(ctx, "service_linked_roles", ())
+                 if service_roles.role_path(s) == prefix and pattern == f"^{service_roles.ROLE_NAMES[s]}$"]
+        return {"id": ctx.account_id, "pathPrefix": prefix, "nameRegex": pattern,
+                "names": [service_roles.ROLE_NAMES[s] for s in found],
+                "arns": [service_roles.role_arn(ctx.account_id, s) for s in found]}
     if token == "aws:eks/getAddonVersion:getAddonVersion":
         addon = args["addonName"]
         return {"id": addon, "addonName": addon, "kubernetesVersion": args["kubernetesVersion"],
@@ -100,6 +109,10 @@ def computed(typ: str, name: str, inputs: dict[str, Any], ctx) -> dict[str, Any]
     elif typ == "aws:iam/role:Role":
         rname = inputs.get("name") or f"{name}-{_hex(name, n=7)}"
         out.update({"name": rname, "arn": f"arn:aws:iam::{account}:role/{rname}", "uniqueId": f"AROA{_hex(name)}"})
+    elif typ == "aws:iam/serviceLinkedRole:ServiceLinkedRole":
+        service = inputs["awsServiceName"]
+        out.update({"arn": service_roles.role_arn(account, service), "name": service_roles.ROLE_NAMES[service],
+                    "path": service_roles.role_path(service)})
     elif typ == "aws:kms/key:Key":
         key_id = "mrk-" + _hex("kms", name, n=32)
         out.update({"keyId": key_id, "arn": f"arn:aws:kms:{region}:{account}:key/{key_id}"})

@@ -89,10 +89,20 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), flags=re.M)
     sources = [s for line in copied for s in line.split() if not s.startswith("--")]
     assert set(sources) == {"pyproject.toml", "README.md", "trainer", "trainer/entrypoint.sh"}
+    inputs = image.image_inputs()
     for src in sources:
         assert src not in patterns and f"{src}/" not in patterns
         # The tag hashes every copied input.
-        assert src in image.IMAGE_INPUTS or src.split("/")[0] in image.IMAGE_INPUTS
+        assert src in inputs or any(i.startswith(f"{src}/") for i in inputs)
+
+
+def test_the_tag_covers_exactly_what_the_image_is_made_of():
+    inputs = image.image_inputs()
+    # pyproject.toml and README.md (declared as the readme, installed as package metadata) and the
+    # trainer package; nothing of infra, tests, docs, stacks or the workflow files.
+    assert {"pyproject.toml", "README.md", "trainer/entrypoint.sh", "trainer/__main__.py"} <= set(inputs)
+    assert {i.split("/")[0] for i in inputs} == {"pyproject.toml", "README.md", "trainer"}
+    assert not any("__pycache__" in i or i.endswith(".pyc") for i in inputs)
 
 
 def test_ci_workflow_builds_this_dockerfile_without_pushing_prs_and_runs_the_trainer():
@@ -115,15 +125,37 @@ def test_ci_workflow_builds_this_dockerfile_without_pushing_prs_and_runs_the_tra
 # ------------------------------------------------------------------------------------------- tag and ref
 
 
+DOCKERFILE_TEXT = """\
+# syntax=docker/dockerfile:1.7
+FROM python:3.11-slim AS builder
+COPY --from=ghcr.io/astral-sh/uv:0.9.5 /uv /usr/local/bin/uv
+COPY pyproject.toml README.md ./
+RUN pip install \\
+    --no-deps .
+COPY trainer ./trainer
+FROM python:3.11-slim
+COPY --from=builder /src /src
+COPY --chmod=0755 trainer/entrypoint.sh /usr/local/bin/launch
+"""
+
+
 def _tree(root: Path) -> Path:
     (root / "trainer" / "data").mkdir(parents=True)
     (root / "trainer" / "__init__.py").write_text("")
     (root / "trainer" / "data" / "store.py").write_text("X = 1\n")
-    (root / "trainer" / "Dockerfile").write_text("FROM scratch\n")
-    (root / "pyproject.toml").write_text("[project]\nname='x'\n")
+    (root / "trainer" / "entrypoint.sh").write_text("#!/bin/sh\nexec torchrun \"$@\"\n")
+    (root / "trainer" / "Dockerfile").write_text(DOCKERFILE_TEXT)
+    (root / "pyproject.toml").write_text("[project]\nname='x'\nreadme='README.md'\n")
     (root / "README.md").write_text("x\n")
-    (root / ".dockerignore").write_text(".git\n")
+    (root / "Makefile").write_text("all:\n")
+    (root / ".dockerignore").write_text("# context\n.git\n**/__pycache__\n**/*.py[cod]\ntests/\ndocs/\n")
     return root
+
+
+def test_image_inputs_are_the_copied_context_files(tmp_path):
+    root = _tree(tmp_path)
+    assert image.image_inputs(root) == ["README.md", "pyproject.toml", "trainer/Dockerfile", "trainer/__init__.py",
+                                        "trainer/data/store.py", "trainer/entrypoint.sh"]
 
 
 def test_context_hash_follows_content_and_ignores_caches(tmp_path):
@@ -144,11 +176,60 @@ def test_context_hash_follows_content_and_ignores_caches(tmp_path):
     assert image.context_hash(root) not in (first, changed)
 
 
+def test_files_the_image_does_not_contain_leave_the_tag_alone(tmp_path):
+    root = _tree(tmp_path)
+    first = image.context_hash(root)
+    (root / "docs").mkdir()
+    (root / "docs" / "guide.md").write_text("new page\n")  # excluded by .dockerignore
+    (root / "Makefile").write_text("all:\n\ttrue\n")  # in the context, but no COPY takes it
+    (root / ".dockerignore").write_text((root / ".dockerignore").read_text() + "# a comment\n")
+    assert image.context_hash(root) == first
+
+
+def test_what_the_image_does_contain_changes_the_tag(tmp_path):
+    root = _tree(tmp_path)
+    tags = {image.context_hash(root)}
+    # README.md is copied (pyproject declares it; its text becomes the package metadata in the image).
+    (root / "README.md").write_text("y\n")
+    tags.add(image.context_hash(root))
+    # COPY keeps the executable bit.
+    (root / "trainer" / "data" / "store.py").chmod(0o755)
+    tags.add(image.context_hash(root))
+    # The Dockerfile itself.
+    (root / "trainer" / "Dockerfile").write_text(DOCKERFILE_TEXT + "ENV X=1\n")
+    tags.add(image.context_hash(root))
+    assert len(tags) == 4
+
+
 def test_context_hash_names_a_missing_input(tmp_path):
     root = _tree(tmp_path)
     (root / "README.md").unlink()
-    with pytest.raises(FileNotFoundError, match="README.md"):
+    with pytest.raises(FileNotFoundError, match="README.md.*trainer/Dockerfile:4"):
         image.context_hash(root)
+
+
+def test_a_copy_source_excluded_by_dockerignore_is_named(tmp_path):
+    root = _tree(tmp_path)
+    (root / ".dockerignore").write_text("README.md\n")
+    with pytest.raises(FileNotFoundError, match="README.md.*excluded by .dockerignore"):
+        image.image_inputs(root)
+
+
+@pytest.mark.parametrize("line", ["ADD https://example.com/x.tar.gz /x", "COPY ${SRC} /x", 'COPY ["a", "/b"]'])
+def test_sources_the_tag_cannot_follow_are_refused(tmp_path, line):
+    root = _tree(tmp_path)
+    (root / "trainer" / "Dockerfile").write_text(DOCKERFILE_TEXT + line + "\n")
+    with pytest.raises(ValueError, match="^trainer/Dockerfile:11: "):
+        image.image_inputs(root)
+
+
+def test_a_run_bind_mount_of_the_context_is_an_input(tmp_path):
+    root = _tree(tmp_path)
+    (root / "tools").mkdir()
+    (root / "tools" / "gen.py").write_text("print(1)\n")
+    (root / "trainer" / "Dockerfile").write_text(
+        DOCKERFILE_TEXT + "RUN --mount=type=bind,source=tools,target=/t python /t/gen.py\n")
+    assert "tools/gen.py" in image.image_inputs(root)
 
 
 def test_pinned_ref_requires_a_sha256_digest():
@@ -162,7 +243,10 @@ def test_pinned_ref_requires_a_sha256_digest():
 # ------------------------------------------------------------------------------------------- component
 
 
-def _run(prebuilt: str = "") -> tuple[MockMonitor, str, str]:
+CACHE_REPO = REPO + "-buildcache"
+
+
+def _run(prebuilt: str = "", cache: str | None = CACHE_REPO) -> tuple[MockMonitor, str, str]:
     """Build the component under fresh mocks; returns (monitor, ref, tag) once every output resolved."""
     asyncio.set_event_loop(asyncio.new_event_loop())
     mocks = PlanMocks(MockContext(region="us-east-1"))
@@ -172,16 +256,17 @@ def _run(prebuilt: str = "") -> tuple[MockMonitor, str, str]:
 
     @pulumi.runtime.test
     def build():
-        comp = image.TrainerImage("trainer", image.TrainerImageArgs(registry=_registry(), prebuilt=prebuilt))
+        comp = image.TrainerImage("trainer", image.TrainerImageArgs(registry=_registry(cache), prebuilt=prebuilt))
         return pulumi.Output.all(comp.ref, comp.tag).apply(lambda v: seen.update(ref=v[0], tag=v[1]))
 
     build()
     return monitor, seen["ref"], seen["tag"]
 
 
-def _registry() -> Registry:
+def _registry(cache: str | None) -> Registry:
     return Registry(
         repository=pulumi.Output.from_input(REPO),
+        cache_repository=None if cache is None else pulumi.Output.from_input(cache),
         server=pulumi.Output.from_input("123456789012.dkr.ecr.us-east-1.amazonaws.com"),
         username=pulumi.Output.from_input("AWS"),
         password=pulumi.Output.secret("token"),
@@ -203,9 +288,11 @@ def test_component_builds_pushes_and_exports_a_digest_pinned_ref():
     assert inputs["tags"] == [f"{REPO}:{tag}"]
     assert inputs["context"]["location"] == str(ROOT)
     assert inputs["dockerfile"]["location"] == str(ROOT / "trainer" / "Dockerfile")
-    assert inputs["cacheFrom"] == [{"registry": {"ref": f"{REPO}:buildcache"}}]
+    # The cache tag is rewritten by every build: it goes to the cache repository, never to the image
+    # repository, whose tags are immutable.
+    assert inputs["cacheFrom"] == [{"registry": {"ref": f"{CACHE_REPO}:buildcache"}}]
     (cache_to,) = inputs["cacheTo"]
-    assert cache_to["registry"]["ref"] == f"{REPO}:buildcache"
+    assert cache_to["registry"]["ref"] == f"{CACHE_REPO}:buildcache"
     assert cache_to["registry"]["mode"] == "max"
     assert cache_to["registry"]["imageManifest"] is True
     # The registry password is a secret, so the engine keeps the whole list secret.
@@ -219,6 +306,13 @@ def test_component_builds_pushes_and_exports_a_digest_pinned_ref():
     state = next(s for urn, (_, _, s) in monitor.get_registered_resources().items()
                  if "docker-build:index:Image" in urn)
     assert ref.endswith("@" + state["digest"])
+
+
+def test_no_cache_repository_means_no_registry_cache():
+    monitor, ref, tag = _run(cache=None)
+    (inputs,) = _image_inputs(monitor)
+    assert not inputs.get("cacheFrom") and not inputs.get("cacheTo")
+    assert inputs["tags"] == [f"{REPO}:{tag}"] and ref.startswith(f"{REPO}@sha256:")
 
 
 def test_prebuilt_image_is_passed_through_without_a_build():

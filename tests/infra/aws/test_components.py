@@ -1,20 +1,22 @@
 """AWS components under Pulumi mocks: `pytest tests/infra/aws/test_components.py`.
 
 Runs `build_platform` for stacks the committed ones do not cover (an on-demand p4d fabric pool, an
-ODCR pool, and an elastic on-demand pool), then checks registered resources and the contract.
+ODCR pool with minNodes, and an elastic on-demand pool; an account that already has its service-linked
+roles; a stack with the deploy runner), then checks registered resources and the contract.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import email
+import dataclasses
+import json
 
 import pulumi
 import yaml
 from pulumi.runtime import mocks as runtime_mocks
 
 from infra import naming
+from infra.config import DeployRunnerConfig
 from infra.mocks import MockContext, PlanMocks
 from tests.infra.aws.conftest import stack_cfg
 
@@ -33,9 +35,9 @@ class Recorder(runtime_mocks.MockMonitor):
         return [(n, i) for t, n, i in self.seen if t == typ]
 
 
-def _run(cfg):
+def _run(cfg, **ctx):
     asyncio.set_event_loop(asyncio.new_event_loop())
-    mocks = PlanMocks(MockContext(region=cfg.region))
+    mocks = PlanMocks(MockContext(region=cfg.region, **ctx))
     monitor = Recorder(mocks)
     pulumi.runtime.set_mocks(mocks, project="gpu-train", stack=cfg.stack, preview=False, monitor=monitor)
     from infra.aws import build_platform
@@ -45,7 +47,7 @@ def _run(cfg):
 POOLS = [
     {"name": "a100", "instanceType": "p4d.24xlarge", "capacity": "on-demand", "maxNodes": 2, "fabric": True,
      "zone": "us-west-2b"},
-    {"name": "l40s-odcr", "instanceType": "g6e.12xlarge", "capacity": "reservation", "reservationId": "cr-0abc",
+    {"name": "l40s-odcr", "instanceType": "g6e.12xlarge", "capacity": "reservation", "reservationId": "cr-0123456789abcdef0",
      "maxNodes": 2, "minNodes": 1},
     {"name": "l4-od", "instanceType": "g6.2xlarge", "capacity": "on-demand", "maxNodes": 3},
 ]
@@ -76,35 +78,34 @@ def _check_full(platform, monitor, values):
     assert all(i["tags"]["karpenter.sh/discovery"] == "gpu-train-aws-test" for i in node_subnets)
     assert all(i["tags"]["kubernetes.io/role/internal-elb"] == "1" for i in node_subnets)
 
-    lts = dict(monitor.of("aws:ec2/launchTemplate:LaunchTemplate"))
-    p4d = lts["gpu-a100"]
-    assert [(n["networkCardIndex"], n["deviceIndex"], n["interfaceType"]) for n in p4d["networkInterfaces"]] == \
-        [(0, 0, "efa"), (1, 1, "efa-only"), (2, 1, "efa-only"), (3, 1, "efa-only")]
-    assert p4d["placement"]["availabilityZone"] == "us-west-2b"
-    assert p4d["imageId"].startswith("ami-")
-    odcr = lts["gpu-l40s-odcr"]
-    assert odcr["capacityReservationSpecification"]["capacityReservationTarget"]["capacityReservationId"] == "cr-0abc"
-    assert "instanceMarketOptions" not in odcr or not odcr["instanceMarketOptions"]
-    assert len(odcr["networkInterfaces"]) == 1 and "interfaceType" not in odcr["networkInterfaces"][0]
+    # Every GPU pool is Karpenter's; the system group is the only managed node group.
+    assert [n for n, _ in monitor.of("aws:eks/nodeGroup:NodeGroup")] == ["cluster-system"]
+    classes = {i["metadata"]["name"]: i["spec"] for _, i in monitor.of("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")}
+    a100 = classes["gpu-a100"]
+    assert [(n["networkCardIndex"], n["deviceIndex"], n["interfaceType"]) for n in a100["networkInterfaces"]] == \
+        [(0, 0, "interface"), (0, 1, "efa-only"), (1, 0, "efa-only"), (2, 0, "efa-only"), (3, 0, "efa-only")]
+    assert a100["placementGroupSelector"] == {"name": "gpu-train-aws-test-a100"}
+    (pg,) = [i for _, i in monitor.of("aws:ec2/placementGroup:PlacementGroup")]
+    assert pg["name"] == "gpu-train-aws-test-a100" and pg["strategy"] == "cluster"
+    assert a100["amiSelectorTerms"][0]["id"].startswith("ami-")
+    odcr = classes["gpu-l40s-odcr"]
+    assert odcr["capacityReservationSelectorTerms"] == [{"id": "cr-0123456789abcdef0"}]
+    assert "networkInterfaces" not in odcr and "placementGroupSelector" not in odcr
 
-    # User data: nodeadm NodeConfig carrying the real (mocked) endpoint and the pool labels.
-    doc = email.message_from_string(base64.b64decode(p4d["userData"]).decode())
-    node_config = yaml.safe_load(doc.get_payload()[0].get_payload())
-    assert node_config["spec"]["cluster"]["apiServerEndpoint"].startswith("https://")
-    assert any(f"{naming.POOL_LABEL}=a100" in f for f in node_config["spec"]["kubelet"]["flags"])
-
-    groups = {n: i for n, i in monitor.of("aws:eks/nodeGroup:NodeGroup")}
-    assert groups["gpu-a100"]["capacityType"] == "ON_DEMAND"
-    assert groups["gpu-l40s-odcr"]["scalingConfig"] == {"desiredSize": 1, "maxSize": 2, "minSize": 1}
-    assert groups["gpu-a100"]["taints"] == [{"effect": "NO_SCHEDULE", "key": "nvidia.com/gpu", "value": "present"}]
-
-    # Only the on-demand non-fabric pool goes to Karpenter.
-    node_pools = monitor.of("kubernetes:karpenter.sh/v1:NodePool")
-    assert [n for n, _ in node_pools] == ["karpenter-pool-l4-od"]
-    assert node_pools[0][1]["spec"]["limits"] == {"nvidia.com/gpu": "3"}
+    node_pools = {i["metadata"]["name"]: i["spec"] for _, i in monitor.of("kubernetes:karpenter.sh/v1:NodePool")}
+    assert set(node_pools) == {"a100", "l40s-odcr-static", "l40s-odcr", "l4-od"}
+    assert node_pools["l4-od"]["limits"] == {"nvidia.com/gpu": "3"}
+    assert node_pools["l40s-odcr-static"]["replicas"] == 1
+    # maxNodes 2 - minNodes 1 = one more g6e.12xlarge (4 GPUs) on demand.
+    assert node_pools["l40s-odcr"]["limits"] == {"nvidia.com/gpu": "4"}
+    release = dict(monitor.of("kubernetes:helm.sh/v3:Release"))["karpenter"]
+    assert release["values"]["settings"]["featureGates"]["staticCapacity"] is True
+    # No spot pool: only Auto Scaling's service-linked role is ensured.
+    assert [i["awsServiceName"] for _, i in monitor.of("aws:iam/serviceLinkedRole:ServiceLinkedRole")] == \
+        ["autoscaling.amazonaws.com"]
 
     by_name = {p.name: p for p in platform.gpu_pools}
-    assert by_name["a100"].provisioner == "node-group" and by_name["l4-od"].provisioner == "karpenter"
+    assert {p.provisioner for p in platform.gpu_pools} == {"karpenter"}
     assert by_name["a100"].fabric.resources == {"vpc.amazonaws.com/efa": 4}
     assert by_name["a100"].fabric.nccl_env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert by_name["l40s-odcr"].fabric.kind == "none"
@@ -137,3 +138,50 @@ def _check_dev(platform, monitor, values):
     release = dict(monitor.of("kubernetes:helm.sh/v3:Release"))["karpenter"]
     assert release["chart"].startswith("oci://public.ecr.aws/karpenter/") and release["version"]
     assert yaml.safe_load(values[1])["users"][0]["user"]["exec"]["command"] == "aws"
+
+
+@pulumi.runtime.test
+def test_existing_service_linked_roles_are_looked_up_not_created():
+    cfg = stack_cfg([{"name": "l4", "instanceType": "g6.xlarge", "capacity": "spot", "maxNodes": 2}],
+                    environment="dev", nat="single")
+    platform, monitor = _run(cfg, service_linked_roles=("autoscaling.amazonaws.com", "spot.amazonaws.com"))
+
+    def check(_):
+        assert monitor.of("aws:iam/serviceLinkedRole:ServiceLinkedRole") == []
+        (ebs,) = [i for n, i in monitor.of("aws:kms/key:Key") if n == "keys-ebs"]
+        principals = [s["Principal"] for s in json.loads(ebs["policy"])["Statement"]
+                      if s["Sid"] == "ServiceLinkedRoleUse"]
+        assert principals == [{"AWS": ["arn:aws:iam::123456789012:role/aws-service-role/autoscaling.amazonaws.com/"
+                                       "AWSServiceRoleForAutoScaling"]}]
+
+    return pulumi.Output.all(*[r.urn for r in platform.ready]).apply(check)
+
+
+@pulumi.runtime.test
+def test_deploy_runner_sits_in_the_vpc_and_alone_reaches_the_api_server():
+    base = stack_cfg([{"name": "l4", "instanceType": "g6.xlarge", "capacity": "spot", "maxNodes": 2}],
+                     environment="dev", nat="single")
+    runner = DeployRunnerConfig(kind="codebuild", repository="acme/gpu-train",
+                                connection_arn="arn:aws:codeconnections:us-west-2:123456789012:connection/abc")
+    cfg = dataclasses.replace(base, deploy_runner=runner)
+    platform, monitor = _run(cfg)
+
+    def check(_):
+        (project,) = [i for _, i in monitor.of("aws:codebuild/project:Project")]
+        assert project["name"] == "gpu-train-aws-test-deploy"
+        assert project["source"]["location"] == "https://github.com/acme/gpu-train"
+        assert project["source"]["auth"] == {"type": "CODECONNECTIONS", "resource": runner.connection_arn}
+        assert project["environment"]["privilegedMode"] is True
+        assert len(project["vpcConfig"]["subnets"]) == 2
+        (hook,) = [i for _, i in monitor.of("aws:codebuild/webhook:Webhook")]
+        assert hook["filterGroups"][0]["filters"] == [{"type": "EVENT", "pattern": "WORKFLOW_JOB_QUEUED"}]
+        (sg,) = [i for n, i in monitor.of("aws:ec2/securityGroup:SecurityGroup") if n == "deploy-runner"]
+        assert not sg.get("ingress") and [(e["fromPort"], e["toPort"]) for e in sg["egress"]] == [(443, 443)]
+        (api,) = [i for n, i in monitor.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+                  if n == "deploy-runner-api"]
+        assert (api["fromPort"], api["toPort"], api["ipProtocol"]) == (443, 443, "tcp")
+        assert api["securityGroupId"].startswith("sg-0") and api["referencedSecurityGroupId"] == "deploy-runner-id"
+        (logs,) = [i for n, i in monitor.of("aws:cloudwatch/logGroup:LogGroup") if n == "deploy-runner"]
+        assert logs["kmsKeyId"].startswith("arn:aws:kms:us-west-2:")
+
+    return pulumi.Output.all(*[r.urn for r in platform.ready]).apply(check)

@@ -62,10 +62,14 @@ def test_lb_controller_policy_is_scoped_and_keyed_on_its_tag():
     policy = iam.load_balancer_controller_policy(region="us-east-1", account_id="111122223333")
     text = json.dumps(policy)
     assert "waf" not in text and "shield" not in text and "cognito" not in text
+    # Outposts customer-owned IPs and IPAM pools are off too.
+    assert "Coip" not in text and "ModifyIpPools" not in text
     for s in policy["Statement"]:
         resources = s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]]
         for r in resources:
-            assert r == "*" or ":us-east-1:111122223333:" in r, (s["Sid"], r)
+            # IAM is global: its ARNs carry the account but no region.
+            assert r == "*" or ":us-east-1:111122223333:" in r or r.startswith("arn:aws:iam::111122223333:"), \
+                (s["Sid"], r)
         actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
         destructive = {"ec2:DeleteSecurityGroup", "elasticloadbalancing:DeleteLoadBalancer",
                        "elasticloadbalancing:DeleteTargetGroup", "elasticloadbalancing:CreateLoadBalancer"}

@@ -1,8 +1,10 @@
 """The whole program for the aws-* stacks through the plan tool: `pytest tests/infra/aws/test_plan_aws.py`.
 
-Asserts the security-relevant values on the planned resources: no public IPs on nodes, every
-bucket, volume, log group, queue, repository and secret encrypted with a customer-managed key,
-IMDSv2, the EFA group's self rules, and the EFA interface count per instance type.
+Asserts the security-relevant values on the planned resources: one explicit AWS provider in the
+stack's region behind every resource and data source, no public IPs on nodes, every bucket, volume,
+log group, queue, repository and secret encrypted with a customer-managed key, IMDSv2, every GPU pool
+a Karpenter NodePool (EFA interfaces, placement and reservations on aws-prod), the EFA group's self
+rules, and the interruption queue.
 """
 
 from __future__ import annotations
@@ -55,9 +57,13 @@ def test_keys_rotate_and_everything_is_encrypted_with_them(plans, stack):
         assert group["kmsKeyId"] in cmk
     for queue in _by_type(plan, "aws:sqs/queue:Queue"):
         assert queue["kmsMasterKeyId"] in cmk
-    (repo,) = _by_type(plan, "aws:ecr/repository:Repository")
-    assert repo["encryptionConfigurations"][0]["kmsKey"] in cmk
-    assert repo["imageTagMutability"] == "IMMUTABLE" and repo["imageScanningConfiguration"]["scanOnPush"]
+    repos = {r["name"]: r for r in _by_type(plan, "aws:ecr/repository:Repository")}
+    assert set(repos) == {f"gpu-train-{stack}-trainer", f"gpu-train-{stack}-trainer-buildcache"}
+    assert all(r["encryptionConfigurations"][0]["kmsKey"] in cmk for r in repos.values())
+    image_repo = repos[f"gpu-train-{stack}-trainer"]
+    assert image_repo["imageTagMutability"] == "IMMUTABLE" and image_repo["imageScanningConfiguration"]["scanOnPush"]
+    # The build cache rewrites one tag on every build: only its own repository is mutable.
+    assert repos[f"gpu-train-{stack}-trainer-buildcache"]["imageTagMutability"] == "MUTABLE"
     (cluster,) = _by_type(plan, "aws:eks/cluster:Cluster")
     assert cluster["encryptionConfig"]["resources"] == ["secrets"]
     assert cluster["encryptionConfig"]["provider"]["keyArn"] in cmk
@@ -103,35 +109,114 @@ def test_nodes_have_no_public_ip_and_require_imdsv2(plans, stack):
         assert spec["instanceStorePolicy"] == "RAID0"
 
 
-def test_prod_p5_pools_have_32_efa_interfaces_and_efa_group(plans):
+def _node_classes(plan: dict) -> dict[str, dict]:
+    return {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"]
+            for r in resources_of(plan, "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")}
+
+
+def _node_pools(plan: dict) -> dict[str, dict]:
+    return {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"]
+            for r in resources_of(plan, "kubernetes:karpenter.sh/v1:NodePool")}
+
+
+def _capacity(spec: dict) -> list[str]:
+    return next(r["values"] for r in spec["template"]["spec"]["requirements"]
+                if r["key"] == "karpenter.sh/capacity-type")
+
+
+def test_prod_gpu_pools_are_karpenter_node_pools_with_efa_placement_and_reservation(plans):
     plan = plans["aws-prod"]
-    lts = {r["name"]: r["inputs"] for r in resources_of(plan, "aws:ec2/launchTemplate:LaunchTemplate")}
-    (efa_sg,) = [r for r in resources_of(plan, "aws:ec2/securityGroup:SecurityGroup") if r["name"] == "gpu-efa"]
+    # No GPU managed node group remains: the system group is the only one.
+    assert [r["name"] for r in resources_of(plan, "aws:eks/nodeGroup:NodeGroup")] == ["cluster-system"]
+    classes, pools = _node_classes(plan), _node_pools(plan)
+    assert set(classes) == {"gpu-h100-reserved", "gpu-h100-spot"}
+    # h100-reserved: minNodes 2 of maxNodes 4 -> a static pool of 2 and a dynamic pool of up to 2 more.
+    assert set(pools) == {"h100-reserved-static", "h100-reserved", "h100-spot"}
+    assert pools["h100-reserved-static"]["replicas"] == 2
+    assert pools["h100-reserved"]["limits"] == {"nvidia.com/gpu": "16"}
+    assert pools["h100-spot"]["limits"] == {"nvidia.com/gpu": "32"}
+    assert _capacity(pools["h100-reserved"]) == _capacity(pools["h100-reserved-static"]) == ["reserved"]
+    assert _capacity(pools["h100-spot"]) == ["spot"]
+    (efa_sg,) = [r for r in resources_of(plan, "aws:ec2/securityGroup:SecurityGroup") if r["name"] == "karpenter-efa"]
+    assert efa_sg["inputs"]["vpcId"] and efa_sg["inputs"]["tags"]["gpu-train.io/efa"] == "gpu-train-aws-prod"
     for name in ("gpu-h100-reserved", "gpu-h100-spot"):
-        nis = lts[name]["networkInterfaces"]
-        assert len(nis) == 32
-        assert (nis[0]["networkCardIndex"], nis[0]["deviceIndex"], nis[0]["interfaceType"]) == (0, 0, "efa")
-        assert all(n["interfaceType"] == "efa-only" and n["deviceIndex"] == 1 for n in nis[1:])
-        assert sorted(n["networkCardIndex"] for n in nis) == list(range(32))
-        assert all(len(n["securityGroups"]) == 2 for n in nis)
-        assert lts[name]["instanceType"] == "p5.48xlarge"
-    reserved = lts["gpu-h100-reserved"]
-    assert reserved["instanceMarketOptions"]["marketType"] == "capacity-block"
-    assert reserved["capacityReservationSpecification"]["capacityReservationTarget"]["capacityReservationId"] == \
-        "cr-0a1b2c3d4e5f67890"
-    assert lts["gpu-h100-spot"]["placement"]["availabilityZone"] == "us-east-1a"
+        nis = classes[name]["networkInterfaces"]
+        # p5.48xlarge has 32 network cards: the ENA primary plus an efa-only interface on each card.
+        assert len(nis) == 33
+        assert nis[0] == {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}
+        efa = [n for n in nis if n["interfaceType"] == "efa-only"]
+        assert sorted(n["networkCardIndex"] for n in efa) == list(range(32))
+        assert {"tags": {"gpu-train.io/efa": "gpu-train-aws-prod"}} in classes[name]["securityGroupSelectorTerms"]
+    reserved, spot = classes["gpu-h100-reserved"], classes["gpu-h100-spot"]
+    assert reserved["capacityReservationSelectorTerms"] == [{"id": "cr-0a1b2c3d4e5f67890"}]
+    assert "placementGroupSelector" not in reserved
     (pg,) = _by_type(plan, "aws:ec2/placementGroup:PlacementGroup")
-    assert pg["strategy"] == "cluster"
+    assert pg["strategy"] == "cluster" and spot["placementGroupSelector"] == {"name": pg["name"]}
     ingress = _by_type(plan, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
     egress = _by_type(plan, "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule")
     for rules in (ingress, egress):
-        (rule,) = rules
+        (rule,) = [r for r in rules if r.get("description") == "EFA peers"]
         assert rule["ipProtocol"] == "-1" and rule["referencedSecurityGroupId"] == rule["securityGroupId"]
-    assert efa_sg["inputs"]["vpcId"]
-    groups = {r["name"]: r["inputs"] for r in resources_of(plan, "aws:eks/nodeGroup:NodeGroup")}
-    assert groups["gpu-h100-reserved"]["capacityType"] == "CAPACITY_BLOCK"
-    assert groups["gpu-h100-spot"]["capacityType"] == "SPOT"
-    assert groups["gpu-h100-spot"]["scalingConfig"]["minSize"] == 0
+
+
+def test_every_pool_nodes_offer_what_the_job_requests(plans):
+    # The JobSet asks for vpc.amazonaws.com/efa = EFA devices per node; Karpenter advertises one per
+    # efa-only interface of the pool's EC2NodeClass.
+    for stack, plan in plans.items():
+        classes = _node_classes(plan)
+        for js in _by_type(plan, "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"):
+            pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+            pool = pod["nodeSelector"]["gpu-train.io/pool"]
+            efa = sum(n["interfaceType"] == "efa-only" for n in classes[f"gpu-{pool}"].get("networkInterfaces", []))
+            requested = int(pod["containers"][0]["resources"]["requests"].get("vpc.amazonaws.com/efa", 0))
+            assert requested == efa, (stack, pool)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_interruption_queue_and_rules_feed_karpenter(plans, stack):
+    plan = plans[stack]
+    (queue,) = resources_of(plan, "aws:sqs/queue:Queue")
+    queue_arn = plan["registrations"][queue["urn"]]["outputs"]["arn"]
+    rules = [json.loads(r["eventPattern"]) for r in _by_type(plan, "aws:cloudwatch/eventRule:EventRule")]
+    assert {p["detail-type"][0] for p in rules} >= {"EC2 Spot Instance Interruption Warning",
+                                                    "EC2 Capacity Reservation Instance Interruption Warning"}
+    targets = _by_type(plan, "aws:cloudwatch/eventTarget:EventTarget")
+    assert len(targets) == len(rules) and all(t["arn"] == queue_arn for t in targets)
+    (release,) = [r for r in _by_type(plan, "kubernetes:helm.sh/v3:Release") if r["name"] == "karpenter"]
+    assert release["values"]["settings"]["interruptionQueue"] == queue["inputs"]["name"]
+    assert release["version"] == "1.14.1" and release["skipCrds"] is True
+    (crds,) = [r for r in _by_type(plan, "kubernetes:helm.sh/v3:Release") if r["name"] == "karpenter-crd"]
+    assert crds["chart"] == "oci://public.ecr.aws/karpenter/karpenter-crd" and crds["version"] == "1.14.1"
+    gates = release["values"]["settings"]["featureGates"]
+    assert gates["staticCapacity"] is (stack == "aws-prod")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_one_explicit_provider_in_the_stack_region_serves_everything(plans, stack):
+    plan = plans[stack]
+    (provider,) = resources_of(plan, "pulumi:providers:aws")
+    assert provider["inputs"]["region"] == "us-east-1"
+    prefix = provider["urn"] + "::"
+    on_default = [r["urn"] for r in plan["resources"] if r["type"].startswith("aws:")
+                  and not (plan["registrations"][r["urn"]]["provider"] or "").startswith(prefix)]
+    assert on_default == []
+    aws_invokes = [i for i in plan["invokes"] if i["token"].startswith("aws:")]
+    assert {i["token"] for i in aws_invokes} >= {"aws:index/getCallerIdentity:getCallerIdentity",
+                                                 "aws:ssm/getParameter:getParameter",
+                                                 "aws:eks/getAddonVersion:getAddonVersion"}
+    assert all((i["provider"] or "").startswith(prefix) for i in aws_invokes)
+
+
+def test_service_linked_roles_exist_before_the_ebs_key_names_them(plans):
+    plan = plans["aws-prod"]
+    roles = {r["inputs"]["awsServiceName"]: r
+             for r in resources_of(plan, "aws:iam/serviceLinkedRole:ServiceLinkedRole")}
+    # Offline plans model a fresh account: both roles are created (aws-prod has a spot pool).
+    assert set(roles) == {"autoscaling.amazonaws.com", "spot.amazonaws.com"}
+    (ebs,) = [r for r in resources_of(plan, "aws:kms/key:Key") if r["name"] == "keys-ebs"]
+    asg = roles["autoscaling.amazonaws.com"]
+    assert asg["urn"] in plan["registrations"][ebs["urn"]]["dependencies"]
+    assert plan["registrations"][asg["urn"]]["outputs"]["arn"] in ebs["inputs"]["policy"]
 
 
 def test_dev_spot_pools_are_karpenter_node_pools(plans):
@@ -145,6 +230,9 @@ def test_dev_spot_pools_are_karpenter_node_pools(plans):
     assert release["chart"] == "oci://public.ecr.aws/karpenter/karpenter" and release["version"]
     rules = [json.loads(r["eventPattern"]) for r in _by_type(plan, "aws:cloudwatch/eventRule:EventRule")]
     assert len(rules) == 5
+    # No fabric pool in dev: no EFA interfaces, no placement group.
+    assert not any("networkInterfaces" in c for c in _node_classes(plan).values())
+    assert not _by_type(plan, "aws:ec2/placementGroup:PlacementGroup")
     # Only the system node group is managed: GPUs appear only when Karpenter launches them.
     assert [r["name"] for r in resources_of(plan, "aws:eks/nodeGroup:NodeGroup")] == ["cluster-system"]
     assert len(_by_type(plan, "aws:ec2/natGateway:NatGateway")) == 1
