@@ -4,8 +4,9 @@ Usage (infra/__main__.py does this): `platform = infra.gcp.build_platform(cfg, n
 
 Every resource gets its project (and region where it has one) passed explicitly and its labels
 passed explicitly, so the program never depends on ambient `gcp:project` / `gcp:region` settings
-or on provider default labels. Order: keys (and their service-agent grants) -> network, storage,
-registry -> cluster -> GPU pools -> workload identities -> (mlflow.database: managed) Cloud SQL.
+or on provider default labels. Order: APIs -> service agents -> keys and their grants -> network,
+storage, registry -> cluster -> GPU pools -> workload identities (the cluster creates the
+Workload Identity pool their bindings name) -> (mlflow.database: managed) Cloud SQL.
 See docs/gcp.md.
 """
 
@@ -23,6 +24,7 @@ from infra.gcp.identity import Identities, IdentitiesArgs
 from infra.gcp.keys import Keys, KeysArgs
 from infra.gcp.network import PRIVATE_GOOGLE_APIS, Network, NetworkArgs, pool_fabric_key
 from infra.gcp.registry import ArtifactRegistry, ArtifactRegistryArgs
+from infra.gcp.services import ProjectServices, ProjectServicesArgs
 from infra.gcp.storage import Storage, StorageArgs
 from infra.platform import Buckets, ClusterPlatform, EgressTarget, ManagedDatabase, StorageClassSpec
 
@@ -41,24 +43,33 @@ METADATA_SERVER_EGRESS = (EgressTarget("169.254.169.254/32", 80), EgressTarget("
 
 def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
     labels = dict(tags)
-    project = gcp.organizations.get_project_output(project_id=cfg.project)
+    apis = ProjectServices("apis", ProjectServicesArgs(cfg=cfg))
+
+    def after(*deps: pulumi.Resource) -> pulumi.ResourceOptions:
+        """Options of a top-level component: it (and so every child) waits for the APIs and `deps`."""
+        return pulumi.ResourceOptions(depends_on=[apis, *deps])
+
+    project = gcp.organizations.get_project_output(
+        project_id=cfg.project,
+        opts=pulumi.InvokeOutputOptions(depends_on=[apis.services["cloudresourcemanager.googleapis.com"]]))
 
     managed_db = cfg.mlflow.enabled and cfg.mlflow.database == "managed"
     keys = Keys("keys", KeysArgs(cfg=cfg, labels=labels, project_number=project.number,
-                                 optional=("sql",) if managed_db else ()))
-    network = Network("network", NetworkArgs(cfg=cfg, labels=labels))
+                                 optional=("sql",) if managed_db else (), apis=apis.services),
+                opts=after())
+    network = Network("network", NetworkArgs(cfg=cfg, labels=labels), opts=after())
     storage = Storage("storage", StorageArgs(cfg=cfg, labels=labels, kms_key=keys.key_ids["storage"]),
-                      opts=pulumi.ResourceOptions(depends_on=[keys.grants["storage"]]))
+                      opts=after(keys.grants["storage"]))
     registry = ArtifactRegistry(
         "registry", ArtifactRegistryArgs(cfg=cfg, labels=labels, kms_key=keys.key_ids["registry"]),
-        opts=pulumi.ResourceOptions(depends_on=[keys.grants["registry"]]))
+        opts=after(keys.grants["registry"]))
     fabric_pools = [p for p in cfg.gpu_pools if pool_fabric_key(p) is not None]
     cluster = GkeCluster(
         "cluster",
         GkeClusterArgs(cfg=cfg, labels=labels, network=network.network, subnet=network.subnet,
                        database_key=keys.key_ids["gke"], disk_key=keys.key_ids["disks"],
                        multi_networking=bool(fabric_pools), registry=registry.repository),
-        opts=pulumi.ResourceOptions(depends_on=[keys.grants["gke"], keys.grants["disks"], network.nat]))
+        opts=after(keys.grants["gke"], keys.grants["disks"], network.nat))
 
     names: dict[str, pulumi.Output[str]] = {}
     for (key, suffix), net in network.fabric_networks.items():
@@ -73,12 +84,16 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
                             service_account=cluster.node_service_account.email,
                             disk_key=keys.key_ids["disks"],
                             fabric=network.fabric[key] if key else None, networks=names),
-            opts=pulumi.ResourceOptions(depends_on=[keys.grants["disks"], cluster.system_pool])))
-    identities = Identities("identities", IdentitiesArgs(cfg=cfg, buckets=storage.buckets))
+            opts=after(keys.grants["disks"], cluster.system_pool)))
+    # Workload Identity bindings name the <project>.svc.id.goog pool, which exists once a cluster
+    # with Workload Identity does; a binding to a missing pool is refused.
+    identities = Identities("identities", IdentitiesArgs(cfg=cfg, buckets=storage.buckets),
+                            opts=after(cluster.cluster))
     mlflow_database: ManagedDatabase | None = None
     if managed_db:
         database = Database("mlflow-db", DatabaseArgs(cfg=cfg, labels=labels, network=network.network,
-                                                      kms_key=keys.key_ids["sql"], depends_on=(keys.grants["sql"],)))
+                                                      kms_key=keys.key_ids["sql"], depends_on=(keys.grants["sql"],)),
+                            opts=after())
         mlflow_database = database.contract
 
     return ClusterPlatform(

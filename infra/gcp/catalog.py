@@ -6,6 +6,11 @@ Figures come from the accelerator-optimized machine family page
 (https://cloud.google.com/compute/docs/accelerator-optimized-machines) and the GPUDirect guides
 (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx,
 https://cloud.google.com/ai-hypercomputer/docs/create/gke-ai-hypercompute-custom).
+
+Boot disks: A3 Ultra (H200) and A4 (B200) support Hyperdisk only, no Persistent Disk (the
+machine series tables of https://cloud.google.com/compute/docs/accelerator-optimized-machines and
+https://cloud.google.com/compute/docs/disks/hyperdisks), so their node pools boot from
+`hyperdisk-balanced`; the other GPU series keep Persistent Disk.
 """
 
 from __future__ import annotations
@@ -26,17 +31,22 @@ class MachineSpec:
     local_ssds: int  # 375 GB local NVMe SSDs that come with the machine
     vcpus: int
     memory_gib: int
+    boot_disk: str = "pd-balanced"  # boot disk type the machine series accepts
 
 
 CATALOG: dict[str, MachineSpec] = {
     "a3-highgpu-8g": MachineSpec(accelerator="nvidia-h100-80gb", gpu_type="H100", gpus=8, fabric="tcpx",
-                                 extra_gvnic_networks=4, rdma_nics=0, local_ssds=16, vcpus=208, memory_gib=1872),
+                                 extra_gvnic_networks=4, rdma_nics=0, local_ssds=16, vcpus=208, memory_gib=1872,
+                                 boot_disk="pd-ssd"),
     "a3-megagpu-8g": MachineSpec(accelerator="nvidia-h100-mega-80gb", gpu_type="H100", gpus=8, fabric="tcpxo",
-                                 extra_gvnic_networks=8, rdma_nics=0, local_ssds=16, vcpus=208, memory_gib=1872),
+                                 extra_gvnic_networks=8, rdma_nics=0, local_ssds=16, vcpus=208, memory_gib=1872,
+                                 boot_disk="pd-ssd"),
     "a3-ultragpu-8g": MachineSpec(accelerator="nvidia-h200-141gb", gpu_type="H200", gpus=8, fabric="rdma",
-                                  extra_gvnic_networks=1, rdma_nics=8, local_ssds=32, vcpus=224, memory_gib=2952),
+                                  extra_gvnic_networks=1, rdma_nics=8, local_ssds=32, vcpus=224, memory_gib=2952,
+                                  boot_disk="hyperdisk-balanced"),
     "a4-highgpu-8g": MachineSpec(accelerator="nvidia-b200", gpu_type="B200", gpus=8, fabric="rdma",
-                                 extra_gvnic_networks=1, rdma_nics=8, local_ssds=32, vcpus=224, memory_gib=3968),
+                                 extra_gvnic_networks=1, rdma_nics=8, local_ssds=32, vcpus=224, memory_gib=3968,
+                                 boot_disk="hyperdisk-balanced"),
     "a2-ultragpu-1g": MachineSpec(accelerator="nvidia-a100-80gb", gpu_type="A100-80GB", gpus=1, fabric="none",
                                   extra_gvnic_networks=0, rdma_nics=0, local_ssds=1, vcpus=12, memory_gib=170),
     "g2-standard-4": MachineSpec(accelerator="nvidia-l4", gpu_type="L4", gpus=1, fabric="none",
@@ -61,9 +71,15 @@ def machine_spec(machine_type: str) -> MachineSpec:
 # GPU fabric networks per machine type.
 # --------------------------------------------------------------------------------------------
 
-# GPUDirect NICs run with jumbo frames; Google's guides create every fabric VPC with MTU 8244
-# (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx#create-vpcs-subnets).
-FABRIC_MTU = 8244
+# GPU NICs run with jumbo frames. The GPUDirect-TCPX/TCPXO guide creates its gVNIC VPCs with MTU
+# 8244 (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx#create-vpcs-subnets);
+# A3 Ultra and A4 use 8896 on both their gVNIC and their RoCE VPC, the RDMA profile's default and
+# the value Google recommends for RDMA networks
+# (https://cloud.google.com/vpc/docs/rdma-network-profiles#specifications,
+# https://cloud.google.com/ai-hypercomputer/docs/create/gke-ai-hypercompute-custom).
+GPUDIRECT_MTU = 8244
+RDMA_MTU = 8896
+FABRIC_MTU = {"tcpx": GPUDIRECT_MTU, "tcpxo": GPUDIRECT_MTU, "rdma": RDMA_MTU}
 # The guides number fabric subnets 192.168.<N>.0/24; each fabric subnet is one /24 from this block.
 FABRIC_BLOCK = "192.168.0.0/16"
 
@@ -75,7 +91,7 @@ class FabricVpc:
     suffix: str  # name part: "gvnic-1".."gvnic-8" or "rdma"
     rdma: bool  # RoCE VPC (network profile <zone>-vpc-roce) rather than a gVNIC one
     subnets: int  # subnets in this VPC; each subnet is one NIC on the node
-    mtu: int = FABRIC_MTU
+    mtu: int  # FABRIC_MTU of the machine's fabric kind
 
 
 def fabric_vpcs(machine_type: str) -> tuple[FabricVpc, ...]:
@@ -87,10 +103,13 @@ def fabric_vpcs(machine_type: str) -> tuple[FabricVpc, ...]:
     (https://cloud.google.com/ai-hypercomputer/docs/create/gke-ai-hypercompute-custom).
     """
     spec = machine_spec(machine_type)
-    gvnic = tuple(FabricVpc(suffix=f"gvnic-{i + 1}", rdma=False, subnets=1)
+    if spec.fabric == "none":
+        return ()
+    mtu = FABRIC_MTU[spec.fabric]
+    gvnic = tuple(FabricVpc(suffix=f"gvnic-{i + 1}", rdma=False, subnets=1, mtu=mtu)
                   for i in range(spec.extra_gvnic_networks))
     if spec.rdma_nics:
-        return (*gvnic, FabricVpc(suffix="rdma", rdma=True, subnets=spec.rdma_nics))
+        return (*gvnic, FabricVpc(suffix="rdma", rdma=True, subnets=spec.rdma_nics, mtu=mtu))
     return gvnic
 
 

@@ -6,8 +6,22 @@ Usage (inside the Pulumi program; `build_platform` does this):
                          registry=reg.repository), opts)
     cluster.provider   # pulumi_kubernetes provider for everything in infra/k8s/
     cluster.node_service_account.email   # GPU pools use the same least-privilege account
+    cluster.dns_endpoint   # gke-<id>.<location>.gke.goog, what the kubeconfig talks to
 
-`kubeconfig(...)`, `location(cfg)` and `maintenance_exclusion()` are pure and tested without mocks.
+Control plane access: the IP endpoint stays private (unless `cluster.endpointPublicAccess`), and
+the DNS-based endpoint is on with external traffic allowed. Every request to it is authorized by
+IAM (`container.clusters.connect`) before Kubernetes RBAC sees it, so `pulumi up` from CI or a
+laptop reaches the API server without a public IP, a bastion or an allow-listed address
+(https://cloud.google.com/kubernetes-engine/docs/concepts/network-isolation).
+The stack's kubeconfig therefore names the DNS endpoint; its certificate is publicly trusted, so
+the kubeconfig carries no CA bundle.
+
+Team groups in Kubernetes RBAC (infra/k8s/tenancy.py binds `Group` subjects by e-mail) only work
+with Google Groups for RBAC: the cluster names the `gke-security-groups@<domain>` group that the
+team groups are members of (https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac).
+
+`kubeconfig(...)`, `location(cfg)`, `rbac_security_group(cfg)` and `maintenance_exclusion()` are
+pure and tested without mocks.
 """
 
 from __future__ import annotations
@@ -20,7 +34,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra import naming
-from infra.config import StackConfig
+from infra.config import ConfigError, StackConfig
 from infra.gcp.network import POD_RANGE, SERVICE_RANGE
 
 # Only what a node needs: ship logs and metrics, read images
@@ -68,12 +82,32 @@ def maintenance_exclusion() -> dict[str, object]:
                                   "end_time_behavior": "UNTIL_END_OF_SUPPORT"}}
 
 
-def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
-    """A kubeconfig that authenticates with gke-gcloud-auth-plugin (no static credentials)."""
+def rbac_security_group(cfg: StackConfig) -> str | None:
+    """The Google Groups for RBAC security group, gke-security-groups@<domain> of the teams'
+    groups; None when no team names a group. Groups of several domains cannot share one."""
+    domains: dict[str, str] = {}
+    for t, team in enumerate(cfg.teams):
+        for field_name, groups in (("submitters", team.submitters), ("viewers", team.viewers)):
+            for g, group in enumerate(groups):
+                key = f"gpu-train:teams[{t}].{field_name}[{g}]"
+                if "@" not in group:
+                    raise ConfigError([f"{key} must be a Google group e-mail address on GKE (got {group!r})"])
+                domains.setdefault(group.rsplit("@", 1)[1].lower(), key)
+    if len(domains) > 1:
+        listed = ", ".join(f"{d} ({k})" for d, k in sorted(domains.items()))
+        raise ConfigError([f"gpu-train:teams groups span several domains ({listed}); Google Groups for "
+                           "RBAC reads one gke-security-groups@<domain> group per cluster"])
+    return f"gke-security-groups@{next(iter(domains))}" if domains else None
+
+
+def kubeconfig(name: str, dns_endpoint: str) -> str:
+    """A kubeconfig for the DNS-based endpoint that authenticates with gke-gcloud-auth-plugin
+    (no static credentials; the endpoint's certificate is publicly trusted, so no CA bundle)."""
+    if not dns_endpoint:
+        raise ValueError(f"cluster {name} has no DNS-based control-plane endpoint to write a kubeconfig for")
     doc = {
         "apiVersion": "v1", "kind": "Config", "current-context": name, "preferences": {},
-        "clusters": [{"name": name, "cluster": {"server": f"https://{endpoint}",
-                                                "certificate-authority-data": ca_certificate}}],
+        "clusters": [{"name": name, "cluster": {"server": f"https://{dns_endpoint}"}}],
         "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
         "users": [{"name": name, "user": {"exec": {
             "apiVersion": "client.authentication.k8s.io/v1beta1",
@@ -122,6 +156,7 @@ class GkeCluster(pulumi.ComponentResource):
             f"{name}-nodes-registry-reader", project=cfg.project, location=cfg.region,
             repository=args.registry.name, role=REGISTRY_READER, member=node_member, opts=child))
 
+        security_group = rbac_security_group(cfg)
         self.cluster = gcp.container.Cluster(
             f"{name}-gke", name=naming.resource_name(cfg, "gke", max_len=40), project=cfg.project,
             location=location(cfg), node_locations=list(cfg.zones) if c.regional else None,
@@ -131,6 +166,11 @@ class GkeCluster(pulumi.ComponentResource):
             private_cluster_config=gcp.container.ClusterPrivateClusterConfigArgs(
                 enable_private_nodes=True, enable_private_endpoint=not c.endpoint_public_access,
                 master_ipv4_cidr_block=c.master_cidr),
+            control_plane_endpoints_config=gcp.container.ClusterControlPlaneEndpointsConfigArgs(
+                dns_endpoint_config=gcp.container.ClusterControlPlaneEndpointsConfigDnsEndpointConfigArgs(
+                    allow_external_traffic=True)),
+            authenticator_groups_config=gcp.container.ClusterAuthenticatorGroupsConfigArgs(
+                security_group=security_group) if security_group else None,
             master_authorized_networks_config=gcp.container.ClusterMasterAuthorizedNetworksConfigArgs(
                 cidr_blocks=[gcp.container.ClusterMasterAuthorizedNetworksConfigCidrBlockArgs(**n)
                              for n in authorized_networks(cfg)],
@@ -195,11 +235,12 @@ class GkeCluster(pulumi.ComponentResource):
                 gvnic=gcp.container.NodePoolNodeConfigGvnicArgs(enabled=True)),
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["initialNodeCount"]))
 
-        ca = self.cluster.master_auth.apply(lambda m: m.cluster_ca_certificate)
-        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(self.cluster.name, self.cluster.endpoint, ca).apply(
-            lambda a: kubeconfig(f"gke_{cfg.project}_{location(cfg)}_{a[0]}", a[1], a[2])))
+        self.dns_endpoint = self.cluster.control_plane_endpoints_config.apply(
+            lambda c: c.dns_endpoint_config.endpoint if c and c.dns_endpoint_config else "")
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(self.cluster.name, self.dns_endpoint).apply(
+            lambda a: kubeconfig(f"gke_{cfg.project}_{location(cfg)}_{a[0]}", a[1])))
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig,
                                      enable_server_side_apply=True,
                                      opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_pool]))
-        self.register_outputs({"name": self.cluster.name, "endpoint": self.cluster.endpoint,
+        self.register_outputs({"name": self.cluster.name, "dns_endpoint": self.dns_endpoint,
                                "node_service_account": self.node_service_account.email})

@@ -104,7 +104,8 @@ class GpuNodePool(pulumi.ComponentResource):
             node_config=gcp.container.NodePoolNodeConfigArgs(
                 machine_type=pool.instance_type,
                 image_type="COS_CONTAINERD",
-                disk_type="pd-ssd" if fset is not None else "pd-balanced", disk_size_gb=200,
+                # The series' own boot disk type (A3 Ultra and A4 accept Hyperdisk only).
+                disk_type=spec.boot_disk, disk_size_gb=200,
                 boot_disk_kms_key=args.disk_key,
                 guest_accelerators=[gcp.container.NodePoolNodeConfigGuestAcceleratorArgs(
                     type=spec.accelerator, count=spec.gpus,

@@ -8,9 +8,17 @@ that the program reads (emails, endpoints, the cluster CA, repository ids, self 
 from __future__ import annotations
 
 import base64
+import hashlib
 from typing import Any
 
 PROJECT_NUMBER = "123456789012"
+# Service agents generateServiceIdentity returns, by API (https://cloud.google.com/iam/docs/service-agents).
+SERVICE_AGENT_DOMAINS = {
+    "container.googleapis.com": "container-engine-robot",
+    "compute.googleapis.com": "compute-system",
+    "artifactregistry.googleapis.com": "gcp-sa-artifactregistry",
+    "sqladmin.googleapis.com": "gcp-sa-cloud-sql",
+}
 # A syntactically valid PEM body is not needed by anything offline; base64 like the real field.
 CLUSTER_CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nmock-gke-ca\n-----END CERTIFICATE-----\n").decode()
 
@@ -22,6 +30,10 @@ def invoke(token: str, args: dict[str, Any], ctx) -> dict[str, Any] | None:
     if token == "gcp:organizations/getProject:getProject":
         project = args.get("projectId") or ctx.project
         return {"projectId": project, "number": PROJECT_NUMBER, "name": project, "id": f"projects/{project}"}
+    if token == "gcp:storage/getProjectServiceAccount:getProjectServiceAccount":
+        project = args.get("project") or ctx.project
+        email = f"service-{PROJECT_NUMBER}@gs-project-accounts.iam.gserviceaccount.com"
+        return {"emailAddress": email, "member": f"serviceAccount:{email}", "project": project, "id": email}
     return None
 
 
@@ -41,14 +53,22 @@ def computed(typ: str, name: str, inputs: dict[str, Any], ctx) -> dict[str, Any]
                    name=f"projects/{project}/serviceAccounts/{email}", uniqueId="100000000000000000001")
     elif typ == "gcp:container/cluster:Cluster":
         private = (inputs.get("privateClusterConfig") or {}).get("enablePrivateEndpoint")
+        endpoints = dict(inputs.get("controlPlaneEndpointsConfig") or {})
+        if "dnsEndpointConfig" in endpoints:
+            # gke-<32 hex>-<project number>.<location>.gke.goog, as the API reports it.
+            digest = hashlib.sha256(f"{project}/{inputs.get('name', name)}".encode()).hexdigest()[:32]
+            endpoints["dnsEndpointConfig"] = {
+                **endpoints["dnsEndpointConfig"],
+                "endpoint": f"gke-{digest}-{PROJECT_NUMBER}.{inputs.get('location', ctx.region)}.gke.goog"}
         out.update(endpoint="172.16.0.2" if private else "34.118.0.10",
+                   controlPlaneEndpointsConfig=endpoints,
                    masterAuth={**(inputs.get("masterAuth") or {}), "clusterCaCertificate": CLUSTER_CA},
                    masterVersion=f"{inputs.get('minMasterVersion', '1.33')}.5-gke.1000")
     elif typ == "gcp:artifactregistry/repository:Repository":
         out.update(name=inputs.get("repositoryId", name),
                    registryUri=f"{inputs.get('location')}-docker.pkg.dev/{project}/{inputs.get('repositoryId')}")
     elif typ == "gcp:projects/serviceIdentity:ServiceIdentity":
-        agent = {"sqladmin.googleapis.com": "gcp-sa-cloud-sql"}.get(inputs.get("service", ""), "gcp-sa-unknown")
+        agent = SERVICE_AGENT_DOMAINS.get(inputs.get("service", ""), "gcp-sa-unknown")
         email = f"service-{PROJECT_NUMBER}@{agent}.iam.gserviceaccount.com"
         out.update(email=email, member=f"serviceAccount:{email}")
     elif typ == "gcp:sql/databaseInstance:DatabaseInstance":

@@ -2,7 +2,7 @@
 
 Usage (inside the Pulumi program; `build_platform` does this):
     net = Network("network", NetworkArgs(cfg=cfg, labels=tags), opts)
-    net.network.name, net.subnet.name, net.fabric_vpcs[(set_key, suffix)]
+    net.network.name, net.subnet.name, net.fabric_networks[(set_key, suffix)]
 
 The pure planners `fabric_sets(cfg)` and `pool_fabric_key(pool)` decide which fabric VPCs and
 subnets exist; tests call them without mocks.
@@ -253,6 +253,7 @@ class Network(pulumi.ComponentResource):
         self.fabric = fabric_sets(cfg)
         self.fabric_networks: dict[tuple[str, str], gcp.compute.Network] = {}
         self.fabric_subnets: dict[str, gcp.compute.Subnetwork] = {}
+        self.fabric_firewalls: list[gcp.compute.Firewall] = []
         for key, fset in self.fabric.items():
             for vpc in fset.vpcs:
                 net = gcp.compute.Network(
@@ -265,16 +266,21 @@ class Network(pulumi.ComponentResource):
                     self.fabric_subnets[sub.name] = gcp.compute.Subnetwork(
                         f"{name}-{sub.name}", name=sub.name, project=project, region=region,
                         network=net.id, ip_cidr_range=sub.cidr, opts=child)
-                # Fabric traffic is node-to-node only: allow it from the fabric subnets themselves.
-                gcp.compute.Firewall(
-                    f"{name}-{key}-{vpc.suffix}-internal",
-                    name=naming.resource_name(cfg, key, vpc.suffix, "internal"), project=project,
-                    network=net.id, direction="INGRESS", priority=1000,
-                    source_ranges=[s.cidr for s in vpc.subnets],
-                    allows=[gcp.compute.FirewallAllowArgs(protocol="tcp"),
-                            gcp.compute.FirewallAllowArgs(protocol="udp"),
-                            gcp.compute.FirewallAllowArgs(protocol="icmp")],
-                    opts=child)
+                if not vpc.rdma:
+                    # Fabric traffic is node-to-node only: allow it from the fabric subnets themselves.
+                    self.fabric_firewalls.append(gcp.compute.Firewall(
+                        f"{name}-{key}-{vpc.suffix}-internal",
+                        name=naming.resource_name(cfg, key, vpc.suffix, "internal"), project=project,
+                        network=net.id, direction="INGRESS", priority=1000,
+                        source_ranges=[s.cidr for s in vpc.subnets],
+                        allows=[gcp.compute.FirewallAllowArgs(protocol="tcp"),
+                                gcp.compute.FirewallAllowArgs(protocol="udp"),
+                                gcp.compute.FirewallAllowArgs(protocol="icmp")],
+                        opts=child))
+                # A RoCE VPC rejects VPC firewall rules (only regional network firewall policies of
+                # type RDMA_ROCE_POLICY apply to it) and implicitly allows ingress and egress, so it
+                # gets none: https://cloud.google.com/firewall/docs/firewall-for-roce. Only GPU NICs
+                # of nodes in the profile's zone can attach to it at all.
 
         self.register_outputs({"network": self.network.name, "subnet": self.subnet.name,
                                "fabric_networks": [n.name for n in self.fabric_networks.values()]})

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from infra.gcp.catalog import CATALOG, FABRIC_MTU, fabric_nic_count, fabric_vpcs, machine_spec
+from infra.gcp.catalog import CATALOG, fabric_nic_count, fabric_vpcs, machine_spec
+
+# Expected layouts as Google documents them: the GPUDirect-TCPX/TCPXO guide (4 / 8 gVNIC VPCs,
+# MTU 8244), the AI Hypercomputer custom GKE guide for A3 Ultra and A4 (1 gVNIC VPC + 1 RoCE VPC
+# with 8 subnets) and the RDMA network profile page (MTU 8896).
 
 
-@pytest.mark.parametrize(("machine", "fabric", "gvnic", "rdma_subnets", "ssds"), [
-    ("a3-highgpu-8g", "tcpx", 4, 0, 16),
-    ("a3-megagpu-8g", "tcpxo", 8, 0, 16),
-    ("a3-ultragpu-8g", "rdma", 1, 8, 32),
-    ("a4-highgpu-8g", "rdma", 1, 8, 32),
+@pytest.mark.parametrize(("machine", "fabric", "gvnic", "rdma_subnets", "ssds", "mtu"), [
+    ("a3-highgpu-8g", "tcpx", 4, 0, 16, 8244),
+    ("a3-megagpu-8g", "tcpxo", 8, 0, 16, 8244),
+    ("a3-ultragpu-8g", "rdma", 1, 8, 32, 8896),
+    ("a4-highgpu-8g", "rdma", 1, 8, 32, 8896),
 ])
-def test_fabric_machines_get_their_vpcs_and_ssds(machine, fabric, gvnic, rdma_subnets, ssds):
+def test_fabric_machines_get_their_vpcs_and_ssds(machine, fabric, gvnic, rdma_subnets, ssds, mtu):
     spec = machine_spec(machine)
     assert (spec.gpus, spec.fabric, spec.local_ssds) == (8, fabric, ssds)
     vpcs = fabric_vpcs(machine)
@@ -21,7 +25,7 @@ def test_fabric_machines_get_their_vpcs_and_ssds(machine, fabric, gvnic, rdma_su
     roce = [v for v in vpcs if v.rdma]
     assert len(plain) == gvnic and all(v.subnets == 1 for v in plain)
     assert sum(v.subnets for v in roce) == rdma_subnets and len(roce) == (1 if rdma_subnets else 0)
-    assert all(v.mtu == FABRIC_MTU == 8244 for v in vpcs)
+    assert {v.mtu for v in vpcs} == {mtu}
     assert fabric_nic_count(machine) == gvnic + rdma_subnets
     assert len({v.suffix for v in vpcs}) == len(vpcs)
 
@@ -31,6 +35,15 @@ def test_machines_without_fabric_have_no_fabric_vpcs():
         if spec.fabric == "none":
             assert fabric_vpcs(name) == ()
             assert spec.local_ssds >= 1
+
+
+@pytest.mark.parametrize(("machine", "disk"), [
+    # A3 Ultra and A4 take Hyperdisk only; the other GPU series boot from Persistent Disk.
+    ("a3-ultragpu-8g", "hyperdisk-balanced"), ("a4-highgpu-8g", "hyperdisk-balanced"),
+    ("a3-highgpu-8g", "pd-ssd"), ("a3-megagpu-8g", "pd-ssd"), ("g2-standard-8", "pd-balanced"),
+])
+def test_boot_disk_type_is_one_the_series_supports(machine, disk):
+    assert machine_spec(machine).boot_disk == disk
 
 
 def test_unknown_machine_type_names_it():

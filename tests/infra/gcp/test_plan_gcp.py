@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import subprocess
+import sys
 
 import pytest
+import yaml
 
-from tests.conftest import resources_of
+from tests.conftest import ROOT, resources_of
 
 STACKS = ["gcp-dev", "gcp-prod"]
 
@@ -55,9 +58,13 @@ def test_everything_is_encrypted_with_our_keys(plans, stack):
     ckpt = next(b["inputs"] for b in buckets if "checkpoints" in b["name"])
     assert ckpt["versioning"]["enabled"] is True
     assert {r["action"]["type"] for r in ckpt["lifecycleRules"]} == {"Delete", "AbortIncompleteMultipartUpload"}
-    repo = one(plan, "gcp:artifactregistry/repository:Repository")
+    repo = one(plan, "gcp:artifactregistry/repository:Repository", "registry-docker")
     assert repo["kmsKeyName"].endswith("/cryptoKeys/registry") and repo["dockerConfig"]["immutableTags"] is True
     assert {p["action"] for p in repo["cleanupPolicies"]} == {"KEEP", "DELETE"}
+    # The build cache's tag is overwritten by every build: its own mutable repository, same key.
+    cache = one(plan, "gcp:artifactregistry/repository:Repository", "registry-cache")
+    assert cache["dockerConfig"]["immutableTags"] is False and cache["kmsKeyName"] == repo["kmsKeyName"]
+    assert {p["action"] for p in cache["cleanupPolicies"]} == {"KEEP", "DELETE"}
     gke = one(plan, "gcp:container/cluster:Cluster")
     assert gke["databaseEncryption"] == {"state": "ENCRYPTED", "keyName": gke["databaseEncryption"]["keyName"]}
     assert gke["databaseEncryption"]["keyName"].endswith("/cryptoKeys/gke")
@@ -82,6 +89,13 @@ def test_cluster_is_private_with_workload_identity(plans, stack):
     (exclusion,) = gke["maintenancePolicy"]["maintenanceExclusions"]
     assert exclusion["exclusionOptions"]["scope"] == "NO_MINOR_OR_NODE_UPGRADES"
     assert gke.get("enableMultiNetworking") is (True if public else None)
+    # CI and operators reach the API through the IAM-authorized DNS endpoint, not an IP.
+    assert gke["controlPlaneEndpointsConfig"] == {"dnsEndpointConfig": {"allowExternalTraffic": True}}
+    # Team groups in RBAC need Google Groups for RBAC (the stacks' groups share one domain).
+    groups = {g.split("@")[1] for r in resources_of(plans[stack], "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+              for g in (sub["name"] for sub in r["inputs"].get("subjects", []) if sub["kind"] == "Group")}
+    assert gke.get("authenticatorGroupsConfig") == (
+        {"securityGroup": f"gke-security-groups@{groups.pop()}"} if groups else None)
     system = one(plans[stack], "gcp:container/nodePool:NodePool", "cluster-system")
     assert system["nodeConfig"]["labels"] == {"gpu-train.io/system": "true"}
     roles = {r["inputs"]["role"] for r in resources_of(plans[stack], "gcp:projects/iAMMember:IAMMember")}
@@ -137,3 +151,17 @@ def test_workload_identity_and_checkpoint_prefix(plans, stack):
     # Nothing writes the datasets bucket; only mlflow writes artifacts.
     assert not any("datasets" in g["bucket"] for g in writers)
     assert all("mlflow" in g["member"] for g in writers if "artifacts" in g["bucket"])
+
+
+def test_team_groups_of_two_domains_fail_the_plan_naming_the_setting(tmp_path):
+    """Google Groups for RBAC takes one gke-security-groups@<domain>: the plan refuses a second domain."""
+    source = sorted(ROOT.glob("stacks/**/Pulumi.gcp-dev.yaml"))[0]
+    doc = yaml.safe_load(source.read_text())
+    doc["config"]["gpu-train:teams"][0]["viewers"] = ["ops@ml-platform-team.dev"]
+    path = tmp_path / "Pulumi.gcp-two-domains.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = subprocess.run([sys.executable, "-m", "infra.plan", "--stack-file", str(path), "--out", str(tmp_path),
+                           "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "gpu-train:teams[0].viewers[0]" in proc.stderr and "several domains" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 
 import pytest
 
-from infra import naming
-from infra.gcp import cluster, fabric, gpu_pools, identity, keys, network, storage
+from infra import config, naming
+from infra.gcp import cluster, fabric, gpu_pools, identity, keys, network, registry, services, storage
 from tests.infra.gcp.conftest import fabric_pool, stack_cfg
 
 L4 = {"name": "l4", "instanceType": "g2-standard-8", "capacity": "spot", "maxNodes": 2}
@@ -132,8 +133,60 @@ def test_keys_storage_registry_cluster_helpers():
     assert len(storage.bucket_name(cfg, "checkpoints")) <= 63
     ex = cluster.maintenance_exclusion()
     assert ex["exclusion_options"]["scope"] == "NO_MINOR_OR_NODE_UPGRADES"
-    kc = json.loads(cluster.kubeconfig("c", "10.0.0.2", "Q0E="))
+    kc = json.loads(cluster.kubeconfig("c", "gke-0123abcd-42.us-central1.gke.goog"))
     assert kc["users"][0]["user"]["exec"]["command"] == "gke-gcloud-auth-plugin"
-    assert kc["clusters"][0]["cluster"]["server"] == "https://10.0.0.2"
+    # The DNS endpoint serves a publicly trusted certificate: no CA bundle, no IP address.
+    assert kc["clusters"][0]["cluster"] == {"server": "https://gke-0123abcd-42.us-central1.gke.goog"}
+    with pytest.raises(ValueError, match="no DNS-based control-plane endpoint"):
+        cluster.kubeconfig("c", "")
     assert cluster.location(stack_cfg([L4], regional=False)) == "us-central1-a"
     assert all(n["cidr_block"] != "0.0.0.0/0" for n in cluster.authorized_networks(cfg))
+
+
+def _with_teams(cfg, *teams):
+    return dataclasses.replace(cfg, teams=tuple(teams))
+
+
+def test_rbac_security_group_comes_from_the_team_groups_domain():
+    cfg = stack_cfg([L4])
+    assert cluster.rbac_security_group(cfg) is None  # the test stack's team names no group
+    team = config.TeamConfig(name="research", gpu_quota=1, submitters=("ml-research@corp.example.org",),
+                             viewers=("ML-Platform@Corp.Example.Org",))
+    # https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac: one
+    # gke-security-groups@<domain> group per cluster.
+    assert cluster.rbac_security_group(_with_teams(cfg, team)) == "gke-security-groups@corp.example.org"
+    other = config.TeamConfig(name="applied", gpu_quota=1, viewers=("ml@other.example.net",))
+    with pytest.raises(config.ConfigError, match=r"several domains.*teams\[1\]\.viewers\[0\]"):
+        cluster.rbac_security_group(_with_teams(cfg, team, other))
+    bare = config.TeamConfig(name="x", gpu_quota=1, submitters=("ml-research",))
+    with pytest.raises(config.ConfigError, match=r"gpu-train:teams\[0\]\.submitters\[0\] must be a Google group"):
+        cluster.rbac_security_group(_with_teams(cfg, bare))
+
+
+def test_build_cache_repository_cleanup_keeps_the_newest_and_expires_the_rest():
+    policies = {p["id"]: p for p in registry.cache_cleanup_policies()}
+    assert policies["keep-newest"]["action"] == "KEEP"
+    assert policies["keep-newest"]["most_recent_versions"]["keep_count"] >= 1
+    deletes = [p["condition"] for p in policies.values() if p["action"] == "DELETE"]
+    # Durations in the API's seconds form; superseded (untagged) caches go first, stale ones later.
+    ages = {c["tag_state"]: int(c["older_than"].removesuffix("s")) for c in deletes}
+    assert ages == {"UNTAGGED": 86400, "ANY": 30 * 86400}
+
+
+def test_required_apis_follow_the_features():
+    dev = stack_cfg([L4])
+    apis = services.required_apis(dev)
+    for api in ("compute.googleapis.com", "container.googleapis.com", "cloudkms.googleapis.com",
+                "artifactregistry.googleapis.com", "storage.googleapis.com", "iam.googleapis.com",
+                "iamcredentials.googleapis.com", "cloudresourcemanager.googleapis.com", "dns.googleapis.com"):
+        assert api in apis
+    assert "sqladmin.googleapis.com" not in apis
+    managed = dataclasses.replace(dev, mlflow=dataclasses.replace(dev.mlflow, enabled=True, database="managed"))
+    assert {"sqladmin.googleapis.com", "servicenetworking.googleapis.com"} <= set(services.required_apis(managed))
+    assert list(apis) == sorted(set(apis))
+
+
+def test_every_key_agent_belongs_to_an_enabled_api():
+    cfg = stack_cfg([L4])
+    assert set(keys.AGENT_APIS) == set(keys.KEY_USES)
+    assert set(keys.AGENT_APIS.values()) - {"sqladmin.googleapis.com"} <= set(services.required_apis(cfg))
