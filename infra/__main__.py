@@ -14,7 +14,7 @@ from infra import config, naming
 from infra.image import TrainerImage, TrainerImageArgs
 from infra.k8s import build_kubernetes
 from infra.k8s.mlflow import MlflowServer, MlflowServerArgs
-from infra.k8s.training import TrainingJob, TrainingJobArgs
+from infra.k8s.training import TrainingJob, TrainingJobArgs, admission_problems
 
 cfg = config.load()
 tags = naming.common_tags(cfg)
@@ -25,6 +25,13 @@ else:
     from infra.gcp import build_platform
 
 platform = build_platform(cfg, tags)
+if cfg.job is not None:
+    # Kueue admits a JobSet whole or not at all: refuse at plan time a job it could never admit, or
+    # whose pods cannot fit their nodes, naming the setting.
+    problems = admission_problems(job=cfg.job, teams=cfg.teams, pools=platform.gpu_pools, cloud=platform.cloud,
+                                  region=platform.region, nvme_host_path=platform.nvme_host_path)
+    if problems:
+        raise config.ConfigError(problems)
 kube = build_kubernetes(platform, cfg)
 
 mlflow = None
@@ -55,7 +62,6 @@ if cfg.job is not None:
         platform=platform,
         job=cfg.job,
         image=image.ref,
-        local_queue=kube.local_queue[cfg.job.team],
         monitoring_labels=kube.monitoring_release_label,
         cache_endpoint=kube.cache_endpoint,
         tracking_uri=mlflow.tracking_uri if mlflow is not None else "",
@@ -80,3 +86,4 @@ if mlflow is not None:
     pulumi.export("mlflowTrackingUri", mlflow.tracking_uri)
 if job is not None:
     pulumi.export("jobName", job.job_name)
+    pulumi.export("jobQueue", job.local_queue)

@@ -3,24 +3,35 @@
 Usage:
     cfg = infra.config.load()                       # inside a Pulumi program (reads pulumi config)
     cfg = infra.config.parse(raw, stack="aws-dev")  # from a dict of "gpu-train:<key>" -> value
+    python -m infra.config deploy-matrix [stacks]   # the stacks the workflows deploy, as GitHub outputs
 
 Every setting lives under the `gpu-train:` namespace of `stacks/Pulumi.<stack>.yaml`. Keys are
 camelCase in YAML and snake_case here. Unknown keys are errors (a typo is never ignored), and every
 invalid value fails here, before any resource exists, with the full key in the message, for example
 `gpu-train:gpuPools[0].maxNodes must be >= minNodes (got 2 < 4)`. All problems are reported at once.
+
+Beyond each value's own shape, the checks here hold the settings against the outside world: regions
+that exist (AWS from botocore's endpoint data, GCP from the list below), Kubernetes minors each cloud
+offers, the trainer's own configuration schema (`trainer.config.build_config`) for the job's preset
+and overrides, the global batch at every world size the job may run at (`trainer.config.batch_layout`),
+the teams' quotas against what the job needs, and, for a stack marked `deploy: true`, the
+placeholder values that example stacks carry.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import ipaddress
 import json
+import math
 import re
 import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 PROJECT = "gpu-train"
@@ -32,7 +43,48 @@ Capacity = Literal["spot", "on-demand", "reservation", "capacity-block"]
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")
 _DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d|w|y)$")
 _IMAGE_DIGEST = re.compile(r"^[a-z0-9.\-/:_]+@sha256:[0-9a-f]{64}$")
-_K8S_VERSION = re.compile(r"^1\.(2[89]|3[0-9])$")
+# Kubernetes object fields are int32; no whole-number setting may exceed one.
+_INT_MAX = 2**31 - 1
+
+# Kubernetes minors offered for new clusters (February 2026), the one list the checks use:
+# - EKS, standard and extended support: 1.30 to 1.35
+#   (https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html);
+# - GKE per release channel, "Available minor versions" of
+#   https://cloud.google.com/kubernetes-engine/docs/release-notes: Rapid 1.32-1.35, Regular 1.32-1.34,
+#   Stable 1.32-1.33.
+# The platform needs 1.31 or later: the job's Job uses successPolicy, on by default from 1.31
+# (KEP-3998, https://kubernetes.io/docs/concepts/workloads/controllers/job/#success-policy).
+PLATFORM_MIN_KUBERNETES = (1, 31)
+KUBERNETES_VERSIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    "aws": {"": ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")},
+    "gcp": {"RAPID": ("1.32", "1.33", "1.34", "1.35"), "REGULAR": ("1.32", "1.33", "1.34"),
+            "STABLE": ("1.32", "1.33")},
+}
+# GCP regions (https://cloud.google.com/compute/docs/regions-zones, February 2026). AWS regions come
+# from botocore's endpoint data: the regions where EKS has an endpoint, in every partition.
+GCP_REGIONS = frozenset({
+    "africa-south1", "asia-east1", "asia-east2", "asia-northeast1", "asia-northeast2", "asia-northeast3",
+    "asia-south1", "asia-south2", "asia-southeast1", "asia-southeast2", "australia-southeast1",
+    "australia-southeast2", "europe-central2", "europe-north1", "europe-north2", "europe-southwest1",
+    "europe-west1", "europe-west2", "europe-west3", "europe-west4", "europe-west6", "europe-west8",
+    "europe-west9", "europe-west10", "europe-west12", "me-central1", "me-central2", "me-west1",
+    "northamerica-northeast1", "northamerica-northeast2", "northamerica-south1", "southamerica-east1",
+    "southamerica-west1", "us-central1", "us-east1", "us-east4", "us-east5", "us-south1", "us-west1",
+    "us-west2", "us-west3", "us-west4",
+})
+
+# Placeholders that example stacks carry and a deployed stack must not: documentation address ranges
+# (RFC 5737, RFC 3849), reserved example domains (RFC 2606, RFC 6761), the account ids AWS's
+# documentation uses, the "acme" of example company names, and made-up reservation ids.
+DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
+_EXAMPLE_DOMAIN = re.compile(r"(^|[.@/])(example\.(com|org|net)|[a-z0-9-]+\.(example|test|invalid|localhost))($|[/:])")
+_SAMPLE_ACCOUNTS = frozenset({"123456789012", "111122223333", "444455556666", "555555555555", "777788889999",
+                              "000000000000", "012345678901", "210987654321"})
+_ACME = re.compile(r"(?<![a-z0-9])acme(?![a-z0-9])", re.IGNORECASE)
+_PLACEHOLDER_WORD = re.compile(r"(?<![a-z0-9])(example|sample|placeholder|changeme|replace-?me|dummy|xxx+)(?![a-z0-9])",
+                               re.IGNORECASE)
+_SEQUENCE = re.compile(r"0123456|1234567|abcdef0|0a1b2c3d|a1b2c3d4|(.)\1{7}")
 
 
 class ConfigError(ValueError):
@@ -106,7 +158,9 @@ class MonitoringConfig:
 @dataclass(frozen=True, kw_only=True)
 class TeamConfig:
     name: str  # DNS label; namespace team-<name>
-    gpu_quota: int  # nominal GPUs in the team's ClusterQueue
+    # nominal GPUs in the team's ClusterQueue per pool, {pool: GPUs} (pools left out: 0), or one
+    # number for every pool (capped at each pool's maxNodes x GPUs)
+    gpu_quota: int | Mapping[str, int]
     submitters: tuple[str, ...] = ()  # identity-provider groups allowed to submit jobs
     viewers: tuple[str, ...] = ()  # groups allowed to read jobs and logs
 
@@ -125,8 +179,10 @@ class JobConfig:
     steps: int = 1000
     global_batch_tokens: int = 524288
     checkpoint_every: int = 200
-    suspend: bool = False  # pause (true) and resume (false) through `pulumi up`
-    max_restarts: int = 3  # JobSet failure policy and torchrun --max-restarts
+    suspend: bool = False  # pause (true: quota released, pods gone) and resume (false) through `pulumi up`
+    max_restarts: int = 3  # torchrun --max-restarts and the JobSet's failurePolicy.maxRestarts
+    data_wait_minutes: int = 10  # how long the pods wait for the dataset manifest before failing the job
+    rendezvous_timeout_minutes: int = 35  # torchrun join timeout; at least Kueue's pods-ready timeout (30)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +199,13 @@ class MlflowConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DeployRunnerConfig:
+    kind: Literal["none", "codebuild"] = "none"  # codebuild: a GitHub Actions runner in the VPC (AWS only)
+    repository: str = ""  # GitHub <owner>/<name> whose workflow jobs run on it
+    connection_arn: str = ""  # AWS CodeConnections connection to GitHub (arn:aws:codeconnections:...)
+
+
+@dataclass(frozen=True, kw_only=True)
 class LimitsConfig:
     max_gpus: int = 64  # cap on the sum of maxNodes x GPUs over all pools (also a policy)
 
@@ -154,6 +217,7 @@ class StackConfig:
     region: str  # AWS region or GCP region
     zones: tuple[str, ...]  # zones the network spans (3 recommended)
     stack: str = ""  # the Pulumi stack name (not a setting; filled in by the loader)
+    deploy: bool = False  # deployed by the workflows: placeholder values (example CIDRs, domains, ids) are refused
     project: str = ""  # GCP project id (GCP only)
     tags: Mapping[str, str] = field(default_factory=dict)  # extra tags / labels on every resource
     network: NetworkConfig = field(default_factory=NetworkConfig)  # address plan and NAT
@@ -166,6 +230,8 @@ class StackConfig:
     image: ImageConfig = field(default_factory=ImageConfig)  # trainer image source
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)  # tracking server and registry
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # guard rails checked here and by policy
+    # how the workflows reach the private EKS endpoint (docs/aws.md, docs/ci.md)
+    deploy_runner: DeployRunnerConfig = field(default_factory=DeployRunnerConfig)
 
     @property
     def is_prod(self) -> bool:
@@ -176,6 +242,33 @@ class StackConfig:
 
     def team(self, name: str) -> TeamConfig:
         return next(t for t in self.teams if t.name == name)
+
+    def pool_capacity(self, pool: GpuPoolConfig) -> int:
+        """GPUs the pool can ever hold: maxNodes x GPUs per node (0 for a type not in the catalog)."""
+        spec = _catalog(self.cloud).get(pool.instance_type)
+        return pool.max_nodes * spec.gpus if spec is not None else 0
+
+    def team_quota(self, team: TeamConfig) -> dict[str, int]:
+        """The team's nominal GPU quota on every pool, by pool name."""
+        return pool_quotas(team.gpu_quota, {p.name: self.pool_capacity(p) for p in self.gpu_pools})
+
+
+def pool_quotas(gpu_quota: int | Mapping[str, int], capacities: Mapping[str, int]) -> dict[str, int]:
+    """A team's `gpuQuota` setting as nominal GPUs per pool: the mapping's entry (0 when absent), or the
+    one number on every pool, capped at the pool's capacity (maxNodes x GPUs per node)."""
+    if isinstance(gpu_quota, Mapping):
+        return {name: int(gpu_quota.get(name, 0)) for name in capacities}
+    return {name: min(int(gpu_quota), capacity) for name, capacity in capacities.items()}
+
+
+def _catalog(cloud: str) -> Mapping[str, Any]:
+    if cloud == "aws":
+        from infra.aws.catalog import CATALOG as EC2
+
+        return EC2
+    from infra.gcp.catalog import CATALOG as GCE
+
+    return GCE
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,6 +283,9 @@ def _camel(name: str) -> str:
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        plain = {int: "a whole number", str: "a string", bool: "true or false"}
+        return " or ".join(plain.get(a, _type_name(a)) for a in typing.get_args(tp) if a is not type(None))
     if origin is Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
     if dataclasses.is_dataclass(tp):
@@ -214,8 +310,22 @@ class _Reader:
         if origin in (typing.Union, types.UnionType):
             if value is None and type(None) in args:
                 return None
-            (inner,) = [a for a in args if a is not type(None)]
-            return self.read(inner, value, key)
+            members = [a for a in args if a is not type(None)]
+            if len(members) == 1:
+                return self.read(members[0], value, key)
+            # Several shapes (a number or a mapping): the first that reads without a problem wins.
+            for member in members:
+                trial = _Reader()
+                result = trial.read(member, value, key)
+                if not trial.problems:
+                    return result
+            wrong_shape = [m for m in members if not _same_shape(m, value)]
+            if len(wrong_shape) < len(members):
+                # The value has one member's shape: report that member's own problems.
+                member = next(m for m in members if _same_shape(m, value))
+                return self.read(member, value, key)
+            self.fail(key, f"must be {_type_name(tp)} (got {type(value).__name__} {value!r})")
+            return value
         if dataclasses.is_dataclass(tp):
             return self.read_dataclass(tp, value, key)
         if origin is Literal:
@@ -242,10 +352,12 @@ class _Reader:
         if tp is int:
             if isinstance(value, bool) or not isinstance(value, int):
                 self.fail(key, f"must be a whole number (got {value!r})")
+            elif abs(value) > _INT_MAX:
+                self.fail(key, f"must be at most {_INT_MAX} (got {value})")
             return value
         if tp is float:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                self.fail(key, f"must be a number (got {value!r})")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                self.fail(key, f"must be a finite number (got {value!r})")
                 return value
             return float(value)
         if tp is str:
@@ -280,6 +392,16 @@ class _Reader:
         return cls(**kwargs)
 
 
+def _same_shape(tp: Any, value: Any) -> bool:
+    """Whether a value has the outer shape of a type (mapping, list, scalar), whatever its contents."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp) or origin in (dict, Mapping, typing.Mapping):
+        return isinstance(value, dict)
+    if origin in (tuple, list):
+        return isinstance(value, list | tuple)
+    return not isinstance(value, dict | list | tuple)
+
+
 # --------------------------------------------------------------------------------------------
 # Semantic checks
 # --------------------------------------------------------------------------------------------
@@ -301,15 +423,30 @@ def _check(cfg: StackConfig) -> list[str]:
 
     if not _DNS_LABEL.match(cfg.stack):
         p.append(f"stack name {cfg.stack!r} must be a lowercase DNS label")
+    regions = _regions(cfg.cloud)
+    if cfg.region not in regions:
+        close = difflib.get_close_matches(cfg.region, sorted(regions), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        p.append(f"{k}region {cfg.region!r} is not {'an AWS' if cfg.cloud == 'aws' else 'a GCP'} region{hint}")
     if not cfg.zones:
         p.append(f"{k}zones must list at least one zone")
+    zone_pattern = re.escape(cfg.region) + ("-[a-z]" if cfg.cloud == "gcp" else "[a-z]")
     for i, z in enumerate(cfg.zones):
-        if not z.startswith(cfg.region + "-" if cfg.cloud == "gcp" else cfg.region):
-            p.append(f"{k}zones[{i}] {z!r} is not in region {cfg.region!r}")
+        if cfg.region in regions and not re.fullmatch(zone_pattern, z):
+            p.append(f"{k}zones[{i}] {z!r} is not a zone of region {cfg.region!r}")
     if len(set(cfg.zones)) != len(cfg.zones):
         p.append(f"{k}zones lists a zone twice")
+    if cfg.cloud == "aws" and len(set(cfg.zones)) < 2:
+        # EKS wants the cluster's subnets in at least two Availability Zones, and so does an RDS subnet
+        # group (https://docs.aws.amazon.com/eks/latest/userguide/network-reqs.html).
+        p.append(f"{k}zones must list at least two zones on AWS (EKS and RDS need subnets in two "
+                 f"Availability Zones; got {list(cfg.zones)})")
     if cfg.cloud == "gcp" and not cfg.project:
         p.append(f"{k}project is required when cloud is gcp")
+    elif cfg.cloud == "gcp" and not re.fullmatch(r"[a-z][-a-z0-9]{4,28}[a-z0-9]", cfg.project):
+        # https://cloud.google.com/resource-manager/docs/creating-managing-projects (project ID rules)
+        p.append(f"{k}project {cfg.project!r} is not a GCP project id (6 to 30 lowercase letters, digits and "
+                 "hyphens, starting with a letter)")
     if cfg.cloud == "aws" and cfg.project:
         p.append(f"{k}project is a GCP setting; remove it for cloud aws")
     for tag, v in cfg.tags.items():
@@ -317,6 +454,8 @@ def _check(cfg: StackConfig) -> list[str]:
             p.append(f"{k}tags.{tag} is not a valid GCP label key (lowercase letters, digits, _ and -)")
         if not isinstance(v, str) or len(v) > 63:
             p.append(f"{k}tags.{tag} must be a string of at most 63 characters")
+        elif cfg.cloud == "gcp" and not re.fullmatch(r"[a-z0-9_-]*", v):
+            p.append(f"{k}tags.{tag} value {v!r} is not a valid GCP label value (lowercase letters, digits, _ and -)")
 
     # Network: valid, disjoint ranges.
     nets = {}
@@ -332,20 +471,31 @@ def _check(cfg: StackConfig) -> list[str]:
         for kb, b in items[i + 1:]:
             if a.overlaps(b):
                 p.append(f"{kb} {b} overlaps {ka} {a}")
+    if cfg.cloud == "gcp" and len(nets) == 3 and not p:
+        p.extend(_gcp_address_plan_problems(cfg))
     if cfg.cloud == "aws" and cfg.network.nat == "single" and cfg.is_prod:
         p.append(f"{k}network.nat must be 'per-zone' in a prod stack (one NAT per AZ survives an AZ outage)")
 
     # Cluster.
     c = cfg.cluster
-    if not _K8S_VERSION.match(c.kubernetes_version):
-        p.append(f"{k}cluster.kubernetesVersion must be a supported minor version like '1.33' "
-                 f"(got {c.kubernetes_version!r})")
+    p.extend(_kubernetes_version_problems(cfg))
     if c.endpoint_public_access and not c.public_access_cidrs:
         p.append(f"{k}cluster.publicAccessCidrs must list the allowed CIDRs when endpointPublicAccess is true")
+    public = []
     for i, cidr in enumerate(c.public_access_cidrs):
         net = _network(cidr, f"{k}cluster.publicAccessCidrs[{i}]", p)
-        if net is not None and net.prefixlen == 0:
-            p.append(f"{k}cluster.publicAccessCidrs[{i}] must not be 0.0.0.0/0")
+        if net is not None:
+            public.append(net)
+    # Normalise the set: several ranges can add up to the whole internet (0.0.0.0/1 + 128.0.0.0/1).
+    for net in ipaddress.collapse_addresses(public):
+        if net.prefixlen == 0:
+            p.append(f"{k}cluster.publicAccessCidrs {list(c.public_access_cidrs)} together open the API "
+                     "endpoint to the whole internet (0.0.0.0/0)")
+    type_pattern = r"[a-z][a-z0-9-]*\.[0-9a-z-]+" if cfg.cloud == "aws" else r"[a-z][a-z0-9]*-[a-z0-9-]+"
+    if c.system_node_type and not re.fullmatch(type_pattern, c.system_node_type):
+        example = "m6i.xlarge" if cfg.cloud == "aws" else "e2-standard-4"
+        kind = "an EC2 instance type" if cfg.cloud == "aws" else "a GCE machine type"
+        p.append(f"{k}cluster.systemNodeType {c.system_node_type!r} is not {kind} name (like {example!r})")
     if c.system_nodes_min < 1 or c.system_nodes_max < c.system_nodes_min:
         p.append(f"{k}cluster.systemNodesMax must be >= systemNodesMin >= 1 "
                  f"(got {c.system_nodes_min}..{c.system_nodes_max})")
@@ -353,6 +503,11 @@ def _check(cfg: StackConfig) -> list[str]:
         net = _network(c.master_cidr, f"{k}cluster.masterCidr", p)
         if net is not None and net.prefixlen != 28:
             p.append(f"{k}cluster.masterCidr must be a /28 (got /{net.prefixlen})")
+        if net is not None:
+            for other_key, other in nets.items():
+                if net.overlaps(other):
+                    p.append(f"{k}cluster.masterCidr {net} overlaps {other_key} {other}: the control plane's "
+                             "range must lie outside the cluster's networks")
 
     # GPU pools.
     if not cfg.gpu_pools:
@@ -383,6 +538,14 @@ def _check(cfg: StackConfig) -> list[str]:
             p.append(f"{pk}.reservationId is required for capacity {pool.capacity!r}")
         if pool.capacity not in ("reservation", "capacity-block") and pool.reservation_id:
             p.append(f"{pk}.reservationId only applies to reservation or capacity-block capacity")
+        # EC2 capacity reservation ids (capacity blocks too) are cr- and 17 hex digits; a GCE
+        # reservation is a lowercase resource name, or projects/<p>/reservations/<name> when shared.
+        reservation = (r"cr-[0-9a-f]{17}" if cfg.cloud == "aws"
+                       else r"(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+        if pool.reservation_id and not re.fullmatch(reservation, pool.reservation_id):
+            kind = "an EC2 capacity reservation id (cr- and 17 hex digits)" if cfg.cloud == "aws" else \
+                "a GCE reservation name (lowercase letters, digits and hyphens)"
+            p.append(f"{pk}.reservationId {pool.reservation_id!r} is not {kind}")
         if pool.capacity == "capacity-block" and cfg.cloud != "aws":
             p.append(f"{pk}.capacity 'capacity-block' is an AWS market type; use 'reservation' on GCP")
         if pool.fabric:
@@ -418,7 +581,11 @@ def _check(cfg: StackConfig) -> list[str]:
     if cfg.monitoring.storage_gb < 1 or cfg.monitoring.grafana_storage_gb < 1:
         p.append(f"{k}monitoring.storageGb and grafanaStorageGb must be >= 1")
     if not 1 <= cfg.monitoring.low_utilization_percent <= 100:
-        p.append(f"{k}monitoring.lowUtilizationPercent must be between 1 and 100")
+        p.append(f"{k}monitoring.lowUtilizationPercent must be between 1 and 100 "
+                 f"(got {cfg.monitoring.low_utilization_percent})")
+    if cfg.monitoring.checkpoint_max_age_minutes < 1:
+        p.append(f"{k}monitoring.checkpointMaxAgeMinutes must be >= 1 "
+                 f"(got {cfg.monitoring.checkpoint_max_age_minutes})")
 
     # Teams.
     if not cfg.teams:
@@ -431,10 +598,11 @@ def _check(cfg: StackConfig) -> list[str]:
         if team.name in team_names:
             p.append(f"{tk}.name {team.name!r} is used by another team")
         team_names.add(team.name)
-        if team.gpu_quota < 0:
-            p.append(f"{tk}.gpuQuota must be >= 0 (got {team.gpu_quota})")
-        elif team.gpu_quota > total_gpus and total_gpus:
-            p.append(f"{tk}.gpuQuota {team.gpu_quota} is more than the pools can ever provide ({total_gpus})")
+        p.extend(_team_quota_problems(cfg, team, tk))
+        for field_name in ("submitters", "viewers"):
+            for j, group in enumerate(getattr(team, field_name)):
+                if not group.strip():
+                    p.append(f"{tk}.{field_name}[{j}] must name a group (got {group!r})")
 
     # Job.
     if cfg.job is not None:
@@ -446,51 +614,299 @@ def _check(cfg: StackConfig) -> list[str]:
                  f"(got {cfg.image.prebuilt!r})")
     if cfg.mlflow.storage_gb < 1:
         p.append(f"{k}mlflow.storageGb must be >= 1")
+    p.extend(_deploy_runner_problems(cfg))
+    if cfg.deploy:
+        p.extend(placeholder_problems(cfg))
     return p
+
+
+def _deploy_runner_problems(cfg: StackConfig) -> list[str]:
+    k = f"{PROJECT}:deployRunner"
+    r = cfg.deploy_runner
+    p = []
+    if r.kind == "codebuild":
+        if cfg.cloud != "aws":
+            p.append(f"{k}.kind 'codebuild' is an AWS runner; GKE's control plane is reached through its "
+                     "DNS-based endpoint")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", r.repository):
+            p.append(f"{k}.repository must be a GitHub <owner>/<name> (got {r.repository!r})")
+        if not re.fullmatch(r"arn:aws[a-z-]*:(codeconnections|codestar-connections):[a-z0-9-]+:[0-9]{12}:"
+                            r"connection/[A-Za-z0-9-]+", r.connection_arn):
+            p.append(f"{k}.connectionArn must be a CodeConnections connection ARN "
+                     f"(arn:aws:codeconnections:<region>:<account>:connection/<id>; got {r.connection_arn!r})")
+    elif r.repository or r.connection_arn:
+        p.append(f"{k}.repository and connectionArn only apply with kind 'codebuild'")
+    if cfg.deploy and cfg.cloud == "aws" and r.kind != "codebuild":
+        p.append(f"{k}.kind must be 'codebuild' in an AWS stack marked deploy: true: the workflows reach the "
+                 "private EKS endpoint through that runner (docs/ci.md)")
+    return p
+
+
+# Trainer keys that have their own job setting: setting them again in job.overrides would be ambiguous.
+MANAGED_OVERRIDES = {
+    "train.steps": "steps",
+    "train.global_batch_tokens": "globalBatchTokens",
+    "checkpoint.every_steps": "checkpointEvery",
+    "checkpoint.remote_uri": "checkpointUri",
+    "data.uri": "datasetUri",
+}
+
+
+def override_text(key: str, value: Any) -> str:
+    """One `section.key=value` argument of the trainer's command line."""
+    if isinstance(value, bool):
+        return f"{key}={'true' if value else 'false'}"
+    return f"{key}={value}"
+
+
+def job_trainer_overrides(job: JobConfig) -> list[str]:
+    """The overrides the trainer gets from the job's own settings, then job.overrides (the JobSet adds
+    paths and URIs that depend on the cluster)."""
+    values: dict[str, Any] = {
+        "train.steps": job.steps,
+        "train.global_batch_tokens": job.global_batch_tokens,
+        "checkpoint.every_steps": job.checkpoint_every,
+        **job.overrides,
+    }
+    return [override_text(k, v) for k, v in values.items()]
+
+
+def parse_nodes(nodes: str) -> tuple[int, int] | None:
+    """(MIN, MAX) of a `MIN:MAX` node range, or None when it is not one."""
+    m = re.fullmatch(r"([0-9]{1,6}):([0-9]{1,6})", nodes)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        return None
+    return int(m.group(1)), int(m.group(2))
+
+
+def job_gpus_per_node(cfg: StackConfig, job: JobConfig) -> int:
+    """GPUs each of the job's pods uses: the setting, or all of its pool's instance type (0 if unknown)."""
+    pool = next((x for x in cfg.gpu_pools if x.name == job.pool), None)
+    spec = _catalog(cfg.cloud).get(pool.instance_type) if pool is not None else None
+    return job.gpus_per_node or (spec.gpus if spec is not None else 0)
 
 
 def _check_job(cfg: StackConfig, job: JobConfig, p: list[str]) -> None:
     jk = f"{PROJECT}:job"
     if not _DNS_LABEL.match(job.name):
-        p.append(f"{jk}.name {job.name!r} must be a lowercase DNS label")
-    if job.team not in {t.name for t in cfg.teams}:
+        p.append(f"{jk}.name {job.name!r} must be a lowercase DNS label of at most 32 characters")
+    team = next((t for t in cfg.teams if t.name == job.team), None)
+    if team is None:
         p.append(f"{jk}.team {job.team!r} is not one of teams[].name")
     pool = next((x for x in cfg.gpu_pools if x.name == job.pool), None)
     if pool is None:
         p.append(f"{jk}.pool {job.pool!r} is not one of gpuPools[].name")
-    m = re.fullmatch(r"([0-9]+):([0-9]+)", job.nodes)
-    if not m:
-        p.append(f"{jk}.nodes must be MIN:MAX, like '2:4' (got {job.nodes!r})")
-    else:
-        lo, hi = int(m.group(1)), int(m.group(2))
-        if lo < 1 or hi < lo:
-            p.append(f"{jk}.nodes must have 1 <= MIN <= MAX (got {job.nodes!r})")
-        elif pool is not None and hi > pool.max_nodes:
-            p.append(f"{jk}.nodes MAX {hi} is more than pool {pool.name!r} maxNodes {pool.max_nodes}")
-    if pool is not None and job.gpus_per_node:
-        from infra.aws.catalog import CATALOG as EC2
-        from infra.gcp.catalog import CATALOG as GCE
-
-        spec = (EC2 if cfg.cloud == "aws" else GCE).get(pool.instance_type)
-        if spec is not None and job.gpus_per_node > spec.gpus:
-            p.append(f"{jk}.gpusPerNode {job.gpus_per_node} is more than {pool.instance_type} has ({spec.gpus})")
+    spec = _catalog(cfg.cloud).get(pool.instance_type) if pool is not None else None
+    nodes = parse_nodes(job.nodes)
+    if nodes is None:
+        p.append(f"{jk}.nodes must be MIN:MAX with 1 <= MIN <= MAX, like '2:4' (got {job.nodes!r})")
+    elif pool is not None and nodes[1] > pool.max_nodes:
+        p.append(f"{jk}.nodes MAX {nodes[1]} is more than pool {pool.name!r} maxNodes {pool.max_nodes}")
     if job.gpus_per_node < 0:
         p.append(f"{jk}.gpusPerNode must be >= 0 (got {job.gpus_per_node})")
+    elif spec is not None and job.gpus_per_node > spec.gpus:
+        p.append(f"{jk}.gpusPerNode {job.gpus_per_node} is more than {pool.instance_type} has ({spec.gpus})")
     for name in ("steps", "global_batch_tokens", "checkpoint_every"):
         if getattr(job, name) < 1:
             p.append(f"{jk}.{_camel(name)} must be >= 1 (got {getattr(job, name)})")
     if job.max_restarts < 0:
         p.append(f"{jk}.maxRestarts must be >= 0 (got {job.max_restarts})")
+    if job.data_wait_minutes < 0:
+        p.append(f"{jk}.dataWaitMinutes must be >= 0 (got {job.data_wait_minutes})")
+    from infra.k8s.admission import timeout_problems
+
+    p.extend(timeout_problems(rendezvous_s=job.rendezvous_timeout_minutes * 60,
+                              key=f"{jk}.rendezvousTimeoutMinutes"))
     scheme = "s3://" if cfg.cloud == "aws" else "gs://"
     for name in ("dataset_uri", "checkpoint_uri"):
         uri = getattr(job, name)
-        if uri and not uri.startswith(scheme):
-            p.append(f"{jk}.{_camel(name)} must start with {scheme} on {cfg.cloud} (got {uri!r})")
+        if uri and not re.fullmatch(re.escape(scheme) + r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?", uri):
+            p.append(f"{jk}.{_camel(name)} must be {scheme}<bucket>/<path> on {cfg.cloud} (got {uri!r})")
+    shape_ok = True
     for key, value in job.overrides.items():
         if not re.fullmatch(r"[a-z_]+\.[a-z_0-9]+", key):
             p.append(f"{jk}.overrides.{key} must be a dotted trainer key like 'train.lr'")
-        if isinstance(value, dict | list):
-            p.append(f"{jk}.overrides.{key} must be a scalar (got {value!r})")
+            shape_ok = False
+        elif key in MANAGED_OVERRIDES:
+            p.append(f"{jk}.overrides.{key} is set by {jk}.{MANAGED_OVERRIDES[key]}; set that instead")
+            shape_ok = False
+        if isinstance(value, dict | list) or value is None:
+            p.append(f"{jk}.overrides.{key} must be a number, string or true/false (got {value!r})")
+            shape_ok = False
+        elif isinstance(value, float) and not math.isfinite(value):
+            p.append(f"{jk}.overrides.{key} must be a finite number (got {value!r})")
+            shape_ok = False
+    if shape_ok and job.steps >= 1 and job.global_batch_tokens >= 1 and job.checkpoint_every >= 1:
+        _check_trainer_settings(cfg, job, nodes, p)
+    if team is not None and pool is not None and nodes is not None and spec is not None:
+        nominal = cfg.team_quota(team).get(pool.name, 0)
+        need = nodes[0] * job_gpus_per_node(cfg, job)
+        if nominal < need:
+            index = cfg.teams.index(team)
+            p.append(f"{PROJECT}:teams[{index}].gpuQuota gives team {team.name!r} {nominal} GPUs of nominal quota "
+                     f"on pool {pool.name!r}, below the {need} that {jk}.nodes MIN {nodes[0]} x "
+                     f"{job_gpus_per_node(cfg, job)} GPUs need")
+
+
+def _check_trainer_settings(cfg: StackConfig, job: JobConfig, nodes: tuple[int, int] | None,
+                            p: list[str]) -> None:
+    """The job's preset and overrides through the trainer's own loader, and its global batch at every
+    world size from MIN to MAX nodes."""
+    from trainer.config import ConfigError as TrainerConfigError
+    from trainer.config import batch_layout, build_config
+
+    jk = f"{PROJECT}:job"
+    try:
+        tcfg = build_config(job.preset, overrides=job_trainer_overrides(job))
+    except TrainerConfigError as exc:
+        text = str(exc)
+        if text.startswith("--preset"):
+            p.append(f"{jk}.preset {job.preset!r}: {text.split(':', 1)[1].strip()}")
+            return
+        key = text.split(":", 1)[0].split(" ", 1)[0]
+        setting = next((f"{jk}.{v}" for k, v in MANAGED_OVERRIDES.items() if k == key), None)
+        where = setting or (f"{jk}.overrides.{key}" if key in job.overrides else f"{jk}.preset {job.preset!r}")
+        p.append(f"{where}: the trainer refuses it: {text}")
+        return
+    gpus = job_gpus_per_node(cfg, job)
+    if nodes is None or gpus < 1:
+        return
+    for n in range(nodes[0], nodes[1] + 1):
+        try:
+            batch_layout(tcfg, n * gpus)
+        except TrainerConfigError as exc:
+            per_step = tcfg.train.micro_batch_size * tcfg.model.context
+            sizes = [m * gpus for m in range(nodes[0], nodes[1] + 1)]
+            lcm = math.lcm(*sizes) * per_step
+            p.append(f"{jk}.globalBatchTokens {job.global_batch_tokens} does not divide at world size "
+                     f"{n * gpus} ({n} nodes x {gpus} GPUs, within {jk}.nodes {job.nodes}): {exc}. A multiple "
+                     f"of {lcm} tokens works at every world size from {sizes[0]} to {sizes[-1]}")
+            return
+
+
+def _gcp_address_plan_problems(cfg: StackConfig) -> list[str]:
+    """The GCP layer's own address planning (fabric subnets in 192.168.0.0/16, the Private Service
+    Access range in 10.0.0.0/8) must find room beside the stack's ranges."""
+    try:
+        ipaddress.IPv4Network(cfg.cluster.master_cidr)
+    except ValueError:
+        return []  # reported with the cluster settings
+    from infra.gcp import network
+
+    problems = []
+    if any(p.fabric for p in cfg.gpu_pools):
+        try:
+            network.fabric_sets(cfg)
+        except (ValueError, KeyError) as exc:
+            problems.append(f"{PROJECT}:network ranges leave no room for the GPU fabric subnets: {exc}")
+    if cfg.mlflow.enabled and cfg.mlflow.database == "managed":
+        try:
+            network.psa_range(cfg)
+        except ValueError as exc:
+            problems.append(f"{PROJECT}:network ranges leave no room for Cloud SQL's private range: {exc}")
+    return problems
+
+
+@functools.cache
+def _regions(cloud: str) -> frozenset[str]:
+    if cloud == "gcp":
+        return GCP_REGIONS
+    import botocore.session
+
+    session = botocore.session.get_session()
+    return frozenset(r for partition in ("aws", "aws-cn", "aws-us-gov")
+                     for r in session.get_available_regions("eks", partition_name=partition))
+
+
+def _kubernetes_version_problems(cfg: StackConfig) -> list[str]:
+    key = f"{PROJECT}:cluster.kubernetesVersion"
+    version = cfg.cluster.kubernetes_version
+    if cfg.cloud == "aws":
+        offered, where = KUBERNETES_VERSIONS["aws"][""], "EKS"
+    else:
+        channel = cfg.cluster.release_channel
+        offered, where = KUBERNETES_VERSIONS["gcp"].get(channel, ()), f"GKE's {channel} channel"
+    supported = [v for v in offered if tuple(int(x) for x in v.split(".")) >= PLATFORM_MIN_KUBERNETES]
+    if version in supported:
+        return []
+    if version in offered:
+        return [f"{key} {version!r} is older than this platform supports (Job successPolicy needs 1.31 or "
+                f"later; {where} offers {', '.join(supported)})"]
+    return [f"{key} {version!r} is not a Kubernetes minor {where} offers for new clusters "
+            f"(supported: {', '.join(supported)})"]
+
+
+def _team_quota_problems(cfg: StackConfig, team: TeamConfig, tk: str) -> list[str]:
+    p = []
+    pools = {pool.name: pool for pool in cfg.gpu_pools}
+    if isinstance(team.gpu_quota, Mapping):
+        for name, gpus in team.gpu_quota.items():
+            if name not in pools:
+                p.append(f"{tk}.gpuQuota.{name} is not one of gpuPools[].name ({', '.join(pools)})")
+            elif not isinstance(gpus, int) or isinstance(gpus, bool):
+                continue  # reported by the reader
+            elif gpus < 0:
+                p.append(f"{tk}.gpuQuota.{name} must be >= 0 (got {gpus})")
+            elif gpus > cfg.pool_capacity(pools[name]) and cfg.pool_capacity(pools[name]):
+                p.append(f"{tk}.gpuQuota.{name} {gpus} is more than pool {name!r} can ever hold "
+                         f"({cfg.pool_capacity(pools[name])} GPUs: maxNodes x GPUs per node)")
+    elif team.gpu_quota < 0:
+        p.append(f"{tk}.gpuQuota must be >= 0 (got {team.gpu_quota})")
+    if not p and pools and sum(v for v in cfg.team_quota(team).values() if isinstance(v, int)) == 0:
+        p.append(f"{tk}.gpuQuota gives team {team.name!r} no GPUs on any pool: it could only run on what "
+                 "other teams lend")
+    return p
+
+
+def _walk(value: Any, key: str):
+    """(full key, value) for every scalar in a settings tree."""
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            if f.name != "stack":
+                yield from _walk(getattr(value, f.name), f"{key}.{_camel(f.name)}" if key else f"{PROJECT}:{_camel(f.name)}")
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _walk(v, f"{key}.{k}")
+    elif isinstance(value, tuple | list):
+        for i, v in enumerate(value):
+            yield from _walk(v, f"{key}[{i}]")
+    else:
+        yield key, value
+
+
+def _placeholder(key: str, value: str) -> str | None:
+    """Why a value looks like an example stack's placeholder rather than something real."""
+    for token in re.split(r"[\s,;]+", value):
+        try:
+            net = ipaddress.ip_network(token, strict=False)
+        except ValueError:
+            continue
+        for doc in DOCUMENTATION_RANGES:
+            if net.version == doc.version and net.overlaps(doc):
+                return f"{net} is in the documentation range {doc} (RFC {'3849' if doc.version == 6 else '5737'})"
+    low = value.lower()
+    if _EXAMPLE_DOMAIN.search(low):
+        return "it names a reserved example domain (RFC 2606)"
+    if any(acct in re.findall(r"(?<![0-9])[0-9]{12}(?![0-9])", value) for acct in _SAMPLE_ACCOUNTS):
+        return "it holds an AWS documentation sample account id"
+    if _ACME.search(value):
+        return "'acme' is the example company of the example stacks"
+    if _PLACEHOLDER_WORD.search(value) and ".overrides." not in key:  # trainer settings are not names
+        return "it reads as a placeholder"
+    if key.endswith(".reservationId") and _SEQUENCE.search(low):
+        return "it is a made-up reservation id (a run of sequential or repeated characters)"
+    return None
+
+
+def placeholder_problems(cfg: StackConfig) -> list[str]:
+    """Values of a stack marked for deployment that are an example's placeholders, by full key."""
+    problems = []
+    for key, value in _walk(cfg, ""):
+        if isinstance(value, str) and value:
+            why = _placeholder(key, value)
+            if why:
+                problems.append(f"{key} {value!r} is a placeholder in a stack marked deploy: true: {why}")
+    return problems
 
 
 # --------------------------------------------------------------------------------------------
@@ -512,6 +928,9 @@ def parse(raw: Mapping[str, Any], stack: str) -> StackConfig:
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise ConfigError([f"{key} is not valid JSON: {exc}"]) from None
+        elif isinstance(value, str) and _top_level_type(name) is bool and value in ("true", "false"):
+            # ... and top-level scalars as strings: `gpu-train:deploy: true` arrives as "true".
+            value = value == "true"
         values[name] = value
     reader = _Reader()
     cfg = reader.read_dataclass(StackConfig, values, "", skip=("stack",))
@@ -524,6 +943,11 @@ def parse(raw: Mapping[str, Any], stack: str) -> StackConfig:
     return cfg
 
 
+def _top_level_type(camel: str) -> Any:
+    hints = typing.get_type_hints(StackConfig)
+    return next((hints[f.name] for f in dataclasses.fields(StackConfig) if _camel(f.name) == camel), None)
+
+
 def load() -> StackConfig:
     """Read this stack's settings from the Pulumi engine (inside `pulumi up/preview` or under mocks)."""
     import pulumi
@@ -532,3 +956,60 @@ def load() -> StackConfig:
     raw = dict(runtime_config.get_config_env())
     raw.update(runtime_config.CONFIG.get())
     return parse(raw, stack=pulumi.get_stack())
+
+
+def deploy_matrix(stack_dir: Path) -> dict[str, list[dict[str, str]]]:
+    """The stacks the workflows deploy: every `Pulumi.<stack>.yaml` in `stack_dir` that sets
+    `gpu-train:deploy: true`, as GitHub Actions matrix entries ({"stack", "cloud", "region"}) split into
+    {"nonprod", "prod"}. The other files are examples: planned and tested, never deployed."""
+    import yaml
+
+    out: dict[str, list[dict[str, str]]] = {"nonprod": [], "prod": []}
+    for path in sorted(stack_dir.glob("Pulumi.*.yaml")):
+        stack = path.name[len("Pulumi."):-len(".yaml")]
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+        raw = doc.get("config") if isinstance(doc, dict) else None
+        if not isinstance(raw, dict) or raw.get(f"{PROJECT}:deploy") is not True:
+            continue
+        cloud, environment = raw.get(f"{PROJECT}:cloud"), raw.get(f"{PROJECT}:environment")
+        region = raw.get(f"{PROJECT}:region")
+        if cloud not in ("aws", "gcp") or environment not in ("dev", "staging", "prod") or not isinstance(region, str):
+            raise ConfigError([f"{path}: a stack marked deploy: true needs {PROJECT}:cloud aws|gcp, "
+                               f"{PROJECT}:environment dev|staging|prod and {PROJECT}:region "
+                               f"(got {cloud!r}, {environment!r}, {region!r})"])
+        runner = raw.get(f"{PROJECT}:deployRunner")
+        if cloud == "aws" and not (isinstance(runner, dict) and runner.get("kind") == "codebuild"):
+            raise ConfigError([f"{path}: an AWS stack marked deploy: true needs {PROJECT}:deployRunner.kind "
+                               "codebuild (the runner inside its VPC that the workflows run on)"])
+        out["prod" if environment == "prod" else "nonprod"].append({"stack": stack, "cloud": cloud, "region": region})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m infra.config")
+    sub = parser.add_subparsers(dest="command", required=True)
+    matrix = sub.add_parser("deploy-matrix", help="print the stacks marked deploy: true as GitHub outputs "
+                                                  "(nonprod=<json>, prod=<json>, all=<json>, aws=<true|false>)")
+    matrix.add_argument("stack_dir", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent / "stacks")
+    args = parser.parse_args(argv)
+    try:
+        found = deploy_matrix(args.stack_dir)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"nonprod={json.dumps(found['nonprod'])}")
+    print(f"prod={json.dumps(found['prod'])}")
+    print(f"all={json.dumps(found['nonprod'] + found['prod'])}")
+    uses_aws = any(e["cloud"] == "aws" for e in found["nonprod"] + found["prod"])
+    print(f"aws={'true' if uses_aws else 'false'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

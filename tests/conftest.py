@@ -38,8 +38,16 @@ def plan_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def plans(plan_dir) -> dict[str, dict]:
+def stack_plans(plan_dir) -> dict[str, dict]:
+    """Every stack's plan. Session-wide fixtures depend on this one, never on `plans`: a directory's
+    conftest may narrow `plans` (tests/infra/aws: only the aws stacks), and a session fixture built
+    from a narrowed `plans` would keep that narrowing for the whole session."""
     return {s: json.loads((plan_dir / f"{s}.json").read_text()) for s in STACKS}
+
+
+@pytest.fixture(scope="session")
+def plans(stack_plans) -> dict[str, dict]:
+    return stack_plans
 
 
 @pytest.fixture(autouse=True)
@@ -107,6 +115,6 @@ def variant_plans(variant_plan_dir) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="session")
-def all_plans(plans, variant_plans) -> dict[str, dict]:
+def all_plans(stack_plans, variant_plans) -> dict[str, dict]:
     """The four stacks and the fabric variants, by stack name."""
-    return {**plans, **variant_plans}
+    return {**stack_plans, **variant_plans}

@@ -1,10 +1,17 @@
 """Scheduling and tenancy: Kueue and JobSet, one ResourceFlavor per GPU pool, one ClusterQueue per
-team (GPU quota from the settings, borrowing inside one cohort), and per team a namespace with a
-LocalQueue, ResourceQuota, LimitRange, RBAC for its groups, the `trainer` ServiceAccount bound to
-the team's cloud identity, and default-deny NetworkPolicies with only the needed holes.
+team (nominal GPU quota per pool from the settings, borrowing inside one cohort), and per team a
+namespace with a LocalQueue, ResourceQuota, LimitRange, RBAC for its groups, the `trainer`
+ServiceAccount bound to the team's cloud identity, and default-deny NetworkPolicies with only the
+needed holes.
 
 Usage: `Tenancy("tenancy", TenancyArgs(platform=..., teams=cfg.teams, ...))`; `tenancy.local_queue`
-maps team -> LocalQueue name. Quota arithmetic, Kueue config and every manifest are pure functions.
+maps team -> LocalQueue name. Quota arithmetic, Kueue config and every manifest are pure functions;
+infra/k8s/admission.py checks the stack's job against exactly these objects.
+
+Kueue 0.19.2 stores kueue.x-k8s.io/v1beta2 and reads a config.kueue.x-k8s.io/v1beta2 Configuration
+(strictly: unknown fields stop the controller). Field names follow apis/kueue/v1beta2 and
+apis/config/v1beta2 at that tag (github.com/kubernetes-sigs/kueue): a ClusterQueue names its cohort
+in `cohortName`, and waitForPodsReady has no `enable` switch (the section's presence turns it on).
 """
 
 from __future__ import annotations
@@ -18,17 +25,19 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from infra import naming
-from infra.config import TeamConfig
+from infra.config import TeamConfig, pool_quotas
 from infra.k8s import common
+from infra.k8s.admission import PODS_READY_TIMEOUT_S
 from infra.platform import ClusterPlatform, GpuPool
 
 # https://kueue.sigs.k8s.io/docs/installation/#install-a-released-version (Helm, OCI)
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
-KUEUE_VERSION = "0.14.3"
+KUEUE_VERSION = "0.19.2"
 # https://jobset.sigs.k8s.io/docs/installation/ (Helm, OCI)
 JOBSET_CHART = "oci://registry.k8s.io/jobset/charts/jobset"
-JOBSET_VERSION = "0.10.1"
-KUEUE_API = "kueue.x-k8s.io/v1beta1"
+JOBSET_VERSION = "0.12.0"
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+KUEUE_CONFIG_API = "config.kueue.x-k8s.io/v1beta2"
 COHORT = "gpu-train"
 GPU_RESOURCE = "nvidia.com/gpu"
 KUEUE_MANAGED_LABEL = "gpu-train.io/kueue-managed"
@@ -53,24 +62,15 @@ def pool_capacity(pool: GpuPool) -> int:
     return pool.max_nodes * pool.gpus_per_node
 
 
-def split_quota(quota: int, pools: Sequence[GpuPool]) -> dict[str, int]:
-    """Split a team's GPU quota over the pools in proportion to their capacity (largest remainder),
-    never above a pool's capacity; the parts add up to min(quota, total capacity)."""
-    total = sum(pool_capacity(p) for p in pools)
-    if total == 0:
-        return {p.name: 0 for p in pools}
-    target = min(quota, total)
-    exact = {p.name: target * pool_capacity(p) / total for p in pools}
-    parts = {name: int(v) for name, v in exact.items()}
-    by_remainder = sorted(pools, key=lambda p: (-(exact[p.name] - parts[p.name]), -pool_capacity(p), p.name))
-    short = target - sum(parts.values())
-    for pool in by_remainder:
-        if short == 0:
-            break
-        if parts[pool.name] < pool_capacity(pool):
-            parts[pool.name] += 1
-            short -= 1
-    return parts
+def team_pool_quotas(team: TeamConfig, pools: Sequence[GpuPool]) -> dict[str, int]:
+    """The team's nominal GPUs on every pool, from its `gpuQuota` setting (infra.config.pool_quotas)."""
+    return pool_quotas(team.gpu_quota, {p.name: pool_capacity(p) for p in pools})
+
+
+def namespace_labels(team: str) -> dict[str, str]:
+    """Labels of a team's namespace: its ClusterQueue selects it by the team label, and Kueue manages
+    every job in it (managedJobsNamespaceSelector)."""
+    return {naming.TEAM_LABEL: team, KUEUE_MANAGED_LABEL: "true"}
 
 
 def resource_flavor(pool: GpuPool) -> dict[str, Any]:
@@ -84,11 +84,12 @@ def resource_flavor(pool: GpuPool) -> dict[str, Any]:
 
 
 def cluster_queues(teams: Sequence[TeamConfig], pools: Sequence[GpuPool]) -> list[dict[str, Any]]:
-    """One ClusterQueue per team in one cohort. Per pool flavor: nominal GPUs from the team's share;
-    the team may lend all of it while idle and borrow what the others lend (reclaimed by preemption)."""
+    """One ClusterQueue per team in one cohort. Per pool flavor: the team's nominal GPUs on that pool;
+    it may lend all of them while idle and borrow what the other teams have there (reclaimed by
+    preemption). CPU and memory quota come with each GPU."""
     if not pools:
         raise ValueError("cluster queues need at least one GPU pool")
-    shares = {t.name: split_quota(t.gpu_quota, pools) for t in teams}
+    shares = {t.name: team_pool_quotas(t, pools) for t in teams}
     queues = []
     for team in teams:
         flavors = []
@@ -109,7 +110,7 @@ def cluster_queues(teams: Sequence[TeamConfig], pools: Sequence[GpuPool]) -> lis
             "apiVersion": KUEUE_API, "kind": "ClusterQueue",
             "metadata": {"name": cluster_queue_name(team.name), "labels": {naming.TEAM_LABEL: team.name}},
             "spec": {
-                "cohort": COHORT,
+                "cohortName": COHORT,
                 "namespaceSelector": {"matchLabels": {naming.TEAM_LABEL: team.name}},
                 "queueingStrategy": "BestEffortFIFO",
                 "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE], "flavors": flavors}],
@@ -128,11 +129,12 @@ def local_queue(team: str) -> dict[str, Any]:
     }
 
 
-def kueue_manager_config() -> str:
-    """Kueue's controller configuration (Configuration v1beta1): JobSet integration, jobs without a
-    queue name in team namespaces are held instead of bypassing quota, fabric devices excluded."""
-    config = {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta1",
+def kueue_configuration() -> dict[str, Any]:
+    """Kueue's controller configuration (Configuration v1beta2): JobSet integration; jobs without a
+    queue name in team namespaces are held instead of bypassing quota; fabric devices excluded from
+    quota; all-or-nothing start within PODS_READY_TIMEOUT_S, without a recovery timeout."""
+    return {
+        "apiVersion": KUEUE_CONFIG_API,
         "kind": "Configuration",
         "health": {"healthProbeBindAddress": ":8081"},
         "metrics": {"bindAddress": ":8443"},
@@ -144,12 +146,22 @@ def kueue_manager_config() -> str:
                                                 "ResourceFlavor.kueue.x-k8s.io": 1}},
         "manageJobsWithoutQueueName": True,
         "managedJobsNamespaceSelector": {"matchLabels": {KUEUE_MANAGED_LABEL: "true"}},
-        "waitForPodsReady": {"enable": True, "timeout": "10m", "blockAdmission": False,
-                             "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 5}},
+        # All MAX pods must be ready within the timeout after admission, or the job is evicted and
+        # requeued (at most backoffLimitCount times, then deactivated). recoveryTimeout 0s turns off
+        # the same rule for a running job that lost a pod (pkg/controller/core/core.go applies it only
+        # when > 0): the job keeps training on the nodes it has while the lost pod waits for a node.
+        "waitForPodsReady": {"timeout": f"{PODS_READY_TIMEOUT_S}s", "recoveryTimeout": "0s",
+                             "blockAdmission": False,
+                             "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 5,
+                                                   "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600}},
         "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]},
         "resources": {"excludeResourcePrefixes": list(EXCLUDED_RESOURCE_PREFIXES)},
     }
-    return yaml.safe_dump(config, sort_keys=False)
+
+
+def kueue_manager_config() -> str:
+    """kueue_configuration() as the chart's managerConfig.controllerManagerConfigYaml."""
+    return yaml.safe_dump(kueue_configuration(), sort_keys=False)
 
 
 def kueue_values(system_selector: dict[str, str]) -> dict[str, Any]:
@@ -173,12 +185,13 @@ def jobset_values(system_selector: dict[str, str]) -> dict[str, Any]:
 
 
 def team_quota(team: TeamConfig, teams: Sequence[TeamConfig], pools: Sequence[GpuPool]) -> dict[str, str]:
-    """ResourceQuota hard limits for a team namespace: its GPU quota plus what it may borrow (Kueue
-    is the real arbiter; this is the backstop for pods that bypass it), no Services that open the
-    namespace to the network."""
-    capacity = sum(pool_capacity(p) for p in pools)
-    cohort = min(capacity, sum(t.gpu_quota for t in teams))
-    gpus = max(team.gpu_quota, cohort)
+    """ResourceQuota hard limits for a team namespace: the most its ClusterQueue can ever admit, its
+    nominal GPUs plus what it may borrow on every pool (Kueue is the real arbiter; this is the
+    backstop for pods that bypass it), and no Services that open the namespace to the network."""
+    # On each pool a team may use its nominal GPUs plus every other team's (borrowingLimit): together,
+    # every team's nominal GPUs on every pool. The team itself is one of `teams`.
+    gpus = sum(q for t in teams for q in team_pool_quotas(t, pools).values())
+    gpus = max(gpus, sum(team_pool_quotas(team, pools).values()))
     return {
         f"requests.{GPU_RESOURCE}": str(gpus),
         "requests.cpu": str(gpus * CPU_PER_GPU + 16),
@@ -192,10 +205,12 @@ def team_quota(team: TeamConfig, teams: Sequence[TeamConfig], pools: Sequence[Gp
 
 
 def limit_range() -> dict[str, Any]:
-    """Defaults for containers that name no resources (the trainer sets its own)."""
+    """Defaults for containers that name no resources (the trainer sets its own). No default CPU limit:
+    the LimitRanger would give it to the trainer, which sets no CPU limit on purpose, and its CPU
+    request above that default would make the API server refuse the pods."""
     return {"limits": [{
         "type": "Container",
-        "default": {"cpu": "2", "memory": "4Gi"},
+        "default": {"memory": "4Gi"},
         "defaultRequest": {"cpu": "500m", "memory": "1Gi"},
     }]}
 
@@ -207,7 +222,9 @@ def submitter_rules() -> list[dict[str, Any]]:
         {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": write},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": write},
         {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "services"], "verbs": read},
-        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": read},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": read},
+        # patch: pause and resume a submitted job through its Workload's spec.active.
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": [*read, "patch"]},
     ]
 
 
@@ -311,8 +328,8 @@ class Tenancy(pulumi.ComponentResource):
         self.service_accounts: dict[str, k8s.core.v1.ServiceAccount] = {}
         for team in args.teams:
             ns_name = naming.team_namespace(team.name)
-            ns = common.namespace(ns_name, p, self, enforce=level, depends_on=base, labels={
-                naming.TEAM_LABEL: team.name, KUEUE_MANAGED_LABEL: "true"})
+            ns = common.namespace(ns_name, p, self, enforce=level, depends_on=base,
+                                  labels=namespace_labels(team.name))
             deps = [ns]
             self.team_namespaces[team.name] = ns
             common.network_policies(ns_name, team_network_policies(p, args.cache_enabled), p, self, deps)

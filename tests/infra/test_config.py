@@ -1,4 +1,7 @@
-"""Stack settings: the four stacks load, and every kind of bad value fails with its full key."""
+"""Stack settings: the four stacks load, and every kind of bad value fails with its full key.
+
+Usage: .venv/bin/pytest tests/infra/test_config.py -q
+"""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ def test_every_stack_file_loads(stack):
     assert cfg.cloud == stack.split("-")[0]
     assert cfg.environment == stack.split("-")[1]
     assert cfg.job is not None and cfg.job.pool in {p.name for p in cfg.gpu_pools}
+    assert cfg.deploy is False  # the shipped stacks are examples
 
 
 def test_dev_stacks_are_small_spot_and_scale_to_zero():
@@ -45,13 +49,24 @@ def test_prod_stacks_use_fabric_h100_with_reserved_and_spot_pools():
         assert {p.capacity for p in cfg.gpu_pools} & {"reservation", "capacity-block", "on-demand"}
 
 
+def test_prod_jobs_have_their_whole_max_on_nominal_quota():
+    # Hand-computed: nodes "2:4" on 8-GPU machines needs 32 GPUs admitted at once; the research team's
+    # nominal quota on h100-reserved is 32 in both prod stacks.
+    for stack in ("aws-prod", "gcp-prod"):
+        cfg = config.parse(raw_stack(stack), stack)
+        research = cfg.team("research")
+        assert cfg.team_quota(research) == {"h100-reserved": 32, "h100-spot": 16}
+        assert cfg.team_quota(cfg.team("applied")) == {"h100-reserved": 0, "h100-spot": 16}
+
+
 def test_structured_values_as_json_strings_like_the_engine_passes_them():
-    raw = raw_stack("aws-dev")
+    raw = raw_stack("aws-dev") | {"gpu-train:deploy": True, "gpu-train:deployRunner": RUNNER}
     engine_style = {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
-    assert isinstance(engine_style["gpu-train:gpuPools"], str)
+    assert isinstance(engine_style["gpu-train:gpuPools"], str) and engine_style["gpu-train:deploy"] == "true"
     cfg = config.parse(engine_style, "aws-dev")
     assert cfg.gpu_pools[0].name == "l4-spot"
-    assert cfg.gpu_pools[1].instance_type == "g6e.xlarge"
+    assert cfg.gpu_pools[1].instance_type == "g6e.2xlarge"
+    assert cfg.deploy is True
 
 
 def test_settings_of_other_namespaces_are_ignored():
@@ -59,11 +74,27 @@ def test_settings_of_other_namespaces_are_ignored():
     assert config.parse(raw, "aws-dev").region == "us-east-1"
 
 
+def test_gpu_quota_is_one_number_for_every_pool_or_a_mapping():
+    raw = copy.deepcopy(raw_stack("aws-dev"))  # pools: l4-spot 4 x 1 GPU, l40s-spot 2 x 1 GPU
+    raw["gpu-train:teams"][0]["gpuQuota"] = 3
+    cfg = config.parse(raw, "aws-dev")
+    # One number: that many on every pool, never more than a pool holds (l40s-spot holds 2).
+    assert cfg.team_quota(cfg.teams[0]) == {"l4-spot": 3, "l40s-spot": 2}
+    raw["gpu-train:teams"][0]["gpuQuota"] = {"l40s-spot": 1, "l4-spot": 2}
+    cfg = config.parse(raw, "aws-dev")
+    assert cfg.team_quota(cfg.teams[0]) == {"l4-spot": 2, "l40s-spot": 1}
+    assert cfg.team_quota(cfg.teams[1]) == {"l4-spot": 0, "l40s-spot": 2}
+
+
 def _set(path: str, value):
     """A mutation: set a value at `top.key[0].sub` in the raw settings (None deletes it)."""
 
     def mutate(raw: dict) -> None:
-        top, *rest = path.split(".")
+        top, *rest = path.split(".", 1)
+        rest = rest[0].split(".") if rest else []
+        # Override keys contain a dot themselves: `job.overrides.train.lr` addresses key "train.lr".
+        if len(rest) > 2 and rest[0] == "overrides":
+            rest = [rest[0], ".".join(rest[1:])]
         node, key = raw, f"gpu-train:{top}"
         tokens: list = [key]
         for part in rest:
@@ -89,12 +120,26 @@ def _set(path: str, value):
     return mutate
 
 
+def _both(*mutations):
+    def mutate(raw: dict) -> None:
+        for m in mutations:
+            m(raw)
+
+    return mutate
+
+
+RUNNER = {"kind": "codebuild", "repository": "corp/gpu-train",
+          "connectionArn": "arn:aws:codeconnections:us-east-1:731204958136:connection/7c1e4f52-98a1-4b0c-a7d2-5e6f3b9c0d18"}
+
 # (stack, mutation, text that must appear in the error: always the full key)
 BAD = [
     ("aws-dev", _set("cloud", "azure"), "gpu-train:cloud must be one of 'aws' | 'gcp' (got 'azure')"),
     ("aws-dev", _set("region", None), "gpu-train:region is required"),
+    ("aws-dev", _set("region", "us-east-9"), "gpu-train:region 'us-east-9' is not an AWS region"),
+    ("gcp-dev", _set("region", "us-central9"), "gpu-train:region 'us-central9' is not a GCP region"),
     ("aws-dev", _set("gpuPools[0].maxNode", 3), "gpu-train:gpuPools[0].maxNode is not a known setting"),
     ("aws-dev", _set("gpuPools[0].maxNodes", "four"), "gpu-train:gpuPools[0].maxNodes must be a whole number"),
+    ("aws-dev", _set("gpuPools[0].maxNodes", 2**40), "gpu-train:gpuPools[0].maxNodes must be at most 2147483647"),
     ("aws-prod", _set("gpuPools[1].minNodes", 5), "gpu-train:gpuPools[1].maxNodes must be >= minNodes (got 4 < 5)"),
     ("aws-dev", _set("gpuPools[0].minNodes", 1), "gpu-train:gpuPools[0].minNodes must be 0 in a dev stack"),
     ("aws-dev", _set("gpuPools[0].instanceType", "p9.mega"), "gpu-train:gpuPools[0].instanceType 'p9.mega'"),
@@ -107,22 +152,97 @@ BAD = [
     ("aws-dev", _set("network.vpcCidr", "10.0.0.0/33"), "gpu-train:network.vpcCidr must be an IPv4 CIDR block"),
     ("aws-dev", _set("network.podCidr", "10.10.0.0/16"), "gpu-train:network.podCidr 10.10.0.0/16 overlaps"),
     ("aws-prod", _set("network.nat", "single"), "gpu-train:network.nat must be 'per-zone' in a prod stack"),
-    ("aws-dev", _set("cluster.kubernetesVersion", "1.19"), "gpu-train:cluster.kubernetesVersion must be"),
+    ("aws-dev", _set("cluster.kubernetesVersion", "1.19"),
+     "gpu-train:cluster.kubernetesVersion '1.19' is not a Kubernetes minor EKS offers"),
+    ("aws-dev", _set("cluster.kubernetesVersion", "1.40"),
+     "gpu-train:cluster.kubernetesVersion '1.40' is not a Kubernetes minor EKS offers"),
+    # EKS still offers 1.30, but the job's Job successPolicy needs 1.31.
+    ("aws-dev", _set("cluster.kubernetesVersion", "1.30"),
+     "gpu-train:cluster.kubernetesVersion '1.30' is older than this platform supports"),
+    # GKE's Stable channel does not offer 1.35 yet.
+    ("gcp-prod", _set("cluster.kubernetesVersion", "1.35"),
+     "gpu-train:cluster.kubernetesVersion '1.35' is not a Kubernetes minor GKE's STABLE channel offers"),
     ("aws-dev", _set("cluster.endpointPublicAccess", True), "gpu-train:cluster.publicAccessCidrs must list"),
-    ("aws-prod", _set("cluster.publicAccessCidrs", ["0.0.0.0/0"]),
-     "gpu-train:cluster.publicAccessCidrs[0] must not be 0.0.0.0/0"),
-    ("aws-dev", _set("zones", ["eu-west-1a"]), "gpu-train:zones[0] 'eu-west-1a' is not in region 'us-east-1'"),
+    ("aws-prod", _set("cluster.publicAccessCidrs", ["0.0.0.0/0"]), "open the API endpoint to the whole internet"),
+    # The whole internet written as two halves.
+    ("aws-prod", _set("cluster.publicAccessCidrs", ["0.0.0.0/1", "128.0.0.0/1"]),
+     "gpu-train:cluster.publicAccessCidrs ['0.0.0.0/1', '128.0.0.0/1'] together open the API endpoint"),
+    ("gcp-prod", _set("cluster.publicAccessCidrs", ["128.0.0.0/1", "0.0.0.0/2", "64.0.0.0/2"]),
+     "together open the API endpoint to the whole internet"),
+    ("aws-dev", _set("zones", ["eu-west-1a", "us-east-1b"]),
+     "gpu-train:zones[0] 'eu-west-1a' is not a zone of region 'us-east-1'"),
+    ("aws-prod", _set("zones", ["us-east-1a"]), "gpu-train:zones must list at least two zones on AWS"),
     ("gcp-dev", _set("project", None), "gpu-train:project is required when cloud is gcp"),
+    ("gcp-dev", _set("project", "ML"), "gpu-train:project 'ML' is not a GCP project id"),
+    ("aws-dev", _set("cluster.systemNodeType", "large"), "gpu-train:cluster.systemNodeType 'large' is not an EC2 instance type name"),
+    ("aws-prod", _set("gpuPools[0].reservationId", "my reservation"),
+     "gpu-train:gpuPools[0].reservationId 'my reservation' is not an EC2 capacity reservation id"),
+    ("aws-dev", _set("teams[0].submitters", [" "]), "gpu-train:teams[0].submitters[0] must name a group"),
     ("gcp-dev", _set("gpuPools[0].capacity", "capacity-block"), "gpu-train:gpuPools[0].capacity 'capacity-block'"),
     ("gcp-prod", _set("cluster.masterCidr", "172.16.0.0/24"), "gpu-train:cluster.masterCidr must be a /28"),
+    # gcp-prod's VPC is 10.40.0.0/20: a control plane inside it.
+    ("gcp-prod", _set("cluster.masterCidr", "10.40.0.16/28"),
+     "gpu-train:cluster.masterCidr 10.40.0.16/28 overlaps gpu-train:network.vpcCidr 10.40.0.0/20"),
+    # gcp-prod's TCPXO pools need 8 fabric /24s in 192.168.0.0/16; a VPC over all of it leaves none.
+    ("gcp-prod", _set("network.vpcCidr", "192.168.0.0/16"),
+     "gpu-train:network ranges leave no room for the GPU fabric subnets"),
+    ("gcp-dev", _set("tags.owner", "ML Team"), "gpu-train:tags.owner value 'ML Team' is not a valid GCP label value"),
+    ("aws-dev", _set("monitoring.checkpointMaxAgeMinutes", -5),
+     "gpu-train:monitoring.checkpointMaxAgeMinutes must be >= 1 (got -5)"),
+    ("aws-dev", _set("monitoring.lowUtilizationPercent", -1),
+     "gpu-train:monitoring.lowUtilizationPercent must be between 1 and 100 (got -1)"),
     ("aws-dev", _set("teams[0].gpuQuota", -1), "gpu-train:teams[0].gpuQuota must be >= 0"),
+    ("aws-dev", _set("teams[0].gpuQuota", [4]), "gpu-train:teams[0].gpuQuota must be a whole number or a mapping"),
+    ("aws-dev", _set("teams[0].gpuQuota", {"l4-spot": "four"}),
+     "gpu-train:teams[0].gpuQuota.l4-spot must be a whole number"),
+    ("aws-dev", _set("teams[0].gpuQuota", {"l4-sopt": 4}),
+     "gpu-train:teams[0].gpuQuota.l4-sopt is not one of gpuPools[].name"),
+    ("aws-dev", _set("teams[0].gpuQuota", {"l4-spot": -2}), "gpu-train:teams[0].gpuQuota.l4-spot must be >= 0"),
+    # l4-spot holds 4 nodes x 1 GPU.
+    ("aws-dev", _set("teams[0].gpuQuota", {"l4-spot": 5}),
+     "gpu-train:teams[0].gpuQuota.l4-spot 5 is more than pool 'l4-spot' can ever hold (4 GPUs"),
+    ("aws-dev", _set("teams[1].gpuQuota", 0), "gpu-train:teams[1].gpuQuota gives team 'platform' no GPUs on any pool"),
+    # The job's team needs MIN 2 nodes x 8 GPUs = 16 on h100-reserved.
+    ("aws-prod", _set("teams[0].gpuQuota", {"h100-reserved": 8, "h100-spot": 32}),
+     "gpu-train:teams[0].gpuQuota gives team 'research' 8 GPUs of nominal quota on pool 'h100-reserved', "
+     "below the 16 that gpu-train:job.nodes MIN 2 x 8 GPUs need"),
     ("aws-dev", _set("job.team", "nobody"), "gpu-train:job.team 'nobody' is not one of teams[].name"),
     ("aws-dev", _set("job.pool", "h100"), "gpu-train:job.pool 'h100' is not one of gpuPools[].name"),
     ("aws-dev", _set("job.nodes", "4"), "gpu-train:job.nodes must be MIN:MAX"),
+    ("aws-dev", _set("job.nodes", "3:2"), "gpu-train:job.nodes must be MIN:MAX with 1 <= MIN <= MAX"),
     ("aws-dev", _set("job.nodes", "1:9"), "gpu-train:job.nodes MAX 9 is more than pool 'l4-spot' maxNodes 4"),
-    ("aws-dev", _set("job.gpusPerNode", 8), "gpu-train:job.gpusPerNode 8 is more than g6.xlarge has (1)"),
-    ("aws-dev", _set("job.datasetUri", "gs://bucket/x"), "gpu-train:job.datasetUri must start with s3://"),
+    ("aws-dev", _set("job.gpusPerNode", 8), "gpu-train:job.gpusPerNode 8 is more than g6.2xlarge has (1)"),
+    ("aws-dev", _set("job.datasetUri", "gs://bucket/x"), "gpu-train:job.datasetUri must be s3://<bucket>/<path>"),
+    ("aws-dev", _set("job.checkpointUri", "s3://"), "gpu-train:job.checkpointUri must be s3://<bucket>/<path>"),
     ("aws-dev", _set("job.suspend", "yes"), "gpu-train:job.suspend must be true or false"),
+    ("aws-dev", _set("job.dataWaitMinutes", -1), "gpu-train:job.dataWaitMinutes must be >= 0 (got -1)"),
+    ("aws-dev", _set("job.rendezvousTimeoutMinutes", 10),
+     "gpu-train:job.rendezvousTimeoutMinutes is 10 minutes, shorter than Kueue's waitForPodsReady timeout (30"),
+    ("aws-dev", _set("job.preset", "gpt5"), "gpu-train:job.preset 'gpt5': unknown preset 'gpt5'"),
+    ("aws-dev", _set("job.overrides.train.micro_batchsize", 8),
+     "gpu-train:job.overrides.train.micro_batchsize: the trainer refuses it: train.micro_batchsize: unknown key"),
+    ("aws-dev", _set("job.overrides.train.lr", "fast"),
+     "gpu-train:job.overrides.train.lr: the trainer refuses it: train.lr: expected a number"),
+    ("aws-dev", _set("job.overrides.trian.lr", 0.1), "gpu-train:job.overrides.trian.lr: the trainer refuses it"),
+    ("aws-dev", _set("job.overrides.train.lr", float("nan")), "gpu-train:job.overrides.train.lr must be a finite number"),
+    ("aws-dev", _set("job.overrides", {"train.lr": None}), "gpu-train:job.overrides.train.lr must be a number, string"),
+    ("aws-dev", _set("job.overrides.train.steps", 5),
+     "gpu-train:job.overrides.train.steps is set by gpu-train:job.steps; set that instead"),
+    ("aws-dev", _set("job.overrides.data.uri", "s3://b/m.json"),
+     "gpu-train:job.overrides.data.uri is set by gpu-train:job.datasetUri"),
+    ("aws-dev", _set("job.overrides.Train-LR", 1), "gpu-train:job.overrides.Train-LR must be a dotted trainer key"),
+    # 65537 tokens is not a whole number of 1024-token sequences.
+    ("aws-dev", _set("job.globalBatchTokens", 65537),
+     "gpu-train:job.globalBatchTokens: the trainer refuses it: train.global_batch_tokens (65537) must be a multiple"),
+    # 1048576 / 1024 = 1024 sequences; 3 nodes x 8 GPUs x micro batch 16 = 384 does not divide 1024;
+    # lcm(16, 24, 32) x 16 x 1024 = 1572864 does.
+    ("aws-prod", _both(_set("job.globalBatchTokens", 1048576), _set("job.overrides.train.micro_batch_size", 16)),
+     "gpu-train:job.globalBatchTokens 1048576 does not divide at world size 24 (3 nodes x 8 GPUs"),
+    ("aws-prod", _both(_set("job.globalBatchTokens", 1048576), _set("job.overrides.train.micro_batch_size", 16)),
+     "A multiple of 1572864 tokens works at every world size from 16 to 32"),
+    # gpt2-124m: 65536 / 1024 = 64 sequences; 2 nodes x 1 GPU x micro batch 64 = 128 does not divide 64.
+    ("aws-dev", _set("job.overrides.train.micro_batch_size", 64),
+     "gpu-train:job.globalBatchTokens 65536 does not divide at world size 2 (2 nodes x 1 GPUs"),
     ("aws-dev", _set("image.prebuilt", "trainer:latest"), "gpu-train:image.prebuilt must be pinned by digest"),
     ("aws-dev", _set("monitoring.retention", "two weeks"), "gpu-train:monitoring.retention must be a Prometheus"),
     ("aws-prod", _set("cache.masters", 1), "gpu-train:cache.masters must be 3 or 5 in a prod stack"),
@@ -130,16 +250,47 @@ BAD = [
     ("aws-dev", _set("limits.maxGpus", 2), "over gpu-train:limits.maxGpus = 2"),
     ("aws-dev", _set("gpuPools[0].labels", {"gpu-train.io/pool": "x"}),
      "gpu-train:gpuPools[0].labels.gpu-train.io/pool uses a reserved prefix"),
+    ("aws-dev", _set("deploy", "yes"), "gpu-train:deploy must be true or false"),
+    # Placeholders are refused only in a stack marked for deployment.
+    ("aws-prod", _set("deploy", True), "gpu-train:cluster.publicAccessCidrs[0] '203.0.113.0/24' is a placeholder"),
+    ("aws-prod", _set("deploy", True), "gpu-train:gpuPools[0].reservationId 'cr-0a1b2c3d4e5f67890' is a placeholder"),
+    ("gcp-dev", _set("deploy", True), "gpu-train:project 'acme-ml-dev' is a placeholder"),
+    ("gcp-dev", _set("deploy", True), "gpu-train:teams[0].submitters[0] 'ml-research@acme.example' is a placeholder"),
+    ("aws-dev", _both(_set("deploy", True), _set("cluster.endpointPublicAccess", True),
+                      _set("cluster.publicAccessCidrs", ["198.51.100.7/32"])),
+     "gpu-train:cluster.publicAccessCidrs[0] '198.51.100.7/32' is a placeholder"),
+    ("aws-dev", _both(_set("deploy", True),
+                      _set("image.prebuilt", "123456789012.dkr.ecr.us-east-1.amazonaws.com/t@sha256:" + "a" * 64)),
+     "gpu-train:image.prebuilt '123456789012.dkr.ecr"),
+    ("aws-dev", _both(_set("deploy", True), _set("tags.owner", "ml@example.com")),
+     "gpu-train:tags.owner 'ml@example.com' is a placeholder"),
+    ("aws-dev", _set("deploy", True), "gpu-train:deployRunner.kind must be 'codebuild' in an AWS stack marked"),
+    ("aws-dev", _set("deployRunner", {"kind": "codebuild", "repository": "gpu-train",
+                                      "connectionArn": RUNNER["connectionArn"]}),
+     "gpu-train:deployRunner.repository must be a GitHub <owner>/<name>"),
+    ("aws-dev", _set("deployRunner", {"kind": "codebuild", "repository": "corp/gpu-train", "connectionArn": "x"}),
+     "gpu-train:deployRunner.connectionArn must be a CodeConnections connection ARN"),
+    ("gcp-dev", _set("deployRunner", {"kind": "codebuild"}), "gpu-train:deployRunner.kind 'codebuild' is an AWS"),
+    ("aws-dev", _set("deployRunner", {"repository": "corp/gpu-train"}),
+     "gpu-train:deployRunner.repository and connectionArn only apply with kind 'codebuild'"),
+    # The runner's own settings are checked for placeholders too.
+    ("aws-dev", _both(_set("deploy", True), _set("deployRunner", {
+        "kind": "codebuild", "repository": "acme/gpu-train",
+        "connectionArn": "arn:aws:codeconnections:us-east-1:111122223333:connection/0a1b"})),
+     "gpu-train:deployRunner.connectionArn 'arn:aws:codeconnections:us-east-1:111122223333:connection/0a1b' is a "
+     "placeholder"),
 ]
 
 
-@pytest.mark.parametrize(("stack", "mutate", "message"), BAD, ids=[m for _, _, m in BAD])
+@pytest.mark.parametrize(("stack", "mutate", "message"), BAD, ids=[m[:70] for _, _, m in BAD])
 def test_bad_settings_fail_with_the_full_key(stack, mutate, message):
     raw = copy.deepcopy(raw_stack(stack))
     mutate(raw)
     with pytest.raises(config.ConfigError) as err:
         config.parse(raw, stack)
     assert message in str(err.value), str(err.value)
+    for problem in err.value.problems:
+        assert "\n" not in problem and problem.startswith(("gpu-train:", "stack name")), problem
 
 
 def test_every_problem_is_reported_at_once():
@@ -164,14 +315,108 @@ def test_settings_are_frozen():
         cfg.region = "eu-west-1"  # type: ignore[misc]
 
 
+@pytest.mark.parametrize(("cloud", "region"), [("aws", "eu-west-1"), ("aws", "ap-southeast-5"),
+                                               ("aws", "us-gov-west-1"), ("aws", "cn-north-1"),
+                                               ("gcp", "europe-west4"), ("gcp", "northamerica-south1")])
+def test_real_regions_pass(cloud, region):
+    base = "aws-dev" if cloud == "aws" else "gcp-dev"
+    raw = copy.deepcopy(raw_stack(base))
+    raw["gpu-train:region"] = region
+    raw["gpu-train:zones"] = [f"{region}a", f"{region}b"] if cloud == "aws" else [f"{region}-a"]
+    assert config.parse(raw, base).region == region
+
+
+@pytest.mark.parametrize(("stack", "channel", "version"), [
+    ("aws-dev", None, "1.31"), ("aws-dev", None, "1.35"), ("gcp-dev", "RAPID", "1.35"),
+    ("gcp-dev", "REGULAR", "1.34"), ("gcp-dev", "STABLE", "1.32")])
+def test_offered_kubernetes_versions_pass(stack, channel, version):
+    raw = copy.deepcopy(raw_stack(stack))
+    raw["gpu-train:cluster"]["kubernetesVersion"] = version
+    if channel:
+        raw["gpu-train:cluster"]["releaseChannel"] = channel
+    assert config.parse(raw, stack).cluster.kubernetes_version == version
+
+
+@pytest.mark.parametrize("value", [
+    "203.0.113.0/24", "192.0.2.10", "2001:db8::/48", "ml@example.com", "https://example.org/x", "team@corp.example",
+    "acme-ml-prod", "Acme_Corp", "arn:aws:iam::123456789012:role/x", "111122223333", "cr-1234567890abcdef0",
+    "cr-00000000000000000", "my-sample-reservation", "replace-me", "CHANGEME",
+])
+def test_placeholder_values_are_recognised(value):
+    key = "gpu-train:gpuPools[0].reservationId" if value.startswith(("cr-", "my-")) else "gpu-train:tags.x"
+    assert config._placeholder(key, value), value
+
+
+@pytest.mark.parametrize("value", [
+    "10.0.0.0/16", "52.94.76.0/22", "ml-research", "research@corp.io", "s3://corp-datasets/gpt",
+    "cr-0f3c9e1d27a8b4c65", "a3mega-reservation-1", "cost-center", "macme", "acmenet", "arn:aws:iam::731204958136:role/x",
+])
+def test_real_looking_values_are_not_placeholders(value):
+    assert config._placeholder("gpu-train:gpuPools[0].reservationId", value) is None, value
+
+
+def test_trainer_overrides_are_not_names_to_police():
+    assert config._placeholder("gpu-train:job.overrides.tracking.experiment", "sample-efficiency") is None
+    assert config._placeholder("gpu-train:tags.owner", "sample-efficiency")
+
+
+def test_deploy_matrix_lists_only_stacks_marked_for_deployment(tmp_path):
+    assert config.deploy_matrix(ROOT / "stacks") == {"nonprod": [], "prod": []}  # the shipped ones are examples
+    for name, cloud, env, deploy in (("a-dev", "aws", "dev", True), ("g-prod", "gcp", "prod", True),
+                                     ("x-prod", "aws", "prod", False), ("s-stg", "gcp", "staging", True)):
+        doc = {"config": {"gpu-train:cloud": cloud, "gpu-train:environment": env, "gpu-train:deploy": deploy,
+                          "gpu-train:region": "eu-west-1" if cloud == "aws" else "europe-west4"}}
+        if cloud == "aws":
+            doc["config"]["gpu-train:deployRunner"] = RUNNER
+        (tmp_path / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "Pulumi.notes.yaml").write_text("config:\n  gpu-train:deploy: 'true'\n")  # a string is not a marker
+    assert config.deploy_matrix(tmp_path) == {
+        "nonprod": [{"stack": "a-dev", "cloud": "aws", "region": "eu-west-1"},
+                    {"stack": "s-stg", "cloud": "gcp", "region": "europe-west4"}],
+        "prod": [{"stack": "g-prod", "cloud": "gcp", "region": "europe-west4"}]}
+
+
+def test_deploy_matrix_cli_prints_github_outputs(tmp_path, capsys):
+    doc = {"config": {"gpu-train:cloud": "gcp", "gpu-train:environment": "prod", "gpu-train:deploy": True,
+                      "gpu-train:region": "us-central1"}}
+    (tmp_path / "Pulumi.g-prod.yaml").write_text(yaml.safe_dump(doc))
+    assert config.main(["deploy-matrix", str(tmp_path)]) == 0
+    lines = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert json.loads(lines["prod"]) == [{"stack": "g-prod", "cloud": "gcp", "region": "us-central1"}]
+    assert json.loads(lines["nonprod"]) == [] and lines["aws"] == "false"
+    assert json.loads(lines["all"]) == json.loads(lines["prod"])
+    (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump({"config": {"gpu-train:deploy": True}}))
+    assert config.main(["deploy-matrix", str(tmp_path)]) == 2
+    assert "Pulumi.bad.yaml: a stack marked deploy: true needs gpu-train:cloud" in capsys.readouterr().err
+    (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump({"config": {
+        "gpu-train:deploy": True, "gpu-train:cloud": "aws", "gpu-train:environment": "dev",
+        "gpu-train:region": "us-east-1"}}))
+    assert config.main(["deploy-matrix", str(tmp_path)]) == 2
+    assert "an AWS stack marked deploy: true needs gpu-train:deployRunner.kind codebuild" in capsys.readouterr().err
+
+
+def test_a_real_deploy_runner_passes():
+    raw = copy.deepcopy(raw_stack("aws-dev")) | {"gpu-train:deploy": True, "gpu-train:deployRunner": RUNNER}
+    cfg = config.parse(raw, "aws-dev")
+    assert cfg.deploy_runner.kind == "codebuild" and cfg.deploy_runner.repository == "corp/gpu-train"
+
+
 def test_every_setting_is_documented():
     import dataclasses
 
     doc = (ROOT / "docs" / "configuration.md").read_text()
     classes = [config.StackConfig, config.NetworkConfig, config.ClusterConfig, config.GpuPoolConfig,
                config.CacheConfig, config.MonitoringConfig, config.TeamConfig, config.JobConfig,
-               config.ImageConfig, config.MlflowConfig, config.LimitsConfig]
+               config.ImageConfig, config.MlflowConfig, config.LimitsConfig, config.DeployRunnerConfig]
     for cls in classes:
         for f in dataclasses.fields(cls):
             if f.name != "stack":
                 assert f"| `{config._camel(f.name)}` |" in doc, f"{cls.__name__}.{f.name} missing from docs"
+
+
+def test_kubernetes_versions_and_regions_are_documented_with_their_source():
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for cloud, channels in config.KUBERNETES_VERSIONS.items():
+        for versions in channels.values():
+            assert all(v in doc for v in versions), cloud
+    assert "docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html" in doc

@@ -1,4 +1,9 @@
-"""The offline plan tool: every stack plans, the document has the promised shape, secrets never leak."""
+"""The offline plan tool: every stack plans, the document has the promised shape, secrets never leak,
+every planned job is one Kueue admits and whose pods fit their nodes, and a table of broken stack
+files each exits with status 2 and the culprit's key, never a traceback.
+
+Usage: .venv/bin/pytest tests/infra/test_plan.py -q   (plans every stack and ~60 broken files: minutes)
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ import pytest
 import yaml
 
 from infra import plan as plan_tool
-from tests.conftest import ROOT, STACKS
+from infra.k8s import admission
+from tests.conftest import ROOT, STACKS, resources_of
 
 
 def run_plan(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -111,3 +117,269 @@ def test_summary_prints_types_and_outputs(stack, tmp_path):
     assert "kubeconfig: [secret]" in proc.stdout
     doc = json.loads((tmp_path / f"{stack}.json").read_text())
     assert doc["stack"] == stack
+
+
+# --------------------------------------------------------------------------- the job against Kueue
+
+
+def _objects(plan: dict, kind: str) -> list[dict]:
+    return [o for o in plan_tool.kubernetes_objects(plan) if o["kind"] == kind]
+
+
+def _kueue_configuration(plan: dict) -> dict:
+    release = next(r["inputs"] for r in resources_of(plan, "kubernetes:helm.sh/v3:Release")
+                   if r["inputs"].get("name") == "kueue")
+    return yaml.safe_load(release["values"]["managerConfig"]["controllerManagerConfigYaml"])
+
+
+def _stack_settings(name: str):
+    from infra import config
+    from tests.conftest import VARIANTS
+
+    base, instance_type = VARIANTS.get(name, (name, None))
+    raw = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{base}.yaml").read_text())["config"]
+    if instance_type:
+        for pool in raw["gpu-train:gpuPools"]:
+            pool["instanceType"] = instance_type
+    return config.parse(raw, name)
+
+
+def test_every_planned_job_is_admitted_whole_by_its_cluster_queue_and_fits_its_nodes(all_plans):
+    """Read back from the plan (the objects `pulumi up` would create): the JobSet, its LocalQueue, the
+    ClusterQueues, ResourceFlavors, the namespace's labels and LimitRange, and Kueue's configuration."""
+    checked = []
+    for stack, plan in all_plans.items():
+        (jobset,) = _objects(plan, "JobSet")
+        cfg = _stack_settings(stack)
+        ns = jobset["metadata"]["namespace"]
+        (namespace,) = [o for o in _objects(plan, "Namespace") if o["metadata"]["name"] == ns]
+        limits = [o for o in _objects(plan, "LimitRange") if o["metadata"]["namespace"] == ns]
+        kueue = _kueue_configuration(plan)
+        result = admission.admit(
+            admission.workload_pod_sets(jobset), namespace=ns, namespace_labels=namespace["metadata"]["labels"],
+            local_queues=_objects(plan, "LocalQueue"), queue_name=jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"],
+            cluster_queues=_objects(plan, "ClusterQueue"), flavors=_objects(plan, "ResourceFlavor"),
+            limit_ranges=limits, excluded_prefixes=kueue["resources"]["excludeResourcePrefixes"])
+        assert result.admitted, (stack, result.problems)
+        assert result.cluster_queue == f"team-{cfg.job.team}"
+        # Every GPU of all MAX pods, on the job's pool.
+        gpus = cfg.pool(cfg.job.pool)
+        assert result.flavors["worker"]["nvidia.com/gpu"] == cfg.job.pool, stack
+        lo, hi = (int(x) for x in cfg.job.nodes.split(":"))
+        per_node = admission.instance_shape(cfg.cloud, gpus.instance_type)[2]
+        assert result.usage[(cfg.job.pool, "nvidia.com/gpu")] == hi * (cfg.job.gpus_per_node or per_node)
+        # MAX nodes exist in the pool, and one pod fits one of them.
+        assert hi <= gpus.max_nodes
+        pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        node = admission.gpu_node_capacity(cfg.cloud, gpus.instance_type)
+        assert admission.pod_fits_node(pod, node, limit_ranges=limits) == [], stack
+        checked.append(stack)
+    assert {"aws-prod", "gcp-prod", "aws-prod-p5en", "gcp-prod-a3ultra"} <= set(checked)
+
+
+def test_a_plan_whose_job_outgrows_its_quota_fails_the_same_check(plans):
+    """The check above on a broken copy of the aws-prod plan: research's nominal GPUs cut to 16."""
+    plan = json.loads(json.dumps(plans["aws-prod"]))
+    for res in plan["resources"]:
+        inputs = res["inputs"]
+        if inputs.get("kind") == "ClusterQueue" and inputs["metadata"]["name"] == "team-research":
+            for f in inputs["spec"]["resourceGroups"][0]["flavors"]:
+                for r in f["resources"]:
+                    if r["name"] == "nvidia.com/gpu" and f["name"] == "h100-reserved":
+                        r["nominalQuota"] = 16
+    (jobset,) = _objects(plan, "JobSet")
+    result = admission.admit(
+        admission.workload_pod_sets(jobset), namespace="team-research",
+        namespace_labels={"gpu-train.io/team": "research"}, local_queues=_objects(plan, "LocalQueue"),
+        queue_name=jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"],
+        cluster_queues=_objects(plan, "ClusterQueue"), flavors=_objects(plan, "ResourceFlavor"),
+        excluded_prefixes=_kueue_configuration(plan)["resources"]["excludeResourcePrefixes"])
+    # 16 nominal + 0 borrowable (applied has no h100-reserved quota) < 4 nodes x 8 GPUs.
+    assert not result.admitted
+    assert result.problems == ("pod set worker: no flavor of ClusterQueue team-research fits: insufficient quota "
+                               "for nvidia.com/gpu in flavor h100-reserved: 4 pods x 8 = 32 > maximum capacity 16",)
+
+
+# Per-node agents on GPU nodes that come from Helm charts: release name -> value paths of the requests
+# of the pods each GPU node runs (the Alluxio worker pod holds the worker and the job worker).
+GPU_NODE_RELEASES = {
+    "alluxio": ["worker.resources", "jobWorker.resources"],
+    "dcgm-exporter": ["resources"],
+    "kube-prometheus-stack": ["prometheus-node-exporter.resources"],
+    "nvidia-device-plugin": ["resources", "nfd.worker.resources"],
+    "aws-efa-k8s-device-plugin": ["resources"],
+}
+
+
+def _tolerates_gpu_taint(pod_spec: dict) -> bool:
+    from infra import naming
+
+    return any(t.get("key") == naming.GPU_TAINT["key"] or (not t.get("key") and t.get("operator") == "Exists")
+               for t in pod_spec.get("tolerations") or [])
+
+
+def test_gpu_node_agents_fit_the_budget_the_trainer_leaves_them(plans):
+    """GPU_NODE_AGENTS (what a trainer pod leaves on its node) covers every per-node agent the plan runs
+    on GPU nodes, plus the clouds' own DaemonSets (CLOUD_AGENTS)."""
+    budget = admission.GPU_NODE_AGENTS
+    for stack, plan in plans.items():
+        cpu = memory = 0
+        for ds in _objects(plan, "DaemonSet"):
+            spec = ds["spec"]["template"]["spec"]
+            if _tolerates_gpu_taint(spec):
+                req = admission.pod_requests(spec)
+                cpu, memory = cpu + req.get("cpu", 0), memory + req.get("memory", 0)
+        for res in resources_of(plan, "kubernetes:helm.sh/v3:Release"):
+            name, values = res["inputs"]["name"], res["inputs"].get("values") or {}
+            for path in GPU_NODE_RELEASES.get(name, []):
+                node = values
+                for part in path.split("."):
+                    node = node.get(part) or {} if isinstance(node, dict) else {}
+                assert node.get("requests"), f"{stack}: release {name} sets no requests at {path}; update this table"
+                req = {k: admission.parse_quantity(v) for k, v in node["requests"].items()}
+                cpu, memory = cpu + req.get("cpu", 0), memory + req.get("memory", 0)
+        assert cpu + admission.CLOUD_AGENTS.cpu <= budget.cpu, (stack, float(cpu))
+        assert memory + admission.CLOUD_AGENTS.memory <= budget.memory, (stack, float(memory) / 2**30)
+        assert cpu > 0 and memory > 0
+
+
+# --------------------------------------------------------------------------- broken stack files
+
+
+def _from(stack: str, *mutations):
+    def build() -> str:
+        from tests.infra.test_config import raw_stack
+
+        raw = raw_stack(stack)
+        for m in mutations:
+            m(raw)
+        return yaml.safe_dump({"config": raw})
+
+    return build
+
+
+def _text(body: str):
+    return lambda: body
+
+
+def _broken():
+    from tests.infra.test_config import _set
+
+    s = _set
+    return [
+        # The trainer's schema, the batch at every world size, the quotas, the clouds.
+        ("override-key", _from("aws-prod", s("job.overrides.train.micro_batchsize", 8)),
+         "gpu-train:job.overrides.train.micro_batchsize"),
+        ("override-value", _from("aws-prod", s("job.overrides.train.lr", "fast")), "gpu-train:job.overrides.train.lr"),
+        ("override-nan", _from("aws-dev", s("job.overrides.train.lr", float("nan"))), "gpu-train:job.overrides.train.lr"),
+        ("managed-override-steps", _from("aws-dev", s("job.overrides.train.steps", 5)),
+         "gpu-train:job.overrides.train.steps is set by gpu-train:job.steps"),
+        ("managed-override-uri", _from("gcp-dev", s("job.overrides.checkpoint.remote_uri", "gs://x/y")),
+         "gpu-train:job.overrides.checkpoint.remote_uri is set by gpu-train:job.checkpointUri"),
+        ("preset", _from("gcp-prod", s("job.preset", "gpt-9")), "gpu-train:job.preset 'gpt-9'"),
+        ("batch-not-context-multiple", _from("aws-dev", s("job.globalBatchTokens", 65000)), "gpu-train:job.globalBatchTokens"),
+        ("batch-not-micro-multiple", _from("aws-dev", s("job.overrides.train.micro_batch_size", 48)),
+         "gpu-train:job.globalBatchTokens"),
+        ("batch-world-24", _from("aws-prod", s("job.globalBatchTokens", 1048576),
+                                 s("job.overrides.train.micro_batch_size", 16)),
+         "gpu-train:job.globalBatchTokens 1048576 does not divide at world size 24"),
+        ("batch-world-24-gcp", _from("gcp-prod", s("job.globalBatchTokens", 1048576),
+                                     s("job.overrides.train.micro_batch_size", 16)), "at world size 24"),
+        ("quota-zero", _from("aws-prod", s("teams[0].gpuQuota", 0)), "gpu-train:teams[0].gpuQuota"),
+        ("quota-below-min", _from("aws-dev", s("teams[0].gpuQuota", {"l40s-spot": 2})), "gpu-train:teams[0].gpuQuota"),
+        ("quota-impossible-aws", _from("aws-prod", s("teams[0].gpuQuota", {"h100-reserved": 16}),
+                                       s("teams[1].gpuQuota", {"h100-reserved": 8, "h100-spot": 16})),
+         "gpu-train:teams[0].gpuQuota: Kueue would not admit job 'gpt2-350m-pretrain'"),
+        ("quota-impossible-gcp", _from("gcp-prod", s("teams[0].gpuQuota", {"h100-reserved": 24}),
+                                       s("teams[1].gpuQuota", {"h100-spot": 16})), "gpu-train:teams[0].gpuQuota"),
+        ("quota-unknown-pool", _from("aws-prod", s("teams[1].gpuQuota", {"h100": 16})), "gpu-train:teams[1].gpuQuota.h100"),
+        ("quota-over-pool", _from("gcp-dev", s("teams[0].gpuQuota", {"l4-spot": 40})), "gpu-train:teams[0].gpuQuota.l4-spot"),
+        ("quota-shape", _from("aws-dev", s("teams[0].gpuQuota", "lots")), "gpu-train:teams[0].gpuQuota"),
+        ("region-aws", _from("aws-dev", s("region", "us-north-1")), "gpu-train:region 'us-north-1'"),
+        ("region-gcp", _from("gcp-prod", s("region", "europe-east1")), "gpu-train:region 'europe-east1'"),
+        ("k8s-version", _from("aws-prod", s("cluster.kubernetesVersion", "1.40")), "gpu-train:cluster.kubernetesVersion"),
+        ("k8s-version-channel", _from("gcp-prod", s("cluster.kubernetesVersion", "1.35")),
+         "gpu-train:cluster.kubernetesVersion"),
+        ("master-cidr-in-vpc", _from("gcp-prod", s("cluster.masterCidr", "10.40.1.0/28")), "gpu-train:cluster.masterCidr"),
+        ("master-cidr-in-pods", _from("gcp-dev", s("cluster.masterCidr", "10.33.0.0/28")), "gpu-train:cluster.masterCidr"),
+        ("fabric-no-room", _from("gcp-prod", s("network.serviceCidr", "192.168.0.0/16")),
+         "gpu-train:network ranges leave no room for the GPU fabric subnets"),
+        ("public-two-halves", _from("aws-prod", s("cluster.publicAccessCidrs", ["0.0.0.0/1", "128.0.0.0/1"])),
+         "gpu-train:cluster.publicAccessCidrs"),
+        ("public-everything", _from("gcp-prod", s("cluster.publicAccessCidrs", ["0.0.0.0/0"])),
+         "gpu-train:cluster.publicAccessCidrs"),
+        ("alert-negative", _from("aws-prod", s("monitoring.checkpointMaxAgeMinutes", -10)),
+         "gpu-train:monitoring.checkpointMaxAgeMinutes"),
+        ("utilization-negative", _from("gcp-dev", s("monitoring.lowUtilizationPercent", -5)),
+         "gpu-train:monitoring.lowUtilizationPercent"),
+        ("rendezvous-short", _from("aws-prod", s("job.rendezvousTimeoutMinutes", 5)), "gpu-train:job.rendezvousTimeoutMinutes"),
+        ("data-wait-negative", _from("aws-dev", s("job.dataWaitMinutes", -1)), "gpu-train:job.dataWaitMinutes"),
+        ("placeholder-cidr", _from("aws-prod", s("deploy", True)), "gpu-train:cluster.publicAccessCidrs[0]"),
+        ("placeholder-project", _from("gcp-dev", s("deploy", True)), "gpu-train:project 'acme-ml-dev'"),
+        # The settings' own shape and the platform's rules.
+        ("unknown-key", _from("aws-dev", s("gpuPool", [])), "gpu-train:gpuPool is not a known setting"),
+        ("wrong-type", _from("aws-dev", s("gpuPools[0].maxNodes", "four")), "gpu-train:gpuPools[0].maxNodes"),
+        ("huge-number", _from("aws-dev", s("job.steps", 10**15)), "gpu-train:job.steps must be at most"),
+        ("max-nodes-zero", _from("gcp-dev", s("gpuPools[0].maxNodes", 0)), "gpu-train:gpuPools[0].maxNodes"),
+        ("min-over-max", _from("aws-prod", s("gpuPools[0].minNodes", 6)), "gpu-train:gpuPools[0].maxNodes"),
+        ("instance-type", _from("aws-dev", s("gpuPools[0].instanceType", "g9.xlarge")), "gpu-train:gpuPools[0].instanceType"),
+        # 4 vCPUs leave nothing for the trainer once the node agents have theirs.
+        ("instance-too-small", _from("aws-dev", s("gpuPools[0].instanceType", "g6.xlarge")),
+         "gpu-train:gpuPools[0].instanceType: g6.xlarge leaves the trainer 0 CPUs"),
+        ("fabric-zone", _from("gcp-prod", s("gpuPools[1].zone", None)), "gpu-train:gpuPools[1].zone"),
+        ("reservation", _from("gcp-prod", s("gpuPools[0].reservationId", None)), "gpu-train:gpuPools[0].reservationId"),
+        ("cidr-overlap", _from("aws-dev", s("network.serviceCidr", "10.10.0.0/16")), "gpu-train:network.serviceCidr"),
+        ("nat-prod", _from("aws-prod", s("network.nat", "single")), "gpu-train:network.nat"),
+        ("public-no-cidrs", _from("aws-dev", s("cluster.endpointPublicAccess", True)), "gpu-train:cluster.publicAccessCidrs"),
+        ("zone-region", _from("gcp-dev", s("zones", ["us-east1-b"])), "gpu-train:zones[0]"),
+        ("one-zone-aws", _from("aws-prod", s("zones", ["us-east-1a"])), "gpu-train:zones must list at least two"),
+        ("project-missing", _from("gcp-prod", s("project", None)), "gpu-train:project"),
+        ("job-team", _from("aws-dev", s("job.team", "vision")), "gpu-train:job.team"),
+        ("job-pool", _from("gcp-dev", s("job.pool", "a100")), "gpu-train:job.pool"),
+        ("job-nodes", _from("aws-prod", s("job.nodes", "two:four")), "gpu-train:job.nodes"),
+        ("job-nodes-max", _from("aws-prod", s("job.nodes", "2:6")), "gpu-train:job.nodes MAX 6"),
+        ("gpus-per-node", _from("gcp-prod", s("job.gpusPerNode", 16)), "gpu-train:job.gpusPerNode"),
+        ("dataset-scheme", _from("gcp-dev", s("job.datasetUri", "s3://b/m.json")), "gpu-train:job.datasetUri"),
+        ("suspend-string", _from("aws-dev", s("job.suspend", "no")), "gpu-train:job.suspend"),
+        ("image-tag", _from("gcp-dev", s("image.prebuilt", "trainer:v1")), "gpu-train:image.prebuilt"),
+        ("retention", _from("aws-prod", s("monitoring.retention", "1 month")), "gpu-train:monitoring.retention"),
+        ("cache-prod", _from("gcp-prod", s("cache.masters", 1)), "gpu-train:cache.masters"),
+        ("max-gpus", _from("aws-prod", s("limits.maxGpus", 32)), "gpu-train:limits.maxGpus"),
+        ("pools-not-mappings", _from("aws-dev", s("gpuPools", [None])), "gpu-train:gpuPools[0] must be a mapping"),
+        ("job-not-mapping", _from("aws-dev", s("job", "train please")), "gpu-train:job must be a mapping"),
+        ("not-yaml", _text("config:\n  gpu-train:cloud: [aws\n"), "not valid YAML"),
+        ("no-config", _text("- just a list\n"), "must have a top-level 'config:' mapping"),
+    ]
+
+
+BROKEN = _broken()
+
+
+@pytest.fixture(scope="session")
+def broken_results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """Every broken file through `python -m infra.plan --stack-file`, two at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    work = tmp_path_factory.mktemp("broken-stacks")
+
+    def run(case) -> tuple[str, subprocess.CompletedProcess]:
+        name, build, _ = case
+        path = work / f"Pulumi.broken-{name}.yaml"
+        path.write_text(build())
+        return name, run_plan("--stack-file", str(path), "--out", str(work / "out" / name))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, BROKEN))
+
+
+def test_the_table_covers_every_class_of_bad_input():
+    assert len(BROKEN) >= 45 and len({name for name, _, _ in BROKEN}) == len(BROKEN)
+
+
+@pytest.mark.parametrize(("name", "key"), [(n, k) for n, _, k in BROKEN], ids=[n for n, _, _ in BROKEN])
+def test_broken_stack_files_exit_2_naming_the_key_without_a_traceback(broken_results, name, key):
+    proc = broken_results[name]
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert key in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.startswith("error: ")

@@ -1,6 +1,7 @@
-"""Tests for the training job: the JobSet and PodMonitor builders (no mocks) for an AWS EFA pool, a GCP A3
-Mega (GPUDirect-TCPXO) pool and a dev L4 pool, the command line checked with torchrun's and the trainer's
-own parsers, and the TrainingJob component under Pulumi mocks.
+"""Tests for the training job: the JobSet, LocalQueue and PodMonitor builders (no mocks) for an AWS EFA
+pool, a GCP A3 Mega (GPUDirect-TCPXO) pool and a dev L4 pool, the command line checked with torchrun's and
+the trainer's own parsers, the failure and pause policies against the JobSet and Kubernetes field names,
+the admission check, and the TrainingJob component under Pulumi mocks.
 
 Run: .venv/bin/pytest tests/infra/k8s/test_training.py -q
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 from pathlib import Path
 
 import kubernetes_validate
@@ -22,12 +24,12 @@ from pulumi.runtime.mocks import MockMonitor
 
 from infra import config as stack_config
 from infra import naming
-from infra.config import JobConfig
-from infra.k8s import nvme
+from infra.config import JobConfig, TeamConfig
+from infra.k8s import admission, nvme, tenancy
 from infra.k8s import training as t
 from infra.mocks import MockContext, PlanMocks
 from infra.platform import Buckets, ClusterPlatform, Fabric, GpuPool, Registry, StorageClassSpec
-from trainer.__main__ import _parser as trainer_parser
+from trainer.__main__ import parser as trainer_parser
 from trainer.config import build_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -80,13 +82,14 @@ def tcpxo_pool() -> GpuPool:
                 "volumeMounts": [{"name": "nvidia", "mountPath": "/usr/local/nvidia"},
                                  {"name": "sys", "mountPath": "/hostsysfs"}],
                 "env": [{"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}],
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
             }],
         ),
         provisioner="node-pool",
     )
 
 
-def l4_pool(instance_type: str = "g6.xlarge") -> GpuPool:
+def l4_pool(instance_type: str = "g6.2xlarge") -> GpuPool:
     return GpuPool(
         name="l4-spot", instance_type=instance_type, capacity="spot", gpu_type="L4", gpus_per_node=1,
         min_nodes=0, max_nodes=4, zone="", node_selector={naming.POOL_LABEL: "l4-spot"},
@@ -96,8 +99,8 @@ def l4_pool(instance_type: str = "g6.xlarge") -> GpuPool:
 
 def prod_job(**kw) -> JobConfig:
     base = dict(name="gpt2-350m-pretrain", team="research", pool="h100-reserved", preset="gpt2-350m",
-                nodes="2:4", gpus_per_node=8, steps=50000, global_batch_tokens=1048576, checkpoint_every=500,
-                max_restarts=10, overrides={"train.micro_batch_size": 16, "train.compile": True})
+                nodes="2:4", gpus_per_node=8, steps=50000, global_batch_tokens=786432, checkpoint_every=500,
+                max_restarts=10, overrides={"train.micro_batch_size": 8, "train.compile": True})
     base.update(kw)
     return JobConfig(**base)
 
@@ -114,7 +117,7 @@ def build(job: JobConfig, pool: GpuPool, cloud: str = "aws", **kw) -> dict:
     bucket = "s3://" if cloud == "aws" else "gs://"
     dataset, ckpt = t.default_uris(job, f"{bucket}ds-bucket", f"{bucket}ck-bucket")
     args = dict(job=job, pool=pool, cloud=cloud, region="us-east-1" if cloud == "aws" else "us-central1",
-                image=IMAGE, local_queue="research", dataset_uri=dataset, checkpoint_uri=ckpt,
+                image=IMAGE, local_queue=t.job_queue_name(job), dataset_uri=dataset, checkpoint_uri=ckpt,
                 nvme_host_path="/mnt/k8s-disks/0", datasets_bucket=f"{bucket}ds-bucket", cache_endpoint=CACHE,
                 tracking_uri=MLFLOW)
     args.update(kw)
@@ -205,7 +208,7 @@ def test_gcp_a3_mega_pool_gets_interfaces_annotation_tcpxo_sidecar_and_host_plug
     assert set(c["resources"]["limits"]) == {"memory", "nvidia.com/gpu"}
 
 
-@pytest.mark.parametrize(("cloud", "instance"), [("aws", "g6.xlarge"), ("gcp", "g2-standard-8")])
+@pytest.mark.parametrize(("cloud", "instance"), [("aws", "g6.2xlarge"), ("gcp", "g2-standard-8")])
 def test_dev_l4_pool_has_no_fabric_and_fits_the_instance(cloud, instance):
     job, pool = dev_job(), l4_pool(instance)
     m = build(job, pool, cloud=cloud)
@@ -230,14 +233,16 @@ def test_dev_l4_pool_has_no_fabric_and_fits_the_instance(cloud, instance):
 # ------------------------------------------------------------------------------------------- JobSet shape
 
 
-def test_jobset_queues_on_the_team_and_one_pod_per_node():
+def test_jobset_queues_on_its_own_queue_and_one_pod_per_node():
     job = prod_job(suspend=True)
     m = build(job, efa_pool())
     assert m["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and m["kind"] == "JobSet"
     assert m["metadata"]["namespace"] == naming.team_namespace("research")
-    assert m["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
-    assert m["spec"]["suspend"] is True
-    assert build(prod_job(), efa_pool())["spec"]["suspend"] is False
+    assert m["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpt2-350m-pretrain-job"
+    # Created suspended whatever job.suspend says: Kueue unsuspends on admission, and pausing goes
+    # through the LocalQueue. Nothing asks the provider to force fields back from Kueue.
+    assert m["spec"]["suspend"] is True and build(prod_job(), efa_pool())["spec"]["suspend"] is True
+    assert "pulumi.com/patchForce" not in m["metadata"].get("annotations", {})
     assert m["spec"]["failurePolicy"]["maxRestarts"] == job.max_restarts
     assert m["spec"]["successPolicy"]["targetReplicatedJobs"] == [m["spec"]["replicatedJobs"][0]["name"]]
     (rj,) = m["spec"]["replicatedJobs"]
@@ -252,7 +257,6 @@ def test_jobset_queues_on_the_team_and_one_pod_per_node():
     assert pod["spec"]["tolerations"][0]["key"] == naming.GPU_TAINT["key"]
     assert pod["spec"]["serviceAccountName"] == naming.TRAINER_SERVICE_ACCOUNT
     assert pod["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
-    assert pod["spec"]["terminationGracePeriodSeconds"] >= 120
     sec = pod["spec"]["securityContext"]
     assert sec["runAsNonRoot"] is True and sec["seccompProfile"]["type"] == "RuntimeDefault"
     c = trainer_container(m)
@@ -262,6 +266,134 @@ def test_jobset_queues_on_the_team_and_one_pod_per_node():
     ports = [p for p in c["ports"] if p["name"].startswith("metrics-")]
     assert [p["containerPort"] for p in ports] == list(range(naming.METRICS_PORT, naming.METRICS_PORT + 8))
     assert all(len(p["name"]) <= 15 for p in c["ports"])
+
+
+def test_bad_input_fails_the_jobset_at_once_and_disruptions_do_not_count():
+    job = prod_job()
+    m = build(job, efa_pool())
+    spec = m["spec"]["replicatedJobs"][0]["template"]["spec"]
+    rules = spec["podFailurePolicy"]["rules"]
+    # Kubernetes batch/v1 PodFailurePolicy: a DisruptionTarget pod (spot reclaim, drain, node loss) is
+    # ignored, first; exit code 2 of the trainer container fails the Job.
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert rules[1] == {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In",
+                                                             "values": [2]}}
+    assert pod_template(m)["spec"]["restartPolicy"] == "Never"  # required by a podFailurePolicy
+    assert c_names(m) >= {"trainer"}
+    # A Job failed by its pod failure policy carries reason "PodFailurePolicy"; the JobSet rule for
+    # that reason fails the JobSet instead of restarting it (jobset v0.12.0 FailurePolicyRule).
+    (rule,) = m["spec"]["failurePolicy"]["rules"]
+    assert rule == {"name": "BadInput", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
+                    "targetReplicatedJobs": ["worker"]}
+    assert re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", rule["name"])  # the CRD's name pattern
+    # One group failure can fail every one of the 4 pods: the Job tolerates maxRestarts of them.
+    assert spec["backoffLimit"] == job.max_restarts * 4
+    # Pod 0 succeeding (the trainer exits 0 only after the last step) completes the Job even when some
+    # indexes wait for a node.
+    assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+
+
+def c_names(m: dict) -> set[str]:
+    return {c["name"] for c in pod_template(m)["spec"]["containers"]}
+
+
+def test_job_local_queue_pauses_through_its_stop_policy():
+    running, paused = t.job_local_queue(prod_job()), t.job_local_queue(prod_job(suspend=True))
+    assert running["apiVersion"] == "kueue.x-k8s.io/v1beta2" and running["kind"] == "LocalQueue"
+    assert running["metadata"]["namespace"] == "team-research"
+    assert running["spec"] == {"clusterQueue": tenancy.cluster_queue_name("research"), "stopPolicy": "None"}
+    # HoldAndDrain: the admitted workload is evicted (quota released) and held; the CRD's enum.
+    assert paused["spec"]["stopPolicy"] == "HoldAndDrain"
+    assert t.job_queue_name(prod_job()) != tenancy.local_queue_name("research")
+    assert build(prod_job(), efa_pool())["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == \
+        running["metadata"]["name"]
+
+
+def test_elastic_runs_get_torchs_store_switch_and_waits_from_the_settings():
+    job = prod_job(data_wait_minutes=7, rendezvous_timeout_minutes=40)
+    m = build(job, efa_pool())
+    env = env_of(trainer_container(m))
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert env["TRAINER_DATA_WAIT_S"] == "420" and env["RDZV_DNS_TIMEOUT"] == "2400"
+    args, _, _ = parse_command(trainer_container(m))
+    launch = torchrun.config_from_args(args)[0]
+    assert int(launch.rdzv_configs["join_timeout"]) == 2400 >= admission.PODS_READY_TIMEOUT_S
+
+
+def test_torchrun_shutdown_timeout_fits_in_the_grace_period():
+    m = build(prod_job(), efa_pool())
+    args, _, _ = parse_command(trainer_container(m))
+    grace = pod_template(m)["spec"]["terminationGracePeriodSeconds"]
+    # torchrun kills its workers --shutdown-timeout seconds after SIGTERM (default 30): the workers must
+    # get nearly all of the pod's grace period for the final checkpoint, and torchrun must exit first.
+    assert args.shutdown_timeout == t.shutdown_timeout_s() == grace - t.SHUTDOWN_MARGIN_S
+    assert 30 < args.shutdown_timeout < grace
+    with pytest.raises(t.JobSpecError, match="grace period of 10 s"):
+        t.shutdown_timeout_s(10)
+
+
+@pytest.mark.parametrize(("cloud", "instance", "gpus", "cpu", "memory"), [
+    # Hand-computed from the published allocatable formulas, less the agents' 4 CPUs and 12 GiB:
+    # p5.48xlarge: 192 - 0.55 = 191.45 CPUs -> 187.45 -> 187; 2048 x 0.925 = 1894.4 GiB - (1355 + 100) MiB
+    # -> 1892.98 -> 1880.98 -> 1880 GiB.
+    ("aws", "p5.48xlarge", 8, 187, 1880),
+    # half the GPUs: half of 187.45 = 93.73 -> 93 CPUs; half of 1880.98 = 940.49 -> 940 GiB.
+    ("aws", "p5.48xlarge", 4, 93, 940),
+    # g2-standard-8: 7.91 - 4 = 3.91 -> 3 CPUs; 29.6 - 3.416 - 0.098 - 12 = 14.09 -> 14 GiB.
+    ("gcp", "g2-standard-8", 1, 3, 14),
+])
+def test_pod_resources_are_the_nodes_share_after_its_agents(cloud, instance, gpus, cpu, memory):
+    got_cpu, got_memory, shm = t.pod_resources(cloud, instance, gpus)
+    assert (got_cpu, got_memory) == (cpu, memory) and shm == memory // 4
+
+
+def test_a_fabric_sidecar_comes_out_of_the_trainers_share():
+    # a3-megagpu-8g: 208 - (0.08 + 204 x 0.0025) = 207.41 CPUs - 4 = 203.41 - the 1-CPU sidecar -> 202.
+    cpu, memory, _ = t.pod_resources("gcp", "a3-megagpu-8g", 8, tcpxo_pool().fabric.sidecars)
+    assert cpu == 202
+    assert t.pod_resources("gcp", "a3-megagpu-8g", 8)[0] == 203
+    with pytest.raises(t.JobSpecError, match="g6.xlarge leaves the trainer 0 CPUs"):
+        t.pod_resources("aws", "g6.xlarge", 1)  # 4 vCPUs: 3.92 allocatable, less 4 for the agents
+
+
+def _teams(research: dict, applied: dict) -> tuple[TeamConfig, ...]:
+    return (TeamConfig(name="research", gpu_quota=research), TeamConfig(name="applied", gpu_quota=applied))
+
+
+def _spot(pool: GpuPool) -> GpuPool:
+    from dataclasses import replace
+
+    return replace(pool, name="h100-spot", capacity="spot", node_selector={naming.POOL_LABEL: "h100-spot"})
+
+
+@pytest.mark.parametrize(("pool", "cloud"), [(efa_pool(), "aws"), (tcpxo_pool(), "gcp")])
+def test_the_prod_job_is_admissible_on_its_teams_quota(pool, cloud):
+    teams = _teams({"h100-reserved": 32, "h100-spot": 16}, {"h100-spot": 16})
+    assert t.admission_problems(job=prod_job(), teams=teams, pools=[pool, _spot(pool)], cloud=cloud,
+                                region="r", nvme_host_path="/mnt/k8s-disks/0") == []
+
+
+def test_a_job_kueue_cannot_admit_whole_is_refused_naming_the_quota():
+    pool = efa_pool()
+    # research: 16 nominal on h100-reserved, may borrow applied's 8: at most 24 of the 32 GPUs MAX needs.
+    teams = _teams({"h100-reserved": 16}, {"h100-reserved": 8, "h100-spot": 32})
+    (problem,) = t.admission_problems(job=prod_job(), teams=teams, pools=[pool, _spot(pool)], cloud="aws",
+                                      region="r", nvme_host_path="/mnt/k8s-disks/0")
+    assert problem.startswith("gpu-train:teams[0].gpuQuota: Kueue would not admit job 'gpt2-350m-pretrain' (4 pods")
+    assert "insufficient quota for nvidia.com/gpu in flavor h100-reserved: 4 pods x 8 = 32 > maximum capacity 24" \
+        in problem
+
+
+def test_a_pod_that_cannot_fit_its_node_is_refused_naming_the_pool():
+    from dataclasses import replace
+
+    pool = efa_pool()
+    heavy = replace(pool, fabric=replace(pool.fabric, sidecars=[{
+        "name": "big", "image": "x", "resources": {"requests": {"cpu": "500", "memory": "1Gi"}}}]))
+    teams = _teams({"h100-reserved": 32}, {"h100-spot": 16})
+    (problem,) = t.admission_problems(job=prod_job(), teams=teams, pools=[heavy, _spot(heavy)], cloud="aws",
+                                      region="r", nvme_host_path="/mnt/k8s-disks/0")
+    assert problem.startswith("gpu-train:gpuPools[0].instanceType: p5.48xlarge leaves the trainer 0 CPUs")
 
 
 def test_nvme_is_the_platform_made_team_directory_and_no_container_runs_as_root():
@@ -300,9 +432,9 @@ def test_command_line_parses_with_torchrun_and_the_trainer():
     assert args.rdzv_backend == "c10d" and args.rdzv_id == job.name and args.max_restarts == job.max_restarts
     launch = torchrun.config_from_args(args)[0]
     assert (launch.min_nodes, launch.max_nodes) == (2, 4)
-    assert int(launch.rdzv_configs["join_timeout"]) >= 600
+    assert int(launch.rdzv_configs["join_timeout"]) == job.rendezvous_timeout_minutes * 60
     assert targs.preset == "gpt2-350m" and str(targs.run_dir) == f"/mnt/nvme/runs/{job.name}"
-    assert cfg.train.steps == 50000 and cfg.train.global_batch_tokens == 1048576
+    assert cfg.train.steps == 50000 and cfg.train.global_batch_tokens == 786432
     assert cfg.checkpoint.every_steps == 500
     assert cfg.checkpoint.remote_uri == "s3://ck-bucket/research/gpt2-350m-pretrain"
     assert cfg.checkpoint.local_dir.startswith("/mnt/nvme/")
@@ -310,7 +442,7 @@ def test_command_line_parses_with_torchrun_and_the_trainer():
     assert cfg.data.uri == "s3://gpt2-350m-pretrain/manifest.json"
     assert cfg.data.endpoint_url == CACHE and cfg.data.cache_dir.startswith("/mnt/nvme/")
     assert cfg.checkpoint.endpoint_url == ""
-    assert cfg.train.micro_batch_size == 16 and cfg.train.compile is True  # the job's overrides
+    assert cfg.train.micro_batch_size == 8 and cfg.train.compile is True  # the job's overrides
     assert cfg.tracking.register_name == job.name
     # Every NVMe path the trainer writes to is on the hostPath mount.
     mounts = {v["mountPath"] for v in trainer_container(m)["volumeMounts"]}
@@ -414,36 +546,57 @@ def _platform(pool: GpuPool) -> ClusterPlatform:
     )
 
 
-def test_component_creates_the_jobset_and_pod_monitor_under_mocks():
+class _OptionsMonitor(MockMonitor):
+    """Keeps the resource options each registration carried (ignoreChanges, replaceOnChanges)."""
+
+    def __init__(self, mocks):
+        super().__init__(mocks)
+        self.options: dict[str, dict] = {}
+
+    def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+        self.options[request.name] = {"ignoreChanges": list(request.ignoreChanges),
+                                      "replaceOnChanges": list(request.replaceOnChanges),
+                                      "dependencies": list(request.dependencies)}
+        return super().RegisterResource(request)
+
+
+def test_component_creates_the_queue_jobset_and_pod_monitor_under_mocks():
     asyncio.set_event_loop(asyncio.new_event_loop())
     mocks = PlanMocks(MockContext(region="us-east-1"))
-    monitor = MockMonitor(mocks)
+    monitor = _OptionsMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="gpu-train", stack="aws-prod", preview=False, monitor=monitor)
-    job = prod_job()
+    job = prod_job(suspend=True)
     seen: dict = {}
 
     @pulumi.runtime.test
     def build():
         comp = t.TrainingJob("job", t.TrainingJobArgs(
-            platform=_platform(efa_pool()), job=job, image=pulumi.Output.from_input(IMAGE),
-            local_queue=pulumi.Output.from_input("research"), cache_endpoint=CACHE,
+            platform=_platform(efa_pool()), job=job, image=pulumi.Output.from_input(IMAGE), cache_endpoint=CACHE,
             tracking_uri=pulumi.Output.from_input(MLFLOW), monitoring_labels={"release": "kube-prometheus-stack"},
         ))
-        return pulumi.Output.all(comp.job_name, comp.jobset.spec).apply(lambda v: seen.update(name=v[0]))
+        return pulumi.Output.all(comp.job_name, comp.local_queue, comp.jobset.spec).apply(
+            lambda v: seen.update(name=v[0], queue=v[1]))
 
     build()
-    assert seen["name"] == job.name
+    assert seen == {"name": job.name, "queue": "gpt2-350m-pretrain-job"}
     regs = {urn: state for urn, (_, _, state) in monitor.get_registered_resources().items()}
     by_kind = {s.get("kind"): (urn, s) for urn, s in regs.items() if s.get("kind")}
     urn, jobset = by_kind["JobSet"]
     assert "gpu-train:k8s:TrainingJob" in urn  # parented to the component
     assert jobset["apiVersion"] == t.JOBSET_API
     assert jobset["metadata"]["namespace"] == "team-research"
-    assert jobset["metadata"]["labels"][t.QUEUE_LABEL] == "research"
+    assert jobset["metadata"]["labels"][t.QUEUE_LABEL] == "gpt2-350m-pretrain-job"
     args = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "data.uri=s3://gpt2-350m-pretrain/manifest.json" in args  # through the cache proxy
     assert f"data.endpoint_url={CACHE}" in args
     assert "checkpoint.remote_uri=s3://gpu-train-aws-prod-checkpoints/research/gpt2-350m-pretrain" in args
+    _, queue = by_kind["LocalQueue"]
+    assert queue["spec"] == {"clusterQueue": "team-research", "stopPolicy": "HoldAndDrain"}  # job.suspend
+    # Pulumi leaves spec.suspend to Kueue after creation, and waits for the queue.
+    opts = monitor.options["job-jobset"]
+    assert opts["ignoreChanges"] == ["spec.suspend"]
+    assert "spec.replicatedJobs" in opts["replaceOnChanges"]
+    assert any(d.endswith("::job-localqueue") for d in opts["dependencies"])
     _, pm = by_kind["PodMonitor"]
     assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert len(pm["spec"]["podMetricsEndpoints"]) == 8

@@ -1,0 +1,161 @@
+"""Kueue and JobSet objects of the tenancy layer (infra/k8s/tenancy.py): ClusterQueues from per-pool
+quotas, the v1beta2 Configuration Kueue 0.19.2 reads strictly, the namespace ResourceQuota and
+LimitRange, and the roles. Pure functions, no mocks.
+
+Usage: .venv/bin/pytest tests/infra/k8s/test_tenancy.py -q
+"""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from infra import naming
+from infra.config import TeamConfig
+from infra.k8s import admission, tenancy
+from infra.platform import Fabric, GpuPool
+
+# Field names of Kueue's Configuration at v0.19.2, from the json tags of apis/config/v1beta2
+# (configuration_types.go); Kueue decodes its configuration strictly (pkg/config/config.go,
+# serializer.EnableStrict), so any other key stops the controller from starting.
+CONFIG_FIELDS = {
+    "": {"apiVersion", "kind", "namespace", "webhook", "leaderElection", "metrics", "health", "pprofBindAddress",
+         "controller", "tls", "manageJobsWithoutQueueName", "managedJobsNamespaceSelector",
+         "internalCertManagement", "waitForPodsReady", "clientConnection", "integrations", "multiKueue",
+         "fairSharing", "admissionFairSharing", "resources", "featureGates", "objectRetentionPolicies",
+         "visibilityServer"},
+    "webhook": {"port", "host", "certDir"},
+    "metrics": {"bindAddress", "enableClusterQueueResources", "customLabels", "localQueueMetrics"},
+    "health": {"healthProbeBindAddress", "readinessEndpointName", "livenessEndpointName"},
+    "controller": {"groupKindConcurrency", "cacheSyncTimeout"},
+    # k8s.io/component-base LeaderElectionConfiguration
+    "leaderElection": {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock",
+                       "resourceName", "resourceNamespace"},
+    "waitForPodsReady": {"timeout", "blockAdmission", "requeuingStrategy", "recoveryTimeout"},
+    "waitForPodsReady.requeuingStrategy": {"timestamp", "backoffLimitCount", "backoffBaseSeconds",
+                                           "backoffMaxSeconds"},
+    "integrations": {"frameworks", "externalFrameworks", "labelKeysToCopy"},
+    "resources": {"quotaCheckStrategy", "excludeResourcePrefixes", "transformations", "deviceClassMappings"},
+}
+# The integration names Kueue 0.19.2 knows (same file, Integrations.Frameworks).
+FRAMEWORKS = {"batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/rayservice", "ray.io/raycluster",
+              "jobset.x-k8s.io/jobset", "kubeflow.org/paddlejob", "kubeflow.org/pytorchjob", "kubeflow.org/tfjob",
+              "kubeflow.org/xgboostjob", "kubeflow.org/jaxjob", "trainer.kubeflow.org/trainjob",
+              "workload.codeflare.dev/appwrapper", "sparkoperator.k8s.io/sparkapplication", "pod", "deployment",
+              "statefulset", "leaderworkerset.x-k8s.io/leaderworkerset"}
+
+
+def pool(name, gpus=8, max_nodes=4, capacity="spot"):
+    return GpuPool(name=name, instance_type="p5.48xlarge", capacity=capacity, gpu_type="H100", gpus_per_node=gpus,
+                   min_nodes=0, max_nodes=max_nodes, zone="", node_selector={naming.POOL_LABEL: name},
+                   tolerations=[dict(naming.GPU_TAINT)], fabric=Fabric(kind="none"), provisioner="karpenter")
+
+
+def _duration_s(text: str) -> int:
+    m = re.fullmatch(r"([0-9]+)(s|m|h)", text)
+    assert m, text
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def test_charts_and_api_versions_are_the_pinned_releases():
+    assert (tenancy.KUEUE_VERSION, tenancy.JOBSET_VERSION) == ("0.19.2", "0.12.0")
+    assert tenancy.KUEUE_API == "kueue.x-k8s.io/v1beta2"
+    assert tenancy.kueue_configuration()["apiVersion"] == "config.kueue.x-k8s.io/v1beta2"
+
+
+def test_cluster_queues_carry_each_teams_quota_per_pool_and_borrow_in_one_cohort():
+    teams = (TeamConfig(name="research", gpu_quota={"reserved": 32, "spot": 16}),
+             TeamConfig(name="applied", gpu_quota={"spot": 16}))
+    pools = [pool("reserved"), pool("spot")]
+    queues = {q["metadata"]["name"]: q for q in tenancy.cluster_queues(teams, pools)}
+    assert set(queues) == {"team-research", "team-applied"}
+    expected = {"team-research": {"reserved": (32, 0), "spot": (16, 16)},
+                "team-applied": {"reserved": (0, 32), "spot": (16, 16)}}  # (nominal, borrowing limit)
+    for name, want in expected.items():
+        q = queues[name]
+        assert q["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+        spec = q["spec"]
+        assert spec["cohortName"] == tenancy.COHORT and "cohort" not in spec  # v1beta2 renamed the field
+        (group,) = spec["resourceGroups"]
+        assert group["coveredResources"] == ["cpu", "memory", "nvidia.com/gpu"]
+        for f in group["flavors"]:
+            by = {r["name"]: r for r in f["resources"]}
+            assert [r["name"] for r in f["resources"]] == group["coveredResources"]
+            nominal, borrow = want[f["name"]]
+            assert (by["nvidia.com/gpu"]["nominalQuota"], by["nvidia.com/gpu"]["borrowingLimit"]) == (nominal, borrow)
+            assert by["nvidia.com/gpu"]["lendingLimit"] == nominal
+            assert by["cpu"]["nominalQuota"] == nominal * tenancy.CPU_PER_GPU
+            assert by["memory"]["nominalQuota"] == f"{nominal * tenancy.MEMORY_GIB_PER_GPU}Gi"
+
+
+def test_one_number_of_gpus_applies_to_every_pool_up_to_its_size():
+    teams = (TeamConfig(name="a", gpu_quota=12),)
+    # reserved holds 4 x 8 = 32 GPUs, small 1 x 8 = 8: 12 and 8.
+    assert tenancy.team_pool_quotas(teams[0], [pool("reserved"), pool("small", max_nodes=1)]) == \
+        {"reserved": 12, "small": 8}
+
+
+def test_a_team_may_use_its_nominal_quota_plus_what_the_others_lend():
+    # research 32 + applied 16 on one pool: Kueue's potential capacity for research is
+    # min(32 + 16, 0 + (32 + 16)) = 48, for applied min(16 + 32, 48) = 48.
+    teams = (TeamConfig(name="research", gpu_quota={"p": 32}), TeamConfig(name="applied", gpu_quota={"p": 16}))
+    queues = tenancy.cluster_queues(teams, [pool("p", max_nodes=6)])
+    for q in queues:
+        assert admission.potential_capacity(q, queues, "p", "nvidia.com/gpu") == 48
+    # The namespace's ResourceQuota backstop is that ceiling.
+    hard = tenancy.team_quota(teams[1], teams, [pool("p", max_nodes=6)])
+    assert hard["requests.nvidia.com/gpu"] == "48"
+    assert hard["services.loadbalancers"] == "0" and hard["services.nodeports"] == "0"
+
+
+def test_kueue_configuration_uses_only_fields_kueue_knows():
+    config = tenancy.kueue_configuration()
+    assert yaml.safe_load(tenancy.kueue_manager_config()) == config
+    for path, allowed in CONFIG_FIELDS.items():
+        node = config
+        for part in filter(None, path.split(".")):
+            node = node[part]
+        assert set(node) <= allowed, (path, set(node) - allowed)
+    assert set(config["integrations"]["frameworks"]) <= FRAMEWORKS
+    assert "jobset.x-k8s.io/jobset" in config["integrations"]["frameworks"]
+    assert config["managedJobsNamespaceSelector"] == {"matchLabels": {tenancy.KUEUE_MANAGED_LABEL: "true"}}
+    assert config["resources"]["excludeResourcePrefixes"] == list(tenancy.EXCLUDED_RESOURCE_PREFIXES)
+
+
+def test_kueue_configuration_with_a_v1beta1_only_field_is_caught():
+    broken = tenancy.kueue_configuration()
+    broken["waitForPodsReady"]["enable"] = True  # v1beta1 had it; v1beta2 refuses it
+    assert set(broken["waitForPodsReady"]) - CONFIG_FIELDS["waitForPodsReady"] == {"enable"}
+
+
+def test_pods_ready_waits_for_a_node_start_and_a_running_job_is_not_evicted_for_a_lost_pod():
+    ready = tenancy.kueue_configuration()["waitForPodsReady"]
+    assert _duration_s(ready["timeout"]) == admission.PODS_READY_TIMEOUT_S >= admission.GPU_NODE_STARTUP_S
+    # recoveryTimeout 0s: disabled (pkg/controller/core/core.go only applies a positive one), so a job
+    # that lost a node keeps its remaining pods while the replacement waits for capacity.
+    assert ready["recoveryTimeout"] == "0s"
+    assert ready["requeuingStrategy"]["backoffLimitCount"] >= 1
+
+
+def test_limit_range_gives_no_cpu_limit_that_the_trainer_would_exceed():
+    trainer = {"containers": [{"name": "trainer", "resources": {
+        "requests": {"cpu": "187", "memory": "1880Gi", "nvidia.com/gpu": "8"},
+        "limits": {"memory": "1880Gi", "nvidia.com/gpu": "8"}}}]}
+    assert admission.request_limit_problems(trainer, [{"spec": tenancy.limit_range()}]) == []
+    (item,) = tenancy.limit_range()["limits"]
+    assert "cpu" not in item["default"] and item["defaultRequest"]["cpu"] == "500m"
+
+
+def test_namespaces_are_selected_by_their_cluster_queue_and_managed_by_kueue():
+    labels = tenancy.namespace_labels("research")
+    (q,) = tenancy.cluster_queues((TeamConfig(name="research", gpu_quota=8),), [pool("p")])
+    assert q["spec"]["namespaceSelector"]["matchLabels"].items() <= labels.items()
+    assert labels[tenancy.KUEUE_MANAGED_LABEL] == "true"
+
+
+def test_submitters_may_pause_their_workloads_but_not_edit_queues():
+    rules = {(g, r): set(rule["verbs"]) for rule in tenancy.submitter_rules()
+             for g in rule["apiGroups"] for r in rule["resources"]}
+    assert "patch" in rules[("kueue.x-k8s.io", "workloads")]  # spec.active
+    assert rules[("kueue.x-k8s.io", "localqueues")] == {"get", "list", "watch"}
