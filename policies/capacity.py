@@ -4,7 +4,8 @@ Usage: `from policies import capacity; capacity.gpu_pools(resources)` lists the 
 `list(capacity.gpu_total_cap(resources, ctx))` yields `(resource or None, detail)` pairs.
 
 A GPU pool is any of: a Karpenter `NodePool` whose requirements select GPU instance types (or carry
-the `nvidia.com/gpu` taint), an EKS managed node group on GPU instance types (directly or through its
+the `nvidia.com/gpu` taint; bounded by `limits.nvidia.com/gpu`, or by `limits.nodes` / the static
+`replicas` times the GPUs of its instance type), an EKS managed node group on GPU instance types (directly or through its
 launch template), or a GKE node pool with guest accelerators or a GPU machine type. GPUs per node come
 from the catalogs in `infra/aws/catalog.py` and `infra/gcp/catalog.py`.
 
@@ -70,7 +71,13 @@ def _karpenter_pool(res: Resource) -> GpuPool | None:
         return None
     spot = any(dig(r, "key") == CAPACITY_TYPE_LABEL and "spot" in items(dig(r, "values")) for r in requirements)
     limit = as_int(res.get("spec", "limits", GPU_RESOURCE))
-    return GpuPool(resource=res, gpus_per_node=gpus, min_nodes=as_int(res.get("spec", "replicas")) or 0,
+    # A static NodePool (spec.replicas) keeps exactly that many nodes and supports only limits.nodes;
+    # a dynamic one may bound its nodes with limits.nodes instead of a GPU limit (karpenter.sh_nodepools CRD).
+    replicas = as_int(res.get("spec", "replicas"))
+    node_bound = [n for n in (as_int(res.get("spec", "limits", "nodes")), replicas) if n is not None]
+    if limit is None and node_bound and gpus is not None:
+        limit = min(node_bound) * gpus
+    return GpuPool(resource=res, gpus_per_node=gpus, min_nodes=replicas or 0,
                    max_gpus=limit, spot=spot, karpenter=True)
 
 
@@ -136,7 +143,8 @@ def gpu_total_cap(resources: Sequence[Resource], ctx: Context) -> Iterator[tuple
     total, parts = 0, []
     for pool in gpu_pools(resources):
         if pool.max_gpus is None:
-            what = (f"spec.limits['{GPU_RESOURCE}'] is not set" if pool.karpenter
+            what = (f"spec.limits['{GPU_RESOURCE}'] is not set, and no node bound (spec.limits.nodes, "
+                    "spec.replicas) of a catalog instance type gives one" if pool.karpenter
                     else "its maximum size or GPUs per node (instance type not in the catalog) is unknown")
             yield pool.resource, f"the GPU pool is unbounded: {what}."
             continue

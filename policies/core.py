@@ -83,11 +83,13 @@ class Context:
 
     @staticmethod
     def environment_of(stack: str) -> str:
-        """The environment a stack name ends in (`gcp-prod` -> `prod`), or "" if none."""
-        suffix = stack.rsplit("-", 1)[-1].lower() if stack else ""
-        if suffix == "production":
-            return "prod"
-        return suffix if suffix in ENVIRONMENTS else ""
+        """The environment a stack name names: its last dash-separated word that is one
+        (`gcp-prod` -> `prod`, `gcp-prod-a3ultra` -> `prod`), or "" if none."""
+        for word in reversed(stack.lower().split("-") if stack else []):
+            word = "prod" if word == "production" else word
+            if word in ENVIRONMENTS:
+                return word
+        return ""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None, stack: str) -> Context:
@@ -180,6 +182,10 @@ class Rule:
     scope: Scope  # "resource": check(res, ctx); "stack": check(resources, ctx)
     check: ResourceCheck | StackCheck
     config_keys: tuple[str, ...] = ()  # CONFIG_SCHEMA properties the rule reads
+    # Items of established rule sets the rule corresponds to ("CIS EKS 1.7.0 5.4.1", "PSS restricted:
+    # Seccomp", "checkov CKV_AWS_38"); () for the platform's own rules (cost, tags, placement).
+    benchmarks: tuple[str, ...] = ()
+    exemptions: str = "none"  # what the rule exempts, and where the exemption is defined
 
     def run(self, resources: Sequence[Resource], ctx: Context) -> Iterator[Violation]:
         """Every violation of this rule over a set of resources."""
@@ -271,11 +277,3 @@ def as_int(value: Any) -> int | None:
     if isinstance(value, str) and value.strip().isdigit():
         return int(value.strip())
     return None
-
-
-OPEN_CIDRS = frozenset({"0.0.0.0/0", "::/0"})
-
-
-def open_cidrs(values: Any) -> list[str]:
-    """The world-open CIDRs among a list of CIDRs."""
-    return [v for v in items(values) if isinstance(v, str) and v.strip() in OPEN_CIDRS]

@@ -1,16 +1,28 @@
-"""Kubernetes rules: training pod security, digest-pinned images, resource requests, default-deny.
+"""Kubernetes rules: pod security, digest-pinned images, requests, network policies, load balancers.
 
 Usage: `from policies import kubernetes; list(kubernetes.container_requests(res, ctx))` yields one
-detail string per problem; `namespace_default_deny` is a stack rule yielding `(resource, detail)`.
+detail string per problem; `namespace_default_deny` and `no_public_load_balancer` are stack rules
+yielding `(resource, detail)`.
 
-Training pods are the JobSet's pods and every typed workload in a team namespace
-(`naming.team_namespace`, "team-<name>"). One documented exemption: Google's GPUDirect
-receive-datapath sidecars (`GPUDIRECT_RXDM`, matched by container name AND image repository). Objects that Helm charts render are not visible to policies
-(a Helm release is one resource); the charts' values set their own security contexts.
+Every rule here judges one Kubernetes object at a time through a plain function of that object
+(`policies.pods`, `policies.rbac`, `allow_all_problems`, `load_balancer_problems`), so an admission
+policy in the cluster can apply the same function to the same object. Objects that Helm charts
+render are not visible to policies (a Helm release is one resource); the charts' values set their
+own security contexts.
 
-References: Pod security "restricted" profile
-(https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted); default-deny
-NetworkPolicy (https://kubernetes.io/docs/concepts/services-networking/network-policies/#default-policies).
+Training pods are the JobSet's pods and every workload in a team namespace
+(`naming.team_namespace`, "team-<name>"); they are held to the restricted profile
+(`training_pod_security`), other pods to non-root without escalation (`pod_non_root`), and all pods
+to host isolation (`pod_host_isolation`). Exemptions are listed in `policies.pods`.
+
+References: Pod Security Standards
+(https://kubernetes.io/docs/concepts/security/pod-security-standards/); default-deny and allow-all
+NetworkPolicies (https://kubernetes.io/docs/concepts/services-networking/network-policies/#default-policies);
+internal load balancers on EKS
+(https://kubernetes-sigs.github.io/aws-load-balancer-controller/latest/guide/service/annotations/#lb-scheme)
+and GKE (https://cloud.google.com/kubernetes-engine/docs/concepts/service-load-balancer-parameters);
+Ingress defaults (https://kubernetes-sigs.github.io/aws-load-balancer-controller/latest/guide/ingress/annotations/#scheme,
+https://cloud.google.com/kubernetes-engine/docs/concepts/ingress#ingress_class).
 """
 
 from __future__ import annotations
@@ -19,109 +31,62 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from infra import naming
-from policies.core import Context, Resource, dig, falsy, items, truthy
+from policies import pods
+from policies.cidrs import blocks_coverage
+from policies.core import Context, Resource, dig, items
+from policies.pods import containers, is_training, k8s_object, pod_specs
 
-JOBSET = "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"
 NAMESPACE = "kubernetes:core/v1:Namespace"
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
-# type token -> path from the object to its pod spec(s); "*" fans out over a list.
-POD_SPEC_PATHS: dict[str, tuple[str, ...]] = {
-    "kubernetes:core/v1:Pod": ("spec",),
-    "kubernetes:apps/v1:Deployment": ("spec", "template", "spec"),
-    "kubernetes:apps/v1:StatefulSet": ("spec", "template", "spec"),
-    "kubernetes:apps/v1:DaemonSet": ("spec", "template", "spec"),
-    "kubernetes:apps/v1:ReplicaSet": ("spec", "template", "spec"),
-    "kubernetes:batch/v1:Job": ("spec", "template", "spec"),
-    "kubernetes:batch/v1:CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
-    JOBSET: ("spec", "replicatedJobs", "*", "template", "spec", "template", "spec"),
-}
-TEAM_NAMESPACE_PREFIX = naming.team_namespace("")
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
-# The one exemption from training-pod-security and training-image-digest: Google's GPUDirect
-# receive-datapath managers, the native sidecars a TCPX/TCPXO training pod needs next to the trainer
-# (infra/gcp/fabric.py). They program flow steering on the GPU NICs, so Google's manifests run them
-# privileged and as root, and Google publishes them by version tag only
-# (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx,
-# https://github.com/GoogleCloudPlatform/container-engine-accelerators/tree/master/gpudirect-tcpxo).
-# Exempt only when BOTH the container name and the image repository match: any other privileged,
-# root or tag-pinned container in a training pod still fails, and so does one of these names running
-# any other image. Resource requests are still required of them.
-GPUDIRECT_RXDM: dict[str, str] = {
-    "tcpx-daemon": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpx/",
-    "tcpxo-daemon": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/",
+
+# Annotations that make a Service's load balancer internal, per cloud (values compared lowercased).
+INTERNAL_LB_ANNOTATIONS: dict[str, dict[str, str]] = {
+    # AWS Load Balancer Controller, then the in-tree cloud provider.
+    "aws": {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+            "service.beta.kubernetes.io/aws-load-balancer-internal": "true"},
+    # GKE, current then legacy annotation.
+    "gcp": {"networking.gke.io/load-balancer-type": "internal",
+            "cloud.google.com/load-balancer-type": "internal"},
 }
-# What may follow the repository prefix: one image name, then a tag and/or a digest (no sub-paths).
-_RXDM_IMAGE_REST = re.compile(r"[a-z0-9][a-z0-9._-]*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?(@sha256:[0-9a-f]{64})?")
+INGRESS_CLASS_ANNOTATION = "kubernetes.io/ingress.class"
+ALB_SCHEME_ANNOTATION = "alb.ingress.kubernetes.io/scheme"
 
 
-def pod_specs(res: Resource) -> list[tuple[str, Mapping[str, Any]]]:
-    """(where, pod spec) for every pod template of a typed workload; [] for other types."""
-    path = POD_SPEC_PATHS.get(res.type)
-    if path is None:
-        return []
-    found: list[tuple[str, Any]] = [("", res.props)]
-    for step in path:
-        nxt = []
-        for where, node in found:
-            if step == "*":
-                nxt += [(f"{where}[{i}]", el) for i, el in enumerate(items(node))]
-            elif isinstance(node, Mapping) and node.get(step) is not None:
-                nxt.append((f"{where}.{step}" if where else step, node[step]))
-        found = nxt
-    return [(w, s) for w, s in found if isinstance(s, Mapping)]
+def _object(res: Resource) -> Mapping[str, Any] | None:
+    return k8s_object(res)
 
 
-def containers(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """(kind[index] name, container) over containers and initContainers."""
-    out = []
-    for kind in ("initContainers", "containers"):
-        for i, c in enumerate(items(spec.get(kind))):
-            if isinstance(c, Mapping):
-                out.append((f"{kind}[{i}] {c.get('name', '')!s}".rstrip(), c))
-    return out
+# --------------------------------------------------------------------------------------------
+# Pod security
+# --------------------------------------------------------------------------------------------
 
 
-def is_training(res: Resource) -> bool:
-    """JobSets, and typed workloads in a team namespace."""
-    namespace = res.get("metadata", "namespace", default="")
-    return res.type == JOBSET or (res.type in POD_SPEC_PATHS and str(namespace).startswith(TEAM_NAMESPACE_PREFIX))
+def pod_host_isolation(res: Resource, ctx: Context) -> Iterator[str]:
+    """No pod is privileged, shares host namespaces, mounts other host paths, binds host ports or adds capabilities."""
+    obj = _object(res)
+    if obj is not None:
+        yield from pods.host_isolation_problems(obj)
 
 
-def is_gpudirect_rxdm(container: Mapping[str, Any]) -> bool:
-    """A GPUDirect receive-datapath manager: its name and Google's repository for it (GPUDIRECT_RXDM)."""
-    repo = GPUDIRECT_RXDM.get(str(container.get("name", "")))
-    image = container.get("image")
-    return (repo is not None and isinstance(image, str) and image.startswith(repo)
-            and _RXDM_IMAGE_REST.fullmatch(image[len(repo):]) is not None)
+def pod_non_root(res: Resource, ctx: Context) -> Iterator[str]:
+    """Pods other than training pods run as non-root without privilege escalation."""
+    obj = _object(res)
+    if obj is not None and not is_training(obj):
+        yield from pods.non_root_problems(obj)
 
 
 def training_pod_security(res: Resource, ctx: Context) -> Iterator[str]:
-    """Training pods run as non-root without privilege escalation (GPUDirect managers exempt)."""
-    if not is_training(res):
-        return
-    for where, spec in pod_specs(res):
-        pod_non_root = truthy(dig(spec, "securityContext", "runAsNonRoot"))
-        pod_root_uid = dig(spec, "securityContext", "runAsUser") == 0
-        for name, c in containers(spec):
-            if is_gpudirect_rxdm(c):
-                continue
-            sc = c.get("securityContext") or {}
-            non_root = dig(sc, "runAsNonRoot")
-            if falsy(non_root) or not (truthy(non_root) or pod_non_root):
-                yield f"{where} {name}: runAsNonRoot is not true (pod or container securityContext)."
-            if dig(sc, "runAsUser") == 0 or (pod_root_uid and dig(sc, "runAsUser") is None):
-                yield f"{where} {name}: runAsUser is 0 (root)."
-            if not falsy(dig(sc, "allowPrivilegeEscalation")):
-                yield f"{where} {name}: securityContext.allowPrivilegeEscalation is not false."
-            if truthy(dig(sc, "privileged")):
-                yield f"{where} {name}: securityContext.privileged is true."
+    """Training pods meet the restricted profile's user and process controls (GPUDirect sidecars exempt)."""
+    obj = _object(res)
+    if obj is not None and is_training(obj):
+        yield from pods.training_problems(obj)
 
 
-def _unpinned(res: Resource, exempt_rxdm: bool = False) -> Iterator[str]:
-    for where, spec in pod_specs(res):
+def _unpinned(obj: Mapping[str, Any], exempt_sidecars: bool = False) -> Iterator[str]:
+    for where, spec in pod_specs(obj):
         for name, c in containers(spec):
-            if exempt_rxdm and is_gpudirect_rxdm(c):
+            if exempt_sidecars and pods.grant(obj, c) is not None:
                 continue
             image = c.get("image")
             if not isinstance(image, str) or not _DIGEST.search(image):
@@ -129,25 +94,35 @@ def _unpinned(res: Resource, exempt_rxdm: bool = False) -> Iterator[str]:
 
 
 def training_image_digest(res: Resource, ctx: Context) -> Iterator[str]:
-    """Training pods run images pinned by digest (GPUDirect managers exempt: Google tags them)."""
-    if is_training(res):
-        yield from _unpinned(res, exempt_rxdm=True)
+    """Training pods run images pinned by digest (GPUDirect sidecars exempt: Google tags them)."""
+    obj = _object(res)
+    if obj is not None and is_training(obj):
+        yield from _unpinned(obj, exempt_sidecars=True)
 
 
 def image_digest(res: Resource, ctx: Context) -> Iterator[str]:
     """Every other typed workload runs images pinned by digest (advisory)."""
-    if not is_training(res):
-        yield from _unpinned(res)
+    obj = _object(res)
+    if obj is not None and not is_training(obj):
+        yield from _unpinned(obj)
 
 
 def container_requests(res: Resource, ctx: Context) -> Iterator[str]:
     """Every container of a typed workload requests CPU and memory."""
-    for where, spec in pod_specs(res):
+    obj = _object(res)
+    for where, spec in pod_specs(obj) if obj is not None else []:
         for name, c in containers(spec):
+            if c in items(spec.get("ephemeralContainers")):
+                continue  # ephemeral containers take no resources
             requests = dig(c, "resources", "requests") or {}
             missing = [r for r in ("cpu", "memory") if not dig(requests, r)]
             if missing:
                 yield f"{where} {name}: resources.requests lacks {', '.join(missing)}."
+
+
+# --------------------------------------------------------------------------------------------
+# Network policies
+# --------------------------------------------------------------------------------------------
 
 
 def _is_default_deny(policy: Resource) -> bool:
@@ -173,3 +148,94 @@ def namespace_default_deny(resources: Sequence[Resource], ctx: Context) -> Itera
         elif name not in denied:
             yield ns, (f"namespace {name!r} has no NetworkPolicy with podSelector {{}}, policyTypes "
                        "[Ingress, Egress] and no rules.")
+
+
+def _selects_everything(selector: Any) -> bool:
+    return isinstance(selector, Mapping) and not dig(selector, "matchLabels") and not dig(selector, "matchExpressions")
+
+
+def _peers_reach(peers: list) -> str | None:
+    """What a rule's peer list admits when that is everyone: None when the peers restrict it."""
+    if not peers:
+        return "every source and destination (no peers listed)"
+    coverage = blocks_coverage((dig(p, "ipBlock", "cidr"), items(dig(p, "ipBlock", "except")))
+                               for p in peers if dig(p, "ipBlock"))
+    if coverage:
+        return f"{coverage} (ipBlock)"
+    for p in peers:
+        if (isinstance(p, Mapping) and "namespaceSelector" in p and _selects_everything(p.get("namespaceSelector"))
+                and _selects_everything(p.get("podSelector", {}))):
+            return "every pod in every namespace"
+    return None
+
+
+def allow_all_problems(obj: Mapping[str, Any]) -> list[str]:
+    """Rules of one NetworkPolicy that undo a default-deny: ingress from anyone, or egress to anyone on any port."""
+    if obj.get("kind") != "NetworkPolicy":
+        return []
+    spec = obj.get("spec") or {}
+    problems = []
+    for i, rule in enumerate(items(spec.get("ingress"))):
+        reach = _peers_reach(items(dig(rule, "from")))
+        if reach:
+            ports = "every port" if not items(dig(rule, "ports")) else "the listed ports"
+            problems.append(f"spec.ingress[{i}] admits {reach} on {ports}, which undoes the namespace's default deny.")
+    for i, rule in enumerate(items(spec.get("egress"))):
+        reach = _peers_reach(items(dig(rule, "to")))
+        if reach and not items(dig(rule, "ports")):
+            problems.append(f"spec.egress[{i}] allows traffic to {reach} on every port, which undoes the "
+                            "namespace's default deny.")
+    return problems
+
+
+def network_policy_no_allow_all(res: Resource, ctx: Context) -> Iterator[str]:
+    """No NetworkPolicy admits everyone, or lets pods reach everyone on every port."""
+    obj = _object(res)
+    if obj is not None:
+        yield from allow_all_problems(obj)
+
+
+# --------------------------------------------------------------------------------------------
+# Load balancers
+# --------------------------------------------------------------------------------------------
+
+
+def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+    return {str(k): str(v).strip().lower() for k, v in (dig(obj, "metadata", "annotations") or {}).items()}
+
+
+def load_balancer_problems(obj: Mapping[str, Any], cloud: str | None) -> list[str]:
+    """Whether a Service or Ingress gets an internet-facing load balancer on `cloud` ("aws" | "gcp" |
+    None when unknown, which accepts either cloud's internal annotation)."""
+    notes = _annotations(obj)
+    kind = obj.get("kind")
+    if kind == "Service" and dig(obj, "spec", "type") == "LoadBalancer":
+        clouds = [cloud] if cloud in INTERNAL_LB_ANNOTATIONS else list(INTERNAL_LB_ANNOTATIONS)
+        wanted = {k: v for c in clouds for k, v in INTERNAL_LB_ANNOTATIONS[c].items()}
+        if not any(notes.get(k) == v for k, v in wanted.items()):
+            names = " or ".join(f"{k}: {v!r}" for k, v in wanted.items())
+            return [f"spec.type is LoadBalancer without {names}, so the load balancer is internet-facing."]
+    elif kind == "Ingress":
+        ingress_class = str(dig(obj, "spec", "ingressClassName") or notes.get(INGRESS_CLASS_ANNOTATION) or "")
+        if ingress_class == "alb" and notes.get(ALB_SCHEME_ANNOTATION) == "internet-facing":
+            return [f"{ALB_SCHEME_ANNOTATION} is internet-facing."]
+        if cloud == "gcp" and ingress_class in ("", "gce"):
+            return [f"the Ingress class is {ingress_class or 'unset'}, which GKE serves from an external load "
+                    "balancer; use gce-internal."]
+    return []
+
+
+def cloud_of(resources: Sequence[Resource]) -> str | None:
+    """aws or gcp when the stack's resources belong to exactly one of them."""
+    clouds = {c for c in ("aws", "gcp") if any(r.type.startswith(f"{c}:") for r in resources)}
+    return clouds.pop() if len(clouds) == 1 else None
+
+
+def no_public_load_balancer(resources: Sequence[Resource], ctx: Context) -> Iterator[tuple[Resource, str]]:
+    """Services and Ingresses get internal load balancers only."""
+    cloud = cloud_of(resources)
+    for res in resources:
+        obj = _object(res)
+        if obj is not None:
+            for problem in load_balancer_problems(obj, cloud):
+                yield res, problem

@@ -10,6 +10,12 @@ type without tags (an IAM policy attachment, a firewall rule) is never flagged, 
 taggable type is covered the day it appears. Two nested places where the platform's GPU nodes
 get their cloud tags are added by hand (`NESTED_TAGS`): a GKE node pool's
 `nodeConfig.resourceLabels` and a Karpenter EC2NodeClass's `spec.tags`.
+
+Regions: GCP resources name a region or zone; AWS resources say where they are through their
+`region` input (pulumi-aws 7), availability zones, the region field of the ARNs they use
+(https://docs.aws.amazon.com/IAM/latest/UserGuide/reference-arns.html) and VPC endpoint service
+names (`com.amazonaws.<region>.<service>`), so a stack planned in another region is caught even
+though the default provider itself is not a resource of the offline plan.
 """
 
 from __future__ import annotations
@@ -81,8 +87,15 @@ def required_tags(res: Resource, ctx: Context) -> Iterator[str]:
 
 
 _AWS_ZONE = re.compile(r"^([a-z]{2}(-gov)?-[a-z]+-[0-9])[a-z]$")
+_AWS_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")
 _GCP_ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _REGION_KEYS = ("region", "location", "zone")
+# Where an AWS resource shows its region when it has no `region` input: availability zones, ARNs
+# (arn:partition:service:region:account:resource) and VPC endpoint service names
+# (com.amazonaws.<region>.<service>).
+_AWS_ZONE_KEYS = ("availabilityZone", "availabilityZones")
+_ARN = re.compile(r"^arn:aws[a-z-]*:[a-z0-9-]+:([a-z0-9-]*):")
+_ENDPOINT_SERVICE = re.compile(r"^com\.amazonaws\.([a-z0-9-]+)\.")
 
 
 def region_of(location: str) -> str:
@@ -95,8 +108,33 @@ def region_of(location: str) -> str:
     return loc
 
 
+def _aws_places(value, path: str = "") -> Iterator[tuple[str, str]]:
+    """(where, region) for every AWS zone, ARN region and endpoint service region in a prop tree."""
+    if isinstance(value, Mapping):
+        for key, v in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in _AWS_ZONE_KEYS:
+                for zone in (items(v) if not isinstance(v, str) else [v]):
+                    if isinstance(zone, str) and _AWS_ZONE.match(zone):
+                        yield where, region_of(zone)
+            else:
+                yield from _aws_places(v, where)
+    elif isinstance(value, str):
+        for pattern in (_ARN, _ENDPOINT_SERVICE):
+            m = pattern.match(value)
+            if m and _AWS_REGION.match(m.group(1)):
+                yield path, m.group(1)
+    else:
+        for i, v in enumerate(items(value)):
+            yield from _aws_places(v, f"{path}[{i}]")
+
+
 def allowed_regions(res: Resource, ctx: Context) -> Iterator[str]:
-    """Resources and providers are placed only in the allowed regions."""
+    """Resources and providers are placed only in the allowed regions.
+
+    GCP resources name their region or zone; AWS resources their `region` (pulumi-aws 7), their
+    availability zones, and the region inside the ARNs and endpoint service names they use.
+    """
     if not res.type.startswith(("aws:", "gcp:", "pulumi:providers:aws", "pulumi:providers:gcp")):
         return
     for key in _REGION_KEYS:
@@ -105,3 +143,10 @@ def allowed_regions(res: Resource, ctx: Context) -> Iterator[str]:
             continue
         if region_of(value) not in ctx.allowed_regions:
             yield f"{key} {value!r} is outside the allowed regions ({', '.join(ctx.allowed_regions)})."
+    if res.type.startswith("aws:"):
+        outside = sorted({(where, region) for where, region in _aws_places(res.props)
+                          if region not in ctx.allowed_regions})
+        if outside:
+            shown = ", ".join(f"{where} in {region}" for where, region in outside[:3])
+            more = f" and {len(outside) - 3} more" if len(outside) > 3 else ""
+            yield f"{shown}{more} is outside the allowed regions ({', '.join(ctx.allowed_regions)})."

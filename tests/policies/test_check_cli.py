@@ -28,7 +28,9 @@ def _key(rotation: bool) -> dict:
 
 
 def _deployment(image: str) -> dict:
-    pod = {"containers": [{"name": "web", "image": image, "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}
+    pod = {"securityContext": {"runAsNonRoot": True},
+           "containers": [{"name": "web", "image": image, "securityContext": {"allowPrivilegeEscalation": False},
+                           "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}
     return {"urn": "urn:pulumi:aws-dev::gpu-train::kubernetes:apps/v1:Deployment::web",
             "type": "kubernetes:apps/v1:Deployment", "name": "web", "parent": None,
             "inputs": {"metadata": {"namespace": "monitoring"}, "spec": {"template": {"spec": pod}}}}

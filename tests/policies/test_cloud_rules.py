@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from policies.core import Context
+from policies.core import Context, Resource
 from tests.policies.helpers import broken, details, first, replaced, stack_resources
 
 DEV = Context(stack="aws-dev", environment="dev")
@@ -41,6 +41,10 @@ def _drop(*path):
 
 def _is_private_subnet(r):
     return "kubernetes.io/role/elb" not in (r.props.get("tags") or {})
+
+
+def _immutable(r):
+    return r.props.get("imageTagMutability") == "IMMUTABLE" or (r.props.get("dockerConfig") or {}).get("immutableTags")
 
 
 def _allow_firewall(r):
@@ -96,11 +100,13 @@ RESOURCE_CASES = [
      _set("spec", "metadataOptions", "httpTokens", value="optional"), "httpTokens"),
     ("imdsv2-required", "gcp-prod", "gcp:container/nodePool:NodePool", None,
      _set("nodeConfig", "workloadMetadataConfig", "mode", value="GCE_METADATA"), "GKE_METADATA"),
-    ("registry-immutable-scanned", "aws-dev", "aws:ecr/repository:Repository", None,
+    ("registry-immutable-scanned", "aws-dev", "aws:ecr/repository:Repository", _immutable,
      _set("imageTagMutability", value="MUTABLE"), "IMMUTABLE"),
+    ("registry-immutable-scanned", "aws-dev", "aws:ecr/repository:Repository", _immutable,
+     _set("imageTagMutability", value="IMMUTABLE_WITH_EXCLUSION"), "IMMUTABLE_WITH_EXCLUSION"),
     ("registry-immutable-scanned", "aws-prod", "aws:ecr/repository:Repository", None,
      _set("imageScanningConfiguration", "scanOnPush", value=False), "scanOnPush"),
-    ("registry-immutable-scanned", "gcp-dev", "gcp:artifactregistry/repository:Repository", None,
+    ("registry-immutable-scanned", "gcp-dev", "gcp:artifactregistry/repository:Repository", _immutable,
      _set("dockerConfig", "immutableTags", value=False), "immutableTags"),
     ("required-tags", "aws-dev", "aws:s3/bucket:Bucket", None, _drop("tags", "stack"), "stack"),
     ("required-tags", "aws-prod", "aws:eks/nodeGroup:NodeGroup", None, _drop("tags", "managed-by"), "managed-by"),
@@ -206,7 +212,7 @@ def _spot_rule(r):
 
 
 def _karpenter(r):
-    return r.type != "kubernetes:helm.sh/v3:Release" or "karpenter" in r.props.get("chart", "")
+    return r.type != "kubernetes:helm.sh/v3:Release" or r.props.get("chart", "").rstrip("/").endswith("/karpenter")
 
 
 @pytest.mark.parametrize(("rule_id", "stack", "typ", "mutate", "word"), STACK_CASES,
@@ -233,3 +239,167 @@ def test_gpu_cap_counts_every_pool(plans):
     assert details("gpu-total-cap", resources, Context(stack="aws-dev", max_gpus=6)) == []
     over = details("gpu-total-cap", resources, Context(stack="aws-dev", max_gpus=5))
     assert len(over) == 1 and "6 GPUs" in over[0]
+
+
+# ---- rules added for the security review: each passes on every real plan and fails broken -----
+
+HALVES = ["0.0.0.0/1", "128.0.0.0/1"]
+
+
+def _has_ingress(r):
+    return bool(r.props.get("ingress"))
+
+
+def _node_group_subnet(resources):
+    """A subnet some node group launches nodes in, found by reference (not by name)."""
+    refs = {s for r in resources if r.type == "aws:eks/nodeGroup:NodeGroup" for s in r.props.get("subnetIds", [])}
+    return lambda r: any(r.referred_by(ref) for ref in refs)
+
+
+def _add_statement(statement):
+    def mutate(props):
+        doc = json.loads(props["policy"])
+        doc["Statement"].append(statement)
+        props["policy"] = json.dumps(doc)
+    return mutate
+
+
+def _edit_tls_deny(**changes):
+    def mutate(props):
+        doc = json.loads(props["policy"])
+        for st in doc["Statement"]:
+            if "aws:SecureTransport" in json.dumps(st.get("Condition", {})):
+                st.update(changes)
+        props["policy"] = json.dumps(doc)
+    return mutate
+
+
+def _versioned(r):
+    return (r.props.get("versioning") or {}).get("enabled") is True or r.type.startswith("aws:s3/bucketVersioning")
+
+
+def _gpu_node_pool(r):
+    return bool((r.props.get("nodeConfig") or {}).get("guestAccelerators"))
+
+
+# (rule, stack, type, filter or None, mutation, word the detail must name)
+NEW_CASES = [
+    ("no-open-ingress", "aws-prod", "aws:ec2/securityGroup:SecurityGroup", _has_ingress,
+     lambda p: p["ingress"][0].update(cidrBlocks=HALVES), "every public IPv4 address"),
+    ("no-open-ingress", "aws-dev", "aws:ec2/securityGroup:SecurityGroup", _has_ingress,
+     lambda p: p["ingress"][0].update(ipv6CidrBlocks=["0::/0"]), "every public IPv6 address"),
+    ("no-open-ingress", "aws-dev", "aws:ec2/securityGroup:SecurityGroup", _has_ingress,
+     lambda p: p["ingress"].extend([{**p["ingress"][0], "cidrBlocks": [c]} for c in HALVES]), "joined with"),
+    ("eks-endpoint-restricted", "aws-prod", "aws:eks/cluster:Cluster", None,
+     _set("vpcConfig", "publicAccessCidrs", value=HALVES), "every public IPv4 address"),
+    ("gke-private-cluster", "gcp-dev", "gcp:container/cluster:Cluster", None,
+     _set("masterAuthorizedNetworksConfig", "cidrBlocks", value=[{"cidrBlock": c} for c in HALVES]),
+     "every public IPv4 address"),
+    ("imdsv2-required", "aws-dev", "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass", None,
+     _set("spec", "metadataOptions", "httpPutResponseHopLimit", value=3), "httpPutResponseHopLimit is 3"),
+    ("imdsv2-required", "aws-prod", "aws:ec2/launchTemplate:LaunchTemplate", None,
+     _drop("metadataOptions", "httpPutResponseHopLimit"), "not set"),
+    ("imdsv2-required", "gcp-prod", "gcp:container/nodePool:NodePool", None,
+     _set("nodeConfig", "metadata", value={"disable-legacy-endpoints": "false"}), "legacy"),
+    ("control-plane-audit-logs", "aws-prod", "aws:eks/cluster:Cluster", None,
+     _set("enabledClusterLogTypes", value=["api"]), "audit"),
+    ("control-plane-audit-logs", "gcp-dev", "gcp:container/cluster:Cluster", None,
+     _set("loggingService", value="none"), "none"),
+    ("control-plane-audit-logs", "gcp-prod", "gcp:container/cluster:Cluster", None,
+     _set("loggingConfig", "enableComponents", value=[]), "SYSTEM_COMPONENTS"),
+    ("allowed-regions", "aws-dev", "aws:ec2/subnet:Subnet", None,
+     _set("availabilityZone", value="ap-south-1a"), "ap-south-1"),
+    ("allowed-regions", "aws-prod", "aws:ec2/vpcEndpoint:VpcEndpoint", None,
+     _set("serviceName", value="com.amazonaws.sa-east-1.s3"), "sa-east-1"),
+    ("allowed-regions", "aws-prod", "aws:eks/cluster:Cluster", None,
+     _set("encryptionConfig", "provider", "keyArn", value="arn:aws:kms:eu-central-1:123456789012:key/k"),
+     "eu-central-1"),
+    ("no-public-resource-policy", "aws-dev", "aws:kms/key:Key", None,
+     _add_statement({"Effect": "Allow", "Principal": "*", "Action": "kms:*", "Resource": "*"}), "kms:*"),
+    ("no-public-resource-policy", "gcp-dev", "gcp:storage/bucketIAMMember:BucketIAMMember", None,
+     _set("member", value="allUsers"), "allUsers"),
+    ("no-wildcard-iam", "aws-prod", "aws:iam/rolePolicy:RolePolicy", None,
+     _add_statement({"Effect": "Allow", "Action": "*", "Resource": "*"}), "Resource '*'"),
+    ("no-wildcard-iam", "gcp-prod", "gcp:projects/iAMMember:IAMMember", None, _set("role", value="roles/owner"),
+     "roles/owner"),
+]
+
+
+@pytest.mark.parametrize(("rule_id", "stack", "typ", "where", "mutate", "word"), NEW_CASES,
+                         ids=[f"{c[0]}-{c[2].split(':')[-1]}-{c[1]}" for c in NEW_CASES])
+def test_new_resource_rules_pass_real_and_fail_broken(plans, rule_id, stack, typ, where, mutate, word):
+    resources = stack_resources(plans, stack)
+    target = next(r for r in resources if r.type == typ and (where or (lambda r: True))(r))
+    assert details(rule_id, resources, CTX[stack]) == []
+    bad = details(rule_id, replaced(resources, target, broken(target, mutate)), CTX[stack])
+    assert bad and any(word in d for d in bad), bad
+
+
+NEW_STACK_CASES = [
+    ("no-public-node-ips", "aws-dev", "aws:ec2/subnet:Subnet", _node_group_subnet,
+     lambda p: p.update(mapPublicIpOnLaunch=True, tags={**p["tags"], "kubernetes.io/role/elb": "1"}),
+     "node subnet"),
+    ("bucket-encryption-cmk", "aws-prod",
+     "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", None,
+     lambda p: p["rules"][0]["applyServerSideEncryptionByDefault"].update(kmsMasterKeyId="alias/aws/s3"),
+     "AWS-managed"),
+    ("bucket-tls-only", "aws-dev", "aws:s3/bucketPolicy:BucketPolicy", None, _edit_tls_deny(Action="s3:GetObject"),
+     "not s3:*"),
+    ("bucket-tls-only", "aws-prod", "aws:s3/bucketPolicy:BucketPolicy", None,
+     _edit_tls_deny(Principal={"AWS": "arn:aws:iam::123456789012:root"}), "not Principal '*'"),
+    ("bucket-history-kept", "aws-dev", "aws:s3/bucketVersioning:BucketVersioning", None,
+     _set("versioningConfiguration", "status", value="Suspended"), "Suspended"),
+    ("bucket-history-kept", "gcp-prod", "gcp:storage/bucket:Bucket", lambda rs: _versioned,
+     _set("versioning", "enabled", value=False), "noncurrent"),
+    ("bucket-history-kept", "gcp-dev", "gcp:storage/bucket:Bucket", None,
+     _set("softDeletePolicy", "retentionDurationSeconds", value=0), "softDeletePolicy"),
+]
+
+
+@pytest.mark.parametrize(("rule_id", "stack", "typ", "where", "mutate", "word"), NEW_STACK_CASES,
+                         ids=[f"{c[0]}-{c[2].split(':')[-1]}-{c[1]}" for c in NEW_STACK_CASES])
+def test_new_stack_rules_pass_real_and_fail_broken(plans, rule_id, stack, typ, where, mutate, word):
+    resources = stack_resources(plans, stack)
+    pick = where(resources) if where else (lambda r: True)
+    target = next(r for r in resources if r.type == typ and pick(r))
+    assert details(rule_id, resources, CTX[stack]) == []
+    bad = details(rule_id, replaced(resources, target, broken(target, mutate)), CTX[stack])
+    assert bad and any(word in d for d in bad), bad
+
+
+def test_a_build_cache_may_be_mutable_only_while_no_workload_runs_from_it(plans):
+    jobset = "kubernetes:jobset.x-k8s.io/v1alpha2:JobSet"
+    for stack in ("aws-dev", "gcp-prod"):
+        resources = stack_resources(plans, stack)
+        assert details("registry-immutable-scanned", resources, CTX[stack]) == []
+        repo = next(r for r in resources if r.type in ("aws:ecr/repository:Repository",
+                                                        "gcp:artifactregistry/repository:Repository")
+                    and _immutable(r))
+        cache = broken(repo, lambda p: p.update(
+            imageTagMutability="MUTABLE", dockerConfig={"immutableTags": False},
+            **{k: {**p[k], "purpose": "build-cache"} for k in ("tags", "labels") if k in p}))
+        # The training JobSet runs its image from this repository, so a mutable tag there is flagged.
+        found = details("registry-immutable-scanned", replaced(resources, repo, cache), CTX[stack])
+        assert found and "from it" in found[0], found
+        # Once nothing runs from it, a repository labelled as a build cache may be mutable...
+        job = next(r for r in resources if r.type == jobset)
+        elsewhere = broken(job, lambda p: [c.update(image="registry.example/other/trainer@sha256:" + "0" * 64)
+                                           for rj in p["spec"]["replicatedJobs"]
+                                           for c in rj["template"]["spec"]["template"]["spec"]["containers"]])
+        moved = replaced(resources, job, elsewhere)
+        assert details("registry-immutable-scanned", replaced(moved, repo, cache), CTX[stack]) == []
+        # ...and one without that label may not.
+        unlabelled = broken(cache, lambda p: [p[k].pop("purpose") for k in ("tags", "labels") if k in p])
+        assert details("registry-immutable-scanned", replaced(moved, repo, unlabelled), CTX[stack])
+
+
+def test_static_karpenter_pools_are_bounded_by_replicas():
+    """A static NodePool keeps spec.replicas nodes; p5.48xlarge has 8 H100s (EC2 accelerated instances)."""
+    pool = Resource(type="kubernetes:karpenter.sh/v1:NodePool", name="static", urn="urn:static", props={"spec": {
+        "replicas": 2, "limits": {"nodes": "2"}, "template": {"spec": {"requirements": [
+            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["p5.48xlarge"]}]}}}})
+    assert details("gpu-total-cap", [pool], Context(stack="aws-prod", max_gpus=16)) == []
+    over = details("gpu-total-cap", [pool], Context(stack="aws-prod", max_gpus=15))
+    assert len(over) == 1 and "16 GPUs" in over[0]
+    unbounded = broken(pool, lambda p: [p["spec"].pop("replicas"), p["spec"].pop("limits")])
+    assert any("unbounded" in d for d in details("gpu-total-cap", [unbounded], Context(stack="aws-prod")))

@@ -89,3 +89,43 @@ def test_stack_policy_validate_uses_config_and_stack(config, expected, monkeypat
     assert len(reports) == expected
     if expected:
         assert "48 GPUs" in reports[0][0] and "aws-prod" in reports[0][0] and reports[0][1] is None
+
+
+def _daemonset(host_network: bool) -> dict:
+    pod = {"securityContext": {"runAsNonRoot": True}, "hostNetwork": host_network,
+           "containers": [{"name": "agent", "image": "registry.example/agent@sha256:" + "0" * 64,
+                           "securityContext": {"allowPrivilegeEscalation": False},
+                           "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent", "namespace": "monitoring"},
+            "spec": {"template": {"spec": pod}}}
+
+
+@pytest.mark.parametrize(("host_network", "expected"), [(False, 0), (True, 1)])
+def test_kubernetes_object_rules_read_the_engines_proxies(host_network, expected, monkeypatch):
+    monkeypatch.setenv("PULUMI_STACK", "aws-dev")
+    urn = "urn:pulumi:aws-dev::gpu-train::kubernetes:apps/v1:DaemonSet::agent"
+    reports = []
+    args = ResourceValidationArgs("kubernetes:apps/v1:DaemonSet", unknown_checking_proxy(_daemonset(host_network)),
+                                  urn, "agent", None, None, config={})
+    _policy("pod-host-isolation").validate(args, lambda msg, urn=None: reports.append(msg))
+    assert len(reports) == expected
+    assert all("hostNetwork" in m for m in reports)
+
+
+def _sg(cidrs: list[str]) -> PolicyResource:
+    props = {"ingress": [{"protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": cidrs}],
+             "tags": {"project": "gpu-train"}}
+    return PolicyResource("aws:ec2/securityGroup:SecurityGroup", unknown_checking_proxy(props),
+                          "urn:pulumi:aws-dev::gpu-train::aws:ec2/securityGroup:SecurityGroup::sg", "sg",
+                          None, None, None, [], {})
+
+
+@pytest.mark.parametrize(("cidrs", "expected"), [(["10.0.0.0/8"], 0), (["0.0.0.0/1", "128.0.0.0/1"], 1)])
+def test_stack_policy_normalises_ranges_through_the_proxies(cidrs, expected, monkeypatch):
+    monkeypatch.setenv("PULUMI_STACK", "aws-dev")
+    reports = []
+    _policy("no-open-ingress").validate(StackValidationArgs([_sg(cidrs)], config={}),
+                                        lambda msg, urn=None: reports.append((msg, urn)))
+    assert len(reports) == expected
+    if expected:
+        assert "every public IPv4 address" in reports[0][0] and reports[0][1].endswith("::sg")

@@ -7,6 +7,7 @@ Usage: `.venv/bin/pytest tests/policies/test_workflows.py -q`.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -29,8 +30,29 @@ def _uses(job: dict) -> list[str]:
     return [s["uses"] for s in job["steps"] if "uses" in s]
 
 
-def _stacks(job: dict) -> list[str]:
-    return [i["stack"] for i in job["strategy"]["matrix"]["include"]]
+def _matrix_source(job: dict) -> str:
+    """The expression a job's matrix is built from (the stacks job's output, never a fixed list)."""
+    return job["strategy"]["matrix"]["include"]
+
+
+def _runs_where_the_api_server_is_reachable(job: dict) -> None:
+    # AWS: the stack's own CodeBuild-hosted runner in its VPC, whose label is
+    # codebuild-<project>-<run id>-<run attempt> with project <naming.prefix>-deploy (infra/aws/deploy_runner.py);
+    # GCP: a GitHub-hosted runner, through GKE's DNS-based endpoint.
+    from infra import naming
+    from infra.aws.deploy_runner import runner_label
+
+    project = f"{naming.prefix(SimpleNamespace(stack='STACK'))}-deploy"
+    expected = runner_label(project).replace("STACK", "{0}").replace("${{ github.run_id }}", "{1}") \
+        .replace("${{ github.run_attempt }}", "{2}")
+    assert job["runs-on"] == (f"${{{{ matrix.cloud == 'aws' && format('{expected}', matrix.stack, github.run_id, "
+                              "github.run_attempt) || 'ubuntu-24.04' }}")
+
+
+def _lists_marked_stacks(doc: dict) -> dict:
+    stacks = doc["jobs"]["stacks"]
+    assert any("python -m infra.config deploy-matrix stacks" in r for r in _runs(stacks))
+    return stacks
 
 
 def _common_checks(doc: dict) -> None:
@@ -55,8 +77,11 @@ def test_ci_runs_make_test_then_policy_previews_of_every_stack():
     assert "pull_request" in doc["on"]
     assert any(r.strip() == "make test" for r in _runs(doc["jobs"]["test"]))
     preview = doc["jobs"]["preview"]
-    assert preview["needs"] == "test"
-    assert sorted(_stacks(preview)) == sorted(STACKS)
+    _lists_marked_stacks(doc)
+    assert preview["needs"] == ["test", "stacks"]
+    assert _matrix_source(preview) == "${{ fromJSON(needs.stacks.outputs.all) }}"
+    assert preview["if"] == "needs.stacks.outputs.all != '[]'"
+    _runs_where_the_api_server_is_reachable(preview)
     cmd = next(r for r in _runs(preview) if r.startswith("pulumi preview"))
     assert "--stack ${{ matrix.stack }}" in cmd and "--policy-pack policies" in cmd
     assert "--policy-pack-config policies/policy-config.json" in cmd
@@ -69,16 +94,29 @@ def test_deploy_updates_dev_then_prod_behind_an_approval_environment():
     _common_checks(doc)
     assert doc["on"]["push"]["branches"] == ["main"]
     dev, prod = doc["jobs"]["dev"], doc["jobs"]["prod"]
-    assert sorted(_stacks(dev)) == sorted(s for s in STACKS if s.endswith("-dev"))
-    assert sorted(_stacks(prod)) == sorted(s for s in STACKS if s.endswith("-prod"))
-    assert prod["needs"] == "dev" and prod["environment"] == "production"
+    _lists_marked_stacks(doc)
+    assert _matrix_source(dev) == "${{ fromJSON(needs.stacks.outputs.nonprod) }}"
+    assert _matrix_source(prod) == "${{ fromJSON(needs.stacks.outputs.prod) }}"
+    assert prod["needs"] == ["stacks", "dev"] and prod["environment"] == "production"
+    assert "needs.dev.result == 'success'" in prod["if"]  # never after a failed non-prod update
     for job in (dev, prod):
+        _runs_where_the_api_server_is_reachable(job)
         cmd = next(r for r in _runs(job) if r.startswith("pulumi up"))
         assert "--yes" in cmd and "--stack ${{ matrix.stack }}" in cmd and "--policy-pack policies" in cmd
         _cloud_steps_use_oidc(job)
     assert not doc["concurrency"]["cancel-in-progress"]
 
 
+def test_only_stacks_marked_for_deployment_are_previewed_or_deployed():
+    from infra import config
+
+    marked = sorted(s for s in STACKS if (yaml.safe_load((ROOT / "stacks" / f"Pulumi.{s}.yaml").read_text())
+                                          ["config"].get("gpu-train:deploy") is True))
+    found = config.deploy_matrix(ROOT / "stacks")
+    assert sorted(e["stack"] for e in found["nonprod"] + found["prod"]) == marked
+
+
 def test_docs_describe_the_workflows():
     text = Path(ROOT / "docs" / "ci.md").read_text()
     assert "production" in text and "--policy-pack policies" in text and "make test" in text
+    assert "gpu-train:deploy: true" in text and "gpu-train:deployRunner" in text and "DNS-based" in text
