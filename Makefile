@@ -3,6 +3,7 @@
 #   make test               set up, then ruff, pytest (all tests), and the policy check over every stack's plan
 #   make plan STACK=aws-dev offline plan of one stack under Pulumi mocks -> build/plan/
 #   make bench              benchmarks, side by side, -> build/bench/results.json
+#   make schemas            maintainers (network + helm): regenerate tests/schemas from the pinned charts and CRDs
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -13,7 +14,7 @@ STACKS := $(patsubst stacks/Pulumi.%.yaml,%,$(wildcard stacks/Pulumi.*.yaml))
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-3.3.30
 
-.PHONY: setup tools train test lint plan plans policy bench clean
+.PHONY: setup tools train test lint plan plans policy bench schemas clean
 
 setup: $(STAMP)
 
@@ -45,7 +46,7 @@ tools: $(CHECKOV_STAMP)
 train: setup
 	rm -rf runs/make-train
 	$(BIN)/python -m trainer.data synth --out file://$(CURDIR)/runs/data/synth
-	$(BIN)/torchrun --nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:0 \
+	PATH="$(BIN):$$PATH" GPU_TRAIN_PYTHON=$(BIN)/python trainer/entrypoint.sh --nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:0 \
 	    --rdzv-id=make-train --rdzv-conf=join_timeout=30,last_call_timeout=1 --max-restarts=3 \
 	    -m trainer --preset tiny --run-dir runs/make-train data.uri=file://$(CURDIR)/runs/data/synth
 
@@ -68,6 +69,11 @@ test: setup tools lint policy
 
 bench: setup
 	$(BIN)/python -m bench
+
+# Chart and CRD snapshots the offline checks use (docs/validation.md): helm pull at every pinned version,
+# the repositories' indexes, the CRD files at their tags.
+schemas: setup
+	$(BIN)/python -m infra.validation.refresh
 
 clean:
 	rm -rf build runs .pytest_cache .ruff_cache

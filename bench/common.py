@@ -1,17 +1,24 @@
-"""Shared pieces of the benchmarks: a local S3 server, free ports, timers and the results table.
+"""Shared pieces of the benchmarks: a local S3 server, free ports, timers, several torchrun agents as nodes,
+and the results table.
 
 Usage: imported by the bench sections; `with local_s3() as endpoint: ...` starts a moto server on
-localhost (the same stand-in for object storage the tests use) and stops it afterwards.
+localhost (the same stand-in for object storage the tests use) and stops it afterwards;
+`start_agent(node, root, ...)` starts one emulated node (the launcher, python -m trainer.launch) of a
+multi-node rendezvous on localhost, and `node_events(root)` reads rank 0's metrics from whichever node wrote them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -80,8 +87,8 @@ class Figure:
 
 
 def preset_flops_per_token(preset: str) -> float:
-    """Training FLOPs per token (6N + 12·L·H·Q·T) of a trainer preset; the model is built on the meta
-    device, so no memory is allocated."""
+    """Training FLOPs per token (6N + 12·L·H·Q·T, N with the tied lm_head) of a trainer preset; the model
+    is built on the meta device, so no memory is allocated."""
     import torch
 
     from trainer import config as tcfg
@@ -91,10 +98,44 @@ def preset_flops_per_token(preset: str) -> float:
     m = tcfg.PRESETS[preset]().model
     with torch.device("meta"):
         n = GPT(m).num_params(non_embedding=True)
-    return flops_per_token(n, m.n_layer, m.n_head, m.d_model // m.n_head, m.context)
+    return flops_per_token(n, m.n_layer, m.n_head, m.d_model // m.n_head, m.context,
+                           lm_head_params=m.vocab_size * m.d_model)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# The switch the launcher sets for torchrun (trainer/distributed.py); set here too for plain torchrun runs.
+STORE_SWITCH = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# Fast failure detection on localhost: a dead agent's heartbeat expires after 1 s x 3.
+RDZV_CONF = "join_timeout=120,last_call_timeout=1,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
+
+
+def start_agent(node: int, root: Path, *, port: int, nnodes: str, overrides: list[str], env: dict[str, str],
+                max_restarts: int) -> subprocess.Popen:
+    """One emulated node: the launcher and torchrun with one CPU worker, its own run (and checkpoint) directory
+    root/node<N>/run; node 0 hosts the c10d rendezvous."""
+    run_dir = root / f"node{node}" / "run"
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "trainer.launch", f"--nnodes={nnodes}", "--nproc-per-node=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=bench-{port}",
+           f"--rdzv-conf=is_host={int(node == 0)},{RDZV_CONF}", f"--max-restarts={max_restarts}",
+           "--monitor-interval=0.2", "-m", "trainer", "--preset", "tiny", "--run-dir", str(run_dir), *overrides]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **env}
+    log = (root / f"node{node}.log").open("ab")
+    with log:
+        return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def node_events(root: Path) -> list[dict]:
+    """metrics.jsonl of every node under root, in time order (rank 0 may have moved between nodes)."""
+    events = []
+    for path in root.glob("node*/run/metrics.jsonl"):
+        events += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(events, key=lambda e: e["time"])

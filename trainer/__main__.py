@@ -2,12 +2,14 @@
 
 Run:
     python -m trainer --preset tiny --run-dir runs/dev train.steps=50          # one process (world 1)
-    torchrun --nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:29400 \\
+    gpu-train-launch --nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:29400 \\
         --max-restarts=3 -m trainer --preset tiny --run-dir runs/dev             # elastic, 2 workers
     python -m trainer --help                                                   # every key with its default
 
-Overrides are `section.key=value`; an unknown key or a value of the wrong type exits with code 2 and a message
-naming the key.
+Overrides are `section.key=value`. Exit codes (trainer/errors.py): 0 all of train.steps done; 2 bad input,
+printed as one line naming the setting, file, URI or checkpoint (never a traceback); 75 stopped early by
+SIGTERM here or on another node, after a final checkpoint; 1 a failure worth retrying. Under gpu-train-launch
+(trainer/entrypoint.sh) a bad input also stops torchrun from restarting the workers.
 """
 
 from __future__ import annotations
@@ -16,18 +18,30 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainer.config import PRESETS, ConfigError, build_config, reference
+from trainer.config import PRESETS, build_config, reference
+from trainer.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_RESUMABLE,
+    BadInput,
+    TrainingFailed,
+    one_line,
+)
+
+PROG = "python -m trainer"
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
     keys = "\n".join(f"  {key:<36} {typ:<22} default {default!r}" for key, typ, default in reference())
     p = argparse.ArgumentParser(
-        prog="python -m trainer",
+        prog=PROG,
         description="Train a GPT decoder with DDP or FSDP2; elastic under torchrun; resumes from the newest "
         "verified checkpoint.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"overrides (section.key=value; values of the preset shown for tiny):\n{keys}\n\n"
-        "See docs/trainer.md.",
+        "exit codes: 0 completed, 2 bad input (not retried), 75 stopped by SIGTERM after a checkpoint, "
+        "1 failure (retried).\nSee docs/trainer.md.",
     )
     p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="named configuration (default tiny)")
     p.add_argument("--config", type=Path, default=None, help="YAML file with the same sections as the overrides")
@@ -37,22 +51,49 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def bad_input(message: str) -> int:
+    """One line on stderr; under the launcher, stop torchrun from restarting the group (trainer/errors.py)."""
+    from trainer.errors import stop_retries
+
+    text = one_line(message)
+    print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
+    stop_retries(text)
+    return EXIT_BAD_INPUT
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)  # argparse itself exits 2 with a usage line on an unknown option
+    from trainer.distributed import bind_to_agent
+
+    bind_to_agent()
     try:
         cfg = build_config(args.preset, args.config, args.overrides)
-    except ConfigError as exc:
-        parser.exit(2, f"python -m trainer: config error: {exc}\n")
-    from trainer.train import train
+        from trainer.data.errors import DataError
+        from trainer.train import train
 
-    try:
-        train(cfg, args.run_dir)
-    except ConfigError as exc:
-        print(f"python -m trainer: config error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        try:
+            summary = train(cfg, args.run_dir)
+        except DataError as exc:  # a data failure outside the checks that already name data.uri
+            raise BadInput(f"data.uri: {exc}") from exc
+    except BadInput as exc:
+        return bad_input(str(exc))
+    except TrainingFailed as exc:
+        print(f"{PROG}: failed (will be retried): {one_line(str(exc))}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    return EXIT_OK if summary["status"] == "completed" else EXIT_RESUMABLE
+
+
+def exit_now(code: int) -> None:
+    """Flush and leave without the interpreter's teardown of torch's native state, which takes seconds and
+    delays torchrun noticing that a worker is gone (and so every restart). Everything of ours is closed."""
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -1,24 +1,47 @@
-"""Atomic, asynchronous, verified checkpoints with torch.distributed.checkpoint (DCP).
+"""Atomic, asynchronous, verified checkpoints with torch.distributed.checkpoint (DCP), on node-local disks plus a
+remote store.
 
-Usage (inside the training loop, on every rank):
+Usage (inside the training loop, on every rank; every method is collective):
     ckpt = CheckpointManager(local_dir, remote_uri, endpoint_url=None, keep=3, env=env, async_save=True)
-    found = ckpt.find_latest()                      # newest verified step dir (local, else downloaded), or None
-    meta = ckpt.load(found, model, optimizer)       # -> trainer state dict, per-rank RNG restored
-    ckpt.save(step, model, optimizer, trainer_state, config_dict)   # returns after staging; writes in background
-    ckpt.wait()                                     # before exit: last save fully written, uploaded, retained
+    path = ckpt.resume(model, optimizer, check=compatible, apply=restore)   # newest loadable checkpoint or None
+    ckpt.save(step, model, optimizer, trainer_state, config_dict)          # returns after staging
+    ckpt.wait()                                                            # last save written, uploaded, pruned
 
 Layout of one checkpoint, `step_000000123/`:
     .metadata, __<rank>_<i>.distcp     DCP's files (model + optimizer, sharded or replicated, + trainer state)
     rng/rank_00000.pt ...              python/numpy/torch/CUDA generator state of each rank
-    manifest.json                      written LAST by rank 0, tmp + rename, after every rank finished writing:
-                                       {"step", "world_size", "config", "trainer", "files": {path: {size, sha256}}}
-A directory without manifest.json, or whose files differ from it in size or sha256, is not a checkpoint: it is
-skipped with a warning naming the directory and the offending file, and the previous one is used.
+    manifest.json                      {"format", "step", "world_size", "config", "trainer",
+                                        "files": {path: {"size", "sha256", "rank"}}}: every file of the checkpoint,
+                                       whichever node wrote it
+
+Where the files are. Each rank writes its own files into `checkpoint.local_dir` on its own node, and DCP's
+coordinator (rank 0) writes `.metadata` on node 0; with DDP the replicated state is also spread over the ranks
+(DCP's planner gives each replicated tensor to one rank). So with node-local disks no node holds a whole
+checkpoint: a node's directory holds its ranks' files and, once every rank has written, the manifest of the
+whole checkpoint. The union is in the remote store (`checkpoint.remote_uri`), where each rank uploads its own
+files and rank 0 uploads `.metadata` and, last, the manifest.
+
+"Complete" means one thing everywhere: a manifest, and every file it lists present with its size and sha256.
+It is checked locally per directory and, for the remote store, by the manifest being there (uploaded last).
+On start (`resume`) the candidates are every remote checkpoint with a manifest plus every step that each
+node's directory holds completely; newest first, rank 0 reads the candidate's manifest, the caller's `check`
+may refuse it (an incompatible model or dataset: BadInput, nothing written), each directory fetches the
+files it lacks or that differ from the manifest, and every rank loads it. A candidate that fails any of this
+on any rank (unreadable, truncated or corrupt file, bad manifest, DCP cannot load it) is skipped with a
+warning naming it and the next older one is tried; the outcome of each phase is agreed on by all ranks.
+
+Which directories are the same: the node leaders (local rank 0) each drop a probe file into their
+`local_dir` and report which probes they see; the lowest rank of a group that sees the same probes owns that
+directory (writes manifests, fetches, prunes), so a directory shared by several nodes is handled once.
+
+A save that fails anywhere (a write, a hash, an upload) is agreed on by every rank through collectives on the
+checkpoint group, so no rank waits for another in a barrier; the save is recorded as failed on every rank,
+its remote copy gets no manifest, and training goes on (the previous checkpoint stands).
 
 Model and optimizer state go through torch.distributed.checkpoint.state_dict.get_state_dict/set_state_dict, so
-DDP (replicated, written once) and FSDP2 (sharded DTensors) use the same code, and DCP reshards on load when the
-world size changed. Async saves use dcp.async_save on a dedicated gloo group so that the background planning
-collectives never interleave with the training collectives on the default group
+DDP and FSDP2 share one code path and DCP reshards on load when the world size changed. Async saves use
+dcp.async_save on a dedicated gloo group so that background collectives never interleave with the training
+collectives on the default group
 (https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.state_dict_saver.async_save).
 """
 
@@ -32,25 +55,32 @@ import re
 import shutil
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from trainer.data.storage import StorageError, open_store
+from trainer.data.errors import DataError
+from trainer.data.storage import open_store
 from trainer.distributed import DistEnv, rng_state, set_rng_state
+from trainer.errors import BadInput, one_line
 
 log = logging.getLogger("trainer.checkpoint")
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _STEP_RE = re.compile(r"^step_(\d{9})$")
+_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _TRAINER_KEY = "trainer_state"  # a JSON string inside the DCP state dict: step, tokens, sampler, run id, ...
+_PROBE = ".probe-"
 
 
 def step_dir_name(step: int) -> str:
@@ -66,45 +96,118 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 class CheckpointInvalid(Exception):
-    """A checkpoint directory that must not be loaded; the message names the directory and the file."""
+    """A checkpoint that must not be loaded; the message names the directory (or URI) and the file."""
+
+
+def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
+    """The manifest as a dict, or CheckpointInvalid naming `where` and what is wrong with it."""
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointInvalid(f"{where}: manifest is not JSON ({exc})") from exc
+    if not isinstance(manifest, dict):
+        raise CheckpointInvalid(f"{where}: manifest is not a JSON object")
+    step = manifest.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointInvalid(f"{where}: manifest 'step' is not a whole number >= 0 (got {step!r})")
+    world = manifest.get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise CheckpointInvalid(f"{where}: manifest 'world_size' is not a whole number >= 1 (got {world!r})")
+    for key in ("config", "trainer"):
+        if key in manifest and not isinstance(manifest[key], dict):
+            raise CheckpointInvalid(f"{where}: manifest {key!r} is not a mapping")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or ".metadata" not in files:
+        raise CheckpointInvalid(f"{where}: manifest lists no DCP .metadata")
+    for rel, info in files.items():
+        parts = PurePosixPath(rel).parts
+        if not rel or rel.startswith("/") or ".." in parts or rel == MANIFEST:
+            raise CheckpointInvalid(f"{where}: manifest lists an unsafe path {rel!r}")
+        if not isinstance(info, dict):
+            raise CheckpointInvalid(f"{where}: manifest entry {rel!r} is not a mapping (got {info!r})")
+        size, digest = info.get("size"), info.get("sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise CheckpointInvalid(f"{where}: manifest entry {rel!r} has no valid 'size' (got {size!r})")
+        if not isinstance(digest, str) or not _SHA_RE.match(digest):
+            raise CheckpointInvalid(f"{where}: manifest entry {rel!r} has no valid 'sha256' (got {digest!r})")
+    return manifest
+
+
+def read_manifest(step_dir: Path) -> dict[str, Any]:
+    """Parse `step_dir/manifest.json`; CheckpointInvalid if it is missing, unreadable or malformed."""
+    path = step_dir / MANIFEST
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise CheckpointInvalid(f"{step_dir}: no {MANIFEST} (incomplete save)") from exc
+    except OSError as exc:
+        raise CheckpointInvalid(f"{path}: unreadable manifest ({exc.strerror or exc})") from exc
+    manifest = parse_manifest(raw, str(path))
+    match = _STEP_RE.match(step_dir.name)
+    if match and int(match.group(1)) != manifest["step"]:
+        raise CheckpointInvalid(f"{path}: records step {manifest['step']} but the directory is {step_dir.name}")
+    return manifest
+
+
+def check_files(step_dir: Path, files: dict[str, Any], *, hashes: bool = True) -> list[tuple[str, str]]:
+    """(file, what is wrong) for each listed file that is missing, unreadable, or differs in size or sha256.
+
+    Sizes first for every file (cheap, catches truncation and missing files), then content hashes.
+    """
+    problems: dict[str, str] = {}
+    for rel, info in files.items():
+        path = step_dir / rel
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            problems[rel] = f"{path}: listed in {MANIFEST} but missing"
+            continue
+        except OSError as exc:
+            problems[rel] = f"{path}: unreadable ({exc.strerror or exc})"
+            continue
+        if not path.is_file():
+            problems[rel] = f"{path}: listed in {MANIFEST} but not a file"
+        elif st.st_size != info["size"]:
+            problems[rel] = f"{path}: size {st.st_size} bytes, manifest says {info['size']} (truncated?)"
+    if hashes:
+        for rel, info in files.items():
+            if rel in problems:
+                continue
+            path = step_dir / rel
+            try:
+                digest = sha256_file(path)
+            except OSError as exc:
+                problems[rel] = f"{path}: unreadable ({exc.strerror or exc})"
+                continue
+            if digest != info["sha256"]:
+                problems[rel] = f"{path}: sha256 differs from {MANIFEST} (corrupted)"
+    return sorted(problems.items())
 
 
 def verify(step_dir: Path) -> dict[str, Any]:
     """Return the manifest of a complete checkpoint, or raise CheckpointInvalid naming the bad file."""
-    manifest_path = step_dir / MANIFEST
-    if not manifest_path.is_file():
-        raise CheckpointInvalid(f"{step_dir}: no {MANIFEST} (incomplete save)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-        step = int(manifest["step"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointInvalid(f"{manifest_path}: unreadable manifest ({exc})") from exc
-    if not isinstance(files, dict) or ".metadata" not in files:
-        raise CheckpointInvalid(f"{manifest_path}: manifest lists no DCP .metadata")
-    match = _STEP_RE.match(step_dir.name)
-    if match and int(match.group(1)) != step:
-        raise CheckpointInvalid(f"{manifest_path}: records step {step} but the directory is {step_dir.name}")
-    # Sizes first (cheap, catches truncation), then content hashes.
-    for rel, info in files.items():
-        path = step_dir / rel
-        if not path.is_file():
-            raise CheckpointInvalid(f"{path}: listed in {MANIFEST} but missing")
-        size = path.stat().st_size
-        if size != info["size"]:
-            raise CheckpointInvalid(f"{path}: size {size} bytes, manifest says {info['size']} (truncated?)")
-    for rel, info in files.items():
-        path = step_dir / rel
-        if sha256_file(path) != info["sha256"]:
-            raise CheckpointInvalid(f"{path}: sha256 differs from {MANIFEST} (corrupted)")
+    manifest = read_manifest(step_dir)
+    problems = check_files(step_dir, manifest["files"])
+    if problems:
+        raise CheckpointInvalid(problems[0][1])
     return manifest
 
 
 def list_step_dirs(root: Path) -> list[Path]:
-    """Step directories under root, newest first (manifest or not)."""
-    if not root.is_dir():
+    """Step directories under root, newest first (manifest or not); [] if root cannot be listed."""
+    try:
+        entries = list(root.iterdir())
+    except OSError:
         return []
-    dirs = [p for p in root.iterdir() if p.is_dir() and _STEP_RE.match(p.name)]
+    dirs = []
+    for p in entries:
+        if not _STEP_RE.match(p.name):
+            continue
+        try:
+            if p.is_dir():
+                dirs.append(p)
+        except OSError:
+            continue
     return sorted(dirs, key=lambda p: p.name, reverse=True)
 
 
@@ -125,6 +228,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _describe(exc: BaseException, limit: int = 400) -> str:
+    """One line for a log or an agreed error. DCP's CheckpointException prints every rank's traceback: use the
+    first failing rank's own exception instead."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        rank, (inner, _) = next(iter(sorted(exc.failures.items(), key=lambda kv: kv[0])))
+        return f"DCP on rank {rank}: {_describe(inner, limit)}"
+    text = one_line(f"{type(exc).__name__}: {exc}")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _summarize(errors: list[str | None]) -> str | None:
+    """The errors of the ranks that had one (index = rank), in one line; None if no rank had one."""
+    bad = [(r, e) for r, e in enumerate(errors) if e]
+    if not bad:
+        return None
+    text = "; ".join(f"rank {r}: {e}" for r, e in bad[:3])
+    return text + (f"; and {len(bad) - 3} more ranks" if len(bad) > 3 else "")
+
+
 @dataclass
 class SaveRecord:
     step: int
@@ -134,11 +256,11 @@ class SaveRecord:
     duration_s: float | None = None
     finished_unix: float | None = None
     remote_uri: str | None = None
-    error: str | None = None
+    error: str | None = None  # the same text on every rank when the save failed
 
 
 class CheckpointManager:
-    """Saves, finalizes, uploads, prunes and finds checkpoints; every method is called on every rank."""
+    """Saves, finalizes, uploads, prunes and resumes checkpoints; every method is called on every rank."""
 
     def __init__(
         self,
@@ -160,7 +282,12 @@ class CheckpointManager:
         # Background DCP planning and our own finalize collectives run on this group, never on the default one.
         self._pg = dist.new_group(backend="gloo")
         self._thread: threading.Thread | None = None
-        self._store = None
+        self.store = None
+        if self.remote_uri:
+            try:
+                self.store = open_store(self.remote_uri, endpoint_url=endpoint_url)
+            except DataError as exc:
+                raise BadInput(f"checkpoint.remote_uri: {exc}") from exc
         # One stager for the whole run: it keeps the CPU copy (pinned on CUDA) of the state between saves
         # and refills it in place, so an async save blocks training only for a memory copy, not for
         # allocating and faulting in a fresh multi-GB buffer each time (torch.distributed.checkpoint.staging).
@@ -170,13 +297,51 @@ class CheckpointManager:
                                                     use_async_staging=False, use_non_blocking_copy=cuda))
         self.last_success_unix: float | None = None
         self.saved: list[SaveRecord] = []  # every finished save, oldest first
+        self.failed: list[SaveRecord] = []  # every failed save, oldest first (same on every rank)
+        self.model_touched = False  # a load was attempted (and may have changed parameters) but none succeeded
+        self.owner, self.dir_groups = self._find_directory_owners()
+        if len(self.dir_groups) > 1 and self.store is None:
+            raise BadInput(
+                f"checkpoint.local_dir {self.local_dir} is a separate directory on each of {len(self.dir_groups)} "
+                "nodes and checkpoint.remote_uri is empty: each checkpoint would be spread over the nodes' disks "
+                "and no node could resume from it; set checkpoint.remote_uri, or put checkpoint.local_dir on "
+                "storage that every node mounts"
+            )
 
-    # ------------------------------------------------------------------------------------------ store
-    @property
-    def store(self):
-        if self._store is None and self.remote_uri:
-            self._store = open_store(self.remote_uri, endpoint_url=self.endpoint_url)
-        return self._store
+    # ------------------------------------------------------------------------------------------ collectives
+    def _gather(self, value: Any) -> list[Any]:
+        out: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(out, value, group=self._pg)
+        return out
+
+    def _agree(self, error: str | None) -> str | None:
+        """Every rank's error of a phase, as one message every rank gets (None when all succeeded)."""
+        return _summarize(self._gather(error))
+
+    def _find_directory_owners(self) -> tuple[bool, list[tuple[int, ...]]]:
+        """(this rank owns its local_dir, the groups of node leaders that share a directory)."""
+        box = [uuid.uuid4().hex if self.env.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self._pg)
+        token = box[0]
+        leader = self.env.local_rank == 0
+        probe = self.local_dir / f"{_PROBE}{token}-{self.env.rank}"
+        error = None
+        if leader:
+            try:
+                probe.write_bytes(b"")
+            except OSError as exc:
+                error = f"checkpoint.local_dir {self.local_dir}: not writable ({exc.strerror or exc})"
+        failure = self._agree(error)
+        if failure:
+            raise BadInput(failure)
+        seen: tuple[int, ...] = ()
+        if leader:
+            seen = tuple(sorted(int(p.name.rsplit("-", 1)[1]) for p in self.local_dir.glob(f"{_PROBE}{token}-*")))
+        views = self._gather((leader, seen))
+        if leader:
+            probe.unlink(missing_ok=True)
+        groups = sorted({view for is_leader, view in views if is_leader})
+        return leader and bool(seen) and seen[0] == self.env.rank, groups
 
     # ------------------------------------------------------------------------------------------ save
     def save(
@@ -193,30 +358,36 @@ class CheckpointManager:
         t0 = time.perf_counter()
         self.wait()  # one save in flight at a time; the group is free again after this
         path = self.local_dir / step_dir_name(step)
-        if self.env.local_rank == 0 and path.exists():
-            shutil.rmtree(path)  # leftover of an attempt that died before its manifest; never a checkpoint
+        early: str | None = None
+        if self.owner and path.exists():
+            try:
+                shutil.rmtree(path)  # an earlier attempt at this step (or an abandoned timeline): never reused
+            except OSError as exc:
+                early = f"cannot clear {path}: {exc.strerror or exc}"
         dist.barrier(group=self._pg)
-        (path / "rng").mkdir(parents=True, exist_ok=True)
-        rng_file = path / "rng" / f"rank_{self.env.rank:05d}.pt"
-        tmp = rng_file.with_name(rng_file.name + ".tmp")
-        torch.save(rng_state(), tmp)
-        os.replace(tmp, rng_file)
+        try:
+            (path / "rng").mkdir(parents=True, exist_ok=True)
+            rng_file = path / "rng" / f"rank_{self.env.rank:05d}.pt"
+            tmp = rng_file.with_name(rng_file.name + ".tmp")
+            torch.save(rng_state(), tmp)
+            os.replace(tmp, rng_file)
+        except OSError as exc:
+            early = early or f"cannot write {path}: {exc.strerror or exc}"
 
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd, _TRAINER_KEY: json.dumps(trainer_state, sort_keys=True)}
         record = SaveRecord(step=step, path=path, started=time.time())
-        manifest_extra = {"trainer": trainer_state, "config": config}
+        extra = {"trainer": trainer_state, "config": config}
         if self.async_save and not block:
             # Returns once the state is staged (copied) to CPU memory; writing happens in a DCP thread.
             future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._pg,
                                     async_stager=self._stager)
             self._thread = threading.Thread(
-                target=self._finish, args=(record, future, manifest_extra), name=f"ckpt-{step}", daemon=True
+                target=self._finish, args=(record, extra, early, future, None), name=f"ckpt-{step}", daemon=True
             )
             self._thread.start()
         else:
-            dcp.save(state, checkpoint_id=str(path), process_group=self._pg)
-            self._finish(record, None, manifest_extra)
+            self._finish(record, extra, early, None, state)
         record.blocking_s = time.perf_counter() - t0
         return record.blocking_s
 
@@ -225,177 +396,289 @@ class CheckpointManager:
             self._thread.join()
             self._thread = None
 
-    def _finish(self, record: SaveRecord, future, extra: dict[str, Any]) -> None:
-        """After DCP finished on this rank: gather file hashes, rank 0 writes the manifest, upload, prune."""
+    def _finish(self, record: SaveRecord, extra: dict[str, Any], early: str | None, future: Any,
+                state: dict[str, Any] | None) -> None:
+        """Write (sync) or wait for the write (async), then manifest, upload and prune, agreeing after each phase.
+
+        Every rank runs the same collectives whatever happens locally: a local failure is data in the next
+        agreement, never a skipped collective.
+        """
+        prefix = step_dir_name(record.step)
+        # Phase 1: DCP files on every node (DCP itself agrees on write errors), hashes, stale remote manifest.
+        error = early
         try:
             if future is not None:
                 future.result()
-            mine = self._hash_own_files(record.path)
-            gathered: list[dict[str, Any] | None] = [None] * self.env.world_size
-            # DCP's own finish step already gathered every rank's write results before rank 0 wrote .metadata,
-            # so when this all_gather completes every rank's files are on disk.
-            dist.all_gather_object(gathered, mine, group=self._pg)
-            if self.env.rank == 0:
-                files: dict[str, Any] = {}
-                for part in gathered:
-                    files.update(part or {})
-                meta = record.path / ".metadata"
-                files[".metadata"] = {"size": meta.stat().st_size, "sha256": sha256_file(meta)}
-                manifest = {
-                    "format": FORMAT_VERSION,
-                    "step": record.step,
-                    "world_size": self.env.world_size,
-                    "created_unix": time.time(),
-                    **extra,
-                    "files": dict(sorted(files.items())),
-                }
-                _write_atomic(record.path / MANIFEST, json.dumps(manifest, indent=1).encode())
+            else:
+                dcp.save(state, checkpoint_id=str(record.path), process_group=self._pg)
+        # DCP's own error type derives from BaseException, not Exception.
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported through the agreement
+            error = error or f"write: {_describe(exc)}"
+        part: dict[str, Any] = {}
+        if error is None:
+            try:
+                part = self._hash_own_files(record.path)
+                if self.store is not None and self.env.rank == 0:
+                    # A manifest left by an earlier attempt at this step must not vouch for the new files.
+                    self.store.delete(f"{prefix}/{MANIFEST}")
+            except (OSError, DataError) as exc:
+                error = _describe(exc)
+        gathered = self._gather((error, part, time.time()))
+        failure = _summarize([e for e, _, _ in gathered])
+        if failure:
+            return self._failed(record, failure)
+        files: dict[str, Any] = {}
+        for _, p, _ in gathered:
+            files.update(p)
+        manifest = {
+            "format": FORMAT_VERSION,
+            "step": record.step,
+            "world_size": self.env.world_size,
+            "created_unix": gathered[0][2],
+            **extra,
+            "files": dict(sorted(files.items())),
+        }
+        manifest_bytes = json.dumps(manifest, indent=1).encode()
+        # Phase 2: every directory owner records the complete checkpoint; every rank uploads its own files.
+        error = None
+        try:
+            if self.owner:
+                _write_atomic(record.path / MANIFEST, manifest_bytes)
                 _fsync_dir(record.path)
             if self.store is not None:
-                self._upload(record)
-            self._prune()
-            record.finished_unix = self.last_success_unix = time.time()
-            record.duration_s = record.finished_unix - record.started  # staging + write + manifest + upload
-            self.saved.append(record)
-            if self.env.rank == 0:
-                log.info("checkpoint step %d saved to %s in %.2fs", record.step, record.path, record.duration_s)
-        except Exception as exc:  # a failed save must not kill training: the previous checkpoint still stands
-            record.error = f"{type(exc).__name__}: {exc}"
-            log.error("checkpoint step %d at %s failed: %s", record.step, record.path, record.error)
-
-    def _own_files(self, path: Path) -> list[str]:
-        """Files this rank wrote: its RNG state and its DCP data files (FileSystemWriter names them
-        __<rank>_<n>.distcp)."""
-        return [f"rng/rank_{self.env.rank:05d}.pt", *sorted(p.name for p in path.glob(f"__{self.env.rank}_*.distcp"))]
-
-    def _hash_own_files(self, path: Path) -> dict[str, Any]:
-        return {rel: {"size": (path / rel).stat().st_size, "sha256": sha256_file(path / rel)}
-                for rel in self._own_files(path)}
-
-    def _upload(self, record: SaveRecord) -> None:
-        """Each rank uploads the files it wrote; rank 0 uploads .metadata and, last, the manifest."""
-        prefix = step_dir_name(record.step)
-        for rel in self._own_files(record.path):
-            self.store.upload(record.path / rel, f"{prefix}/{rel}")
-        dist.barrier(group=self._pg)
-        if self.env.rank == 0:
-            self.store.upload(record.path / ".metadata", f"{prefix}/.metadata")
-            self.store.upload(record.path / MANIFEST, f"{prefix}/{MANIFEST}")
-            record.remote_uri = f"{self.remote_uri}/{prefix}"
-
-    def _prune(self) -> None:
-        """Keep the newest `keep` verified checkpoints; drop older ones and stale manifest-less dirs."""
-        if self.env.local_rank == 0:
-            complete = [p for p in list_step_dirs(self.local_dir) if (p / MANIFEST).is_file()]
-            keep_from = complete[self.keep - 1].name if len(complete) >= self.keep else None
-            for p in list_step_dirs(self.local_dir):
-                if keep_from is not None and p.name < keep_from:
-                    shutil.rmtree(p, ignore_errors=True)
-        if self.env.rank == 0 and self.store is not None:
-            steps = self._remote_step_names()
-            complete = [s for s in steps if self.store.exists(f"{s}/{MANIFEST}")]
-            if len(complete) > self.keep:
-                keep_from = complete[-self.keep]
-                for s in steps:
-                    if s < keep_from:
-                        self.store.delete_prefix(f"{s}/")
-
-    # ------------------------------------------------------------------------------------------ find
-    def _newest_valid_local(self) -> Path | None:
-        for p in list_step_dirs(self.local_dir):
-            try:
-                verify(p)
-                return p
-            except CheckpointInvalid as exc:
-                log.warning("skipping checkpoint %s: %s", p, exc)
-        return None
-
-    def _remote_step_names(self) -> list[str]:
-        return sorted({k.split("/", 1)[0] for k in self.store.list() if _STEP_RE.match(k.split("/", 1)[0])})
-
-    def _download(self, name: str) -> None:
-        """Fetch remote checkpoint `name` into local_dir (staging dir, verify, rename); CheckpointInvalid if bad."""
-        uri = f"{self.remote_uri}/{name}"
-        if not self.store.exists(f"{name}/{MANIFEST}"):
-            raise CheckpointInvalid(f"{uri}: no {MANIFEST} (incomplete upload)")
-        staging = self.local_dir / f".download-{name}"
-        shutil.rmtree(staging, ignore_errors=True)
-        try:
-            manifest = json.loads(self.store.get_bytes(f"{name}/{MANIFEST}"))
-            for rel in [*manifest["files"], MANIFEST]:
-                (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-                self.store.download(f"{name}/{rel}", staging / rel)
-        except (ValueError, KeyError, TypeError) as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise CheckpointInvalid(f"{uri}/{MANIFEST}: unreadable manifest ({exc})") from exc
-        except StorageError as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise CheckpointInvalid(f"{uri}: download failed ({exc})") from exc
-        try:
-            verify(staging)
-        except CheckpointInvalid as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise CheckpointInvalid(f"{uri}: {exc}") from exc
-        target = self.local_dir / name
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(staging, target)
-        log.info("downloaded checkpoint %s to %s", uri, target)
-
-    def _newest_valid_remote(self) -> str | None:
-        """Download the newest remote checkpoint that verifies; return its directory name."""
-        for name in reversed(self._remote_step_names()):
-            try:
-                self._download(name)
-                return name
-            except CheckpointInvalid as exc:
-                log.warning("skipping remote checkpoint: %s", exc)
-        return None
-
-    def find_latest(self) -> Path | None:
-        """The newest checkpoint every rank can read, agreed on by all ranks (collective)."""
-        local = None
-        if self.env.local_rank == 0:
-            found = self._newest_valid_local()
-            local = found.name if found else None
-        names: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(names, (self.env.local_rank, local), group=self._pg)
-        leaders = [n for lr, n in names if lr == 0]
-        chosen = leaders[0] if leaders and all(n == leaders[0] for n in leaders) else None
-        if chosen is None and any(leaders) and self.store is None:
-            # Starting over would silently discard progress that some node still has.
-            raise RuntimeError(
-                f"nodes disagree on the newest checkpoint under {self.local_dir} ({sorted(set(map(str, leaders)))})"
-                " and checkpoint.remote_uri is empty: put checkpoint.local_dir on storage all nodes share, or set "
-                "checkpoint.remote_uri"
-            )
-        if self.store is not None and chosen is None:
-            # No checkpoint that every node has intact locally (fresh nodes, node-local NVMe, a lost disk):
-            # rank 0 downloads the newest remote one that verifies; then every other node leader fetches the
-            # same one unless it already has it intact.
+                for rel in self._own_files(record.path):
+                    self.store.upload(record.path / rel, f"{prefix}/{rel}")
+        except (OSError, DataError) as exc:
+            error = _describe(exc)
+        failure = self._agree(error)
+        if failure:
+            return self._failed(record, failure)
+        # Phase 3: rank 0 commits the remote copy: .metadata, then the manifest, which makes it complete.
+        if self.store is not None:
             box: list[str | None] = [None]
             if self.env.rank == 0:
-                box[0] = self._newest_valid_remote()
+                try:
+                    self.store.upload(record.path / ".metadata", f"{prefix}/.metadata")
+                    self.store.put_bytes(f"{prefix}/{MANIFEST}", manifest_bytes)
+                except (OSError, DataError) as exc:
+                    box[0] = f"rank 0: {_describe(exc)}"
             dist.broadcast_object_list(box, src=0, group=self._pg)
-            name = box[0]
-            if name is not None:
-                if self.env.local_rank == 0 and self.env.rank != 0:
-                    try:
-                        verify(self.local_dir / name)
-                    except CheckpointInvalid:
-                        self._download(name)
-                chosen = name
-        dist.barrier(group=self._pg)
-        return self.local_dir / chosen if chosen else None
+            if box[0]:
+                return self._failed(record, box[0])
+            record.remote_uri = f"{self.remote_uri}/{prefix}"
+        self._prune(record.step)
+        record.finished_unix = self.last_success_unix = time.time()
+        record.duration_s = record.finished_unix - record.started  # staging + write + manifest + upload
+        self.saved.append(record)
+        if self.env.rank == 0:
+            log.info("checkpoint step %d saved to %s%s in %.2fs", record.step, record.path,
+                     f" and {record.remote_uri}" if record.remote_uri else "", record.duration_s)
 
-    # ------------------------------------------------------------------------------------------ load
-    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Load model + optimizer (resharding if needed); restore this rank's RNG if the world size matches."""
-        manifest = json.loads((path / MANIFEST).read_text())
+    def _failed(self, record: SaveRecord, failure: str) -> None:
+        record.error = failure
+        self.failed.append(record)
+        if self.env.rank == 0:
+            log.error("checkpoint step %d failed, the previous checkpoint stands: %s", record.step, failure)
+
+    def _own_files(self, path: Path) -> list[str]:
+        """Files this rank wrote: its RNG state, its DCP data files (FileSystemWriter names them
+        __<rank>_<n>.distcp) and, on rank 0 (DCP's coordinator), .metadata."""
+        own = [f"rng/rank_{self.env.rank:05d}.pt", *sorted(p.name for p in path.glob(f"__{self.env.rank}_*.distcp"))]
+        return own
+
+    def _hash_own_files(self, path: Path) -> dict[str, Any]:
+        rels = self._own_files(path) + ([".metadata"] if self.env.rank == 0 else [])
+        return {rel: {"size": (path / rel).stat().st_size, "sha256": sha256_file(path / rel), "rank": self.env.rank}
+                for rel in rels}
+
+    # ------------------------------------------------------------------------------------------ prune
+    def _prune(self, saved_step: int) -> None:
+        """Keep the newest `keep` complete checkpoints up to `saved_step`; delete everything older.
+
+        Directories newer than the step just saved (left by an abandoned attempt) are left alone: they are
+        replaced when training gets there again. Failures are logged: pruning never fails a save.
+        """
+        limit = step_dir_name(saved_step)
+        if self.owner:
+            try:
+                dirs = [p for p in list_step_dirs(self.local_dir) if p.name <= limit]
+                complete = [p for p in dirs if (p / MANIFEST).is_file()]
+                if len(complete) >= self.keep:
+                    keep_from = complete[self.keep - 1].name
+                    for p in dirs:
+                        if p.name < keep_from:
+                            shutil.rmtree(p, ignore_errors=True)
+            except OSError as exc:
+                log.warning("pruning %s failed: %s", self.local_dir, _describe(exc))
+        if self.env.rank == 0 and self.store is not None:
+            try:
+                names, complete_names = self._remote_listing()
+                complete_names = [n for n in complete_names if n <= limit]
+                if len(complete_names) >= self.keep:
+                    keep_from = complete_names[-self.keep]
+                    for name in names:
+                        if name < keep_from:
+                            self.store.delete_prefix(f"{name}/")
+            except DataError as exc:
+                log.warning("pruning %s failed: %s", self.remote_uri, _describe(exc))
+
+    # ------------------------------------------------------------------------------------------ resume
+    def _remote_listing(self) -> tuple[list[str], list[str]]:
+        """(every remote step name, those whose manifest is there), oldest first."""
+        keys = self.store.list()
+        names = sorted({k.split("/", 1)[0] for k in keys if _STEP_RE.match(k.split("/", 1)[0])})
+        have = set(keys)
+        return names, [n for n in names if f"{n}/{MANIFEST}" in have]
+
+    def _local_complete(self) -> list[str]:
+        """Step names this directory holds completely (manifest, every file with its size; no hashing yet)."""
+        out = []
+        for p in list_step_dirs(self.local_dir):
+            try:
+                manifest = read_manifest(p)
+            except CheckpointInvalid as exc:
+                if (p / MANIFEST).exists():
+                    log.warning("skipping checkpoint %s: %s", p, exc)
+                continue
+            problems = check_files(p, manifest["files"], hashes=False)
+            if not problems:
+                out.append(p.name)
+            elif len(self.dir_groups) == 1 or any(not what.endswith("but missing") for _, what in problems):
+                # One directory for all nodes must hold every file; on node-local disks other nodes' files are
+                # missing as a rule, but a file that is there and wrong is damage either way.
+                if self.store is None:
+                    log.warning("skipping checkpoint %s: %s", p, problems[0][1])
+                else:
+                    log.warning("local copy of checkpoint %s is damaged (%s): its remote copy is tried", p,
+                                problems[0][1])
+        return out
+
+    def _candidate_manifest(self, name: str, local_names: set[str]) -> dict[str, Any]:
+        """Rank 0's reading of a candidate's manifest: the local copy if complete here, else the remote one."""
+        if name in local_names:
+            return read_manifest(self.local_dir / name)
+        uri = f"{self.remote_uri}/{name}/{MANIFEST}"
+        try:
+            raw = self.store.get_bytes(f"{name}/{MANIFEST}")
+        except DataError as exc:
+            raise CheckpointInvalid(f"{uri}: unreadable manifest ({exc})") from exc
+        manifest = parse_manifest(raw, uri)
+        if manifest["step"] != int(name.split("_")[1]):
+            raise CheckpointInvalid(f"{uri}: records step {manifest['step']} but the checkpoint is {name}")
+        return manifest
+
+    def _materialize(self, name: str, manifest: dict[str, Any]) -> str | None:
+        """Make this directory hold checkpoint `name` completely, fetching what is missing or differs; the
+        error text, or None."""
+        target = self.local_dir / name
+        files = manifest["files"]
+        try:
+            problems = check_files(target, files)
+            if problems:
+                if self.store is None:
+                    return f"{problems[0][1]} (and no checkpoint.remote_uri to fetch it from)"
+                for _, what in problems:
+                    if not what.endswith("but missing"):  # another node's files are missing as a rule
+                        log.warning("checkpoint %s: %s; fetching it again", name, what)
+                for rel, _ in problems:
+                    dest = target / rel
+                    if dest.is_dir() and not dest.is_symlink():
+                        shutil.rmtree(dest)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    self.store.download(f"{name}/{rel}", dest)
+                still = check_files(target, {rel: files[rel] for rel, _ in problems})
+                if still:
+                    return f"{self.remote_uri}/{name}: {still[0][1]}"
+                log.info("downloaded checkpoint %s/%s (%d of %d files) to %s", self.remote_uri, name,
+                         len(problems), len(files), target)
+            data = json.dumps(manifest, indent=1).encode()
+            mine = target / MANIFEST
+            if not mine.is_file() or mine.read_bytes() != data:
+                _write_atomic(mine, data)
+        except (OSError, DataError) as exc:
+            return f"{target}: {_describe(exc)}"
+        return None
+
+    def resume(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        check: Callable[[dict[str, Any], str], None] | None = None,
+        apply: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Path | None:
+        """Load the newest checkpoint that every rank can read and load; None if there is none.
+
+        `check(manifest, where)` may raise BadInput to refuse a checkpoint (it runs before anything is
+        fetched or loaded, with the same manifest on every rank). `apply(trainer_state)` restores the loop's
+        own state; if it raises, the checkpoint counts as damaged. If a load was attempted and none
+        succeeded, `model_touched` is set: the caller must rebuild the model and optimizer.
+        """
+        local: list[str] = []
+        remote: list[str] = []
+        error = None
+        if self.owner:
+            local = self._local_complete()
+        if self.env.rank == 0 and self.store is not None:
+            try:
+                remote = self._remote_listing()[1]
+            except DataError as exc:
+                error = f"checkpoint.remote_uri: cannot list checkpoints: {exc}"
+        views = self._gather((self.owner, local, remote, error))
+        if views[0][3]:
+            raise BadInput(views[0][3])
+        owned = [set(names) for is_owner, names, _, _ in views if is_owner]
+        common = set.intersection(*owned) if owned else set()
+        candidates = sorted(set(views[0][2]) | common, reverse=True)
+        local_here = set(local)
+        for name in candidates:
+            where = f"{self.remote_uri}/{name}" if name not in common else str(self.local_dir / name)
+            box: list[Any] = [None, None]
+            if self.env.rank == 0:
+                try:
+                    box[0] = self._candidate_manifest(name, local_here)
+                except CheckpointInvalid as exc:
+                    box[1] = str(exc)
+            dist.broadcast_object_list(box, src=0, group=self._pg)
+            manifest, problem = box
+            if problem:
+                self._skip(name, problem)
+                continue
+            if check is not None:
+                check(manifest, where)
+            problem = self._agree(self._materialize(name, manifest) if self.owner else None)
+            if problem:
+                self._skip(name, problem)
+                continue
+            self.model_touched = True
+            problem = None
+            try:
+                self._load(self.local_dir / name, model, optimizer, manifest, apply)
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - whatever is wrong, it is skipped
+                problem = f"cannot be loaded: {_describe(exc)}"
+            problem = self._agree(problem)
+            if problem:
+                self._skip(name, problem)
+                continue
+            self.model_touched = False
+            return self.local_dir / name
+        if candidates and self.env.rank == 0:
+            log.warning("no usable checkpoint among %s: training starts from step 0", ", ".join(candidates))
+        return None
+
+    def _skip(self, name: str, problem: str) -> None:
+        if self.env.rank == 0:
+            log.warning("skipping checkpoint %s: %s", self.local_dir / name, problem)
+
+    def _load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+              manifest: dict[str, Any], apply: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd, _TRAINER_KEY: ""}
         dcp.load(state, checkpoint_id=str(path), process_group=self._pg)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         trainer_state = json.loads(state[_TRAINER_KEY])
+        if not isinstance(trainer_state, dict):
+            raise CheckpointInvalid(f"{path}: trainer state is not a mapping")
         if manifest["world_size"] == self.env.world_size:
             rng = torch.load(path / "rng" / f"rank_{self.env.rank:05d}.pt", weights_only=False)
             set_rng_state(rng)
@@ -404,7 +687,13 @@ class CheckpointManager:
                 "world size changed (%d -> %d): per-rank RNG state not restored; data order is unaffected",
                 manifest["world_size"], self.env.world_size,
             )
+        if apply is not None:
+            apply(trainer_state)
         return trainer_state
+
+    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Load one given checkpoint directory (collective), without fallback; returns the trainer state."""
+        return self._load(Path(path), model, optimizer, read_manifest(Path(path)), None)
 
     def close(self) -> None:
         self.wait()

@@ -6,24 +6,30 @@ Usage:
     cfg.train.steps            # 50
     flatten(cfg)               # {"model.n_layer": 2, ...} for MLflow params
 
-Every key has one type. An override naming a key that does not exist, or a value that does not parse as the
-key's type, raises ConfigError naming the key; the command line turns that into exit code 2.
+Every key has one type. An override naming a key that does not exist, a value that does not parse as the
+key's type, or a value outside the key's range (a non-finite number, a port above 65535, a URI with an
+unknown scheme, ...) raises ConfigError naming the key; the command line turns that into exit code 2. The
+plan (infra/) calls build_config and batch_layout too, so these checks run before anything is deployed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import yaml
 
+from trainer.errors import BadInput
 
-class ConfigError(ValueError):
+
+class ConfigError(BadInput, ValueError):
     """A configuration value is unknown, of the wrong type, or inconsistent with another one."""
 
 
@@ -292,32 +298,82 @@ def build_config(
         key, value = parse_override(text)
         cfg = _apply(cfg, key, value)
     if not cfg.metrics.port and os.environ.get("TRAINER_METRICS_PORT"):
-        cfg = _apply(cfg, "metrics.port", os.environ["TRAINER_METRICS_PORT"])
+        try:
+            cfg = _apply(cfg, "metrics.port", os.environ["TRAINER_METRICS_PORT"])
+        except ConfigError as exc:
+            raise ConfigError(f"env TRAINER_METRICS_PORT: {exc}") from None
     validate(cfg)
     return cfg
 
 
+MAX_PORT = 65535
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes up to 2**64 - 1; each rank seeds train.seed + 1 + rank
+# Scheme -> what the rest of the URI must have. The storage layer (trainer/data/storage.py) does the same check
+# when it opens the store; checking here as well lets a plan or a launch fail before any pod starts.
+_URI_SCHEMES = ("file", "s3", "gs")
+
+
+def _check_uri(key: str, value: str, *, extra: tuple[str, ...] = ()) -> None:
+    if value in extra:
+        return
+    parsed = urlparse(value)
+    allowed = ", ".join([*extra, *(f"{s}://" for s in _URI_SCHEMES)])
+    if parsed.scheme not in _URI_SCHEMES:
+        raise ConfigError(f"{key}: unsupported URI {value!r} (use {allowed})")
+    if parsed.scheme == "file" and (parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/")):
+        raise ConfigError(f"{key}: file URIs must be absolute, file:///abs/dir (got {value!r})")
+    if parsed.scheme in ("s3", "gs") and not parsed.netloc:
+        raise ConfigError(f"{key}: {value!r} names no bucket ({parsed.scheme}://BUCKET/prefix)")
+
+
+def _check_endpoint(key: str, value: str) -> None:
+    if not value:
+        return
+    parsed = urlparse(value)
+    try:
+        port_ok = parsed.port is None or 0 < parsed.port <= MAX_PORT
+    except ValueError:
+        port_ok = False
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok:
+        raise ConfigError(f"{key}: expected an http(s)://host[:port] URL (got {value!r})")
+
+
 def validate(cfg: Config) -> None:
     m, t = cfg.model, cfg.train
+    # Every float key: NaN or infinity never makes sense (a NaN train.lr crashes the scheduler, an infinite
+    # one trains on NaN losses).
+    for sec in fields(Config):
+        sub = getattr(cfg, sec.name)
+        for name, typ in _field_types(type(sub)).items():
+            value = getattr(sub, name)
+            if typ is float and not math.isfinite(value):
+                raise ConfigError(f"{sec.name}.{name} must be a finite number (got {value})")
     positive = {
         "model.n_layer": m.n_layer, "model.n_head": m.n_head, "model.d_model": m.d_model,
         "model.context": m.context, "model.vocab_size": m.vocab_size, "model.mlp_ratio": m.mlp_ratio,
         "train.steps": t.steps, "train.global_batch_tokens": t.global_batch_tokens,
-        "train.micro_batch_size": t.micro_batch_size, "checkpoint.keep": cfg.checkpoint.keep,
+        "train.micro_batch_size": t.micro_batch_size, "train.lr": t.lr, "checkpoint.keep": cfg.checkpoint.keep,
         "metrics.log_every": cfg.metrics.log_every, "tracking.log_every": cfg.tracking.log_every,
     }
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be > 0 (got {value})")
     non_negative = {
-        "train.warmup_steps": t.warmup_steps, "train.grad_clip": t.grad_clip, "train.lr": t.lr,
+        "train.warmup_steps": t.warmup_steps, "train.grad_clip": t.grad_clip,
         "train.min_lr": t.min_lr, "train.weight_decay": t.weight_decay,
         "checkpoint.every_steps": cfg.checkpoint.every_steps, "metrics.port": cfg.metrics.port,
-        "data.prefetch_shards": cfg.data.prefetch_shards,
+        "data.prefetch_shards": cfg.data.prefetch_shards, "data.cache_max_bytes": cfg.data.cache_max_bytes,
     }
     for key, value in non_negative.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0 (got {value})")
+    for key, value in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
+        if not 0.0 <= value < 1.0:  # AdamW's own range (torch.optim.AdamW raises on anything else)
+            raise ConfigError(f"{key} must be in [0, 1) (got {value})")
+    if cfg.metrics.port > MAX_PORT:
+        raise ConfigError(f"metrics.port must be a TCP port, 0..{MAX_PORT} (got {cfg.metrics.port})")
+    if not 0 <= t.seed <= MAX_SEED:
+        raise ConfigError(f"train.seed must be in 0..{MAX_SEED} (got {t.seed})")
     if m.d_model % m.n_head:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
     if m.pos == "rope" and (m.d_model // m.n_head) % 2:
@@ -332,6 +388,18 @@ def validate(cfg: Config) -> None:
             f"train.global_batch_tokens ({t.global_batch_tokens}) must be a multiple of model.context "
             f"({m.context})"
         )
+    sequences = t.global_batch_tokens // m.context
+    if sequences % t.micro_batch_size:
+        raise ConfigError(
+            f"train.global_batch_tokens / model.context = {sequences} sequences is not divisible by "
+            f"train.micro_batch_size ({t.micro_batch_size})"
+        )
+    _check_uri("data.uri", cfg.data.uri, extra=("synthetic",))
+    if cfg.checkpoint.remote_uri:
+        _check_uri("checkpoint.remote_uri", cfg.checkpoint.remote_uri)
+    _check_endpoint("data.endpoint_url", cfg.data.endpoint_url)
+    _check_endpoint("checkpoint.endpoint_url", cfg.checkpoint.endpoint_url)
+    _check_endpoint("env TRAINER_S3_ENDPOINT_URL", os.environ.get("TRAINER_S3_ENDPOINT_URL", ""))
 
 
 def batch_layout(cfg: Config, world_size: int) -> tuple[int, int]:

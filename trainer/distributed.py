@@ -8,13 +8,26 @@ Usage:
 
 NCCL on CUDA, gloo on CPU. Without torchrun's environment the trainer runs as a single process with a
 one-member gloo/NCCL group on a free localhost port, so every code path (DCP, collectives) is the same.
+
+Under torchrun the workers must not share the agent's TCPStore: it outlives a restart of the worker group,
+and in torch 2.13 the keys a new round writes collide with the last round's, so restarted gloo workers read
+dead workers' addresses and fail in connectFullMesh. Nor can a per-worker key prefix fix it, because
+TORCHELASTIC_RESTART_COUNT is counted per agent and differs between nodes after one of them fails. torch's
+own switch, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's environment, makes every rendezvous round
+publish a fresh MASTER_ADDR:MASTER_PORT on which global rank 0 hosts a new store
+(torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, DynamicRendezvousHandler.next_rendezvous and
+use_agent_store; torch/distributed/rendezvous.py, _create_c10d_store). The launcher (trainer/launch.py) sets
+it; a worker that finds the shared store with restarts allowed refuses to start.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import logging
 import os
 import random
+import signal
 import socket
 from dataclasses import dataclass
 
@@ -22,6 +35,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainer.errors import BadInput
+
+log = logging.getLogger("trainer.distributed")
+STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -29,7 +46,9 @@ class DistEnv:
     world_size: int
     local_rank: int
     device: torch.device
-    restart_count: int  # torchrun's TORCHELASTIC_RESTART_COUNT: how often the group was restarted
+    restart_count: int  # torchrun's TORCHELASTIC_RESTART_COUNT: failure restarts of this node's agent
+    local_world_size: int = 1  # workers on this node
+    under_torchrun: bool = False
 
     @property
     def is_cuda(self) -> bool:
@@ -47,14 +66,58 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def bind_to_agent() -> None:
+    """Under torchrun: ask Linux to SIGKILL this worker when its agent dies.
+
+    torchrun starts each worker in a session of its own (torch/distributed/elastic/multiprocessing/
+    subprocess_handler/subprocess_handler.py), so nothing else takes the workers down when the agent is
+    killed (OOM killer, a bad-input stop from trainer.errors.stop_retries, the launcher killed): without this
+    they would keep training with nobody to restart them. prctl(PR_SET_PDEATHSIG) is described in prctl(2).
+    """
+    if not under_torchrun() or not os.path.exists("/proc/self"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): workers outlive a killed agent", ctypes.get_errno())
+        return
+    if os.getppid() != parent:  # the agent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def check_store_mode() -> None:
+    """Refuse the agent's shared TCPStore when the group may be restarted (see the module docstring)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if restarts.isdigit() and int(restarts) == 0:
+        log.warning("%s is not 1 in torchrun's environment: a restart of the worker group (a node joining) "
+                    "would fail in gloo's connectFullMesh; use gpu-train-launch or set it", STORE_SWITCH)
+        return
+    raise BadInput(
+        f"torchrun runs with --max-restarts={restarts} but without {STORE_SWITCH}=1 in its environment: a "
+        "restarted worker group would reuse the agent's store and fail; start it through gpu-train-launch "
+        f"(trainer/entrypoint.sh) or export {STORE_SWITCH}=1"
+    )
+
+
 def init_distributed(timeout_s: float = 600.0) -> DistEnv:
     """Join (or, standalone, create) the default process group and pick this worker's device."""
+    torchrun = under_torchrun()
+    if torchrun:
+        check_store_mode()
     if "RANK" not in os.environ:
         os.environ.update(
             RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
         )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -64,21 +127,11 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
         backend = "gloo"
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_s)
         kwargs: dict = {"device_id": device} if backend == "nccl" else {}
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            # Under torchrun the store is the agent's TCPStore, which survives a group restart. torch 2.13's
-            # env:// handler does not prefix keys per restart, so restarted gloo workers read the dead
-            # workers' addresses and fail in connectFullMesh. A prefix per restart round keeps rounds apart.
-            client = dist.TCPStore(
-                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
-            )
-            kwargs.update(store=dist.PrefixStore(f"trainer/restart_{restart_count}", client), rank=rank,
-                          world_size=world)
-        dist.init_process_group(backend, timeout=timeout, **kwargs)
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     return DistEnv(
-        rank=rank, world_size=world, local_rank=local_rank, device=device,
-        restart_count=restart_count,
+        rank=rank, world_size=world, local_rank=local_rank, device=device, restart_count=restart_count,
+        local_world_size=local_world, under_torchrun=torchrun,
     )
 
 

@@ -2,13 +2,17 @@
 
 Usage:
     from trainer.flops import flops_per_token, gpu_peak_flops, mfu
-    f = flops_per_token(non_embedding_params, n_layer, n_head, head_dim, context)
+    f = flops_per_token(non_embedding_params, n_layer, n_head, head_dim, context, lm_head_params=vocab * d_model)
     peak = gpu_peak_flops("NVIDIA H100 80GB HBM3")        # 989.4e12, or None when unknown / CPU
     mfu(tokens_per_s, f, peak, world_size)               # ratio in [0, 1], or None
 
 FLOPs per token follow the PaLM paper's accounting (https://arxiv.org/abs/2204.02311, appendix B):
-6N for the forward and backward matmuls over the N non-embedding parameters, plus 12 * L * H * Q * T for
-attention scores and values (L layers, H heads, head size Q, context T). MFU ignores activation recomputation.
+6N for the forward and backward matmuls over the N parameters that take part in a matmul, plus
+12 * L * H * Q * T for attention scores and values (L layers, H heads, head size Q, context T). N is the
+non-embedding parameters plus the output projection (lm_head, vocab x d_model): its weight is the token
+embedding's (tied), so it is not in the non-embedding count, but its matmul is real compute, and for
+gpt2-124m leaving it out under-reports by 27%. The token and position embeddings are lookups, not matmuls.
+MFU ignores activation recomputation.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ def gpu_peak_flops(device_name: str | None) -> float | None:
     return None
 
 
-def flops_per_token(non_embedding_params: int, n_layer: int, n_head: int, head_dim: int, context: int) -> int:
-    return 6 * non_embedding_params + 12 * n_layer * n_head * head_dim * context
+def flops_per_token(non_embedding_params: int, n_layer: int, n_head: int, head_dim: int, context: int, *,
+                    lm_head_params: int) -> int:
+    """Training FLOPs per token: 6 * (non-embedding + lm_head parameters) + 12 * L * H * Q * T."""
+    return 6 * (non_embedding_params + lm_head_params) + 12 * n_layer * n_head * head_dim * context
 
 
 def mfu(tokens_per_s: float, flops_token: float, peak_per_gpu: float | None, world_size: int) -> float | None:

@@ -4,15 +4,28 @@ Usage (normally through `python -m trainer`, see trainer/__main__.py):
     from trainer.config import build_config
     from trainer.train import train
     summary = train(build_config("tiny", overrides=["train.steps=20"]), run_dir=Path("runs/dev"))
+    summary["status"]      # "completed" or "preempted"; bad input raises BadInput, a retryable failure
+                           # TrainingFailed (trainer/errors.py)
 
 Every rank runs the same loop. Step `s` (0-based) trains on global batch `s` of the GlobalSampler; each rank
 takes its contiguous slice and splits it into micro batches, so the global batch in tokens and the sample order
-never depend on the number of workers. On start the newest verified checkpoint is loaded; SIGTERM finishes the
-current step, saves synchronously and exits 0.
+never depend on the number of workers. On start the newest checkpoint that every rank can load is restored
+(trainer/checkpoint.py).
 
-Test hook (used by tests/trainer, harmless otherwise): TRAINER_TEST_KILL_AT_STEP=N (and optionally
-TRAINER_TEST_KILL_RANK=R, default 0) makes rank R SIGKILL itself in the middle of step N (after backward,
-before the optimizer step) on the first launch only (TORCHELASTIC_RESTART_COUNT=0).
+Decisions every rank must take together go through collectives, so no rank waits for another that has
+already given up: the inputs are checked on every rank and the verdict all-gathered before anything is
+written; after each step's backward pass one all-reduce carries the loss, "some rank got SIGTERM", "some rank
+hit bad data" and "some rank hit a storage failure", before the optimizer step. Then:
+- SIGTERM anywhere: every rank finishes the step, saves a checkpoint synchronously and returns "preempted"
+  (exit 75: resumable, not completed);
+- a non-finite loss (or, with train.grad_clip, a non-finite gradient norm): the step is not applied, nothing
+  is saved, BadInput (exit 2), since a restart would replay the same step from the same checkpoint;
+- a data error: BadInput for a missing or corrupt shard, TrainingFailed for a storage outage.
+
+Test hook (used by tests/trainer and bench/recovery.py, harmless otherwise): TRAINER_TEST_KILL_AT_STEP=N (and
+optionally TRAINER_TEST_KILL_RANK=R, default 0) makes rank R SIGKILL itself in the middle of 0-based step N
+(after backward, before the optimizer step), once: it first creates the file TRAINER_TEST_KILL_MARKER (default
+RUN_DIR/.test-kill-N) and does nothing if that file exists.
 """
 
 from __future__ import annotations
@@ -41,13 +54,18 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer import flops
-from trainer.checkpoint import CheckpointManager
-from trainer.config import Config, ConfigError, batch_layout, flatten, to_dict
+from trainer.checkpoint import CheckpointInvalid, CheckpointManager
+from trainer.config import Config, batch_layout, flatten, to_dict
 from trainer.distributed import DistEnv, init_distributed, seed_everything, shutdown
+from trainer.errors import BadInput, TrainingFailed, one_line
 from trainer.metrics import JsonlLog, TrainerMetrics, plot_loss
 from trainer.model import GPT
+from trainer.preflight import check_inputs, checkpoint_dir_of
 
 log = logging.getLogger("trainer")
+
+# Keys that fix the parameter shapes: a checkpoint made with other values cannot be loaded.
+SHAPE_KEYS = ("n_layer", "n_head", "d_model", "context", "vocab_size", "norm", "pos", "mlp_ratio")
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -61,14 +79,17 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
-def params_sha256(model: torch.nn.Module) -> str | None:
-    """sha256 over the full (unsharded) model state dict in sorted key order; same value for DDP and FSDP.
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) model state dict in host memory on rank 0, {} elsewhere.
 
-    Collective (gathers FSDP shards); the digest is returned on rank 0, None elsewhere.
+    Collective: FSDP2 gathers its shards, so every rank must call it (rank 0 alone would wait forever).
     """
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() != 0:
-        return None
+    return sd if dist.get_rank() == 0 else {}
+
+
+def state_sha256(sd: dict[str, torch.Tensor]) -> str:
+    """sha256 over a full state dict in sorted key order; the same value for DDP and FSDP."""
     h = hashlib.sha256()
     for key in sorted(sd):
         t = sd[key].detach().to("cpu").contiguous()
@@ -158,32 +179,100 @@ def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[G
 
 
 class _Preemption:
-    """SIGTERM (spot reclaim, pod eviction, torchrun shutdown) sets a flag; the loop saves and exits."""
+    """SIGTERM (spot reclaim, pod eviction, torchrun shutting down) sets a flag; the loop saves and stops."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.at: float | None = None  # monotonic time of the first SIGTERM
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
+        if self.at is None:
+            self.at = time.monotonic()
+
+    def report(self, step: int, saved: bool) -> None:
+        """Say how much of torchrun's shutdown timeout the final save used (the launcher passes the timeout as
+        TRAINER_SHUTDOWN_TIMEOUT_S); torchrun SIGKILLs the workers when it runs out."""
+        what = "saved checkpoint" if saved else "checkpoint FAILED"
+        budget = os.environ.get("TRAINER_SHUTDOWN_TIMEOUT_S", "")
+        if self.at is None:
+            log.warning("SIGTERM: %s at step %d, stopping (the signal reached another node)", what, step)
+            return
+        used = time.monotonic() - self.at
+        if budget.isdigit():
+            log.warning("SIGTERM: %s at step %d, stopping (%.1fs after the signal; torchrun kills workers %ss "
+                        "after it)", what, step, used, budget)
+            if used > 0.5 * int(budget):
+                log.warning("the final checkpoint took %.1fs, more than half of torchrun's --shutdown-timeout "
+                            "(%ss): raise it and the pod's terminationGracePeriodSeconds", used, budget)
+        else:
+            log.warning("SIGTERM: %s at step %d, stopping (%.1fs after the signal)", what, step, used)
 
 
-def _test_kill_hook(step: int, env: DistEnv) -> None:
+def _test_kill_hook(step: int, env: DistEnv, run_dir: Path) -> None:
     at = os.environ.get("TRAINER_TEST_KILL_AT_STEP")
-    if at is None or env.restart_count != 0:
+    if at is None or step != int(at) or env.rank != int(os.environ.get("TRAINER_TEST_KILL_RANK", "0")):
         return
-    if step == int(at) and env.rank == int(os.environ.get("TRAINER_TEST_KILL_RANK", "0")):
-        os.kill(os.getpid(), signal.SIGKILL)
+    marker = Path(os.environ.get("TRAINER_TEST_KILL_MARKER") or run_dir / f".test-kill-{at}")
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _setup_logging(env: DistEnv) -> None:
+    # INFO from one worker per node (what this node resumed from, what it downloaded), warnings from all.
     logging.basicConfig(
-        level=logging.INFO if env.rank == 0 else logging.WARNING,
+        level=logging.INFO if env.local_rank == 0 else logging.WARNING,
         format=f"%(asctime)s [rank{env.rank}] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
         force=True,
     )
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+
+def _agree(error: str | None, world: int) -> str | None:
+    """The first error any rank reports (all ranks get the same answer); None if there is none. Collective."""
+    every: list[str | None] = [None] * world
+    dist.all_gather_object(every, error)
+    return next((e for e in every if e), None)
+
+
+def _shape(model_cfg: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={model_cfg.get(k)!r}" for k in SHAPE_KEYS)
+
+
+def compatibility_problem(cfg: Config, manifest: dict[str, Any], where: str, manifest_sha: str) -> str | None:
+    """Why the checkpoint described by `manifest` must not be resumed with `cfg` and this dataset, or None.
+
+    The model shape must match (else DCP cannot load it), and so must what fixes the sample order: the
+    dataset's manifest hash, train.global_batch_tokens and train.seed (else the run would silently continue on
+    other data or another order). Everything else (steps, learning rate, world size, ddp/fsdp) may change.
+    """
+    ck_cfg = manifest.get("config") or {}
+    ck_model = ck_cfg.get("model")
+    mine = to_dict(cfg)
+    if isinstance(ck_model, dict):
+        differ = [k for k in SHAPE_KEYS if ck_model.get(k) != mine["model"][k]]
+        if differ:
+            return (f"checkpoint {where} holds a model with {_shape(ck_model)} but the settings ask for "
+                    f"{_shape(mine['model'])} (model.{', model.'.join(differ)} differ): set them back, or train "
+                    "the new shape in a new --run-dir with its own checkpoint.local_dir and checkpoint.remote_uri")
+    ck_train = ck_cfg.get("train")
+    if isinstance(ck_train, dict):
+        for key in ("global_batch_tokens", "seed"):
+            if key in ck_train and ck_train[key] != mine["train"][key]:
+                return (f"checkpoint {where} was trained with train.{key}={ck_train[key]} but the settings say "
+                        f"train.{key}={mine['train'][key]}: the sample order would change mid-run; set it back or "
+                        "start a new run directory")
+    data = (manifest.get("trainer") or {}).get("dataset")
+    if isinstance(data, dict) and data.get("manifest_sha256") and data["manifest_sha256"] != manifest_sha:
+        return (f"checkpoint {where} was trained on dataset {data.get('uri')} (manifest sha256 "
+                f"{str(data['manifest_sha256'])[:16]}) but data.uri={cfg.data.uri} has manifest sha256 "
+                f"{manifest_sha[:16]}: resume with the same dataset, or start a new run directory")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -196,71 +285,99 @@ def train(cfg: Config, run_dir: Path) -> dict[str, Any]:
 
 
 def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
-    from trainer.data import GlobalSampler, open_dataset
+    from trainer.data import DataError, GlobalSampler
     from trainer.tracking import TAG_DATASET_MANIFEST, TAG_DATASET_URI, Tracker
 
     _setup_logging(env)
     # `kill -USR1 <pid>` prints every thread's Python stack: the first thing to look at in a hung collective.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     preempt = _Preemption()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    seed_everything(cfg.train.seed, cfg.train.deterministic)
-    global_batch, accum = batch_layout(cfg, env.world_size)
-    T = cfg.model.context
-    if env.rank == 0:
-        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-
-    # ---- data
-    ds = open_dataset(
-        cfg.data.uri, context=T, cache_dir=cfg.data.cache_dir or str(run_dir / "cache"),
-        cache_max_bytes=cfg.data.cache_max_bytes, prefetch_shards=cfg.data.prefetch_shards,
-        endpoint_url=cfg.data.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None,
-    )
-    ds_vocab = getattr(ds, "vocab_size", None)
-    if ds_vocab is not None and cfg.model.vocab_size < ds_vocab:
-        raise ConfigError(
-            f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the vocabulary of dataset {cfg.data.uri} "
-            f"({ds_vocab}, from its manifest); set model.vocab_size >= {ds_vocab}"
-        )
-    sampler = GlobalSampler(ds.num_windows, global_batch=global_batch, seed=cfg.train.seed)
-
-    # ---- model, optimizer, schedule
-    dtype = resolve_dtype(cfg, env)
-    model, wrapped = build_model(cfg, env, dtype)
-    optimizer = build_optimizer(model, cfg, env.device)
     t = cfg.train
+    T = cfg.model.context
+
+    # ---- inputs: checked on every rank, verdict agreed before anything is written
+    ds = None
+    problem = None
+    try:
+        ds = check_inputs(cfg, run_dir, world_sizes=[env.world_size], local_world_size=env.local_world_size)
+    except BadInput as exc:
+        problem = str(exc)
+    problem = _agree(problem, env.world_size)
+    if problem:
+        if ds is not None:
+            ds.close()
+        raise BadInput(problem)
+    assert ds is not None
+    global_batch, accum = batch_layout(cfg, env.world_size)
+    seed_everything(t.seed, t.deterministic)
+    dataset_info = {"uri": cfg.data.uri, "manifest_sha256": ds.manifest_sha256}
+
+    # ---- model, optimizer, schedule, sampler
+    dtype = resolve_dtype(cfg, env)
 
     def lr_lambda(s: int) -> float:
         return lr_at(s, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, total_steps=t.steps) / t.lr
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    def fresh() -> tuple[GPT, torch.nn.Module, torch.optim.Optimizer, Any, Any]:
+        model, wrapped = build_model(cfg, env, dtype)
+        optimizer = build_optimizer(model, cfg, env.device)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+        sampler = GlobalSampler(ds.num_windows, global_batch=global_batch, seed=t.seed)
+        return model, wrapped, optimizer, scheduler, sampler
+
+    model, wrapped, optimizer, scheduler, sampler = fresh()
     n_params = model.num_params(non_embedding=False)
     n_nonemb = model.num_params(non_embedding=True)
     flops_token = flops.flops_per_token(n_nonemb, cfg.model.n_layer, cfg.model.n_head,
-                                        cfg.model.d_model // cfg.model.n_head, T)
+                                        cfg.model.d_model // cfg.model.n_head, T,
+                                        lm_head_params=cfg.model.vocab_size * cfg.model.d_model)
     peak = flops.gpu_peak_flops(torch.cuda.get_device_name(env.device) if env.is_cuda else None)
 
-    # ---- checkpoint: resume
+    # ---- checkpoint: resume (refuses an incompatible checkpoint before writing anything)
     ckpt = CheckpointManager(
-        Path(cfg.checkpoint.local_dir or run_dir / "checkpoints"), cfg.checkpoint.remote_uri,
+        checkpoint_dir_of(cfg, run_dir), cfg.checkpoint.remote_uri,
         keep=cfg.checkpoint.keep, env=env, async_save=cfg.checkpoint.async_save,
         endpoint_url=cfg.checkpoint.endpoint_url or None,
     )
-    step, tokens_seen, run_id = 0, 0, None
-    loss_value = float("nan")  # loss of the last completed step (kept in checkpoints)
-    found = ckpt.find_latest()
-    if found is not None:
-        state = ckpt.load(found, model, optimizer)
-        step, tokens_seen, run_id = state["step"], state["tokens"], state.get("mlflow_run_id")
-        loss_value = state.get("loss", loss_value)
+    restored: dict[str, Any] = {}
+
+    def check(manifest: dict[str, Any], where: str) -> None:
+        reason = compatibility_problem(cfg, manifest, where, ds.manifest_sha256)
+        if reason:
+            raise BadInput(reason)
+
+    def apply(state: dict[str, Any]) -> None:
+        step = state["step"]
+        if not isinstance(step, int) or step < 0:
+            raise CheckpointInvalid(f"trainer state step {step!r} is not a whole number")
         sampler.load_state_dict(state["sampler"])
         scheduler.load_state_dict(state["scheduler"])
         if sampler.next_step != step:
-            raise RuntimeError(f"checkpoint {found}: sampler is at step {sampler.next_step} but step is {step}")
+            raise CheckpointInvalid(f"sampler is at step {sampler.next_step} but the checkpoint is at step {step}")
+        restored.clear()
+        restored.update(step=step, tokens=int(state["tokens"]), run_id=state.get("mlflow_run_id"),
+                        loss=float(state.get("loss", math.nan)))
+
+    try:
+        found = ckpt.resume(model, optimizer, check=check, apply=apply)
+    except BaseException:
+        ckpt.close()
+        ds.close()
+        raise
+    if found is None and ckpt.model_touched:
+        # A load that failed part-way may have overwritten some parameters: start again from the seed.
+        model, wrapped, optimizer, scheduler, sampler = fresh()
+    step, tokens_seen, run_id = 0, 0, None
+    loss_value = math.nan  # loss of the last completed step (kept in checkpoints)
+    if found is not None:
+        step, tokens_seen, run_id, loss_value = (restored["step"], restored["tokens"], restored["run_id"],
+                                                  restored["loss"])
         log.info("resumed from %s at step %d (%d tokens seen)", found, step, tokens_seen)
     resumed_from = str(found) if found else None
 
-    # ---- outputs
+    # ---- outputs (only now: a refused launch has changed nothing in the run directory)
+    if env.rank == 0:
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
     metrics = TrainerMetrics(port=cfg.metrics.port + env.local_rank if cfg.metrics.port else 0)
     metrics.restarts.set(env.restart_count)
     jsonl = JsonlLog(run_dir / "metrics.jsonl") if env.rank == 0 else None
@@ -279,12 +396,55 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
             t.micro_batch_size, t.parallel, "bf16" if dtype else "fp32",
         )
 
+    status = "failed"
+    try:
+        status, step, tokens_seen, loss_value, first, start_step, elapsed = _loop(
+            cfg, env, run_dir, preempt=preempt, ds=ds, sampler=sampler, model=model, wrapped=wrapped,
+            optimizer=optimizer, scheduler=scheduler, ckpt=ckpt, metrics=metrics, jsonl=jsonl, tracker=tracker,
+            step=step, tokens_seen=tokens_seen, loss_value=loss_value, global_batch=global_batch, accum=accum,
+            dtype=dtype, flops_token=flops_token, peak=peak, dataset_info=dataset_info, data_error=DataError,
+        )
+        ckpt.wait()
+        if status == "completed" and ckpt.failed and ckpt.failed[-1].step == step and (
+            not ckpt.saved or ckpt.saved[-1].step < step
+        ):
+            raise TrainingFailed(f"the final checkpoint (step {step}) was not saved: {ckpt.failed[-1].error}")
+        tokens_per_s = (step - start_step) * t.global_batch_tokens / elapsed if step > start_step else 0.0
+        run_mfu = flops.mfu(tokens_per_s, flops_token, peak, env.world_size)
+        # Collective (FSDP gathers shards): every rank takes part, rank 0 gets the full state.
+        full = full_state_dict(model)
+        summary = {
+            "step": step, "tokens": tokens_seen, "final_loss": loss_value if math.isfinite(loss_value) else None,
+            "params_sha256": state_sha256(full) if env.rank == 0 else None,
+            "restarts": env.restart_count, "tokens_per_s": tokens_per_s, "mfu": run_mfu, "status": status,
+            # Rank 0's peak GPU memory (allocated by tensors), for sizing; None on CPU.
+            "peak_memory_gb": torch.cuda.max_memory_allocated(env.device) / 1e9 if env.is_cuda else None,
+        }
+        if env.rank == 0:
+            _finish_outputs(cfg, run_dir, ckpt, full, summary, tracker, ds.manifest_sha256, first=first)
+        del full
+        return summary
+    finally:
+        tracker.close(status={"completed": "FINISHED", "preempted": "KILLED"}.get(status, "FAILED"))
+        if jsonl:
+            jsonl.close()
+        metrics.close()
+        ckpt.close()
+        ds.close()
+
+
+def _loop(cfg: Config, env: DistEnv, run_dir: Path, *, preempt: _Preemption, ds: Any, sampler: Any, model: GPT,
+          wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, ckpt: CheckpointManager,
+          metrics: TrainerMetrics, jsonl: JsonlLog | None, tracker: Any, step: int, tokens_seen: int,
+          loss_value: float, global_batch: int, accum: int, dtype: torch.dtype | None, flops_token: int,
+          peak: float | None, dataset_info: dict[str, str], data_error: type[Exception]) -> tuple:
+    t = cfg.train
+    T = cfg.model.context
     progress = None
     if env.rank == 0 and sys.stdout.isatty():
         from tqdm import tqdm
 
         progress = tqdm(total=t.steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
-
     autocast = (
         torch.autocast(env.device.type, dtype=dtype)
         if dtype is not None and t.parallel == "ddp" else contextlib.nullcontext()
@@ -292,17 +452,15 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
     per_rank = global_batch // env.world_size
     seen_saves = len(ckpt.saved)
     start_step, loop_t0 = step, time.perf_counter()
-    first_loss: float | None = None  # loss of the first step of this launch, for the closing summary
+    first: tuple[int, float] | None = None  # (step, loss) of the first step of this launch, for the summary
     if step >= t.steps:
-        log.info("checkpoint %s is already at train.steps=%d: nothing to train", found, t.steps)
-    status = "completed"
-    ckpt_block = 0.0
+        log.info("the checkpoint is already at train.steps=%d: nothing to train", t.steps)
 
     def trainer_state() -> dict[str, Any]:
         return {
             "step": step, "tokens": tokens_seen, "loss": loss_value, "sampler": sampler.state_dict(),
             "scheduler": scheduler.state_dict(), "mlflow_run_id": tracker.run_id,
-            "world_size": env.world_size,
+            "world_size": env.world_size, "dataset": dataset_info,
         }
 
     def report_saves(seen: int) -> int:
@@ -312,15 +470,30 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
             tracker.log_checkpoint(rec.step, rec.remote_uri or str(rec.path))
         return len(ckpt.saved)
 
+    # SIGTERM that arrived while starting (loading, resuming): stop before training, nothing new to save.
+    flag = torch.tensor([float(preempt.requested)], device=env.device)
+    dist.all_reduce(flag)
+    if flag.item() > 0 and step < t.steps:
+        log.warning("SIGTERM before the first step: stopping at step %d without a new checkpoint", step)
+        return "preempted", step, tokens_seen, loss_value, first, start_step, time.perf_counter() - loop_t0
+
+    status = "completed"
     wrapped.train()
     while step < t.steps:
         t_step = time.perf_counter()
-        # ---- data
-        indices = sampler.rank_slice(step, env.rank, env.world_size)
-        if step + 1 < t.steps:
-            nxt = (step + 1) * global_batch + env.rank * per_rank
-            ds.prefetch(sampler.windows_at(np.arange(nxt, nxt + per_rank)).tolist())
-        windows = torch.from_numpy(np.stack([ds.window(i) for i in indices]))
+        # ---- data (a failure is reported through the step's all-reduce; zeros keep the collectives in step)
+        fault: tuple[str, str] | None = None
+        try:
+            indices = sampler.rank_slice(step, env.rank, env.world_size)
+            if step + 1 < t.steps:
+                nxt = (step + 1) * global_batch + env.rank * per_rank
+                ds.prefetch(sampler.windows_at(np.arange(nxt, nxt + per_rank)).tolist())
+            windows = torch.from_numpy(np.stack([ds.window(i) for i in indices]))
+        except data_error as exc:
+            kind = "failed" if _transient(exc) else "bad"
+            fault = (kind, one_line(f"rank {env.rank}, step {step + 1}: data.uri: {exc}"))
+            windows = torch.zeros((per_rank, T + 1), dtype=torch.int64)
+            indices = []
         windows = windows.to(env.device, non_blocking=True)
         t_data = time.perf_counter()
         # ---- forward / backward over micro batches
@@ -340,29 +513,46 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
                 loss = loss / accum
                 loss.backward()
             loss_acc += loss.detach()
-        _test_kill_hook(step, env)
+        _test_kill_hook(step, env, run_dir)
         t_fb = time.perf_counter()
+        # ---- one all-reduce: mean loss, and whether any rank got SIGTERM, bad data or a storage failure
+        flags = torch.stack([
+            loss_acc.float(), torch.tensor(float(preempt.requested), device=env.device),
+            torch.tensor(float(fault is not None and fault[0] == "bad"), device=env.device),
+            torch.tensor(float(fault is not None and fault[0] == "failed"), device=env.device),
+        ])
+        dist.all_reduce(flags)
+        if flags[2].item() > 0 or flags[3].item() > 0:
+            every: list[Any] = [None] * env.world_size
+            dist.all_gather_object(every, fault)
+            bad = [f[1] for f in every if f and f[0] == "bad"]
+            if bad:
+                raise BadInput(bad[0])
+            raise TrainingFailed(next(f[1] for f in every if f))
+        step_loss = flags[0].item() / env.world_size
+        if not math.isfinite(step_loss):
+            raise BadInput(_diverged(cfg, step + 1, f"loss {step_loss}", ckpt))
         # ---- optimizer
         if t.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            if not math.isfinite(norm):
+                raise BadInput(_diverged(cfg, step + 1, f"gradient norm {norm}", ckpt))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        # Mean loss over the global batch and "any rank got SIGTERM", in one small collective.
-        flag = torch.stack([loss_acc.float(), torch.tensor(float(preempt.requested), device=env.device)])
-        dist.all_reduce(flag)
-        loss_value = flag[0].item() / env.world_size
-        if first_loss is None:
-            first_loss = loss_value
-        stop = flag[1].item() > 0
+        loss_value = step_loss
+        if first is None:
+            first = (step + 1, loss_value)
+        stop = flags[1].item() > 0
         step += 1
         tokens_seen += t.global_batch_tokens
         t_opt = time.perf_counter()
         batch_sha = None
         if cfg.metrics.batch_hash:
-            every: list[list[int] | None] = [None] * env.world_size
-            dist.all_gather_object(every, indices)
-            batch_sha = batch_hash([i for part in every for i in part])
+            gathered: list[list[int] | None] = [None] * env.world_size
+            dist.all_gather_object(gathered, indices)
+            batch_sha = batch_hash([i for part in gathered for i in part])
 
         # ---- checkpoint
         ckpt_block = 0.0
@@ -408,38 +598,37 @@ def _train(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
                      scheduler.get_last_lr()[0], tps, flops.format_mfu(step_mfu))
         if stop:
             status = "preempted"
-            log.warning("SIGTERM: saved checkpoint at step %d, exiting", step)
+            preempt.report(step, saved=bool(ckpt.saved) and ckpt.saved[-1].step == step)
             break
 
     ckpt.wait()
     report_saves(seen_saves)
     if progress is not None:
         progress.close()
-    elapsed = time.perf_counter() - loop_t0
-    tokens_per_s = (step - start_step) * t.global_batch_tokens / elapsed if step > start_step else 0.0
-    run_mfu = flops.mfu(tokens_per_s, flops_token, peak, env.world_size)
-    digest = params_sha256(model)
-    summary = {
-        "step": step, "tokens": tokens_seen, "final_loss": loss_value if math.isfinite(loss_value) else None,
-        "params_sha256": digest,
-        "restarts": env.restart_count, "tokens_per_s": tokens_per_s, "mfu": run_mfu, "status": status,
-        # Rank 0's peak GPU memory (allocated by tensors), for sizing; None on CPU.
-        "peak_memory_gb": torch.cuda.max_memory_allocated(env.device) / 1e9 if env.is_cuda else None,
-    }
-    if env.rank == 0:
-        _finish_outputs(cfg, run_dir, ckpt, model, summary, tracker, ds.manifest_sha256,
-                        first=(start_step + 1, first_loss) if first_loss is not None else None)
-    tracker.close(status="KILLED" if status == "preempted" else "FINISHED")
-    if jsonl:
-        jsonl.close()
-    metrics.close()
-    ckpt.close()
-    ds.close()
-    return summary
+    return status, step, tokens_seen, loss_value, first, start_step, time.perf_counter() - loop_t0
 
 
-def _finish_outputs(cfg: Config, run_dir: Path, ckpt: CheckpointManager, model: GPT, summary: dict[str, Any],
-                    tracker: Any, manifest_sha: str, first: tuple[int, float] | None) -> None:
+def _transient(exc: BaseException) -> bool:
+    """A storage outage rather than bad data: the data layer wraps the storage error that outlasted its
+    retries (trainer/data/storage.py StorageError.transient) in a shard error; look down the cause chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "transient", False):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def _diverged(cfg: Config, step: int, what: str, ckpt: CheckpointManager) -> str:
+    last = ckpt.saved[-1].step if ckpt.saved else None
+    where = f"the newest checkpoint is step {last}" if last is not None else "no checkpoint was saved by this launch"
+    return (f"non-finite {what} at step {step}: training diverged, the step was not applied and nothing was "
+            f"saved ({where}); lower train.lr (now {cfg.train.lr}) or set train.grad_clip (now {cfg.train.grad_clip})")
+
+
+def _finish_outputs(cfg: Config, run_dir: Path, ckpt: CheckpointManager, full: dict[str, torch.Tensor],
+                    summary: dict[str, Any], tracker: Any, manifest_sha: str,
+                    first: tuple[int, float] | None) -> None:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_loss(run_dir / "metrics.jsonl", run_dir / "loss.png")
     tracker.log_artifact(run_dir / "loss.png")
@@ -448,8 +637,7 @@ def _finish_outputs(cfg: Config, run_dir: Path, ckpt: CheckpointManager, model: 
     if cfg.tracking.register_name and summary["status"] == "completed":
         model_dir = run_dir / "model"
         model_dir.mkdir(exist_ok=True)
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        torch.save(state, model_dir / "model.pt")
+        torch.save(full, model_dir / "model.pt")
         (model_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
         tracker.register_model(model_dir, cfg.tracking.register_name, {
             "dataset.uri": cfg.data.uri, "dataset.manifest_sha256": manifest_sha,

@@ -1,5 +1,5 @@
-"""Checkpoint integrity: manifests, truncated/corrupted files skipped with a warning naming them, retention,
-upload to and restore from a remote store.
+"""Checkpoint integrity: manifests, whatever damage is skipped with a warning naming it, retention, the newest
+complete checkpoint wins wherever it is (local or remote), upload to and restore from a remote store.
 
 Run: .venv/bin/pytest tests/trainer/test_checkpoint.py -q
 """
@@ -7,12 +7,13 @@ Run: .venv/bin/pytest tests/trainer/test_checkpoint.py -q
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
 
 from tests.trainer.launch import SMALL, run_trainer, summary
-from trainer.checkpoint import MANIFEST, CheckpointInvalid, list_step_dirs, verify
+from trainer.checkpoint import MANIFEST, CheckpointInvalid, list_step_dirs, sha256_file, verify
 from trainer.data.storage import open_store
 
 
@@ -23,6 +24,17 @@ def _remote_steps(remote) -> list[str]:
 
 def _biggest_data_file(step_dir):
     return max(step_dir.glob("*.distcp"), key=lambda p: p.stat().st_size)
+
+
+def _edit_manifest(step_dir, edit) -> None:
+    path = step_dir / MANIFEST
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def _without(overrides: list[str], *prefixes: str) -> list[str]:
+    return [o for o in overrides if not o.startswith(prefixes)]
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +49,16 @@ def trained(tmp_path_factory):
     return root, overrides
 
 
+@pytest.fixture
+def copy(trained, tmp_path):
+    """A private copy of the trained run and its remote; returns (run_dir, remote, overrides for them)."""
+    root, overrides = trained
+    shutil.copytree(root / "run", tmp_path / "run")
+    shutil.copytree(root / "remote", tmp_path / "remote")
+    return tmp_path / "run", tmp_path / "remote", [*_without(overrides, "checkpoint.remote_uri"),
+                                                   f"checkpoint.remote_uri=file://{tmp_path / 'remote'}"]
+
+
 def test_manifest_lists_every_file_and_retention_keeps_newest(trained):
     root, _ = trained
     local = root / "run" / "checkpoints"
@@ -47,103 +69,216 @@ def test_manifest_lists_every_file_and_retention_keeps_newest(trained):
                if p.is_file() and p.name != MANIFEST}
     assert on_disk == set(manifest["files"])
     assert {".metadata", "rng/rank_00000.pt"} <= on_disk
+    assert manifest["trainer"]["dataset"]["uri"] == "synthetic"
+    assert len(manifest["trainer"]["dataset"]["manifest_sha256"]) == 64
     assert _remote_steps(root / "remote") == ["step_000000002", "step_000000003", "step_000000004"]
     assert verify(root / "remote" / "step_000000004")["step"] == 4
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "no_manifest", "missing_file"])
+def _damage(step, kind):
+    """Damage a copy of a checkpoint; returns the text verify() must name."""
+    bad = _biggest_data_file(step)
+    rel = bad.name
+    if kind == "truncate":
+        bad.write_bytes(bad.read_bytes()[:-100])
+        return f"{bad}: size"
+    if kind == "flip":
+        data = bytearray(bad.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        bad.write_bytes(bytes(data))
+        return f"{bad}: sha256 differs"
+    if kind == "missing_file":
+        bad.unlink()
+        return f"{bad}: listed in {MANIFEST} but missing"
+    if kind == "no_manifest":
+        (step / MANIFEST).unlink()
+        return f"{step}: no {MANIFEST}"
+    if kind == "manifest_not_json":
+        (step / MANIFEST).write_text("{not json")
+        return "manifest is not JSON"
+    if kind == "manifest_unreadable":
+        (step / MANIFEST).unlink()
+        (step / MANIFEST).mkdir()  # reading it fails (EISDIR), even as root
+        return "unreadable manifest"
+    if kind == "entry_without_size":
+        _edit_manifest(step, lambda m: m["files"][rel].pop("size"))
+        return f"manifest entry {rel!r} has no valid 'size'"
+    if kind == "entry_not_mapping":
+        _edit_manifest(step, lambda m: m["files"].__setitem__(rel, "3072"))
+        return f"manifest entry {rel!r} is not a mapping"
+    if kind == "files_not_mapping":
+        _edit_manifest(step, lambda m: m.__setitem__("files", ["a"]))
+        return "manifest lists no DCP .metadata"
+    if kind == "unsafe_path":
+        _edit_manifest(step, lambda m: m["files"].__setitem__("../../etc/passwd", m["files"][rel]))
+        return "unsafe path"
+    if kind == "file_unreadable":
+        bad.unlink()
+        bad.mkdir()  # opening it fails (EISDIR), even as root
+        return f"{bad}: listed in {MANIFEST} but not a file"
+    if kind == "directory_unreadable":
+        shutil.rmtree(step / "rng")
+        (step / "rng").write_bytes(b"")  # rng/rank_00000.pt cannot be reached: ENOTDIR, even as root
+        return f"{step / 'rng' / 'rank_00000.pt'}: unreadable"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("damage", [
+    "truncate", "flip", "missing_file", "no_manifest", "manifest_not_json", "manifest_unreadable",
+    "entry_without_size", "entry_not_mapping", "files_not_mapping", "unsafe_path", "file_unreadable",
+    "directory_unreadable",
+])
 def test_verify_names_the_bad_file(trained, tmp_path, damage):
     root, _ = trained
     step = tmp_path / "step_000000004"
     shutil.copytree(root / "run" / "checkpoints" / "step_000000004", step)
-    bad = _biggest_data_file(step)
-    if damage == "truncate":
-        bad.write_bytes(bad.read_bytes()[:-100])
-        needle = f"{bad}: size"
-    elif damage == "flip":
-        data = bytearray(bad.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        bad.write_bytes(bytes(data))
-        needle = f"{bad}: sha256 differs"
-    elif damage == "missing_file":
-        bad.unlink()
-        needle = f"{bad}: listed in {MANIFEST} but missing"
-    else:
-        (step / MANIFEST).unlink()
-        needle = f"{step}: no {MANIFEST}"
+    needle = _damage(step, damage)
     with pytest.raises(CheckpointInvalid) as err:
         verify(step)
     assert needle in str(err.value)
 
 
-def test_corrupt_newest_falls_back_then_remote_restores(trained, tmp_path):
-    root, overrides = trained
-    run_dir = tmp_path / "run"
-    shutil.copytree(root / "run", run_dir)
-    remote = root / "remote"
-    overrides = [o for o in overrides if not o.startswith("checkpoint.remote_uri")]
-    overrides.append(f"checkpoint.remote_uri=file://{tmp_path / 'remote'}")
-    shutil.copytree(remote, tmp_path / "remote")
+def test_permission_denied_is_a_damaged_checkpoint(trained, tmp_path, monkeypatch):
+    """An unreadable file (EACCES for the non-root trainer user) is reported, not raised; simulated here
+    because this test may run as root, which reads anything."""
+    root, _ = trained
+    step = tmp_path / "step_000000004"
+    shutil.copytree(root / "run" / "checkpoints" / "step_000000004", step)
+    bad = _biggest_data_file(step)
+    real_open = type(bad).open
 
+    def deny(self, *args, **kwargs):
+        if self == bad:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(bad), "open", deny)
+    with pytest.raises(CheckpointInvalid, match="unreadable"):
+        verify(step)
+
+
+def test_every_kind_of_damage_falls_back_to_the_previous_good_checkpoint(tmp_path):
+    """Without a remote store: steps 5, 4, 3, 2 are damaged in four different ways, so the run resumes from
+    step 1 with a warning naming each, and trains on to the end."""
+    run_dir = tmp_path / "run"
+    overrides = [*SMALL, "train.steps=5", "checkpoint.every_steps=1", "checkpoint.keep=5"]
+    res = run_trainer(run_dir, None, overrides)
+    assert res.returncode == 0, res.output[-4000:]
+    ckpts = run_dir / "checkpoints"
+    _damage(ckpts / "step_000000005", "entry_without_size")
+    _damage(ckpts / "step_000000004", "file_unreadable")
+    # Step 3: a data file replaced by other bytes of the same size, and the manifest updated to match, so
+    # every file matches its hash but DCP cannot load it.
+    bad = _biggest_data_file(ckpts / "step_000000003")
+    bad.write_bytes(os.urandom(bad.stat().st_size))
+    _edit_manifest(ckpts / "step_000000003", lambda m: m["files"][bad.name].update(sha256=sha256_file(bad)))
+    verify(ckpts / "step_000000003")
+    _damage(ckpts / "step_000000002", "entry_not_mapping")
+
+    res = run_trainer(run_dir, None, [*_without(overrides, "train.steps"), "train.steps=7"])
+    assert res.returncode == 0, res.output[-4000:]
+    for step in (5, 4, 3, 2):
+        assert f"skipping checkpoint {ckpts / f'step_{step:09d}'}" in res.output, res.output[-4000:]
+    assert "cannot be loaded" in res.output
+    assert f"resumed from {ckpts / 'step_000000001'} at step 1" in res.output
+    assert "Traceback" not in res.output
+    assert summary(run_dir)["step"] == 7
+    assert verify(ckpts / "step_000000007")["step"] == 7
+    assert verify(ckpts / "step_000000005")["step"] == 5  # redone, replacing the damaged directory
+
+
+def test_corrupt_local_file_is_fetched_again_from_the_remote(copy):
+    run_dir, remote, overrides = copy
     bad = _biggest_data_file(run_dir / "checkpoints" / "step_000000004")
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])  # a save cut short
-    steps6 = [o for o in overrides if not o.startswith("train.steps")] + ["train.steps=6"]
-    res = run_trainer(run_dir, None, steps6)
+    res = run_trainer(run_dir, None, [*_without(overrides, "train.steps"), "train.steps=5"])
     assert res.returncode == 0, res.output[-4000:]
-    assert "WARNING" in res.output and f"skipping checkpoint {bad.parent}" in res.output and str(bad) in res.output
-    assert f"resumed from {run_dir / 'checkpoints' / 'step_000000003'} at step 3" in res.output
-    assert summary(run_dir)["step"] == 6
+    assert "WARNING" in res.output and str(bad) in res.output and "fetching it again" in res.output
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_000000004'} at step 4" in res.output
+    assert summary(run_dir)["step"] == 5
 
-    # Lose the node's disk: the newest verified checkpoint comes back from the remote store.
+
+def test_a_newer_remote_checkpoint_beats_an_older_complete_local_one(copy):
+    run_dir, remote, overrides = copy
+    shutil.rmtree(run_dir / "checkpoints" / "step_000000004")  # this node never finished writing step 4
+    verify(run_dir / "checkpoints" / "step_000000003")
+    res = run_trainer(run_dir, None, [*_without(overrides, "train.steps"), "train.steps=5"])
+    assert res.returncode == 0, res.output[-4000:]
+    assert f"downloaded checkpoint file://{remote}/step_000000004" in res.output
+    assert "at step 4" in res.output
+
+
+def test_lost_disk_restores_from_the_remote(copy):
+    run_dir, remote, overrides = copy
     shutil.rmtree(run_dir / "checkpoints")
-    steps8 = [o for o in overrides if not o.startswith("train.steps")] + ["train.steps=8"]
-    res = run_trainer(run_dir, None, steps8)
+    res = run_trainer(run_dir, None, [*_without(overrides, "train.steps"), "train.steps=6"])
     assert res.returncode == 0, res.output[-4000:]
-    assert f"downloaded checkpoint file://{tmp_path / 'remote'}/step_000000006" in res.output
-    assert "at step 6" in res.output
-    assert summary(run_dir)["step"] == 8
-    assert _remote_steps(tmp_path / "remote") == ["step_000000006", "step_000000007", "step_000000008"]
-    assert json.loads((tmp_path / "remote" / "step_000000008" / MANIFEST).read_text())["step"] == 8
+    assert f"downloaded checkpoint file://{remote}/step_000000004" in res.output
+    assert "at step 4" in res.output
+    assert summary(run_dir)["step"] == 6
+    assert _remote_steps(remote) == ["step_000000004", "step_000000005", "step_000000006"]
+    assert json.loads((remote / "step_000000006" / MANIFEST).read_text())["step"] == 6
 
 
-@pytest.fixture
-def s3_bucket():
-    """A real local S3 server (moto) and a fresh bucket in it."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    from tests.trainer.launch import free_port
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                 aws_secret_access_key="testing").create_bucket(Bucket="ckpt")
-    try:
-        yield endpoint, creds
-    finally:
-        server.stop()
+def test_damaged_remote_checkpoint_falls_back_to_the_previous_one(copy):
+    run_dir, remote, overrides = copy
+    shutil.rmtree(run_dir / "checkpoints")
+    _damage(remote / "step_000000004", "flip")
+    res = run_trainer(run_dir, None, [*_without(overrides, "train.steps"), "train.steps=5"])
+    assert res.returncode == 0, res.output[-4000:]
+    assert f"skipping checkpoint {run_dir / 'checkpoints' / 'step_000000004'}" in res.output
+    assert "sha256 differs" in res.output
+    assert "at step 3" in res.output
 
 
-def test_checkpoints_upload_to_s3_and_restore_from_it(tmp_path, s3_bucket):
-    endpoint, creds = s3_bucket
+def test_checkpoints_upload_to_s3_and_restore_from_it(tmp_path, s3):
     run_dir = tmp_path / "run"
-    base = [*SMALL, "checkpoint.every_steps=1", "checkpoint.keep=2", "checkpoint.remote_uri=s3://ckpt/runs/a",
-            f"checkpoint.endpoint_url={endpoint}"]
-    res = run_trainer(run_dir, None, [*base, "train.steps=3"], env=creds)
+    base = [*SMALL, "checkpoint.every_steps=1", "checkpoint.keep=2", f"checkpoint.remote_uri=s3://{s3.bucket}/runs/a",
+            f"checkpoint.endpoint_url={s3.endpoint}"]
+    res = run_trainer(run_dir, None, [*base, "train.steps=3"], env=s3.env)
     assert res.returncode == 0, res.output[-4000:]
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                      aws_secret_access_key="testing")
-    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="ckpt", Prefix="runs/a/")["Contents"]}
+    keys = set(s3.keys("runs/a/"))
     assert {k.split("/")[2] for k in keys} == {"step_000000002", "step_000000003"}
     assert "runs/a/step_000000003/manifest.json" in keys and "runs/a/step_000000003/.metadata" in keys
 
     shutil.rmtree(run_dir / "checkpoints")
-    res = run_trainer(run_dir, None, [*base, "train.steps=4"], env=creds)
+    res = run_trainer(run_dir, None, [*base, "train.steps=4"], env=s3.env)
     assert res.returncode == 0, res.output[-4000:]
-    assert "downloaded checkpoint s3://ckpt/runs/a/step_000000003" in res.output
+    assert f"downloaded checkpoint s3://{s3.bucket}/runs/a/step_000000003" in res.output
     assert summary(run_dir)["step"] == 4
+
+
+def test_when_no_checkpoint_loads_training_starts_over_from_the_seed(tmp_path):
+    """Step 2's files match their hashes but cannot be loaded (the load may already have changed parameters),
+    step 1's manifest is damaged: training starts from step 0 on a model rebuilt from the seed, so it ends on
+    the same parameters as the first run."""
+    run_dir = tmp_path / "run"
+    overrides = [*SMALL, "train.steps=2", "checkpoint.every_steps=1", "checkpoint.keep=5"]
+    res = run_trainer(run_dir, None, overrides)
+    assert res.returncode == 0, res.output[-4000:]
+    first = summary(run_dir)["params_sha256"]
+    ckpts = run_dir / "checkpoints"
+    bad = _biggest_data_file(ckpts / "step_000000002")
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2:] = os.urandom(len(data) - len(data) // 2)  # the header still parses
+    bad.write_bytes(bytes(data))
+    _edit_manifest(ckpts / "step_000000002", lambda m: m["files"][bad.name].update(sha256=sha256_file(bad)))
+    _damage(ckpts / "step_000000001", "entry_without_size")
+    res = run_trainer(run_dir, None, overrides)
+    assert res.returncode == 0, res.output[-4000:]
+    assert "cannot be loaded" in res.output  # a load was attempted and failed part-way
+    assert "no usable checkpoint" in res.output and "training starts from step 0" in res.output
+    assert summary(run_dir)["params_sha256"] == first
+
+
+def test_a_final_checkpoint_that_cannot_be_uploaded_is_not_a_completed_run(tmp_path, failing_s3):
+    s3, proxy = failing_s3
+    proxy.refuse = {"/step_000000003/"}
+    overrides = [*SMALL, "train.steps=3", "checkpoint.every_steps=1", f"checkpoint.remote_uri=s3://{s3.bucket}/r",
+                 f"checkpoint.endpoint_url={proxy.endpoint}"]
+    res = run_trainer(tmp_path / "run", None, overrides, env=s3.env)
+    assert res.returncode == 1, res.output[-4000:]
+    assert "Traceback" not in res.output
+    assert "failed (will be retried): the final checkpoint (step 3) was not saved" in res.output
+    assert "AccessDenied" in res.output
+    assert not (tmp_path / "run" / "summary.json").exists()

@@ -1,5 +1,6 @@
 """What the image runs, tested without Docker: the trainer installed from its wheel (as the Dockerfile installs
-it, from pyproject.toml, README.md and trainer/ only) and the launcher script trainer/entrypoint.sh.
+it, from pyproject.toml, README.md and trainer/ only) and the launcher trainer/entrypoint.sh (trainer/launch.py):
+its preflight, its wait for the dataset and the rendezvous host, and what it hands to torchrun.
 
 Run: .venv/bin/pytest tests/trainer/test_entrypoint.py -q
 """
@@ -82,42 +83,104 @@ def test_installed_trainer_help_lists_the_presets(installed, tmp_path):
 
 
 def _fake_torchrun(tmp_path: Path) -> Path:
-    """A `torchrun` that records its arguments, to see exactly what the launcher hands on."""
+    """A `torchrun` that records its arguments and the launcher-set environment, to see what it hands on."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    record = tmp_path / "argv"
     script = bin_dir / "torchrun"
-    script.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$@" > {record}\n')
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        f'printf "%s\\n" "$@" > {tmp_path / "argv"}\n'
+        f'env | grep -E "^(TORCH_DISABLE_SHARE_RDZV_TCP_STORE|TRAINER_EXIT_FILE|TRAINER_LAUNCHER_PID)=" | sort > {tmp_path / "env"}\n'
+    )
     script.chmod(0o755)
     return bin_dir
 
 
 def _launch(args: list[str], path: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if k != "RDZV_DNS_TIMEOUT"}
-    full.update(PATH=path, **env)
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("RDZV_DNS_TIMEOUT", "TRAINER_DATA_WAIT_S", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")}
+    full.update({"PATH": path, "GPU_TRAIN_PYTHON": sys.executable, "PYTHONPATH": str(ROOT), **env})
     return subprocess.run(["bash", str(LAUNCHER), *args], cwd=tmp_path, env=full, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=120)
 
 
-def test_launcher_execs_torchrun_with_every_argument_once_the_host_resolves(tmp_path):
+TINY = ["tracking.enabled=false", "model.context=32", "train.global_batch_tokens=384", "train.micro_batch_size=2"]
+
+
+def test_launcher_runs_torchrun_with_every_argument_and_the_store_switch(tmp_path):
     bin_dir = _fake_torchrun(tmp_path)
-    args = ["--nnodes=1:2", "--rdzv-endpoint=localhost:29400", "-m", "trainer", "--preset", "tiny",
-            "data.uri=s3://b/with space/manifest.json"]
+    args = ["--nnodes=1:2", "--nproc-per-node=1", "--rdzv-endpoint=localhost:29400", "-m", "trainer",
+            "--preset", "tiny", "--run-dir", str(tmp_path / "run"), *TINY, "tracking.experiment=with space"]
     proc = _launch(args, f"{bin_dir}:{os.environ['PATH']}", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "argv").read_text().splitlines() == args
+    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines())
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert env["TRAINER_EXIT_FILE"].endswith("bad-input") and env["TRAINER_LAUNCHER_PID"].isdigit()
+    assert not (tmp_path / "run" / "config.json").exists()  # the preflight writes nothing
 
 
 def test_launcher_fails_naming_a_rendezvous_host_that_never_resolves(tmp_path):
     bin_dir = _fake_torchrun(tmp_path)
-    proc = _launch(["--rdzv-endpoint=worker-0-0.no-such-job.invalid:29400", "-m", "trainer"],
-                   f"{bin_dir}:{os.environ['PATH']}", tmp_path, RDZV_DNS_TIMEOUT="0")
+    proc = _launch(["--rdzv-endpoint=worker-0-0.no-such-job.invalid:29400", "-m", "trainer", "--run-dir",
+                    str(tmp_path / "run"), *TINY], f"{bin_dir}:{os.environ['PATH']}", tmp_path, RDZV_DNS_TIMEOUT="0")
     assert proc.returncode == 1
     assert "worker-0-0.no-such-job.invalid" in proc.stderr
     assert not (tmp_path / "argv").exists()  # torchrun never started
     bad = _launch(["--rdzv-endpoint=localhost:1"], f"{bin_dir}:{os.environ['PATH']}", tmp_path,
                   RDZV_DNS_TIMEOUT="ten")
     assert bad.returncode == 2 and "RDZV_DNS_TIMEOUT" in bad.stderr
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    # 12 sequences in micro batches of 2 fit 1, 2 and 3 workers, not 4 (MAX nodes x 1 GPU).
+    (["--nnodes=1:4", "--nproc-per-node=1"], "at world size 4"),
+    (["--nnodes=1", "--nproc-per-node=1", "train.stepz=3"], "train.stepz: unknown key"),
+    (["--nnodes=1", "--nproc-per-node=1", "train.lr=inf"], "train.lr must be a finite number"),
+    (["--nnodes=1", "--nproc-per-node=2", "metrics.port=65535"], "metrics.port 65535 + 1"),
+])
+def test_launcher_preflight_refuses_bad_settings_before_torchrun(tmp_path, args, needle):
+    bin_dir = _fake_torchrun(tmp_path)
+    torchrun_args = [a for a in args if a.startswith("--")]
+    overrides = [a for a in args if not a.startswith("--")]
+    proc = _launch([*torchrun_args, "--rdzv-endpoint=localhost:29400", "-m", "trainer", "--run-dir",
+                    str(tmp_path / "run"), *TINY, *overrides], f"{bin_dir}:{os.environ['PATH']}", tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "argv").exists()
+
+
+def test_launcher_waits_for_the_dataset_then_starts(tmp_path):
+    """The manifest appears while the launcher waits (TRAINER_DATA_WAIT_S): one message, then torchrun."""
+    bin_dir = _fake_torchrun(tmp_path)
+    data = tmp_path / "data"
+    args = ["--nnodes=1", "--nproc-per-node=1", "--rdzv-endpoint=localhost:29400", "-m", "trainer", "--run-dir",
+            str(tmp_path / "run"), *TINY, f"data.uri=file://{data}"]
+    missing = _launch(args, f"{bin_dir}:{os.environ['PATH']}", tmp_path, TRAINER_DATA_WAIT_S="0")
+    assert missing.returncode == 2
+    assert f"dataset manifest file://{data}/manifest.json not found" in missing.stderr
+    assert "python -m trainer.data prepare" in missing.stderr and "Traceback" not in missing.stderr
+    assert not (tmp_path / "argv").exists()
+
+    full = {k: v for k, v in os.environ.items() if k not in ("RDZV_DNS_TIMEOUT", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")}
+    full.update(PATH=f"{bin_dir}:{os.environ['PATH']}", GPU_TRAIN_PYTHON=sys.executable, PYTHONPATH=str(ROOT),
+                TRAINER_DATA_WAIT_S="90")
+    proc = subprocess.Popen(["bash", str(LAUNCHER), *args], cwd=tmp_path, env=full, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        first = proc.stderr.readline()  # blocks until the launcher says what it waits for
+        assert f"waiting up to 90s (TRAINER_DATA_WAIT_S) for dataset manifest file://{data}/manifest.json" in first
+        assert not (tmp_path / "argv").exists()
+        subprocess.run([sys.executable, "-m", "trainer.data", "synth", "--out", f"file://{data}", "--tokens", "20000"],
+                       cwd=ROOT, check=True, capture_output=True, timeout=120)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0, rest
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "waiting" not in rest  # said once
+    assert (tmp_path / "argv").exists()
 
 
 def test_launcher_runs_the_real_torchrun_on_the_installed_trainer(installed, tmp_path):

@@ -1,0 +1,298 @@
+"""Bad trainer input, tried as a user would: every case exits 2 with one line naming the setting, file, URI or
+checkpoint, and no Python traceback; a refused resume changes nothing in the run directory.
+
+Run: .venv/bin/pytest tests/trainer/test_bad_input.py -q
+
+Each row runs `python -m trainer` as a real process. The rows go through every config key with a range and
+every input path the trainer reads or writes (--config, --run-dir, checkpoint.local_dir, data.cache_dir,
+data.uri, checkpoint.remote_uri, the metrics port, the environment it reads, an existing checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.launch import ROOT, SMALL, child_env, run_trainer
+
+BASE = [*SMALL, "train.steps=2"]
+
+
+def _synth(out: Path, tokens: int, *, shard_tokens: int | None = None, seed: int = 0) -> str:
+    cmd = [sys.executable, "-m", "trainer.data", "synth", "--out", f"file://{out}", "--tokens", str(tokens),
+           "--seed", str(seed)]
+    if shard_tokens:
+        cmd += ["--shard-tokens", str(shard_tokens)]
+    subprocess.run(cmd, cwd=ROOT, env=child_env(), check=True, capture_output=True, timeout=120)
+    return f"file://{out}"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("datasets")
+    bad = root / "bad"
+    bad.mkdir()
+    (bad / "manifest.json").write_text("{not json")
+    return {
+        "small": _synth(root / "small", 20000, shard_tokens=10000),
+        "other": _synth(root / "other", 20000, shard_tokens=10000, seed=7),  # same size, other tokens
+        "short": _synth(root / "short", 600, shard_tokens=600),  # shorter than one window of 1024 + 1
+        "bad": f"file://{bad}",
+        "missing": f"file://{root / 'nothing-here'}",
+    }
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data) -> Path:
+    """A run directory with checkpoints of steps 1 and 2, trained on the small file:// dataset."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    res = run_trainer(run_dir, None, [*BASE, "checkpoint.every_steps=1", f"data.uri={data['small']}"])
+    assert res.returncode == 0, res.output[-3000:]
+    return run_dir
+
+
+@dataclass
+class Case:
+    args: list[str]
+    needles: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    setup: Callable[[Path, dict[str, str], Path], list[str]] | None = None  # (tmp, data, trained) -> more args
+    resume: bool = False  # runs on a copy of `trained`; the run directory must be left exactly as it was
+
+
+def _file(tmp: Path) -> Path:
+    f = tmp / "a-file"
+    f.write_text("x")
+    return f
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CASES: dict[str, Case] = {
+    # ---- the command line and --config
+    "unknown key": Case(["train.stepz=3"], ["train.stepz: unknown key"]),
+    "unknown section": Case(["optim.lr=3"], ["optim.lr: unknown section"]),
+    "key without section": Case(["steps=3"], ["steps: keys are section.name"]),
+    "override without value": Case(["train.steps"], ["expected section.key=value"]),
+    "not an integer": Case(["train.steps=ten"], ["train.steps: expected an integer"]),
+    "not a number": Case(["train.lr=fast"], ["train.lr: expected a number"]),
+    "not a boolean": Case(["train.compile=maybe"], ["train.compile: expected a boolean"]),
+    "not a choice": Case(["train.parallel=tp"], ["train.parallel: must be one of ddp, fsdp"]),
+    "unknown preset": Case(["--preset", "3b"], ["--preset", "invalid choice: '3b'"]),
+    "config file missing": Case([], ["--config", "No such file"],
+                                setup=lambda t, d, r: ["--config", str(t / "nope.yaml")]),
+    "config file not YAML": Case([], ["--config", "not valid YAML"],
+                                 setup=lambda t, d, r: ["--config", str(_write(t / "c.yaml", "train: [1,"))]),
+    "config file not a mapping": Case([], ["top level must be a mapping"],
+                                      setup=lambda t, d, r: ["--config", str(_write(t / "c.yaml", "- 1\n"))]),
+    "config section not a mapping": Case([], ["section 'train' must be a mapping"],
+                                         setup=lambda t, d, r: ["--config", str(_write(t / "c.yaml", "train: 3\n"))]),
+    # ---- ranges of the model, train, checkpoint, metrics, tracking keys
+    "steps zero": Case(["train.steps=0"], ["train.steps must be > 0"]),
+    "heads do not divide width": Case(["model.n_head=5"], ["model.d_model (32) must be divisible by model.n_head (5)"]),
+    "rope with odd head size": Case(["model.pos=rope", "model.d_model=36", "model.n_head=4"], ["even head size"]),
+    "dropout out of range": Case(["model.dropout=1.0"], ["model.dropout must be in [0, 1)"]),
+    "lr NaN": Case(["train.lr=nan"], ["train.lr must be a finite number (got nan)"]),
+    "lr infinite": Case(["train.lr=inf"], ["train.lr must be a finite number (got inf)"]),
+    "lr zero": Case(["train.lr=0"], ["train.lr must be > 0"]),
+    "min_lr above lr": Case(["train.min_lr=1.0"], ["train.min_lr (1.0) must be <= train.lr"]),
+    "min_lr NaN": Case(["train.min_lr=nan"], ["train.min_lr must be a finite number"]),
+    "weight decay negative": Case(["train.weight_decay=-0.1"], ["train.weight_decay must be >= 0"]),
+    "beta out of range": Case(["train.beta2=1.0"], ["train.beta2 must be in [0, 1)"]),
+    "grad clip infinite": Case(["train.grad_clip=inf"], ["train.grad_clip must be a finite number"]),
+    "dropout NaN": Case(["model.dropout=nan"], ["model.dropout must be a finite number"]),
+    "seed negative": Case(["train.seed=-1"], ["train.seed must be in 0.."]),
+    "batch not a multiple of context": Case(["train.global_batch_tokens=100"],
+                                            ["train.global_batch_tokens (100) must be a multiple of model.context"]),
+    "batch not divisible by micro batch": Case(["train.micro_batch_size=5"], ["train.micro_batch_size (5)"]),
+    "keep zero": Case(["checkpoint.keep=0"], ["checkpoint.keep must be > 0"]),
+    "checkpoint interval negative": Case(["checkpoint.every_steps=-1"], ["checkpoint.every_steps must be >= 0"]),
+    "cache budget negative": Case(["data.cache_max_bytes=-1"], ["data.cache_max_bytes must be >= 0"]),
+    "metrics port above 65535": Case(["metrics.port=70000"], ["metrics.port must be a TCP port, 0..65535"]),
+    "metrics port negative": Case(["metrics.port=-1"], ["metrics.port must be >= 0"]),
+    "metrics port env not a number": Case([], ["env TRAINER_METRICS_PORT", "metrics.port: expected an integer"],
+                                          env={"TRAINER_METRICS_PORT": "abc"}),
+    "tracking experiment empty": Case(["tracking.enabled=true", "tracking.experiment= "],
+                                      ["tracking.experiment must not be empty"]),
+    "tracking URI unknown scheme": Case(["tracking.enabled=true", "tracking.uri=foo://x"],
+                                        ["tracking.uri 'foo://x' is not a tracking URI"]),
+    # ---- URIs and endpoints
+    "data URI scheme": Case(["data.uri=ftp://host/ds"], ["data.uri: unsupported URI 'ftp://host/ds'"]),
+    "data URI relative path": Case(["data.uri=datasets/web"], ["data.uri: unsupported URI 'datasets/web'"]),
+    "data URI without bucket": Case(["data.uri=s3:///ds"], ["data.uri: 's3:///ds' names no bucket"]),
+    "data endpoint not a URL": Case(["data.endpoint_url=minio:9000"], ["data.endpoint_url: expected an http(s)"]),
+    "endpoint env not a URL": Case([], ["env TRAINER_S3_ENDPOINT_URL: expected an http(s)"],
+                                   env={"TRAINER_S3_ENDPOINT_URL": "localhost"}),
+    "checkpoint URI scheme": Case(["checkpoint.remote_uri=https://bucket/ckpt"], ["checkpoint.remote_uri: unsupported"]),
+    "checkpoint endpoint port": Case(["checkpoint.endpoint_url=http://h:99999"], ["checkpoint.endpoint_url"]),
+    # ---- paths the trainer writes (found by the worker's preflight)
+    "run dir under a file": Case([], ["--run-dir", "not a writable directory"],
+                                 setup=lambda t, d, r: ["--run-dir", str(_file(t) / "run")]),
+    "run dir is a file": Case([], ["--run-dir", "not a writable directory"],
+                              setup=lambda t, d, r: ["--run-dir", str(_file(t))]),
+    "checkpoint dir under a file": Case([], ["checkpoint.local_dir", "not a writable directory"],
+                                        setup=lambda t, d, r: [f"checkpoint.local_dir={_file(t) / 'c'}"]),
+    "cache dir under a file": Case([], ["data.cache_dir", "not a writable directory"],
+                                   setup=lambda t, d, r: [f"data.cache_dir={_file(t) / 'c'}", f"data.uri={d['small']}"]),
+    # ---- the dataset
+    "dataset manifest missing": Case([], ["data.uri", "nothing-here/manifest.json"],
+                                     setup=lambda t, d, r: [f"data.uri={d['missing']}"]),
+    "dataset manifest malformed": Case([], ["data.uri", "manifest.json"],
+                                       setup=lambda t, d, r: [f"data.uri={d['bad']}"]),
+    "dataset unreachable": Case([], ["data.uri", "s3://data/ds/manifest.json"],
+                                env={"AWS_MAX_ATTEMPTS": "1", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"},
+                                setup=lambda t, d, r: ["data.uri=s3://data/ds",
+                                                       f"data.endpoint_url=http://127.0.0.1:{_closed_port()}"]),
+    "context longer than the data": Case(["model.context=1024", "train.global_batch_tokens=2048",
+                                          "train.micro_batch_size=1"],
+                                         ["model.context", "1025 tokens", "short/manifest.json"],
+                                         setup=lambda t, d, r: [f"data.uri={d['short']}"]),
+    "vocabulary smaller than the data's": Case(["model.vocab_size=100"],
+                                               ["model.vocab_size (100) is smaller than the vocabulary"]),
+    # ---- the checkpoint store
+    "checkpoint store unreachable": Case([], ["checkpoint.remote_uri: cannot list checkpoints", "s3://ckpt/run"],
+                                         env={"AWS_MAX_ATTEMPTS": "1", "AWS_ACCESS_KEY_ID": "x",
+                                              "AWS_SECRET_ACCESS_KEY": "x"},
+                                         setup=lambda t, d, r: ["checkpoint.remote_uri=s3://ckpt/run",
+                                                                f"checkpoint.endpoint_url=http://127.0.0.1:{_closed_port()}"]),
+    # ---- an existing checkpoint
+    "resume with another model shape": Case(["model.n_layer=3"],
+                                            ["n_layer=2", "n_layer=3", "model.n_layer differ", "step_000000002"],
+                                            setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
+    "resume with another dataset": Case([], ["was trained on dataset", "other", "manifest sha256"],
+                                        setup=lambda t, d, r: [f"data.uri={d['other']}"], resume=True),
+    "resume with another global batch": Case(["train.global_batch_tokens=768"],
+                                             ["train.global_batch_tokens=384", "train.global_batch_tokens=768"],
+                                             setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
+    "resume with another seed": Case(["train.seed=1"], ["train.seed=1234", "train.seed=1"],
+                                     setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
+}
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _snapshot(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """Every file with its size and modification time (directories' own times change with the probe files
+    the checks create and remove)."""
+    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_and_exit_2(name, tmp_path, data, trained):
+    case = CASES[name]
+    run_dir = tmp_path / "run"
+    if case.resume:
+        shutil.copytree(trained, run_dir)
+    args = ["--run-dir", str(run_dir), *BASE, *case.args]
+    if case.setup is not None:
+        args += case.setup(tmp_path, data, trained)
+    before = _snapshot(run_dir) if case.resume else None
+    proc = subprocess.run([sys.executable, "-m", "trainer", *args], cwd=ROOT, env=child_env(case.env),
+                          capture_output=True, text=True, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    for needle in case.needles:
+        assert needle in errors[0], errors[0]
+    if before is not None:
+        assert _snapshot(run_dir) == before  # config.json, checkpoints, metrics: untouched
+
+
+def test_diverging_run_stops_without_saving_the_diverged_step(tmp_path):
+    """An absurd learning rate: the loss turns non-finite; the trainer stops with exit 2 naming train.lr, the
+    bad step is not applied and nothing after it is saved, so the newest checkpoint is still finite."""
+    run_dir = tmp_path / "run"
+    overrides = [*SMALL, "train.steps=20", "train.lr=1e30", "train.min_lr=0", "train.warmup_steps=1",
+                 "train.grad_clip=0", "checkpoint.every_steps=1"]
+    res = run_trainer(run_dir, None, overrides)
+    assert res.returncode == 2, res.output[-3000:]
+    assert "Traceback" not in res.output
+    line = next(x for x in res.output.splitlines() if "error:" in x)
+    assert "non-finite loss" in line and "train.lr (now 1e+30)" in line
+    step = int(line.split("at step ")[1].split(":")[0])
+    from trainer.checkpoint import list_step_dirs, verify
+
+    saved = [int(p.name.split("_")[1]) for p in list_step_dirs(run_dir / "checkpoints")]
+    assert saved and max(saved) == step - 1
+    assert math.isfinite(verify(run_dir / "checkpoints" / f"step_{step - 1:09d}")["trainer"]["loss"])
+
+
+LAUNCHER_CASES = ["unknown key", "lr NaN", "metrics port env not a number", "data URI scheme",
+                  "tracking URI unknown scheme", "run dir under a file", "checkpoint dir under a file",
+                  "dataset manifest malformed", "context longer than the data"]
+
+
+@pytest.mark.parametrize("name", LAUNCHER_CASES)
+def test_the_launcher_refuses_the_same_inputs_before_torchrun(name, tmp_path, data, trained):
+    """gpu-train-launch's preflight finds these before starting torchrun (which is not even on PATH here)."""
+    case = CASES[name]
+    args = ["--run-dir", str(tmp_path / "run"), *BASE, *case.args]
+    if case.setup is not None:
+        args += case.setup(tmp_path, data, trained)
+    env = child_env({**case.env, "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run([sys.executable, "-m", "trainer.launch", "--nnodes=1:2", "--nproc-per-node=1",
+                           "--rdzv-endpoint=localhost:29400", "-m", "trainer", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "torchrun is not on PATH" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu-train-launch:"), proc.stderr
+    for needle in case.needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_a_shard_missing_mid_run_stops_every_rank_without_retries(tmp_path):
+    """Only the worker that reads the shard finds it missing: the step's all-reduce tells every rank, all of
+    them stop with the same line, and the launcher exits 2 although torchrun could restart twice."""
+    uri = _synth(tmp_path / "data", 200000, shard_tokens=20000)
+    (tmp_path / "data" / "shard-000003.bin").unlink()
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.launch", "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+         "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=2", "--monitor-interval=0.2", "-m", "trainer",
+         "--run-dir", str(tmp_path / "run"), *SMALL, "train.steps=30", f"data.uri={uri}"],
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "will restart worker group" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "error:" in line or "bad input" in line]
+    assert lines and all("shard-000003.bin" in line and "data.uri" in line for line in lines), lines
+    assert lines[-1].startswith("gpu-train-launch: bad input, not retried:")
+
+
+def test_a_storage_outage_mid_run_is_retryable_not_bad_input(tmp_path, failing_s3):
+    """One shard cannot be read (503) for longer than the data layer retries: a failure worth retrying (exit 1,
+    one line), not bad input."""
+    s3, proxy = failing_s3
+    _synth(tmp_path / "data", 200000, shard_tokens=20000)
+    client = s3.client()
+    for f in (tmp_path / "data").iterdir():
+        client.upload_file(str(f), s3.bucket, f"ds/{f.name}")
+    proxy.unavailable = {"shard-000003.bin"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--run-dir", str(tmp_path / "run"), *SMALL, "train.steps=30",
+         f"data.uri=s3://{s3.bucket}/ds", f"data.endpoint_url={proxy.endpoint}"],
+        cwd=ROOT, env=child_env({**s3.env, "AWS_MAX_ATTEMPTS": "1"}), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proxy.refused
+    assert "Traceback" not in proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if "failed (will be retried)" in x)
+    assert "shard-000003.bin" in line and "SlowDown" in line

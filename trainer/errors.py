@@ -1,0 +1,87 @@
+"""Exit codes of the trainer and its launcher, the errors that map to them, and how a worker stops retries.
+
+Usage:
+    from trainer.errors import BadInput, TrainingFailed, EXIT_BAD_INPUT
+    raise BadInput("train.lr must be a finite number (got nan)")   # -> one line on stderr, exit 2
+
+Exit codes (of `python -m trainer` and of the launcher `gpu-train-launch`, see docs/trainer.md):
+    0   EXIT_OK          every step of train.steps is done and the final checkpoint is saved
+    2   EXIT_BAD_INPUT   settings, dataset, run directory or checkpoint unusable; retrying cannot help
+    75  EXIT_RESUMABLE   stopped early (SIGTERM on this node or another one) after a final checkpoint;
+                         the next launch resumes (75 is EX_TEMPFAIL of sysexits.h: "try again later")
+    1   anything else    a failure worth retrying (lost peer, storage outage, ...)
+
+Why a worker kills its own agent on bad input: torchrun restarts the whole worker group after any worker
+failure until --max-restarts is used up, whatever the exit code (torch 2.13,
+torch/distributed/elastic/agent/server/api.py, SimpleElasticAgent._invoke_run), and it exits 1 itself
+afterwards. So under the launcher (which sets TRAINER_EXIT_FILE and TRAINER_LAUNCHER_PID) the first worker of
+a node that finds bad input writes its message to TRAINER_EXIT_FILE and SIGKILLs its torchrun agent before
+exiting: the agent never sees a failed worker, so it restarts nothing; the node's other workers die with it
+(they asked for SIGKILL on their parent's death, trainer.distributed.bind_to_agent); the launcher finds the
+file, prints the message and exits 2. Without the launcher (plain torchrun) the worker only exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_RESUMABLE = 75
+
+EXIT_FILE_ENV = "TRAINER_EXIT_FILE"
+LAUNCHER_PID_ENV = "TRAINER_LAUNCHER_PID"
+
+
+class BadInput(Exception):
+    """Input that no retry can fix; the message is one line and names the setting, file, URI or checkpoint."""
+
+
+class TrainingFailed(Exception):
+    """A failure worth retrying (a storage outage, the final checkpoint not saved); one line, exit 1."""
+
+
+def one_line(text: str) -> str:
+    """Messages end up in pod logs and alert texts: keep them on one line."""
+    return " ".join(str(text).split())
+
+
+def _parent_pid_of(pid: int) -> int | None:
+    """Parent of `pid` from /proc/PID/stat (field 4, after the parenthesised command name)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def stop_retries(message: str) -> bool:
+    """Record bad input for the launcher and stop this node's torchrun agent; True if this call did it.
+
+    Does nothing (returns False) unless this worker runs under a torchrun that the launcher started: the
+    agent is our parent and the launcher is the agent's parent. Only the first worker of a node to get here
+    writes the file (O_EXCL) and kills the agent; the others are killed with it.
+    """
+    path = os.environ.get(EXIT_FILE_ENV)
+    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    if not path or not launcher or not launcher.isdigit():
+        return False
+    agent = os.getppid()
+    if _parent_pid_of(agent) != int(launcher):
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    except OSError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(one_line(message) + "\n")
+    os.kill(agent, signal.SIGKILL)
+    return True

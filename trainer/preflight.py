@@ -1,0 +1,124 @@
+"""Checks of the trainer's inputs that turn a bad setting, path or dataset into one BadInput line naming it.
+
+Usage:
+    from trainer.preflight import check_inputs
+    ds = check_inputs(cfg, run_dir, world_sizes=[8, 16, 24, 32], local_world_size=8)   # BadInput on failure
+    ds.close()
+
+The launcher (trainer/launch.py) runs them once per node before torchrun starts, for every world size the
+job may run at; each worker runs them again for its own world size (a worker may be started without the
+launcher, and a setting may differ per node). They only read, except for a probe file created and removed
+in each directory that must be writable, so a refused launch leaves the run directory as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from trainer.config import MAX_PORT, Config, ConfigError, batch_layout
+from trainer.errors import BadInput
+
+
+def cache_dir_of(cfg: Config, run_dir: Path) -> Path:
+    return Path(cfg.data.cache_dir or run_dir / "cache")
+
+
+def checkpoint_dir_of(cfg: Config, run_dir: Path) -> Path:
+    return Path(cfg.checkpoint.local_dir or run_dir / "checkpoints")
+
+
+def check_writable_dir(path: Path, key: str) -> None:
+    """Create `path` if needed and prove a file can be written in it; BadInput naming `key` otherwise."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise BadInput(f"{key} {path}: not a writable directory ({exc.strerror or exc})") from exc
+
+
+def check_world_sizes(cfg: Config, world_sizes: Iterable[int]) -> None:
+    for world in world_sizes:
+        try:
+            batch_layout(cfg, world)
+        except ConfigError as exc:
+            raise ConfigError(f"at world size {world}: {exc}") from exc
+
+
+def check_metrics_port(cfg: Config, local_world_size: int) -> None:
+    """Each worker of a node serves metrics on metrics.port + LOCAL_RANK; the last one must be a valid port."""
+    port = cfg.metrics.port
+    if port and port + local_world_size - 1 > MAX_PORT:
+        raise ConfigError(
+            f"metrics.port {port} + {local_world_size - 1} (one port per worker of a node) is above {MAX_PORT}"
+        )
+
+
+def check_tracking(cfg: Config, run_dir: Path) -> None:
+    """The MLflow settings the tracker would refuse on rank 0 only (trainer/tracking.py, Tracker.create)."""
+    from trainer.tracking import resolve_tracking_uri
+
+    if not cfg.tracking.enabled:
+        return
+    if not cfg.tracking.experiment.strip():
+        raise ConfigError("tracking.experiment must not be empty")
+    try:
+        resolve_tracking_uri(cfg.tracking.uri, run_dir)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def open_checked_dataset(cfg: Config, run_dir: Path) -> Any:
+    """Open the dataset as the loop will, and check it against the model; BadInput naming the key."""
+    from trainer.data import DataError, open_dataset
+
+    cache_dir = cache_dir_of(cfg, run_dir)
+    if cfg.data.uri != "synthetic":
+        key = "data.cache_dir" if cfg.data.cache_dir else "data.cache_dir (default RUN_DIR/cache)"
+        check_writable_dir(cache_dir, key)
+    try:
+        ds = open_dataset(
+            cfg.data.uri, context=cfg.model.context, cache_dir=str(cache_dir),
+            cache_max_bytes=cfg.data.cache_max_bytes, prefetch_shards=cfg.data.prefetch_shards,
+            endpoint_url=cfg.data.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None,
+        )
+    except DataError as exc:
+        raise BadInput(f"data.uri: {exc}") from exc
+    except OSError as exc:
+        raise BadInput(f"data.uri {cfg.data.uri}: {exc.strerror or exc} ({getattr(exc, 'filename', '')})") from exc
+    try:
+        if ds.num_windows < 1:
+            raise ConfigError(
+                f"model.context ({cfg.model.context}) is longer than the data: dataset {ds.uri} holds no "
+                f"window of model.context + 1 = {cfg.model.context + 1} tokens; lower model.context"
+            )
+        ds_vocab = getattr(ds, "vocab_size", None)
+        if ds_vocab is not None and cfg.model.vocab_size < ds_vocab:
+            raise ConfigError(
+                f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the vocabulary of dataset "
+                f"{cfg.data.uri} ({ds_vocab}, from its manifest); set model.vocab_size >= {ds_vocab}"
+            )
+    except BaseException:
+        ds.close()
+        raise
+    return ds
+
+
+def check_inputs(cfg: Config, run_dir: Path, *, world_sizes: Iterable[int], local_world_size: int) -> Any:
+    """Everything checkable before training: batch layout, port range, tracking settings, writable directories,
+    the dataset.
+
+    Returns the open dataset (the caller closes it).
+    """
+    check_world_sizes(cfg, world_sizes)
+    check_metrics_port(cfg, local_world_size)
+    check_tracking(cfg, Path(run_dir))
+    check_writable_dir(Path(run_dir), "--run-dir")
+    check_writable_dir(checkpoint_dir_of(cfg, Path(run_dir)),
+                       "checkpoint.local_dir" if cfg.checkpoint.local_dir else "checkpoint.local_dir (RUN_DIR/checkpoints)")
+    return open_checked_dataset(cfg, Path(run_dir))
