@@ -1,11 +1,14 @@
-"""The trainer's data path: token shards in object storage -> local cache -> deterministic windows.
+"""The trainer's data path: token shards in object storage -> verified local bytes -> deterministic windows.
 
 Use::
 
     from trainer.data import open_dataset, GlobalSampler
-    ds = open_dataset(cfg.data.uri, context=T, cache_dir=..., cache_max_bytes=..., prefetch_shards=K)
-    sampler = GlobalSampler(ds.num_windows, global_batch=B, seed=S)
+    ds = open_dataset(cfg.data.uri, context=T, cache_dir=..., prefetch_shards=K)
+    sampler = GlobalSampler(ds.num_windows, global_batch=B, seed=S,
+                            shard_windows=ds.shard_windows, block_shards=4)
+    ds.fetch_ahead(sampler.upcoming_shards(step, 8))         # shards this and the next steps read
     xy = ds.batch(sampler.rank_slice(step, rank, world))     # x = xy[:, :-1], y = xy[:, 1:]
+    val = open_dataset(cfg.data.uri, context=T, split="val") # the held-out split, for trainer.evaluate
 
 ``python -m trainer.data --help`` prepares datasets (``prepare``, ``synth``) and checks them (``verify``).
 See docs/data.md.
@@ -19,18 +22,21 @@ import json
 from trainer.data.dataset import Dataset, MemorySource
 from trainer.data.errors import (
     DataError,
+    DatasetTooShortError,
     ManifestError,
     SamplerStateError,
     ShardError,
     ShardIntegrityError,
     ShardMissingError,
 )
-from trainer.data.sampler import GlobalSampler
-from trainer.data.synthetic import BYTE_EOT_ID, BYTE_VOCAB_SIZE, synthetic_shards
+from trainer.data.sampler import DEFAULT_BLOCK_SHARDS, GlobalSampler
+from trainer.data.synthetic import BYTE_EOT_ID, BYTE_VOCAB_SIZE, VAL_STREAM, synthetic_shards
 
 __all__ = [
+    "DEFAULT_BLOCK_SHARDS",
     "DataError",
     "Dataset",
+    "DatasetTooShortError",
     "GlobalSampler",
     "ManifestError",
     "SamplerStateError",
@@ -38,10 +44,12 @@ __all__ = [
     "ShardIntegrityError",
     "ShardMissingError",
     "open_dataset",
+    "open_tokenizer",
 ]
 
 SYNTHETIC = "synthetic"
 SYNTHETIC_TOKENS = 1 << 20
+SYNTHETIC_VAL_TOKENS = 1 << 16
 SYNTHETIC_SHARD_TOKENS = 1 << 18
 
 
@@ -55,15 +63,32 @@ def open_dataset(
     *,
     packing: bool = True,
     seed: int = 0,
+    split: str = "train",
+    read_mode: str = "auto",
+    verify: str = "seal",
+    cache_disk_fraction: float = 0.5,
+    memory_dir: str | None = None,
+    max_open_shards: int = 16,
+    endpoint_auth: str | None = None,
 ) -> Dataset:
     """Open a dataset by manifest URI (file://, s3://, gs://) or the in-memory ``"synthetic"`` one.
 
-    ``uri`` may name the manifest itself or the folder holding ``manifest.json``. ``cache_max_bytes``
-    None or 0 means no budget. ``packing=False`` keeps every window inside one document. ``seed`` only
-    changes the synthetic data.
+    ``uri`` may name the manifest itself or the folder holding ``manifest.json``. ``cache_dir`` None means
+    the shared per-user cache (``trainer.data.shards.default_cache_dir``). ``cache_max_bytes`` None or 0
+    derives the budget from the disk holding the cache (``cache_disk_fraction`` of it, see
+    ``trainer.data.cache.disk_budget``). ``packing=False`` keeps every window inside one document.
+    ``split`` is ``"train"`` or ``"val"`` (the held-out split written by ``prepare --val-fraction``).
+    ``read_mode`` and ``verify`` are described in ``trainer.data.shards`` and ``trainer.data.cache``;
+    ``endpoint_auth`` ("auto", "sigv4", "unsigned"; None: env TRAINER_S3_AUTH, else "auto") in
+    ``trainer.data.storage``.
+    ``seed`` only changes the synthetic data.
     """
     if uri == SYNTHETIC:
-        shards = synthetic_shards(SYNTHETIC_TOKENS, seed=seed, shard_tokens=SYNTHETIC_SHARD_TOKENS)
+        if split not in ("train", "val"):
+            raise DataError(f"dataset split must be one of train, val (got {split!r})")
+        tokens = SYNTHETIC_TOKENS if split == "train" else SYNTHETIC_VAL_TOKENS
+        stream = 0 if split == "train" else VAL_STREAM
+        shards = synthetic_shards(tokens, seed=seed, shard_tokens=SYNTHETIC_SHARD_TOKENS, stream=stream)
         ident = {"synthetic": {"tokens": SYNTHETIC_TOKENS, "seed": seed, "shard": SYNTHETIC_SHARD_TOKENS}}
         return Dataset(
             MemorySource([t for t, _ in shards], [d for _, d in shards]),
@@ -74,8 +99,10 @@ def open_dataset(
             eot_id=BYTE_EOT_ID,
             manifest_sha256=hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest(),
             prefetch_shards=prefetch_shards,
+            split=split,
         )
     from trainer.data.shards import open_sharded
+    from trainer.data.storage import StoreOptions
 
     return open_sharded(
         uri,
@@ -85,4 +112,26 @@ def open_dataset(
         prefetch_shards=prefetch_shards,
         endpoint_url=endpoint_url,
         packing=packing,
+        split=split,
+        read_mode=read_mode,
+        verify=verify,
+        cache_disk_fraction=cache_disk_fraction,
+        memory_dir=memory_dir,
+        max_open_shards=max_open_shards,
+        store_options=StoreOptions(auth=endpoint_auth) if endpoint_auth else None,
     )
+
+
+def open_tokenizer(uri: str, endpoint_url: str | None = None):  # -> trainer.data.tokenizer.Tokenizer
+    """The tokenizer a dataset was prepared with (byte-level for ``"synthetic"``), sha256-checked."""
+    from trainer.data.tokenizer import ByteTokenizer, load_tokenizer
+
+    if uri == SYNTHETIC:
+        return ByteTokenizer()
+    from trainer.data.shards import read_manifest, split_manifest_uri
+    from trainer.data.storage import open_store
+
+    root, key = split_manifest_uri(uri)
+    store = open_store(root, endpoint_url=endpoint_url)
+    manifest, _ = read_manifest(store, key)
+    return load_tokenizer(manifest, store)

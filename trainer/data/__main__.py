@@ -3,7 +3,11 @@
 Examples::
 
     python -m trainer.data prepare corpus/ --out s3://bucket/datasets/corpus --workers 8
+    python -m trainer.data prepare lib/ --include '*.py' --exclude 'site-packages/' --exclude 'test/' \\
+        --out file:///data/py --val-fraction 0.02
     python -m trainer.data prepare docs.jsonl --out gs://bucket/ds --tokenizer bpe --vocab-size 8192
+    python -m trainer.data prepare web.parquet --text-field content --tokenizer gpt2 \\
+        --tokenizer-file ~/gpt2 --out s3://bucket/web
     python -m trainer.data synth --out file:///tmp/synth --tokens 1048576
     python -m trainer.data verify s3://bucket/datasets/corpus --cache-dir /nvme/cache
 
@@ -27,6 +31,99 @@ def _positive(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1) (got {value})")
+    return value
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    from trainer.data.prepare import DEFAULT_EXCLUDES, DEFAULT_SHARD_TOKENS, PrepareStats, prepare
+
+    stats = PrepareStats()
+    t0 = time.perf_counter()
+    m = prepare(
+        args.inputs,
+        args.out,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        tokenizer_file=args.tokenizer_file,
+        shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
+        workers=args.workers,
+        endpoint_url=args.endpoint_url,
+        include=args.include,
+        exclude=[*([] if args.no_default_excludes else DEFAULT_EXCLUDES), *args.exclude],
+        skip_binary=not args.keep_binary,
+        text_field=args.text_field,
+        val_fraction=args.val_fraction,
+        force=args.force,
+        stats=stats,
+    )
+    dt = time.perf_counter() - t0
+    tok = m.tokenizer.kind + (f" {m.tokenizer.name}" if m.tokenizer.name else "")
+    print(
+        f"{'up to date' if stats.reused else 'wrote'}: "
+        f"{len(m.shards)} shards, {m.total_tokens} tokens, {m.num_documents} documents; "
+        f"val {len(m.val_shards)} shards, {m.val_tokens} tokens, {m.val_documents} documents "
+        f"({tok}, vocab {m.tokenizer.vocab_size}, {m.dtype}) from {stats.files} files "
+        f"({stats.excluded} paths excluded, {stats.skipped_binary} binary skipped) to {args.out} in {dt:.1f}s"
+    )
+
+
+def _verify(args: argparse.Namespace) -> int:
+    """Hash every shard: the cached copies in --cache-dir (dropping bad ones), else the store's bytes."""
+    from trainer.data.cache import CacheRef, SealBook, ShardCache
+    from trainer.data.shards import DirectShardSource, read_manifest, split_manifest_uri
+    from trainer.data.storage import FileStore, open_store
+
+    root, key = split_manifest_uri(args.uri)
+    store = open_store(root, endpoint_url=args.endpoint_url)
+    manifest, digest = read_manifest(store, key)
+    shards = (*manifest.shards, *manifest.val_shards)
+    refs = [CacheRef(r.file, r.bytes, r.sha256) for s in shards for r in (s.data, s.index) if r.bytes]
+    problems: list[str] = []
+    t0 = time.perf_counter()
+    downloaded = 0
+    if isinstance(store, FileStore) and not args.cache_dir:
+        with tempfile.TemporaryDirectory(prefix="gpu-train-verify-") as tmp:
+            direct = DirectShardSource(store, shards, manifest.np_dtype, SealBook(tmp), verify="full")
+            for ref in refs:
+                try:
+                    direct.prove(ref.key, ref.size, ref.sha256)
+                except DataError as exc:
+                    problems.append(str(exc))
+    else:
+        with tempfile.TemporaryDirectory(prefix="gpu-train-verify-") as tmp:
+            cache = ShardCache(args.cache_dir or tmp)
+            for ref in refs:
+                if cache.check(ref) == "corrupt":
+                    problems.append(
+                        f"shard {ref.key}: the cached copy in {cache.path_of(ref)} did not match its sha256 "
+                        f"{ref.sha256}: dropped it"
+                    )
+                try:
+                    cache.fetch(store, ref)
+                except DataError as exc:
+                    problems.append(str(exc))
+            downloaded = cache.stats.bytes_downloaded
+    dt = time.perf_counter() - t0
+    for line in problems:
+        print(f"error: {line}", file=sys.stderr)
+    if problems:
+        print(
+            f"error: {store.url_of(key)}: {len(problems)} of {len(refs)} files failed verification",
+            file=sys.stderr,
+        )
+        return 2
+    print(
+        f"ok: {store.url_of(key)} sha256 {digest}: {len(manifest.shards)} train + {len(manifest.val_shards)} val "
+        f"shards, {manifest.total_tokens + manifest.val_tokens} tokens verified "
+        f"({downloaded / 1e6:.1f} MB downloaded, {dt:.1f}s)"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer.data", description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -35,72 +132,89 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("prepare", help="tokenize text files into shards and upload them")
-    p.add_argument("inputs", nargs="+", help="text files, .jsonl files ('text' field) or directories")
+    p.add_argument("inputs", nargs="+", help="files or directories: text, .jsonl(.gz), .parquet")
     p.add_argument("--out", required=True, help="destination URI: file:///abs, s3://bucket/prefix, gs://...")
-    p.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte")
+    p.add_argument(
+        "--tokenizer",
+        choices=("byte", "bpe", "gpt2"),
+        default="byte",
+        help="byte (257 ids), bpe (trained on the input), gpt2 (GPT-2's 50,257-token BPE)",
+    )
+    p.add_argument(
+        "--tokenizer-file",
+        default=None,
+        help="gpt2: folder with vocab.json + merges.txt (or encoder.json + vocab.bpe), or tokenizer.json",
+    )
     p.add_argument("--vocab-size", type=_positive, default=None, help="BPE vocabulary size (with EOT)")
     p.add_argument("--shard-tokens", type=_positive, default=None, help="tokens per shard (default 64 Mi)")
     p.add_argument("--workers", type=_positive, default=None, help="tokenizer processes (default: CPUs)")
+    p.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="only files matching this gitignore-style pattern (repeatable)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="skip files matching this gitignore-style pattern (repeatable)",
+    )
+    p.add_argument(
+        "--no-default-excludes", action="store_true", help="do not skip __pycache__/, *.pyc, *.pyo"
+    )
+    p.add_argument(
+        "--keep-binary", action="store_true", help="do not skip files with a NUL byte in their head"
+    )
+    p.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text")
+    p.add_argument(
+        "--val-fraction",
+        type=_fraction,
+        default=None,
+        help="share of documents held out as the validation split (default 0.01)",
+    )
+    p.add_argument("--force", action="store_true", help="redo it even if --out holds the same dataset")
 
     s = sub.add_parser("synth", help="write the synthetic learnable byte-level dataset")
     s.add_argument("--out", required=True)
     s.add_argument("--tokens", type=_positive, default=1 << 20)
+    s.add_argument("--val-tokens", type=int, default=1 << 16, help="tokens in the val split (0: none)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--shard-tokens", type=_positive, default=1 << 18)
 
-    v = sub.add_parser("verify", help="download every shard through a cache and check size + sha256")
+    v = sub.add_parser(
+        "verify", help="hash every shard (cached copies and/or the store's) against the manifest"
+    )
     v.add_argument("uri", help="manifest URI or its folder")
-    v.add_argument("--cache-dir", default=None, help="cache to fill (default: a temporary one)")
+    v.add_argument(
+        "--cache-dir",
+        default=None,
+        help="hash the copies in this shard cache (dropping bad ones) and fill in missing ones",
+    )
 
     args = ap.parse_args(argv)
     try:
         if args.cmd == "prepare":
-            from trainer.data.prepare import DEFAULT_SHARD_TOKENS, prepare
+            from trainer.data.prepare import DEFAULT_VAL_FRACTION
 
-            t0 = time.perf_counter()
-            m = prepare(
-                args.inputs,
-                args.out,
-                tokenizer=args.tokenizer,
-                vocab_size=args.vocab_size,
-                shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
-                workers=args.workers,
-                endpoint_url=args.endpoint_url,
-            )
-            dt = time.perf_counter() - t0
-            print(
-                f"wrote {len(m.shards)} shards, {m.total_tokens} tokens, {m.num_documents} documents "
-                f"({m.tokenizer.kind}, vocab {m.tokenizer.vocab_size}, {m.dtype}) to {args.out} in {dt:.1f}s"
-            )
+            if args.val_fraction is None:
+                args.val_fraction = DEFAULT_VAL_FRACTION
+            _prepare(args)
         elif args.cmd == "synth":
             from trainer.data.prepare import synth
 
             m = synth(
                 args.out, tokens=args.tokens, seed=args.seed, shard_tokens=args.shard_tokens,
-                endpoint_url=args.endpoint_url,
+                val_tokens=max(0, args.val_tokens), endpoint_url=args.endpoint_url,
             )  # fmt: skip
-            print(f"wrote {len(m.shards)} shards, {m.total_tokens} synthetic tokens to {args.out}")
-        else:
-            from trainer.data.cache import CacheRef, ShardCache
-            from trainer.data.shards import read_manifest, split_manifest_uri
-            from trainer.data.storage import open_store
-
-            root, key = split_manifest_uri(args.uri)
-            store = open_store(root, endpoint_url=args.endpoint_url)
-            manifest, digest = read_manifest(store, key)
-            with tempfile.TemporaryDirectory(prefix="gpu-train-verify-") as tmp:
-                cache = ShardCache(args.cache_dir or tmp)
-                t0 = time.perf_counter()
-                for shard in manifest.shards:
-                    for ref in (shard.data, shard.index):
-                        if ref.bytes:
-                            cache.fetch(store, CacheRef(ref.file, ref.bytes, ref.sha256))
-                dt = time.perf_counter() - t0
             print(
-                f"ok: {store.url_of(key)} sha256 {digest}: {len(manifest.shards)} shards, "
-                f"{manifest.total_tokens} tokens verified ({cache.stats.bytes_downloaded / 1e6:.1f} MB "
-                f"downloaded, {cache.stats.hits} cache hits, {dt:.1f}s)"
+                f"wrote {len(m.shards)} shards, {m.total_tokens} synthetic tokens "
+                f"(+ {m.val_tokens} val) to {args.out}"
             )
+        else:
+            return _verify(args)
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,8 @@ Use::
     w = ds.window(i)            # int64 array (context+1,): x = w[:-1], y = w[1:]
     xy = ds.batch([i, j, k])    # int64 array (3, context+1)
     ds.prefetch(upcoming)       # background download of the shards those windows live in
+    ds.fetch_ahead([7, 2, 9])   # background download of these shards, in this order
+    ds.shard_windows            # windows per shard: what GlobalSampler's block shuffle needs
     ds.close()
 
 Window ``i`` is a pair (shard, offset). Packed (default): documents are concatenated with an EOT token
@@ -25,6 +27,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from trainer.data.errors import DataError, DatasetTooShortError
+
 if TYPE_CHECKING:
     from trainer.data.cache import ShardCache
     from trainer.data.manifest import Manifest
@@ -40,6 +44,8 @@ class ShardSource(Protocol):
     def doc_starts(self, shard: int) -> np.ndarray: ...
 
     def prefetch(self, shards: Sequence[int]) -> None: ...
+
+    def fetch_ahead(self, shards: Sequence[int]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -60,10 +66,14 @@ class Dataset:
         prefetch_shards: int,
         manifest: Manifest | None = None,
         cache: ShardCache | None = None,
+        split: str = "train",
+        read_mode: str = "memory",
     ) -> None:
         if context < 1:
-            raise ValueError(f"context must be >= 1 (got {context})")
+            raise DataError(f"context must be >= 1 (got {context})")
         self.uri = uri
+        self.split = split
+        self.read_mode = read_mode  # "direct", "disk", "memory" (see trainer.data.shards)
         self.context = context
         self.packing = packing
         self.vocab_size = vocab_size
@@ -86,6 +96,14 @@ class Dataset:
         self._cum = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(np.asarray(counts, dtype=np.int64), out=self._cum[1:])
         self._closed = False
+        if self.num_windows == 0:
+            longest = max(source.shard_tokens, default=0)
+            raise DatasetTooShortError(
+                f"dataset {uri} ({split} split): no window of context + 1 = {context + 1} tokens fits "
+                f"(its longest shard has {longest} tokens"
+                + ("" if packing else "; with packing off a window must also fit inside one document")
+                + "): use a shorter model.context or more data"
+            )
 
     @property
     def num_windows(self) -> int:
@@ -94,6 +112,11 @@ class Dataset:
     @property
     def num_shards(self) -> int:
         return len(self._cum) - 1
+
+    @property
+    def shard_windows(self) -> np.ndarray:
+        """Windows in each shard, in shard order (sums to ``num_windows``)."""
+        return np.diff(self._cum)
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard, token offset) of window ``i``."""
@@ -129,6 +152,18 @@ class Dataset:
         if self.prefetch_shards <= 0 or self._closed:
             return
         self._source.prefetch(self.shards_of(indices)[: self.prefetch_shards])
+
+    def fetch_ahead(self, shards: Sequence[int]) -> None:
+        """Hint: these shards are read next, in this order (``GlobalSampler.upcoming_shards``).
+
+        Shards not open or on their way yet are fetched in the background, ``prefetch_shards`` at a time.
+        """
+        if self._closed:
+            return
+        bad = [s for s in shards if not 0 <= int(s) < self.num_shards]
+        if bad:
+            raise IndexError(f"shards {bad} out of range [0, {self.num_shards}) of {self.uri}")
+        self._source.fetch_ahead([int(s) for s in shards])
 
     def close(self) -> None:
         if not self._closed:
@@ -175,6 +210,10 @@ class MemorySource:
         return self._starts[shard]
 
     def prefetch(self, shards: Sequence[int]) -> None:
+        """Nothing to fetch: every shard is already in memory."""
+        return None
+
+    def fetch_ahead(self, shards: Sequence[int]) -> None:
         """Nothing to fetch: every shard is already in memory."""
         return None
 

@@ -32,5 +32,9 @@ class ShardIntegrityError(ShardError):
     """A downloaded shard has the wrong size or sha256; it is deleted, never cached."""
 
 
+class DatasetTooShortError(DataError):
+    """No window of ``context + 1`` tokens fits in the dataset (or split)."""
+
+
 class SamplerStateError(DataError):
     """A sampler state_dict does not fit this dataset / batch / seed."""

@@ -10,14 +10,19 @@ Layout (format version 1)::
 
     {"format": "gpu-train-token-shards", "version": 1,
      "tokenizer": {"kind": "byte"|"bpe", "vocab_size": 257, "eot_id": 256,
-                   "file": "tokenizer.json", "sha256": "..."},          # file/sha256 for bpe only
+                   "name": "gpt2"|"trained",                             # bpe only, informative
+                   "file": "tokenizer.json", "sha256": "...", "bytes": n}, # file/sha256 for bpe only
      "dtype": "uint16"|"uint32", "total_tokens": N, "num_documents": D,
      "shards": [{"file": "shard-000000.bin", "tokens": n, "bytes": n*itemsize, "sha256": "...",
                  "documents": d,
-                 "index": {"file": "shard-000000.idx", "bytes": 8*d, "sha256": "..."}}]}
+                 "index": {"file": "shard-000000.idx", "bytes": 8*d, "sha256": "..."}}],
+     "val": {"fraction": 0.01, "shards": [...]},          # optional held-out split, same shard objects
+     "source": {"fingerprint": "...", ...}}                 # optional: what prepare read, to skip redoing it
 
 A shard is the raw little-endian token array. Its ``.idx`` file holds the start offset (uint64, little
-endian) of every document that begins in the shard; only non-packed reading needs it.
+endian) of every document that begins in the shard; only non-packed reading needs it. ``val`` and
+``source`` are optional additions to version 1: a reader that does not know them still reads the
+training split correctly.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class TokenizerInfo:
     vocab_size: int
     eot_id: int
     file: FileRef | None = None  # the tokenizers JSON, bpe only
+    name: str = ""  # bpe only: "gpt2" (GPT-2's vocabulary) or "trained" (learned from the input)
 
 
 @dataclass(frozen=True)
@@ -73,11 +79,23 @@ class ShardInfo:
         return self.data.file
 
 
+SPLITS = ("train", "val")
+
+
 @dataclass(frozen=True)
 class Manifest:
     tokenizer: TokenizerInfo
     dtype: str
     shards: tuple[ShardInfo, ...]
+    val_shards: tuple[ShardInfo, ...] = ()
+    val_fraction: float = 0.0
+    source: dict[str, Any] | None = None
+
+    def split(self, name: str) -> tuple[ShardInfo, ...]:
+        """Shards of split ``name`` ("train" or "val")."""
+        if name not in SPLITS:
+            raise ManifestError(f"unknown split {name!r}: a dataset has splits {', '.join(SPLITS)}")
+        return self.shards if name == "train" else self.val_shards
 
     @property
     def total_tokens(self) -> int:
@@ -86,6 +104,14 @@ class Manifest:
     @property
     def num_documents(self) -> int:
         return sum(s.documents for s in self.shards)
+
+    @property
+    def val_tokens(self) -> int:
+        return sum(s.tokens for s in self.val_shards)
+
+    @property
+    def val_documents(self) -> int:
+        return sum(s.documents for s in self.val_shards)
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -97,18 +123,15 @@ class Manifest:
             "vocab_size": self.tokenizer.vocab_size,
             "eot_id": self.tokenizer.eot_id,
         }
+        if self.tokenizer.name:
+            tok["name"] = self.tokenizer.name
         if self.tokenizer.file is not None:
             tok["file"] = self.tokenizer.file.file
             tok["sha256"] = self.tokenizer.file.sha256
             tok["bytes"] = self.tokenizer.file.bytes
-        return {
-            "format": FORMAT,
-            "version": VERSION,
-            "tokenizer": tok,
-            "dtype": self.dtype,
-            "total_tokens": self.total_tokens,
-            "num_documents": self.num_documents,
-            "shards": [
+
+        def shard_docs(shards: tuple[ShardInfo, ...]) -> list[dict[str, Any]]:
+            return [
                 {
                     "file": s.data.file,
                     "tokens": s.tokens,
@@ -117,9 +140,28 @@ class Manifest:
                     "documents": s.documents,
                     "index": {"file": s.index.file, "bytes": s.index.bytes, "sha256": s.index.sha256},
                 }
-                for s in self.shards
-            ],
+                for s in shards
+            ]
+
+        doc: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "tokenizer": tok,
+            "dtype": self.dtype,
+            "total_tokens": self.total_tokens,
+            "num_documents": self.num_documents,
+            "shards": shard_docs(self.shards),
         }
+        if self.val_shards or self.val_fraction:
+            doc["val"] = {
+                "fraction": self.val_fraction,
+                "total_tokens": self.val_tokens,
+                "num_documents": self.val_documents,
+                "shards": shard_docs(self.val_shards),
+            }
+        if self.source is not None:
+            doc["source"] = self.source
+        return doc
 
     def to_json(self) -> bytes:
         return (json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n").encode()
@@ -149,51 +191,74 @@ class Manifest:
         if not 0 <= eot < vocab:
             raise ManifestError(f"{uri}: key 'tokenizer.eot_id' ({eot}) must be in [0, vocab_size={vocab})")
         tok_file = None
+        tok_name = ""
         if kind == "bpe":
             tok_file = FileRef(
                 p.name(tok_doc, "tokenizer", "file"),
                 p.field(tok_doc, "tokenizer", "bytes", int) if "bytes" in tok_doc else -1,
                 p.sha(tok_doc, "tokenizer", "sha256"),
             )
+            tok_name = p.field(tok_doc, "tokenizer", "name", str) if "name" in tok_doc else ""
         dtype = p.field(root, "", "dtype", str)
         if dtype not in DTYPES:
             raise ManifestError(f"{uri}: key 'dtype' must be one of {sorted(DTYPES)} (got {dtype!r})")
         if dtype != dtype_for_vocab(vocab) and dtype == "uint16":
             raise ManifestError(f"{uri}: key 'dtype' uint16 cannot hold vocab_size {vocab}")
         itemsize = DTYPES[dtype].itemsize
-        shard_docs = p.field(root, "", "shards", list)
-        if not shard_docs:
-            raise ManifestError(f"{uri}: key 'shards' is empty")
-        shards = []
         names: set[str] = set()
-        for i, raw_shard in enumerate(shard_docs):
-            where = f"shards[{i}]"
-            sd = p.obj(raw_shard, where)
-            tokens = p.positive(sd, where, "tokens")
-            data = FileRef(
-                p.name(sd, where, "file"), p.positive(sd, where, "bytes"), p.sha(sd, where, "sha256")
-            )
-            if data.bytes != tokens * itemsize:
-                raise ManifestError(
-                    f"{uri}: key '{where}.bytes' ({data.bytes}) != tokens ({tokens}) x {itemsize} ({dtype})"
+
+        def read_shards(docs: list[Any], prefix: str) -> tuple[ShardInfo, ...]:
+            shards = []
+            for i, raw_shard in enumerate(docs):
+                where = f"{prefix}[{i}]"
+                sd = p.obj(raw_shard, where)
+                tokens = p.positive(sd, where, "tokens")
+                data = FileRef(
+                    p.name(sd, where, "file"), p.positive(sd, where, "bytes"), p.sha(sd, where, "sha256")
                 )
-            documents = p.field(sd, where, "documents", int)
-            idx_doc = p.obj(p.field(sd, where, "index", dict), f"{where}.index")
-            index = FileRef(
-                p.name(idx_doc, f"{where}.index", "file"),
-                p.field(idx_doc, f"{where}.index", "bytes", int),
-                p.sha(idx_doc, f"{where}.index", "sha256"),
-            )
-            if documents < 0 or index.bytes != 8 * documents:
-                raise ManifestError(
-                    f"{uri}: key '{where}.index.bytes' ({index.bytes}) must be 8 x documents ({documents})"
+                if data.bytes != tokens * itemsize:
+                    raise ManifestError(
+                        f"{uri}: key '{where}.bytes' ({data.bytes}) != tokens ({tokens}) x {itemsize} ({dtype})"
+                    )
+                documents = p.field(sd, where, "documents", int)
+                idx_doc = p.obj(p.field(sd, where, "index", dict), f"{where}.index")
+                index = FileRef(
+                    p.name(idx_doc, f"{where}.index", "file"),
+                    p.field(idx_doc, f"{where}.index", "bytes", int),
+                    p.sha(idx_doc, f"{where}.index", "sha256"),
                 )
-            for name in (data.file, index.file):
-                if name in names:
-                    raise ManifestError(f"{uri}: key '{where}' reuses file name {name!r}")
-                names.add(name)
-            shards.append(ShardInfo(data=data, tokens=tokens, documents=documents, index=index))
-        return cls(tokenizer=TokenizerInfo(kind, vocab, eot, tok_file), dtype=dtype, shards=tuple(shards))
+                if documents < 0 or index.bytes != 8 * documents:
+                    raise ManifestError(
+                        f"{uri}: key '{where}.index.bytes' ({index.bytes}) must be 8 x documents ({documents})"
+                    )
+                for name in (data.file, index.file):
+                    if name in names:
+                        raise ManifestError(f"{uri}: key '{where}' reuses file name {name!r}")
+                    names.add(name)
+                shards.append(ShardInfo(data=data, tokens=tokens, documents=documents, index=index))
+            return tuple(shards)
+
+        shards = read_shards(p.field(root, "", "shards", list), "shards")
+        if not shards:
+            raise ManifestError(f"{uri}: key 'shards' is empty")
+        val_shards: tuple[ShardInfo, ...] = ()
+        val_fraction = 0.0
+        if "val" in root:
+            val_doc = p.obj(root["val"], "val")
+            val_shards = read_shards(p.field(val_doc, "val", "shards", list), "val.shards")
+            fraction = p.number(val_doc, "val", "fraction") if "fraction" in val_doc else 0.0
+            if not 0 <= fraction < 1:
+                raise ManifestError(f"{uri}: key 'val.fraction' must be in [0, 1) (got {fraction})")
+            val_fraction = fraction
+        source = p.obj(root["source"], "source") if "source" in root else None
+        return cls(
+            tokenizer=TokenizerInfo(kind, vocab, eot, tok_file, tok_name),
+            dtype=dtype,
+            shards=shards,
+            val_shards=val_shards,
+            val_fraction=val_fraction,
+            source=source,
+        )
 
 
 class _Reader:
@@ -219,6 +284,14 @@ class _Reader:
                 f"{self.uri}: key '{full}' must be {typ.__name__} (got {type(value).__name__} {value!r})"
             )
         return value
+
+    def number(self, obj: dict[str, Any], where: str, key: str) -> float:
+        value = obj[key]
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ManifestError(
+                f"{self.uri}: key '{where}.{key}' must be a number (got {type(value).__name__} {value!r})"
+            )
+        return float(value)
 
     def positive(self, obj: dict[str, Any], where: str, key: str) -> int:
         value = self.field(obj, where, key, int)

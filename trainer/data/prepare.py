@@ -3,92 +3,311 @@
 Use::
 
     python -m trainer.data prepare corpus/ --out s3://bucket/datasets/corpus --workers 8
-    python -m trainer.data prepare a.txt b.jsonl --out file:///data/ds --tokenizer bpe --vocab-size 8192
+    python -m trainer.data prepare src/ --include '*.py' --exclude 'site-packages/' --out file:///data/py
+    python -m trainer.data prepare web.parquet --text-field content --tokenizer gpt2 \\
+        --tokenizer-file ~/gpt2 --out gs://bucket/web
     python -m trainer.data synth --out file:///tmp/synth --tokens 1048576 --seed 0
 
-Every input file is one document, except ``.jsonl`` files, where each line's ``"text"`` field is one.
-Files are tokenized in parallel worker processes (``multiprocessing``, ordered results, so the output is
-the same for any worker count), packed into shards (``trainer.data.pack``), written to a local staging
-folder, hashed, and uploaded; ``manifest.json`` goes up last so a reader never sees a half-written dataset.
+Inputs: files and directories (walked recursively, hidden files and ``DEFAULT_EXCLUDES`` skipped,
+``--include`` / ``--exclude`` gitignore-style patterns matched against the path below the directory,
+binary files skipped as git does: a NUL byte in the first 8000 bytes). Formats by suffix: ``.jsonl``
+(``.jsonl.gz``): one document per line, its ``--text-field``; ``.parquet``: one document per row of the
+``--text-field`` column, read row group by row group; anything else is plain text, one document per file
+(a file over 64 MiB is cut at line breaks into documents of at most 64 MiB).
+
+Work is split into tasks (a text file, a 32 MiB slice of a JSONL file, a Parquet row group), read and
+tokenized by ``--workers`` threads (see ``_encoded`` for why threads) and consumed in task order, so the
+output is byte-identical for any worker count. Each document goes to the training split or, with probability
+``--val-fraction`` decided by a hash of its bytes, to the held-out validation split (deterministic, and a
+document repeated in the corpus lands in the same split every time). Shards are staged locally, hashed
+and uploaded while tokenizing continues; ``manifest.json`` goes up last so a reader never sees a
+half-written dataset. The manifest records a fingerprint of the inputs and settings: running the same
+``prepare`` again finds it and returns at once (``--force`` redoes it).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import itertools
 import json
-import multiprocessing as mp
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from trainer.data.errors import DataError
+from trainer.data.errors import DataError, ManifestError
 from trainer.data.manifest import MANIFEST_NAME, FileRef, Manifest, ShardInfo, TokenizerInfo, dtype_for_vocab
-from trainer.data.pack import pack_documents
-from trainer.data.storage import Store, open_store
-from trainer.data.synthetic import synthetic_shards
-from trainer.data.tokenizer import TOKENIZER_FILE, BpeTokenizer, ByteTokenizer, Tokenizer, train_bpe
+from trainer.data.pack import Packer, Shard
+from trainer.data.storage import StorageError, Store, open_store
+from trainer.data.synthetic import VAL_STREAM, synthetic_shards
+from trainer.data.tokenizer import (
+    TOKENIZER_FILE,
+    ByteTokenizer,
+    Tokenizer,
+    load_gpt2,
+    train_bpe,
+)
 
 DEFAULT_SHARD_TOKENS = 1 << 26  # 64 Mi tokens: 128 MiB uint16 shards, large enough for full-speed GETs
+DEFAULT_VAL_FRACTION = 0.01
+DEFAULT_EXCLUDES = ("__pycache__/", "*.pyc", "*.pyo")
+TEXT_PIECE_BYTES = 64 << 20
+JSONL_PART_BYTES = 32 << 20
+BINARY_SNIFF_BYTES = 8000  # git's heuristic: a NUL byte in the first 8000 bytes means binary
+BPE_TRAIN_BYTES = 1 << 30  # a trained BPE learns from the first GiB of text
+TOKENIZERS = ("byte", "bpe", "gpt2")
+_VAL_SALT = b"gpu-train:val:"
 
 
-def collect_files(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Input files, directories expanded recursively (hidden files skipped), in a stable sorted order."""
-    files: list[Path] = []
+@dataclass(frozen=True)
+class InputFile:
+    path: Path
+    rel: str  # path below the directory it was found in (the file name for a file given directly)
+    fmt: str  # "text", "jsonl" or "parquet"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of parallel work: a byte range of a text/JSONL file or a range of Parquet row groups."""
+
+    path: str
+    fmt: str
+    start: int
+    end: int
+
+
+@dataclass
+class PrepareStats:
+    files: int = 0
+    skipped_binary: int = 0
+    excluded: int = 0
+    documents: dict[str, int] = field(default_factory=lambda: {"train": 0, "val": 0})
+    reused: bool = False  # --out already held this dataset (same inputs and settings)
+
+
+def format_of(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz")):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    return "text"
+
+
+def _spec(patterns: Sequence[str]) -> Any:
+    import pathspec
+
+    return pathspec.PathSpec.from_lines("gitignore", patterns) if patterns else None
+
+
+def collect_files(
+    inputs: Iterable[str | os.PathLike[str]],
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = DEFAULT_EXCLUDES,
+    stats: PrepareStats | None = None,
+) -> list[InputFile]:
+    """Input files in a stable order: each input in turn, a directory's files sorted by relative path.
+
+    In a directory, hidden files are skipped, a file must match one ``include`` pattern (if any) and no
+    ``exclude`` pattern (gitignore syntax, matched against the path below the directory). A file named
+    directly is always taken.
+    """
+    inc, exc = _spec(include), _spec(exclude)
+    files: list[InputFile] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            files.extend(
-                sorted(
-                    f
-                    for f in p.rglob("*")
-                    if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-                )
-            )
+            found = []
+            for dirpath, dirnames, filenames in os.walk(p):
+                base = Path(dirpath).relative_to(p).as_posix()
+                prefix = "" if base == "." else base + "/"
+                # Prune hidden and excluded directories instead of walking them (site-packages is big).
+                keep = []
+                for d in dirnames:
+                    if d.startswith("."):
+                        continue
+                    if exc is not None and exc.match_file(f"{prefix}{d}/"):
+                        if stats is not None:
+                            stats.excluded += 1
+                        continue
+                    keep.append(d)
+                dirnames[:] = keep
+                for name in filenames:
+                    rel = prefix + name
+                    f = Path(dirpath) / name
+                    if name.startswith(".") or not f.is_file():
+                        continue
+                    if (inc is not None and not inc.match_file(rel)) or (
+                        exc is not None and exc.match_file(rel)
+                    ):
+                        if stats is not None:
+                            stats.excluded += 1
+                        continue
+                    found.append(InputFile(f, rel, format_of(f)))
+            files.extend(sorted(found, key=lambda x: x.rel))
         elif p.is_file():
-            files.append(p)
+            files.append(InputFile(p, p.name, format_of(p)))
         else:
             raise DataError(f"input {p} does not exist")
     if not files:
-        raise DataError(f"no input files found in {[str(i) for i in inputs]}")
+        raise DataError(f"no input files found in {[str(i) for i in inputs]} (check --include / --exclude)")
     return files
 
 
-def read_documents(path: Path) -> list[bytes]:
-    """One document per file, or one per line (its "text" field) for .jsonl."""
-    raw = path.read_bytes()
-    if path.suffix != ".jsonl":
-        return [raw]
-    docs = []
-    for n, line in enumerate(raw.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            text = json.loads(line)["text"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise DataError(f"{path}:{n}: expected a JSON object with a string 'text' field ({exc})") from exc
-        if not isinstance(text, str):
-            raise DataError(f"{path}:{n}: 'text' must be a string")
-        docs.append(text.encode("utf-8"))
-    return docs
+def _is_binary(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return b"\0" in f.read(BINARY_SNIFF_BYTES)
 
 
-_worker_tok: Tokenizer | None = None
+def _line_ranges(path: Path, size: int, part: int) -> list[tuple[int, int]]:
+    """Byte ranges of about ``part`` bytes that start and end at line breaks."""
+    ranges, lo = [], 0
+    with open(path, "rb") as f:
+        while lo < size:
+            hi = lo + part
+            if hi >= size:
+                ranges.append((lo, size))
+                break
+            f.seek(hi)
+            f.readline()  # move to the end of the line that straddles the cut
+            hi = min(f.tell(), size)
+            ranges.append((lo, hi))
+            lo = hi
+    return ranges
 
 
-def _init_worker(kind: str, tok_json: str) -> None:
-    global _worker_tok
-    _worker_tok = ByteTokenizer() if kind == "byte" else BpeTokenizer.from_json(tok_json)
+def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareStats) -> list[Task]:
+    tasks: list[Task] = []
+    for f in files:
+        stats.files += 1
+        size = f.path.stat().st_size
+        if f.fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            try:
+                groups = pq.ParquetFile(f.path).metadata.num_row_groups
+            except (OSError, pa.ArrowException) as exc:
+                raise DataError(f"{f.path}: not a readable Parquet file ({exc})") from exc
+            tasks += [Task(str(f.path), "parquet", g, g + 1) for g in range(groups)]
+        elif f.fmt == "jsonl":
+            if f.path.name.lower().endswith(".gz"):
+                tasks.append(Task(str(f.path), "jsonl", 0, size))
+            else:
+                tasks += [
+                    Task(str(f.path), "jsonl", lo, hi)
+                    for lo, hi in _line_ranges(f.path, size, JSONL_PART_BYTES)
+                ]
+        else:
+            if skip_binary and _is_binary(f.path):
+                stats.skipped_binary += 1
+                continue
+            if size == 0:
+                continue
+            tasks += [
+                Task(str(f.path), "text", lo, hi) for lo, hi in _line_ranges(f.path, size, TEXT_PIECE_BYTES)
+            ]
+    return tasks
 
 
-def _encode_file(path: Path) -> list[np.ndarray]:
-    assert _worker_tok is not None, "worker initializer did not run"
-    return [_worker_tok.encode(doc) for doc in read_documents(path)]
+def _read_range(path: str, start: int, end: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(end - start)
 
 
+def _jsonl_error(task: Task, line_in_part: int, msg: str) -> DataError:
+    line = line_in_part
+    if task.start:  # count the lines before this part only when reporting an error
+        line += _read_range(task.path, 0, task.start).count(b"\n")
+    return DataError(f"{task.path}:{line}: {msg}")
+
+
+def read_documents(task: Task, text_field: str = "text") -> list[bytes]:
+    """The documents of one task, as UTF-8 bytes; malformed input raises DataError naming file and line."""
+    if task.fmt == "text":
+        return [_read_range(task.path, task.start, task.end)]
+    if task.fmt == "jsonl":
+        if task.path.lower().endswith(".gz"):
+            try:
+                with gzip.open(task.path, "rb") as f:
+                    raw = f.read()
+            except (OSError, EOFError) as exc:
+                raise DataError(f"{task.path}: not a readable gzip file ({exc})") from exc
+        else:
+            raw = _read_range(task.path, task.start, task.end)
+        docs = []
+        for n, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise _jsonl_error(task, n, f"not a JSON object ({exc})") from exc
+            if not isinstance(obj, dict) or text_field not in obj:
+                raise _jsonl_error(task, n, f"expected a JSON object with a string {text_field!r} field")
+            text = obj[text_field]
+            if not isinstance(text, str):
+                raise _jsonl_error(task, n, f"{text_field!r} must be a string (got {type(text).__name__})")
+            docs.append(text.encode("utf-8"))
+        return docs
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(task.path)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"{task.path}: not a readable Parquet file ({exc})") from exc
+    if text_field not in pf.schema_arrow.names:
+        raise DataError(
+            f"{task.path}: cannot read column {text_field!r}: the file has columns {', '.join(pf.schema_arrow.names)}"
+        )
+    try:
+        column = pf.read_row_groups(list(range(task.start, task.end)), columns=[text_field]).column(
+            text_field
+        )
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(
+            f"{task.path}: cannot read column {text_field!r} of row group {task.start} ({exc})"
+        ) from exc
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        raise DataError(f"{task.path}: column {text_field!r} is {column.type}, expected a string column")
+    return [s.encode("utf-8") for s in column.to_pylist() if s is not None]
+
+
+def is_val(doc: bytes, fraction: float) -> bool:
+    """Whether a document belongs to the held-out split: a keyed hash of its bytes below ``fraction``."""
+    if fraction <= 0:
+        return False
+    h = int.from_bytes(hashlib.sha256(_VAL_SALT + doc).digest()[:8], "big")
+    return h < fraction * 2.0**64
+
+
+# -- encoding ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Encoder:
+    tok: Tokenizer
+    kind: str
+    text_field: str
+    val_fraction: float
+    dtype: str
+
+    def __call__(self, task: Task) -> tuple[list[np.ndarray], list[bool]]:
+        docs = read_documents(task, self.text_field)
+        flags = [is_val(d, self.val_fraction) for d in docs]
+        if self.kind == "byte":  # uint8 here, widened to the shard dtype when packed
+            return [np.frombuffer(d, dtype=np.uint8) for d in docs], flags
+        return [ids.astype(self.dtype, copy=False) for ids in self.tok.encode_batch(docs)], flags
+
+
+# -- writing ----------------------------------------------------------------------------------------------
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -97,52 +316,164 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_dataset(
-    shards: Iterable[tuple[np.ndarray, np.ndarray]],
-    store: Store,
-    tokenizer: TokenizerInfo,
-    dtype: str,
-    upload_threads: int = 4,
-) -> Manifest:
-    """Write (tokens, doc_starts) shards to ``store``; uploads overlap tokenizing; manifest last."""
-    if store.exists(MANIFEST_NAME):
-        # Readers of the old manifest would otherwise meet new shard bytes under old hashes.
-        store.delete(MANIFEST_NAME)
-    infos: list[ShardInfo] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="gpu-train-prepare-") as staging,
-        ThreadPoolExecutor(upload_threads) as pool,
-    ):
-        pending: list[Future[None]] = []
+class DatasetWriter:
+    """Stage shards of both splits locally, upload them in the background, write the manifest last."""
 
-        def upload(path: Path, key: str) -> None:
-            store.upload(path, key)
-            path.unlink()
+    NAMES = {"train": "shard", "val": "val-shard"}
 
-        for i, (tokens, starts) in enumerate(shards):
-            data = Path(staging) / f"shard-{i:06d}.bin"
-            index = Path(staging) / f"shard-{i:06d}.idx"
-            tokens.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tofile(data)
-            np.asarray(starts, dtype="<u8").tofile(index)
-            infos.append(
-                ShardInfo(
-                    data=FileRef(data.name, data.stat().st_size, _sha256(data)),
-                    tokens=int(tokens.size),
-                    documents=int(len(starts)),
-                    index=FileRef(index.name, index.stat().st_size, _sha256(index)),
-                )
+    def __init__(self, store: Store, dtype: str, upload_threads: int = 4) -> None:
+        self.store = store
+        self.dtype = dtype
+        self.infos: dict[str, list[ShardInfo]] = {"train": [], "val": []}
+        self._staging = tempfile.TemporaryDirectory(prefix="gpu-train-prepare-")
+        self._pool = ThreadPoolExecutor(upload_threads)
+        self._threads = upload_threads
+        self._pending: list[Future[None]] = []
+        if store.exists(MANIFEST_NAME):
+            # Readers of the old manifest would otherwise meet new shard bytes under old hashes.
+            store.delete(MANIFEST_NAME)
+
+    def _upload(self, path: Path, key: str) -> None:
+        self.store.upload(path, key)
+        path.unlink()
+
+    def add(self, split: str, shard: Shard) -> None:
+        tokens, starts = shard
+        i = len(self.infos[split])
+        base = Path(self._staging.name) / f"{self.NAMES[split]}-{i:06d}"
+        data, index = base.with_suffix(".bin"), base.with_suffix(".idx")
+        tokens.astype(np.dtype(self.dtype).newbyteorder("<"), copy=False).tofile(data)
+        np.asarray(starts, dtype="<u8").tofile(index)
+        self.infos[split].append(
+            ShardInfo(
+                data=FileRef(data.name, data.stat().st_size, _sha256(data)),
+                tokens=int(tokens.size),
+                documents=int(len(starts)),
+                index=FileRef(index.name, index.stat().st_size, _sha256(index)),
             )
-            pending += [pool.submit(upload, data, data.name), pool.submit(upload, index, index.name)]
-            # Bound the staging folder: wait for older uploads before producing more.
-            while len([f for f in pending if not f.done()]) > 2 * upload_threads:
-                next(f for f in pending if not f.done()).result()
-        for f in pending:
-            f.result()
-    if not infos:
-        raise DataError("no tokens to write: the inputs are empty")
-    manifest = Manifest(tokenizer=tokenizer, dtype=dtype, shards=tuple(infos))
-    store.put_bytes(MANIFEST_NAME, manifest.to_json())
+        )
+        self._pending += [self._pool.submit(self._upload, p, p.name) for p in (data, index)]
+        # Bound the staging folder: wait for older uploads before producing more.
+        while len([f for f in self._pending if not f.done()]) > 2 * self._threads:
+            next(f for f in self._pending if not f.done()).result()
+        self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
+
+    def finish(
+        self, tokenizer: TokenizerInfo, *, val_fraction: float = 0.0, source: dict[str, Any] | None = None
+    ) -> Manifest:
+        try:
+            for f in self._pending:
+                f.result()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._staging.cleanup()
+        if not self.infos["train"]:
+            raise DataError(
+                "no tokens to write: the inputs are empty (or every document went to the val split)"
+            )
+        manifest = Manifest(
+            tokenizer=tokenizer,
+            dtype=self.dtype,
+            shards=tuple(self.infos["train"]),
+            val_shards=tuple(self.infos["val"]),
+            val_fraction=val_fraction,
+            source=source,
+        )
+        self.store.put_bytes(MANIFEST_NAME, manifest.to_json())
+        return manifest
+
+    def abort(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._staging.cleanup()
+
+
+def write_dataset(
+    shards: Iterable[Shard], store: Store, tokenizer: TokenizerInfo, dtype: str, *,
+    val_shards: Iterable[Shard] = (), val_fraction: float = 0.0,
+) -> Manifest:  # fmt: skip
+    """Write ready (tokens, doc_starts) shards to ``store``; uploads overlap producing; manifest last."""
+    writer = DatasetWriter(store, dtype)
+    try:
+        for shard in shards:
+            writer.add("train", shard)
+        for shard in val_shards:
+            writer.add("val", shard)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finish(tokenizer, val_fraction=val_fraction)
+
+
+# -- prepare ----------------------------------------------------------------------------------------------
+def _fingerprint(files: Sequence[InputFile], settings: dict[str, Any]) -> str:
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for f in files:
+        st = f.path.stat()
+        h.update(f"{f.path.absolute()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _up_to_date(store: Store, fingerprint: str) -> Manifest | None:
+    """The manifest already at the destination, if it was written from the same inputs and settings."""
+    try:
+        if not store.exists(MANIFEST_NAME):
+            return None
+        manifest = Manifest.parse(store.get_bytes(MANIFEST_NAME), uri=store.url_of(MANIFEST_NAME))
+    except (ManifestError, StorageError):
+        return None
+    if (manifest.source or {}).get("fingerprint") != fingerprint:
+        return None
+    for s in (*manifest.shards, *manifest.val_shards):
+        if not store.exists(s.data.file):
+            return None
     return manifest
+
+
+def _bpe_training_texts(tasks: Sequence[Task], text_field: str, limit: int) -> Iterator[str]:
+    seen = 0
+    for task in tasks:
+        for doc in read_documents(task, text_field):
+            yield doc.decode("utf-8", errors="replace")
+            seen += len(doc)
+            if seen >= limit:
+                return
+
+
+def _encoded(
+    tasks: Sequence[Task], encode: _Encoder, workers: int
+) -> Iterator[tuple[list[np.ndarray], list[bool]]]:
+    """Encoded documents task by task, in task order, from ``workers`` threads.
+
+    Threads, not processes: the BPE encoder runs in Rust without the GIL (``tokenizers`` releases it in
+    ``encode_batch_fast``), file reads release it too, so threads scale the expensive part without
+    starting interpreters, copying the tokenizer or pickling token arrays between processes. Each call
+    stays on one thread (TOKENIZERS_PARALLELISM=false) so that ``workers`` is the number of cores used.
+    """
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        if workers <= 1:
+            for task in tasks:
+                yield encode(task)
+            return
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="prepare")
+        try:
+            # Ordered results keep the output independent of the worker count; a bounded window of tasks
+            # in flight keeps every thread busy without holding the whole corpus in memory.
+            ahead = iter(tasks)
+            pending = deque(pool.submit(encode, t) for t in itertools.islice(ahead, 4 * workers))
+            while pending:
+                done = pending.popleft().result()
+                for t in itertools.islice(ahead, 1):
+                    pending.append(pool.submit(encode, t))
+                yield done
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
 
 
 def prepare(
@@ -151,50 +482,100 @@ def prepare(
     *,
     tokenizer: str = "byte",
     vocab_size: int | None = None,
+    tokenizer_file: str | os.PathLike[str] | None = None,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     workers: int | None = None,
     endpoint_url: str | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = DEFAULT_EXCLUDES,
+    skip_binary: bool = True,
+    text_field: str = "text",
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    force: bool = False,
+    stats: PrepareStats | None = None,
 ) -> Manifest:
-    files = collect_files(inputs)
+    """Tokenize ``inputs`` into a dataset at ``out_uri``; see the module docstring."""
+    if tokenizer not in TOKENIZERS:
+        raise DataError(f"--tokenizer must be one of {', '.join(TOKENIZERS)} (got {tokenizer!r})")
+    if not 0 <= val_fraction < 1:
+        raise DataError(f"--val-fraction must be in [0, 1) (got {val_fraction})")
+    if shard_tokens < 2:
+        raise DataError(f"--shard-tokens must be >= 2 (got {shard_tokens})")
+    stats = stats if stats is not None else PrepareStats()
+    if tokenizer == "gpt2" and tokenizer_file is None:
+        raise DataError("--tokenizer gpt2 needs --tokenizer-file: GPT-2's vocab.json + merges.txt folder")
+    files = collect_files(inputs, include, exclude, stats)
     store = open_store(out_uri, endpoint_url=endpoint_url)
+    tok_sha = ""
+    if tokenizer == "gpt2":
+        assert tokenizer_file is not None
+        tok: Tokenizer = load_gpt2(tokenizer_file)
+        tok_sha = hashlib.sha256(tok.to_json().encode()).hexdigest()  # type: ignore[attr-defined]
+    elif tokenizer == "bpe" and vocab_size is None:
+        raise DataError("--tokenizer bpe needs --vocab-size")
+    elif tokenizer == "byte" and vocab_size not in (None, ByteTokenizer.vocab_size):
+        raise DataError(f"--vocab-size is fixed at {ByteTokenizer.vocab_size} for the byte tokenizer")
+    settings = {
+        "tokenizer": tokenizer, "vocab_size": vocab_size, "tokenizer_sha256": tok_sha,
+        "shard_tokens": shard_tokens, "include": list(include), "exclude": list(exclude),
+        "skip_binary": skip_binary, "text_field": text_field, "val_fraction": val_fraction,
+    }  # fmt: skip
+    fingerprint = _fingerprint(files, settings)
+    if not force:
+        existing = _up_to_date(store, fingerprint)
+        if existing is not None:
+            stats.files = len(files)
+            stats.documents = {"train": existing.num_documents, "val": existing.val_documents}
+            stats.reused = True
+            return existing
+    tasks = plan_tasks(files, skip_binary=skip_binary, stats=stats)
+    if not tasks:
+        raise DataError(f"no text to tokenize in {[str(i) for i in inputs]}: every file was empty or binary")
+
     tok_file: FileRef | None = None
     if tokenizer == "byte":
-        if vocab_size not in (None, ByteTokenizer.vocab_size):
-            raise DataError(f"--vocab-size is fixed at {ByteTokenizer.vocab_size} for the byte tokenizer")
-        tok: Tokenizer = ByteTokenizer()
-        tok_json = ""
-    elif tokenizer == "bpe":
-        if vocab_size is None:
-            raise DataError("--tokenizer bpe needs --vocab-size")
-        texts = (d.decode("utf-8", errors="replace") for f in files for d in read_documents(f))
-        bpe = train_bpe(texts, vocab_size)
-        tok, tok_json = bpe, bpe.to_json()
-        raw = tok_json.encode()
+        tok = ByteTokenizer()
+    else:
+        if tokenizer == "bpe":
+            assert vocab_size is not None
+            tok = train_bpe(_bpe_training_texts(tasks, text_field, BPE_TRAIN_BYTES), vocab_size)
+        raw = tok.to_json().encode()  # type: ignore[attr-defined]
         store.put_bytes(TOKENIZER_FILE, raw)
         tok_file = FileRef(TOKENIZER_FILE, len(raw), hashlib.sha256(raw).hexdigest())
-    else:
-        raise DataError(f"--tokenizer must be 'byte' or 'bpe' (got {tokenizer!r})")
     dtype = dtype_for_vocab(tok.vocab_size)
-    info = TokenizerInfo(tok.kind, tok.vocab_size, tok.eot_id, tok_file)
-    n_workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
-    # spawn, not fork: the caller may hold threads (boto3 pools, a test server) that fork would copy mid-flight.
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(n_workers, initializer=_init_worker, initargs=(tok.kind, tok_json)) as pool:
-        chunk = max(1, len(files) // (n_workers * 8))
-        docs: Iterator[np.ndarray] = (d for ds in pool.imap(_encode_file, files, chunksize=chunk) for d in ds)
-        return write_dataset(
-            pack_documents(docs, eot_id=tok.eot_id, shard_tokens=shard_tokens, dtype=dtype),
-            store,
-            info,
-            dtype,
-        )
+    info = TokenizerInfo(tok.kind, tok.vocab_size, tok.eot_id, tok_file, getattr(tok, "name", ""))
+    encoder = _Encoder(tok, tok.kind, text_field, val_fraction, dtype)
+    n_workers = max(1, min(workers or os.cpu_count() or 1, len(tasks)))
+
+    packers = {s: Packer(eot_id=tok.eot_id, shard_tokens=shard_tokens, dtype=dtype) for s in ("train", "val")}
+    writer = DatasetWriter(store, dtype)
+    try:
+        for docs, flags in _encoded(tasks, encoder, n_workers):
+            for doc, val in zip(docs, flags, strict=True):
+                split = "val" if val else "train"
+                stats.documents[split] += 1
+                for shard in packers[split].add(doc):
+                    writer.add(split, shard)
+        for split, packer in packers.items():
+            for shard in packer.finish():
+                writer.add(split, shard)
+    except BaseException:
+        writer.abort()
+        raise
+    source = {"fingerprint": fingerprint, "files": stats.files, "skipped_binary": stats.skipped_binary}
+    return writer.finish(info, val_fraction=val_fraction, source=source)
 
 
 def synth(out_uri: str, *, tokens: int = 1 << 20, seed: int = 0, shard_tokens: int = 1 << 18,
-          endpoint_url: str | None = None) -> Manifest:  # fmt: skip
-    """The synthetic dataset of ``open_dataset("synthetic")``, written as real shards."""
+          val_tokens: int = 1 << 16, endpoint_url: str | None = None) -> Manifest:  # fmt: skip
+    """The synthetic dataset of ``open_dataset("synthetic")`` (both splits), written as real shards."""
     store = open_store(out_uri, endpoint_url=endpoint_url)
     info = TokenizerInfo(ByteTokenizer.kind, ByteTokenizer.vocab_size, ByteTokenizer.eot_id)
+    val = (
+        synthetic_shards(val_tokens, seed=seed, shard_tokens=shard_tokens, stream=VAL_STREAM)
+        if val_tokens
+        else []
+    )
     return write_dataset(
-        synthetic_shards(tokens, seed=seed, shard_tokens=shard_tokens), store, info, "uint16"
+        synthetic_shards(tokens, seed=seed, shard_tokens=shard_tokens), store, info, "uint16", val_shards=val
     )

@@ -1,19 +1,31 @@
-"""Open a sharded dataset from its manifest URI: manifest -> shard cache -> memory-mapped shards.
+"""Open a sharded dataset from its manifest URI: manifest -> verified shard bytes -> memory-mapped windows.
 
 Use (normally through ``trainer.data.open_dataset``)::
 
     from trainer.data.shards import open_sharded
     ds = open_sharded("s3://bucket/ds", context=1024, cache_dir="/nvme/cache", prefetch_shards=4)
+    val = open_sharded("s3://bucket/ds", context=1024, split="val")
 
 ``uri`` is the manifest (``.../manifest.json``) or the folder holding it. The manifest itself is read on
-every open (it is small, and it is what says which shard bytes are valid); shards come from the cache.
+every open (it is small, and it is what says which shard bytes are valid). Where the shard bytes come
+from is the read mode:
+
+- ``direct`` (``file://`` datasets): shards are memory-mapped where they are, never copied; each is
+  proven against the manifest before its first use (a seal in ``cache_dir`` lets the next run skip the
+  hash while the file is unchanged).
+- ``disk``: shards are downloaded once per node into the verified ``ShardCache`` in ``cache_dir`` (local
+  NVMe), with a budget derived from that disk unless given.
+- ``memory``: the same cache kept in RAM (``/dev/shm``), sized for the working set only. Used when
+  reading through the node's Alluxio cache proxy, which already keeps the bytes on NVMe: a second NVMe
+  copy would only cost disk.
+- ``auto`` (default): ``direct`` for ``file://``, ``memory`` behind an Alluxio proxy endpoint, else ``disk``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import tempfile
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -22,22 +34,43 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.cache import CacheRef, ShardCache
+from trainer.data.cache import VERIFY_MODES, CacheRef, SealBook, ShardCache, disk_budget, sha256_file
 from trainer.data.dataset import Dataset
-from trainer.data.errors import DataError, ManifestError
-from trainer.data.manifest import MANIFEST_NAME, Manifest
+from trainer.data.errors import DataError, ManifestError, ShardIntegrityError, ShardMissingError
+from trainer.data.manifest import DTYPES, MANIFEST_NAME, SPLITS, Manifest, ShardInfo
 from trainer.data.storage import (
+    FileStore,
     ObjectNotFoundError,
     RetryPolicy,
     Store,
     StoreOptions,
+    is_cache_proxy,
     open_store,
     retry_transient,
 )
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CACHE_DIR = Path(tempfile.gettempdir()) / "gpu-train-shard-cache"
+READ_MODES = ("auto", "direct", "disk", "memory")
+CACHE_DIR_ENV = "TRAINER_CACHE_DIR"
+MEMORY_DIR_ENV = "TRAINER_MEMORY_DIR"
+DEFAULT_MEMORY_FRACTION = 0.25  # of /dev/shm, which NCCL and torch also use
+
+
+def default_cache_dir() -> Path:
+    """One cache per user shared by every run: env TRAINER_CACHE_DIR, else $XDG_CACHE_HOME/gpu-train/shards."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpu-train" / "shards"
+
+
+def default_memory_dir() -> Path | None:
+    """A RAM-backed directory for the memory read mode: env TRAINER_MEMORY_DIR, else /dev/shm if it exists."""
+    if os.environ.get(MEMORY_DIR_ENV):
+        return Path(os.environ[MEMORY_DIR_ENV])
+    shm = Path("/dev/shm")
+    return shm / "gpu-train-shards" if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
 def split_manifest_uri(uri: str) -> tuple[str, str]:
@@ -59,29 +92,60 @@ def read_manifest(store: Store, key: str, retry: RetryPolicy | None = None) -> t
     return Manifest.parse(raw, uri=url), hashlib.sha256(raw).hexdigest()
 
 
+def resolve_read_mode(mode: str, store: Store, endpoint: str | None) -> str:
+    """The read mode ``auto`` stands for, given where the dataset is (see the module docstring)."""
+    if mode not in READ_MODES:
+        raise DataError(f"data read mode must be one of {', '.join(READ_MODES)} (got {mode!r})")
+    if mode == "direct" and not isinstance(store, FileStore):
+        raise DataError(f"read mode 'direct' needs a file:// dataset (got {store.uri})")
+    if mode != "auto":
+        return mode
+    if isinstance(store, FileStore):
+        return "direct"
+    return "memory" if is_cache_proxy(endpoint) else "disk"
+
+
+def _check_doc_starts(starts: np.ndarray, n_tokens: int, url: str) -> np.ndarray:
+    if starts.size and (starts[0] < 0 or np.any(np.diff(starts) <= 0) or starts[-1] >= n_tokens):
+        raise ManifestError(
+            f"{url}: document offsets are not increasing within the shard's {n_tokens} tokens"
+        )
+    return starts
+
+
 class CachedShardSource:
-    """Shard arrays memory-mapped from the local cache, with background prefetch of upcoming shards."""
+    """Shard arrays memory-mapped from a ShardCache, with background fetches of upcoming shards."""
 
     def __init__(
-        self, store: Store, manifest: Manifest, cache: ShardCache, prefetch_shards: int, max_open: int = 16
+        self,
+        store: Store,
+        shards: Sequence[ShardInfo],
+        dtype: np.dtype,
+        cache: ShardCache,
+        prefetch_shards: int,
+        max_open: int = 16,
     ) -> None:
         self.store = store
-        self.manifest = manifest
+        self.shards = list(shards)
+        self.dtype = dtype
         self.cache = cache
-        self.shard_tokens = [s.tokens for s in manifest.shards]
-        self._max_open = max(max_open, prefetch_shards + 2)
+        self.shard_tokens = [s.tokens for s in self.shards]
+        self._max_open = max(1, max_open)
         self._open: OrderedDict[int, np.ndarray] = OrderedDict()
         # Re-entrant: a future that is already done runs its done-callback (which takes this lock) at once,
         # inside prefetch(), which holds it.
         self._lock = threading.RLock()
         self._inflight: dict[int, Future[Path]] = {}
+        # Shards fetch_ahead downloaded and pinned: they stay in the cache until the caller's horizon has
+        # moved past them, so that a download for a later block never evicts one about to be read.
+        self._ahead: set[int] = set()
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, prefetch_shards), thread_name_prefix="shard-prefetch"
         )
         self._closed = False
 
     def _ref(self, shard: int) -> CacheRef:
-        info = self.manifest.shards[shard].data
+        info = self.shards[shard].data
         return CacheRef(info.file, info.bytes, info.sha256)
 
     def array(self, shard: int) -> np.ndarray:
@@ -94,7 +158,7 @@ class CachedShardSource:
             raise DataError(f"dataset {self.store.uri} is closed")
         ref = self._ref(shard)
         path = self.cache.acquire(self.store, ref)
-        arr = np.memmap(path, dtype=self.manifest.np_dtype, mode="r", shape=(self.shard_tokens[shard],))
+        arr = np.memmap(path, dtype=self.dtype, mode="r", shape=(self.shard_tokens[shard],))
         with self._lock:
             if shard in self._open:  # another thread opened it meanwhile: drop our extra pin
                 self.cache.release(ref)
@@ -106,7 +170,7 @@ class CachedShardSource:
         return arr
 
     def doc_starts(self, shard: int) -> np.ndarray:
-        info = self.manifest.shards[shard].index
+        info = self.shards[shard].index
         if info.bytes == 0:
             return np.zeros(0, dtype=np.int64)
         ref = CacheRef(info.file, info.bytes, info.sha256)
@@ -115,14 +179,7 @@ class CachedShardSource:
             starts = np.fromfile(path, dtype="<u8").astype(np.int64)
         finally:
             self.cache.release(ref)
-        if starts.size and (
-            starts[0] < 0 or np.any(np.diff(starts) <= 0) or starts[-1] >= self.shard_tokens[shard]
-        ):
-            url = self.store.url_of(info.file)
-            raise ManifestError(
-                f"{url}: document offsets are not increasing within the shard's {self.shard_tokens[shard]} tokens"
-            )
-        return starts
+        return _check_doc_starts(starts, self.shard_tokens[shard], self.store.url_of(info.file))
 
     def prefetch(self, shards: Sequence[int]) -> None:
         with self._lock:
@@ -131,13 +188,41 @@ class CachedShardSource:
             for s in shards:
                 if s in self._open or s in self._inflight:
                     continue
-                fut = self._pool.submit(self.cache.fetch, self.store, self._ref(s))
-                self._inflight[s] = fut
-                fut.add_done_callback(lambda f, s=s: self._prefetched(s, f))
+                self._submit(s)
 
-    def _prefetched(self, shard: int, fut: Future[Path]) -> None:
+    def fetch_ahead(self, shards: Sequence[int]) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            wanted = set(shards)
+            for s in sorted(self._ahead - wanted):  # the horizon moved past it: it may be evicted now
+                self._ahead.discard(s)
+                self.cache.release(self._ref(s))
+            if wanted:
+                # The next steps read only the horizon: unmap the rest now rather than when 16 are open.
+                for s in [s for s in self._open if s not in wanted]:
+                    del self._open[s]
+                    self.cache.release(self._ref(s))
+            for s in shards:
+                if s in self._inflight or s in self._ahead:
+                    continue
+                self._submit(s, pin=True)
+
+    def _submit(self, shard: int, pin: bool = False) -> None:
+        fetch = self.cache.acquire if pin else self.cache.fetch
+        fut = self._pool.submit(fetch, self.store, self._ref(shard))
+        self._inflight[shard] = fut
+        fut.add_done_callback(lambda f, s=shard, p=pin: self._prefetched(s, f, p))
+
+    def _prefetched(self, shard: int, fut: Future[Path], pinned: bool) -> None:
+        ok = not fut.cancelled() and fut.exception() is None
         with self._lock:
             self._inflight.pop(shard, None)
+            if ok and pinned:
+                if self._closed or shard in self._ahead:
+                    self.cache.release(self._ref(shard))
+                else:
+                    self._ahead.add(shard)
         if not fut.cancelled() and fut.exception() is not None:
             # The foreground read retries and raises with full context; a failed hint is only logged.
             log.warning("prefetch of shard %s failed: %s", self._ref(shard).key, fut.exception())
@@ -150,6 +235,79 @@ class CachedShardSource:
             while self._open:
                 shard, _ = self._open.popitem()
                 self.cache.release(self._ref(shard))
+            while self._ahead:
+                self.cache.release(self._ref(self._ahead.pop()))
+
+
+class DirectShardSource:
+    """Shards of a file:// dataset memory-mapped in place, each proven against the manifest first."""
+
+    def __init__(
+        self, store: FileStore, shards: Sequence[ShardInfo], dtype: np.dtype, seals: SealBook, verify: str
+    ) -> None:
+        self.store = store
+        self.shards = list(shards)
+        self.dtype = dtype
+        self.seals = seals
+        self.verify = verify
+        self.shard_tokens = [s.tokens for s in self.shards]
+        self._open: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self.hashes = 0  # shards hashed by this source (the rest were proven by their seal)
+
+    def prove(self, key: str, size: int, sha: str) -> Path:
+        """The file's path once its size and sha256 match (by seal, or hashed); else a ShardError naming it."""
+        path = self.store.root / key
+        url = self.store.url_of(key)
+        try:
+            st = path.stat()
+        except FileNotFoundError as exc:
+            raise ShardMissingError(f"shard {key} is missing at {url}", shard=key, uri=url) from exc
+        if st.st_size != size:
+            raise ShardIntegrityError(
+                f"shard {key} at {url}: size {st.st_size} bytes, manifest says {size}", shard=key, uri=url
+            )
+        if self.verify == "seal" and self.seals.matches(path, sha, st):
+            return path
+        digest = sha256_file(path)
+        self.hashes += 1
+        if digest != sha:
+            raise ShardIntegrityError(
+                f"shard {key} at {url}: sha256 {digest}, manifest says {sha}", shard=key, uri=url
+            )
+        if SealBook.identity(path.stat()) == SealBook.identity(st):
+            self.seals.record(path, sha, st)
+        return path
+
+    def array(self, shard: int) -> np.ndarray:
+        with self._lock:
+            arr = self._open.get(shard)
+            if arr is None:
+                info = self.shards[shard].data
+                path = self.prove(info.file, info.bytes, info.sha256)
+                arr = np.memmap(path, dtype=self.dtype, mode="r", shape=(self.shard_tokens[shard],))
+                self._open[shard] = arr
+        return arr
+
+    def doc_starts(self, shard: int) -> np.ndarray:
+        info = self.shards[shard].index
+        if info.bytes == 0:
+            return np.zeros(0, dtype=np.int64)
+        path = self.prove(info.file, info.bytes, info.sha256)
+        starts = np.fromfile(path, dtype="<u8").astype(np.int64)
+        return _check_doc_starts(starts, self.shard_tokens[shard], self.store.url_of(info.file))
+
+    def prefetch(self, shards: Sequence[int]) -> None:
+        """Nothing to download: the shards are local files (the OS page cache does the read-ahead)."""
+        return None
+
+    def fetch_ahead(self, shards: Sequence[int]) -> None:
+        """Nothing to download: the shards are local files (the OS page cache does the read-ahead)."""
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._open.clear()
 
 
 def open_sharded(
@@ -161,14 +319,63 @@ def open_sharded(
     prefetch_shards: int = 2,
     endpoint_url: str | None = None,
     packing: bool = True,
+    split: str = "train",
+    read_mode: str = "auto",
+    verify: str = "seal",
+    cache_disk_fraction: float = 0.5,
+    memory_dir: str | None = None,
+    max_open_shards: int = 16,
     store_options: StoreOptions | None = None,
     retry: RetryPolicy | None = None,
 ) -> Dataset:
+    if split not in SPLITS:
+        raise DataError(f"dataset split must be one of {', '.join(SPLITS)} (got {split!r})")
+    if verify not in VERIFY_MODES:
+        raise DataError(f"data verify mode must be one of {', '.join(VERIFY_MODES)} (got {verify!r})")
+    if cache_max_bytes is not None and cache_max_bytes < 0:
+        raise DataError(
+            f"data cache_max_bytes must be >= 0 (got {cache_max_bytes}); 0 derives it from the disk"
+        )
+    if prefetch_shards < 0:
+        raise DataError(f"data prefetch_shards must be >= 0 (got {prefetch_shards})")
     root, key = split_manifest_uri(uri)
     store = open_store(root, endpoint_url=endpoint_url, options=store_options)
     manifest, digest = read_manifest(store, key, retry)
-    cache = ShardCache(cache_dir or DEFAULT_CACHE_DIR, cache_max_bytes, retry=retry)
-    source = CachedShardSource(store, manifest, cache, prefetch_shards)
+    shards = manifest.split(split)
+    if not shards:
+        raise ManifestError(
+            f"{store.url_of(key)}: the dataset has no {split} split (prepare it with --val-fraction > 0)"
+        )
+    endpoint = getattr(store, "endpoint", None)
+    mode = resolve_read_mode(read_mode, store, endpoint)
+    cache: ShardCache | None = None
+    if mode == "direct":
+        assert isinstance(store, FileStore)
+        seals = SealBook(Path(cache_dir or default_cache_dir()) / "seals")
+        source: CachedShardSource | DirectShardSource = DirectShardSource(
+            store, shards, DTYPES[manifest.dtype], seals, verify
+        )
+    else:
+        where: Path | None = Path(cache_dir or default_cache_dir())
+        fraction = cache_disk_fraction
+        if mode == "memory":
+            where = Path(memory_dir) if memory_dir else default_memory_dir()
+            fraction = DEFAULT_MEMORY_FRACTION
+            if where is None:
+                log.info("no /dev/shm here: reading %s through the disk cache instead of memory", uri)
+                mode, where, fraction = "disk", Path(cache_dir or default_cache_dir()), cache_disk_fraction
+        assert where is not None
+        budget = cache_max_bytes or disk_budget(where, fraction)
+        largest = max(s.data.bytes for s in shards)
+        if budget < 2 * largest:
+            log.warning(
+                "shard cache %s: budget %.1f MB holds fewer than 2 shards of %.1f MB: expect re-downloads",
+                where, budget / 1e6, largest / 1e6,
+            )  # fmt: skip
+        cache = ShardCache(where, budget, retry=retry, verify=verify)  # type: ignore[arg-type]
+        source = CachedShardSource(
+            store, shards, DTYPES[manifest.dtype], cache, prefetch_shards, max_open=max_open_shards
+        )
     try:
         ds = Dataset(
             source,
@@ -181,6 +388,8 @@ def open_sharded(
             prefetch_shards=prefetch_shards,
             manifest=manifest,
             cache=cache,
+            split=split,
+            read_mode=mode,
         )
     except BaseException:
         source.close()

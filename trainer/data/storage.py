@@ -15,6 +15,13 @@ code (see docs/data.md for why). Credentials come only from the SDKs' default ch
 instance metadata); for gs:// without HMAC keys in the env, an OAuth2 token from the GKE metadata server
 (workload identity) is sent as ``Authorization: Bearer``.
 
+Request signing (``StoreOptions.auth``, env ``TRAINER_S3_AUTH``): ``auto`` (default) sends unsigned
+requests to an Alluxio S3 proxy (an endpoint whose path ends in ``/api/v1/s3``) and signs everything else;
+``unsigned`` and ``sigv4`` force one or the other. The Alluxio S3 API has no access keys: it reads the
+``Authorization`` header only for a user name and otherwise acts as the proxy's own user
+(https://docs.alluxio.io/os/user/2.9.5/en/api/S3-API.html), so an unsigned request is what it expects,
+and it needs no AWS credentials, which a GKE pod does not have.
+
 Retries: botocore's own retry handler (``standard`` mode by default, or ``adaptive``; env AWS_RETRY_MODE
 and AWS_MAX_ATTEMPTS are honoured) with connect/read timeouts. ``retry_transient`` adds a bounded,
 jittered retry around whole operations for errors that outlive botocore's attempts.
@@ -39,6 +46,9 @@ from urllib.parse import urlparse
 from trainer.data.errors import DataError
 
 ENDPOINT_ENV = "TRAINER_S3_ENDPOINT_URL"
+AUTH_ENV = "TRAINER_S3_AUTH"
+AUTH_MODES = ("auto", "sigv4", "unsigned")
+ALLUXIO_S3_PATH = "/api/v1/s3"  # where the Alluxio proxy serves its S3 REST API
 GCS_XML_ENDPOINT = "https://storage.googleapis.com"
 MiB = 1 << 20
 
@@ -72,6 +82,8 @@ class StoreOptions:
     multipart_chunksize: int = 16 * MiB
     max_concurrency: int = 8
     max_pool_connections: int = 32
+    # "auto": unsigned to an Alluxio S3 proxy, signed elsewhere; "sigv4"; "unsigned" (no credentials needed)
+    auth: str = field(default_factory=lambda: os.environ.get(AUTH_ENV, "auto"))
 
 
 @dataclass(frozen=True)
@@ -117,6 +129,21 @@ class Store(Protocol):
     def delete_prefix(self, prefix: str) -> None: ...
 
 
+def is_cache_proxy(endpoint: str | None) -> bool:
+    """True for an Alluxio S3 proxy endpoint (its path ends in /api/v1/s3)."""
+    return bool(endpoint) and urlparse(endpoint).path.rstrip("/").endswith(ALLUXIO_S3_PATH)
+
+
+def signs_requests(auth: str, endpoint: str | None) -> bool:
+    """Whether requests to ``endpoint`` are SigV4-signed under ``auth`` (see the module docstring)."""
+    if auth not in AUTH_MODES:
+        raise StorageError(
+            f"S3 auth mode must be one of {', '.join(AUTH_MODES)} (got {auth!r}; env {AUTH_ENV})",
+            uri=endpoint or "",
+        )
+    return auth == "sigv4" or (auth == "auto" and not is_cache_proxy(endpoint))
+
+
 def open_store(uri: str, endpoint_url: str | None = None, options: StoreOptions | None = None) -> Store:
     """A store rooted at ``uri`` (file:///abs/dir, s3://bucket/prefix, gs://bucket/prefix)."""
     parsed = urlparse(uri)
@@ -128,9 +155,9 @@ def open_store(uri: str, endpoint_url: str | None = None, options: StoreOptions 
         if not parsed.netloc:
             raise StorageError(f"{uri}: missing bucket name", uri=uri)
         endpoint = endpoint_url or os.environ.get(ENDPOINT_ENV) or None
-        return S3Store(
-            parsed.scheme, parsed.netloc, parsed.path.strip("/"), endpoint, options or StoreOptions()
-        )
+        opts = options or StoreOptions()
+        signs_requests(opts.auth, endpoint)  # reject a bad mode here, naming it, not at the first request
+        return S3Store(parsed.scheme, parsed.netloc, parsed.path.strip("/"), endpoint, opts)
     raise StorageError(
         f"{uri}: unsupported URI scheme {parsed.scheme!r} (use file://, s3:// or gs://)", uri=uri
     )
@@ -234,6 +261,7 @@ class S3Store:
         self.prefix = prefix
         self.endpoint = endpoint or (GCS_XML_ENDPOINT if scheme == "gs" else None)
         self.options = options
+        self.signed = signs_requests(options.auth, endpoint)
         self.uri = f"{scheme}://{bucket}/{prefix}".rstrip("/")
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -263,7 +291,10 @@ class S3Store:
             kwargs["request_checksum_calculation"] = "when_required"
             kwargs["response_checksum_validation"] = "when_required"
         bearer = None
-        if self.scheme == "gs" and not os.environ.get("AWS_ACCESS_KEY_ID"):
+        if not self.signed:
+            # No credential lookup at all: botocore skips the default chain for UNSIGNED clients.
+            kwargs["signature_version"] = UNSIGNED
+        elif self.scheme == "gs" and not os.environ.get("AWS_ACCESS_KEY_ID"):
             bearer = _GcsBearerToken()
             kwargs["signature_version"] = UNSIGNED
         region = o.region or ("auto" if self.scheme == "gs" else None)

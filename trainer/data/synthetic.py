@@ -37,13 +37,22 @@ def _lexicon(rng: np.random.Generator, n_words: int) -> list[bytes]:
     return words
 
 
-def synthetic_documents(num_tokens: int, seed: int = 0, n_words: int = 24) -> list[bytes]:
-    """Documents whose bytes plus one EOT each add up to at least ``num_tokens`` tokens."""
+VAL_STREAM = 1  # the held-out split: other documents of the same language (same lexicon and chain)
+
+
+def synthetic_documents(num_tokens: int, seed: int = 0, n_words: int = 24, stream: int = 0) -> list[bytes]:
+    """Documents whose bytes plus one EOT each add up to at least ``num_tokens`` tokens.
+
+    ``seed`` picks the language (lexicon and chain); ``stream`` picks which documents of it (0: training,
+    ``VAL_STREAM``: the held-out split).
+    """
     if num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1 (got {num_tokens})")
     rng = np.random.default_rng([0x5EED, seed])
     words = _lexicon(rng, n_words)
     successors = rng.integers(0, n_words, size=(n_words, 2))
+    if stream:
+        rng = np.random.default_rng([0x5EED, seed, stream])
     docs: list[bytes] = []
     total = 0
     while total < num_tokens:
@@ -61,8 +70,8 @@ def synthetic_documents(num_tokens: int, seed: int = 0, n_words: int = 24) -> li
 
 
 def synthetic_shards(
-    num_tokens: int = 1 << 20, seed: int = 0, shard_tokens: int = 1 << 18
+    num_tokens: int = 1 << 20, seed: int = 0, shard_tokens: int = 1 << 18, stream: int = 0
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(uint16 tokens, document starts) per shard, byte-level with EOT 256: exactly what ``synth`` writes."""
-    docs = (np.frombuffer(d, dtype=np.uint8) for d in synthetic_documents(num_tokens, seed))
+    docs = (np.frombuffer(d, dtype=np.uint8) for d in synthetic_documents(num_tokens, seed, stream=stream))
     return list(pack_documents(docs, eot_id=BYTE_EOT_ID, shard_tokens=shard_tokens, dtype="uint16"))

@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/pytest tests/trainer/data -q``. The proxy forwards every request to moto over real HTTP,
 records (method, path, query, headers) for request counting, and on demand answers 503 or stalls past the
-client's read timeout, so retries are exercised on the wire rather than by patching botocore.
+client's read timeout, so retries are exercised on the wire rather than by patching botocore. A second
+instance (``cache_proxy``) serves the API under ``/api/v1/s3``, the path of the Alluxio S3 proxy.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class Record:
 class FaultProxy:
     upstream: str
     endpoint: str = ""
+    prefix: str = ""  # served under this path (the Alluxio proxy's /api/v1/s3), stripped when forwarding
+    # Sent upstream in place of the client's (absent) Authorization: the proxy reads the object store
+    # with its own identity, as the Alluxio proxy does. The local S3 server does not check signatures.
+    upstream_auth: str = ""
     records: list[Record] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -94,6 +99,13 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
         def _forward(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
+            if proxy.prefix:
+                if not self.path.startswith(proxy.prefix + "/"):
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.path = self.path[len(proxy.prefix) :]
             path, _, query = self.path.partition("?")
             headers = {k: v for k, v in self.headers.items()}
             fault = proxy._take_fault(path)
@@ -113,6 +125,8 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
             try:
                 fwd = {k: v for k, v in headers.items() if k.lower() not in ("connection", "keep-alive")}
+                if proxy.upstream_auth and "Authorization" not in fwd:
+                    fwd["Authorization"] = proxy.upstream_auth
                 conn.request(self.command, self.path, body=body, headers=fwd)
                 resp = conn.getresponse()
                 data = resp.read()
@@ -160,6 +174,34 @@ def _proxy_server(moto_endpoint: str) -> Iterator[FaultProxy]:
         httpd.server_close()
 
 
+@pytest.fixture(scope="session")
+def _cache_proxy_server(moto_endpoint: str) -> Iterator[FaultProxy]:
+    """The same forwarding proxy, serving the S3 API under /api/v1/s3 as the Alluxio proxy does."""
+    proxy = FaultProxy(
+        upstream=moto_endpoint,
+        prefix="/api/v1/s3",
+        upstream_auth="AWS4-HMAC-SHA256 Credential=cache-proxy/20260101/us-east-1/s3/aws4_request, "
+        "SignedHeaders=host, Signature=" + "0" * 64,
+    )
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(proxy))
+    httpd.daemon_threads = True
+    proxy.endpoint = f"http://127.0.0.1:{httpd.server_address[1]}{proxy.prefix}"
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield proxy
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def cache_proxy(_cache_proxy_server: FaultProxy, aws_env: None) -> Iterator[FaultProxy]:
+    _cache_proxy_server.reset()
+    yield _cache_proxy_server
+    _cache_proxy_server.reset()
+
+
 @pytest.fixture
 def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in _AWS_ENV.items():
@@ -170,6 +212,9 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "TRAINER_S3_ENDPOINT_URL",
         "AWS_RETRY_MODE",
         "AWS_MAX_ATTEMPTS",
+        "TRAINER_S3_AUTH",
+        "TRAINER_CACHE_DIR",
+        "TRAINER_MEMORY_DIR",
     ):
         monkeypatch.delenv(k, raising=False)
 

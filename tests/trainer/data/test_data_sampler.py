@@ -87,3 +87,115 @@ def test_state_dict_resume_continues_the_same_order_with_another_world_size():
 def test_bad_state_is_rejected_naming_the_key(state, needle):
     with pytest.raises(SamplerStateError, match=needle):
         GlobalSampler(100, global_batch=8, seed=1).load_state_dict(state)
+
+
+# -- block shuffle ------------------------------------------------------------------------------------------
+def _shard_of(counts: list[int], windows: list[int]) -> np.ndarray:
+    """Shard of each window index, from the per-shard window counts (an independent reference)."""
+    return np.searchsorted(np.cumsum(counts), np.asarray(windows), side="right")
+
+
+@pytest.mark.parametrize(
+    ("counts", "block"), [([5, 0, 7, 3, 9, 1, 4], 2), ([10] * 12, 3), ([1], 1), ([3, 4, 5], 0), ([2, 9], 5)]
+)
+def test_block_shuffle_visits_every_window_once_per_epoch(counts, block):
+    n = sum(counts)
+    s = GlobalSampler(n, global_batch=1, seed=3, shard_windows=counts, block_shards=block)
+    for epoch in range(3):
+        seen = s.windows_at(np.arange(epoch * n, (epoch + 1) * n)).tolist()
+        assert sorted(seen) == list(range(n))
+
+
+def test_block_shuffle_touches_a_bounded_set_of_shards_per_step():
+    counts, block, batch = [40] * 50, 4, 32  # 50 shards; a block holds 160 windows, more than a batch
+    n = sum(counts)
+    blocked = GlobalSampler(n, global_batch=batch, seed=1, shard_windows=counts, block_shards=block)
+    flat = GlobalSampler(n, global_batch=batch, seed=1)
+    steps = range(2 * n // batch)  # two epochs
+    per_step = [len(set(_shard_of(counts, blocked.global_batch(s)))) for s in steps]
+    assert max(per_step) <= 2 * block  # a batch spans at most two consecutive blocks
+    # Within a block the windows are mixed: a batch draws from several of its shards, not from one.
+    assert np.mean(per_step) >= block * 0.75
+    # The whole-dataset shuffle reads from far more shards per step: what thrashed the cache.
+    flat_per_step = [len(set(_shard_of(counts, flat.global_batch(s)))) for s in steps]
+    assert np.mean(flat_per_step) > 3 * np.mean(per_step)
+
+
+def test_block_order_depends_on_seed_epoch_and_block_size_only():
+    counts = [30] * 20
+    n = sum(counts)
+
+    def order(seed, block, epoch=0):
+        s = GlobalSampler(n, global_batch=1, seed=seed, shard_windows=counts, block_shards=block)
+        return s.windows_at(np.arange(epoch * n, (epoch + 1) * n))
+
+    a = order(1, 4)
+    assert np.array_equal(a, order(1, 4))
+    assert not np.array_equal(a, order(2, 4))
+    assert not np.array_equal(a, order(1, 4, epoch=1))
+    assert not np.array_equal(a, order(1, 5))
+    # The shard order changes between epochs, so blocks are regrouped rather than replayed.
+    first_block = lambda o: set(_shard_of(counts, o[: 4 * 30]).tolist())  # noqa: E731
+    assert first_block(a) != first_block(order(1, 4, epoch=1))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_block_rank_slices_reassemble_the_global_batch_and_resume_at_another_world_size(world):
+    counts, batch = [7, 13, 0, 21, 5, 9, 30, 2], 12
+    n = sum(counts)
+    kw = dict(global_batch=batch, seed=5, shard_windows=counts, block_shards=3)
+    ref = GlobalSampler(n, **kw)
+    for step in [0, 1, 6, 7, 8, 40]:  # 7 crosses the first epoch boundary (87 windows / 12)
+        parts = [GlobalSampler(n, **kw).rank_slice(step, r, world) for r in range(world)]
+        assert [i for p in parts for i in p] == ref.global_batch(step)
+    first = GlobalSampler(n, **kw)
+    for step in range(9):
+        first.rank_slice(step, 0, 2)
+    resumed = GlobalSampler(n, **kw)
+    resumed.load_state_dict(first.state_dict())
+    step = resumed.next_step
+    assert step == 9
+    got = [i for r in range(world) for i in resumed.rank_slice(step, r, world)]
+    assert got == GlobalSampler(n, **kw).global_batch(9)
+
+
+def test_upcoming_shards_lists_the_current_block_then_the_next_across_epochs():
+    counts, block, batch = [25] * 10, 2, 10  # 5 blocks of 50 windows: 5 steps per block
+    n = sum(counts)
+    s = GlobalSampler(n, global_batch=batch, seed=8, shard_windows=counts, block_shards=block)
+    for step in range(3 * n // batch):
+        ahead = s.upcoming_shards(step, 2 * block)
+        assert len(ahead) == 2 * block and len(set(ahead)) == 2 * block
+        now = set(_shard_of(counts, s.global_batch(step)).tolist())
+        assert now <= set(ahead[:block])  # what this step reads is in the first block listed
+        nxt = set(_shard_of(counts, s.global_batch(step + 5)).tolist())
+        assert nxt <= set(ahead)  # five steps on (the next block) is covered too
+    # Shards without windows are never listed.
+    z = GlobalSampler(20, global_batch=4, seed=0, shard_windows=[10, 0, 10], block_shards=1)
+    assert sorted(z.upcoming_shards(0, 10)) == [0, 2]
+    with pytest.raises(ValueError, match="without shard_windows"):
+        GlobalSampler(20, global_batch=4).upcoming_shards(0, 2)
+
+
+def test_whole_dataset_shuffle_is_the_keyed_permutation_of_window_indices():
+    n = 1000
+    s = GlobalSampler(n, global_batch=10, seed=4)
+    assert np.array_equal(s.windows_at(np.arange(n, 2 * n)), FeistelPermutation(n, 4, 1)(np.arange(n)))
+
+
+@pytest.mark.parametrize(
+    ("state", "needle"),
+    [
+        ({"epoch": 0, "index": 0, "block_shards": 2}, "'block_shards' is 2 but this run has 3"),
+        ({"epoch": 0, "index": 0, "num_shards": 0}, "'num_shards' is 0 but this run has 4"),
+    ],
+)
+def test_block_layout_change_is_rejected_on_resume(state, needle):
+    s = GlobalSampler(40, global_batch=8, seed=1, shard_windows=[10] * 4, block_shards=3)
+    with pytest.raises(SamplerStateError, match=needle):
+        s.load_state_dict(state)
+
+
+def test_shard_windows_must_add_up():
+    with pytest.raises(ValueError, match="add up to 9 windows but num_windows is 10"):
+        GlobalSampler(10, global_batch=2, shard_windows=[4, 5])

@@ -1,0 +1,426 @@
+"""Export a trained model as a directory that loads without this repository's code.
+
+Run:
+    python -m trainer.export --run-dir runs/make-train --out runs/make-train/export
+    python -m trainer.export --checkpoint runs/x/checkpoints/step_000000200 --out out/ --format safetensors
+    python -m trainer.export --run-dir runs/x --out out/hf --format hf-gpt2 --dtype bfloat16
+
+Source: the newest checkpoint of ``--run-dir`` that verifies (``trainer.checkpoint.verify``: a manifest and
+every file's sha256), a given ``--checkpoint`` step directory, or an exported ``--model-dir``. The weights
+are read on this one process with ``torch.distributed.checkpoint.load`` (no process group), which also
+reassembles FSDP-sharded checkpoints; the model settings come from the config recorded in the
+checkpoint's manifest and the tokenizer from the dataset's manifest (``--data-uri`` overrides where).
+
+Formats (``--format``):
+
+- ``safetensors``: ``model.safetensors`` with this trainer's parameter names (the output embedding is tied
+  to ``tok_emb.weight`` and stored once) and ``config.json``
+  (``{"format": "gpu-train-gpt", "model": {...}, "tokenizer": {...}, "origin": {...}}``).
+- ``hf-gpt2``: Hugging Face's GPT-2 layout (``config.json`` with ``model_type: gpt2`` and
+  ``model.safetensors`` with ``transformer.*`` names; ``GPT2LMHeadModel.from_pretrained(dir)`` loads it).
+  Only for the GPT-2 architecture: LayerNorm, learned positions, tied embeddings, tanh-GELU MLP. GPT-2's
+  attention and MLP use ``Conv1D`` layers whose weights are stored (in, out), the transpose of
+  ``nn.Linear``'s (out, in); GPT-2 has biases where this model has none, so they are written as zeros.
+  (https://github.com/huggingface/transformers, models/gpt2/modeling_gpt2.py and pytorch_utils.Conv1D.)
+- ``auto`` (default): ``hf-gpt2`` where the architecture allows, else ``safetensors``.
+
+A BPE dataset's ``tokenizer.json`` is copied next to the weights (with a ``tokenizer_config.json`` in the
+Hugging Face layout); a byte-level model's token ids are the UTF-8 bytes, 256 being end-of-text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.config import ModelConfig
+from trainer.model import GPT
+
+FORMAT = "gpu-train-gpt"
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+FORMATS = ("auto", "safetensors", "hf-gpt2")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ExportError(Exception):
+    """A model source or setting that cannot be used; the message names it (one line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """What decodes the model's ids: kind/name/sizes from the dataset manifest, the BPE's JSON if any."""
+
+    kind: str = "byte"
+    vocab_size: int = 257
+    eot_id: int = 256
+    name: str = ""
+    json: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "vocab_size": self.vocab_size, "eot_id": self.eot_id,
+                "file": TOKENIZER if self.json else None}  # fmt: skip
+
+    def build(self) -> Any:  # -> trainer.data.tokenizer.Tokenizer
+        from trainer.data.tokenizer import ByteTokenizer, tokenizer_from_json
+
+        if self.kind == "byte":
+            return ByteTokenizer()
+        if self.json is None:
+            raise ExportError(f"the {self.kind} tokenizer's {TOKENIZER} is missing")
+        return tokenizer_from_json(self.json, self.eot_id, self.vocab_size, self.name, TOKENIZER)
+
+
+@dataclass
+class LoadedModel:
+    model: GPT
+    cfg: ModelConfig
+    tokenizer: TokenizerSpec
+    origin: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------- pure parts
+def model_config_from(data: dict[str, Any], where: str) -> ModelConfig:
+    """A ModelConfig from a recorded dict; unknown or ill-typed keys are an ExportError naming them."""
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ExportError(f"{where}: model settings this trainer does not know: {', '.join(unknown)}")
+    try:
+        return ModelConfig(**data)
+    except TypeError as exc:
+        raise ExportError(f"{where}: bad model settings ({exc})") from exc
+
+
+def gpt2_incompatibilities(cfg: ModelConfig) -> list[str]:
+    """Why ``cfg`` cannot be written in GPT-2's layout ([] when it can)."""
+    out = []
+    if cfg.norm != "layernorm":
+        out.append(f"model.norm={cfg.norm} (GPT-2 uses layernorm)")
+    if cfg.pos != "learned":
+        out.append(f"model.pos={cfg.pos} (GPT-2 uses learned positions)")
+    return out
+
+
+def hf_gpt2_config(cfg: ModelConfig, eot_id: int) -> dict[str, Any]:
+    """GPT2Config fields for ``cfg`` (names and meanings from transformers' configuration_gpt2.py)."""
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.context,
+        "n_embd": cfg.d_model,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": cfg.mlp_ratio * cfg.d_model,
+        "activation_function": "gelu_new",  # GPT-2's tanh approximation of GELU = F.gelu(approximate="tanh")
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.dropout,
+        "layer_norm_epsilon": 1e-5,  # nn.LayerNorm's default, which trainer.model uses
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+        "use_cache": True,
+    }
+
+
+def to_hf_gpt2(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """This model's state dict in GPT-2's names and shapes (Conv1D weights transposed, zero biases)."""
+    problems = gpt2_incompatibilities(cfg)
+    if problems:
+        raise ExportError("not the GPT-2 architecture: " + "; ".join(problems))
+    d = cfg.d_model
+
+    def t(name: str) -> torch.Tensor:
+        return state[name].detach().t().contiguous()
+
+    def zeros(n: int, like: str) -> torch.Tensor:
+        return torch.zeros(n, dtype=state[like].dtype)
+
+    out = {
+        "transformer.wte.weight": state["tok_emb.weight"],
+        "transformer.wpe.weight": state["pos_emb.weight"],
+        "transformer.ln_f.weight": state["norm_f.weight"],
+        "transformer.ln_f.bias": state["norm_f.bias"],
+    }
+    for i in range(cfg.n_layer):
+        src, dst = f"blocks.{i}.", f"transformer.h.{i}."
+        out.update({
+            dst + "ln_1.weight": state[src + "norm1.weight"],
+            dst + "ln_1.bias": state[src + "norm1.bias"],
+            dst + "attn.c_attn.weight": t(src + "attn.qkv.weight"),
+            dst + "attn.c_attn.bias": zeros(3 * d, src + "attn.qkv.weight"),
+            dst + "attn.c_proj.weight": t(src + "attn.proj.weight"),
+            dst + "attn.c_proj.bias": zeros(d, src + "attn.proj.weight"),
+            dst + "ln_2.weight": state[src + "norm2.weight"],
+            dst + "ln_2.bias": state[src + "norm2.bias"],
+            dst + "mlp.c_fc.weight": t(src + "mlp.fc.weight"),
+            dst + "mlp.c_fc.bias": zeros(cfg.mlp_ratio * d, src + "mlp.fc.weight"),
+            dst + "mlp.c_proj.weight": t(src + "mlp.proj.weight"),
+            dst + "mlp.c_proj.bias": zeros(d, src + "mlp.proj.weight"),
+        })  # fmt: skip
+    return {k: v.detach().contiguous() for k, v in out.items()}
+
+
+def from_hf_gpt2(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The inverse of ``to_hf_gpt2``; refuses non-zero biases, which this model cannot hold."""
+
+    def get(name: str) -> torch.Tensor:
+        for key in (name, name.removeprefix("transformer.")):
+            if key in hf:
+                return hf[key]
+        raise ExportError(f"GPT-2 weights lack {name}")
+
+    out = {
+        "tok_emb.weight": get("transformer.wte.weight"),
+        "pos_emb.weight": get("transformer.wpe.weight"),
+        "norm_f.weight": get("transformer.ln_f.weight"),
+        "norm_f.bias": get("transformer.ln_f.bias"),
+    }
+    for i in range(cfg.n_layer):
+        src, dst = f"transformer.h.{i}.", f"blocks.{i}."
+        for bias in ("attn.c_attn.bias", "attn.c_proj.bias", "mlp.c_fc.bias", "mlp.c_proj.bias"):
+            if torch.count_nonzero(get(src + bias)):
+                raise ExportError(f"GPT-2 weights have a non-zero {src + bias}: this model has no biases")
+        out.update({
+            dst + "norm1.weight": get(src + "ln_1.weight"),
+            dst + "norm1.bias": get(src + "ln_1.bias"),
+            dst + "attn.qkv.weight": get(src + "attn.c_attn.weight").t(),
+            dst + "attn.proj.weight": get(src + "attn.c_proj.weight").t(),
+            dst + "norm2.weight": get(src + "ln_2.weight"),
+            dst + "norm2.bias": get(src + "ln_2.bias"),
+            dst + "mlp.fc.weight": get(src + "mlp.c_fc.weight").t(),
+            dst + "mlp.proj.weight": get(src + "mlp.c_proj.weight").t(),
+        })  # fmt: skip
+    out["lm_head.weight"] = out["tok_emb.weight"]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def own_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """This model's state dict for safetensors: the tied output embedding is stored once (as tok_emb)."""
+    return {k: v.detach().contiguous() for k, v in state.items() if k != "lm_head.weight"}
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def _build(cfg: ModelConfig, state: dict[str, torch.Tensor], where: str) -> GPT:
+    model = GPT(cfg)
+    state = dict(state)
+    state.setdefault("lm_head.weight", state.get("tok_emb.weight"))
+    try:
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    except (RuntimeError, AttributeError) as exc:
+        raise ExportError(f"{where}: weights do not fit model settings {asdict(cfg)} ({exc})") from exc
+    model.eval()
+    return model
+
+
+def newest_checkpoint(run_dir: Path) -> Path:
+    """The newest step directory under the run's checkpoint folder that verifies."""
+    from trainer.checkpoint import CheckpointInvalid, list_step_dirs, verify
+
+    root = run_dir / "checkpoints"
+    config_path = run_dir / "config.json"
+    if config_path.is_file():
+        try:
+            local = json.loads(config_path.read_text()).get("checkpoint", {}).get("local_dir") or ""
+        except (ValueError, AttributeError) as exc:
+            raise ExportError(f"{config_path}: not a trainer config ({exc})") from exc
+        if local:
+            root = Path(local)
+    skipped = []
+    for step_dir in list_step_dirs(root):
+        try:
+            verify(step_dir)
+            return step_dir
+        except CheckpointInvalid as exc:
+            skipped.append(str(exc))
+    detail = f" (skipped: {'; '.join(skipped)})" if skipped else ""
+    raise ExportError(f"{root}: no complete checkpoint{detail}")
+
+
+def dataset_tokenizer(uri: str, endpoint_url: str | None = None) -> TokenizerSpec:
+    """The tokenizer of the dataset at ``uri`` (sha256-checked against its manifest)."""
+    from trainer.data import open_tokenizer
+
+    tok = open_tokenizer(uri, endpoint_url)
+    return TokenizerSpec(tok.kind, tok.vocab_size, tok.eot_id, getattr(tok, "name", ""),
+                         tok.to_json() if tok.kind != "byte" else None)  # fmt: skip
+
+
+def load_checkpoint(
+    step_dir: Path, *, data_uri: str | None = None, endpoint_url: str | None = None
+) -> LoadedModel:
+    """Model weights of a verified DCP checkpoint, read on this process alone."""
+    import torch.distributed.checkpoint as dcp
+
+    from trainer.checkpoint import CheckpointInvalid, verify
+
+    try:
+        manifest = verify(step_dir)
+    except CheckpointInvalid as exc:
+        raise ExportError(str(exc)) from exc
+    config = manifest.get("config") or {}
+    cfg = model_config_from(config.get("model", {}), f"{step_dir}/manifest.json 'config.model'")
+    model = GPT(cfg)
+    state = {"model": model.state_dict()}
+    try:
+        # No process group: DCP reads every shard itself, whatever the world size that wrote them.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=str(step_dir))
+    except Exception as exc:  # DCP raises CheckpointException / RuntimeError with a long cause chain
+        raise ExportError(f"{step_dir}: DCP could not load the model ({type(exc).__name__})") from exc
+    model.load_state_dict(state["model"])
+    model.eval()
+    uri = data_uri or (config.get("data") or {}).get("uri") or "synthetic"
+    endpoint = endpoint_url or (config.get("data") or {}).get("endpoint_url") or None
+    origin = {"checkpoint": str(step_dir), "step": manifest["step"], "dataset_uri": uri}
+    return LoadedModel(model, cfg, dataset_tokenizer(uri, endpoint), origin)
+
+
+def load_model_dir(model_dir: Path) -> LoadedModel:
+    """A directory written by ``export`` (either format), or the registry's older ``model.pt`` layout."""
+    from safetensors.torch import load_file
+
+    config_path = model_dir / CONFIG
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{config_path}: unreadable model config ({exc})") from exc
+    tok_json = (model_dir / TOKENIZER).read_text() if (model_dir / TOKENIZER).is_file() else None
+    if config.get("model_type") == "gpt2":
+        meta = config.get("gpu_train") or {}
+        cfg = model_config_from(meta.get("model") or {}, f"{config_path} 'gpu_train.model'")
+        tok_info = meta.get("tokenizer") or {}
+        state = from_hf_gpt2(load_file(str(model_dir / WEIGHTS)), cfg)
+        origin = meta.get("origin") or {}
+    elif config.get("format") == FORMAT:
+        cfg = model_config_from(config.get("model") or {}, f"{config_path} 'model'")
+        tok_info = config.get("tokenizer") or {}
+        state = load_file(str(model_dir / WEIGHTS))
+        origin = config.get("origin") or {}
+    elif (model_dir / "model.pt").is_file() and "model" in config:  # a trainer config next to torch.save
+        cfg = model_config_from(config["model"], f"{config_path} 'model'")
+        state = torch.load(model_dir / "model.pt", weights_only=True, map_location="cpu")
+        uri = (config.get("data") or {}).get("uri") or "synthetic"
+        return LoadedModel(
+            _build(cfg, state, str(model_dir)), cfg, dataset_tokenizer(uri), {"model_dir": str(model_dir)}
+        )
+    else:
+        raise ExportError(f"{config_path}: neither a {FORMAT} nor a Hugging Face GPT-2 config")
+    spec = TokenizerSpec(
+        kind=tok_info.get("kind", "byte"), vocab_size=int(tok_info.get("vocab_size", 257)),
+        eot_id=int(tok_info.get("eot_id", 256)), name=tok_info.get("name", ""), json=tok_json,
+    )  # fmt: skip
+    return LoadedModel(_build(cfg, state, str(model_dir)), cfg, spec, {**origin, "model_dir": str(model_dir)})
+
+
+def load(
+    *, run_dir: Path | None = None, checkpoint: Path | None = None, model_dir: Path | None = None,
+    data_uri: str | None = None, endpoint_url: str | None = None,
+) -> LoadedModel:  # fmt: skip
+    """Exactly one of run_dir / checkpoint / model_dir."""
+    given = [x for x in (run_dir, checkpoint, model_dir) if x is not None]
+    if len(given) != 1:
+        raise ExportError("give exactly one of --run-dir, --checkpoint, --model-dir")
+    if model_dir is not None:
+        return load_model_dir(model_dir)
+    step_dir = checkpoint if checkpoint is not None else newest_checkpoint(run_dir)  # type: ignore[arg-type]
+    return load_checkpoint(step_dir, data_uri=data_uri, endpoint_url=endpoint_url)
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def _cast(tensors: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in tensors.items()}
+
+
+def _write_tokenizer(spec: TokenizerSpec, out: Path, hf: bool, context: int) -> None:
+    if spec.json is None:
+        return
+    (out / TOKENIZER).write_text(spec.json)
+    if hf:  # what AutoTokenizer needs besides tokenizer.json
+        eot = json.loads(spec.json)
+        eot_text = next((t["content"] for t in eot.get("added_tokens", []) if t.get("id") == spec.eot_id),
+                        "<|endoftext|>")  # fmt: skip
+        (out / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": context,
+            "bos_token": eot_text, "eos_token": eot_text, "unk_token": eot_text,
+        }, indent=1) + "\n")  # fmt: skip
+
+
+def write_model_dir(
+    state: dict[str, torch.Tensor], cfg: ModelConfig, tokenizer: TokenizerSpec, out: Path, *,
+    fmt: str = "auto", dtype: str = "float32", origin: dict[str, Any] | None = None,
+) -> str:  # fmt: skip
+    """Write weights + config (+ tokenizer) to ``out``; returns the format written."""
+    from safetensors.torch import save_file
+
+    if fmt not in FORMATS:
+        raise ExportError(f"--format must be one of {', '.join(FORMATS)} (got {fmt!r})")
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype must be one of {', '.join(DTYPES)} (got {dtype!r})")
+    if fmt == "auto":
+        fmt = "safetensors" if gpt2_incompatibilities(cfg) else "hf-gpt2"
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": asdict(cfg), "tokenizer": tokenizer.describe(), "origin": origin or {}}
+    if fmt == "hf-gpt2":
+        save_file(_cast(to_hf_gpt2(state, cfg), dtype), str(out / WEIGHTS), metadata={"format": "pt"})
+        config = {**hf_gpt2_config(cfg, tokenizer.eot_id), "torch_dtype": dtype, "gpu_train": meta}
+    else:
+        save_file(_cast(own_weights(state), dtype), str(out / WEIGHTS), metadata={"format": "pt"})
+        config = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "dtype": dtype,
+            "tied_embeddings": True,
+            **meta,
+        }
+    (out / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
+    _write_tokenizer(tokenizer, out, fmt == "hf-gpt2", cfg.context)
+    return fmt
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.splitlines()[0])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run-dir", type=Path, help="a run directory: its newest verified checkpoint")
+    src.add_argument("--checkpoint", type=Path, help="one checkpoint step directory")
+    src.add_argument("--model-dir", type=Path, help="an exported model directory (re-export it)")
+    ap.add_argument("--out", type=Path, required=True, help="output directory")
+    ap.add_argument("--format", choices=FORMATS, default="auto")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    ap.add_argument("--data-uri", default=None, help="dataset whose tokenizer to ship (default: the run's)")
+    ap.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint for --data-uri")
+    args = ap.parse_args(argv)
+    from trainer.data.errors import DataError
+
+    try:
+        loaded = load(run_dir=args.run_dir, checkpoint=args.checkpoint, model_dir=args.model_dir,
+                      data_uri=args.data_uri, endpoint_url=args.endpoint_url)  # fmt: skip
+        fmt = write_model_dir(loaded.model.state_dict(), loaded.cfg, loaded.tokenizer, args.out,
+                              fmt=args.format, dtype=args.dtype, origin=loaded.origin)  # fmt: skip
+    except (ExportError, DataError) as exc:
+        print(f"python -m trainer.export: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    n = loaded.model.num_params(non_embedding=False)
+    print(f"exported {n / 1e6:.2f}M parameters ({fmt}, {args.dtype}) from "
+          f"{loaded.origin.get('checkpoint') or loaded.origin.get('model_dir')} to {args.out}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
