@@ -19,6 +19,7 @@ POOL_LABEL = "gpu-train.io/pool"
 CAPACITY_LABEL = "gpu-train.io/capacity"
 FABRIC_LABEL = "gpu-train.io/fabric"
 GPU_TYPE_LABEL = "gpu-train.io/gpu-type"
+GPU_NODE_LABEL = "gpu-train.io/gpu-node"  # "true" on every node of every GPU pool, on no other node
 SYSTEM_LABEL = "gpu-train.io/system"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
@@ -87,6 +88,7 @@ def team_namespace(team: str) -> str:
 def pool_node_labels(pool_name: str, capacity: str, fabric: str, gpu_type: str) -> dict[str, str]:
     """Labels on every node of a GPU pool; the job's node selector uses POOL_LABEL."""
     return {
+        GPU_NODE_LABEL: "true",
         POOL_LABEL: pool_name,
         CAPACITY_LABEL: capacity,
         FABRIC_LABEL: fabric,

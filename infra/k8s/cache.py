@@ -83,18 +83,11 @@ def page_store_path(nvme_host_path: str) -> str:
 
 
 def worker_node_selector(gpu_pools: list[GpuPool]) -> dict[str, str]:
-    """The node labels every node of every GPU pool carries (naming.pool_node_labels): the chart
-    places workers by nodeSelector only, and none of these labels is on system nodes."""
-    shared: set[tuple[str, str]] | None = None
-    for pool in gpu_pools:
-        labels = set(naming.pool_node_labels(pool.name, pool.capacity, pool.fabric.kind, pool.gpu_type).items())
-        shared = labels if shared is None else shared & labels
-    if not shared:
-        names = ", ".join(sorted(p.name for p in gpu_pools))
-        raise ValueError(f"gpu-train:cache: the Alluxio chart places workers by nodeSelector only, and the GPU "
-                         f"pools {names} share no node label (capacity, fabric or GPU type); disable the cache "
-                         f"(gpu-train:cache.enabled: false) or give the pools one of these in common")
-    return dict(sorted(shared))
+    """The label every node of every GPU pool carries and no other node does (naming.pool_node_labels):
+    the chart places workers by nodeSelector only."""
+    if not gpu_pools:
+        raise ValueError("the cache needs at least one GPU pool for its workers")
+    return {naming.GPU_NODE_LABEL: "true"}
 
 
 def ufs_uri(datasets_bucket: str) -> str:

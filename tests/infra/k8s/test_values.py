@@ -83,7 +83,8 @@ def test_cache_reads_the_datasets_bucket_through_workload_identity_only():
 def test_cache_workers_run_on_gpu_nodes_and_masters_on_system_nodes_with_encrypted_journal():
     values = alluxio(masters=3, journal_gb=42)
     # The chart places workers by nodeSelector only: the labels the pool's nodes carry.
-    assert values["worker"]["nodeSelector"] == naming.pool_node_labels("h100", "spot", "none", "H100")
+    assert values["worker"]["nodeSelector"] == {naming.GPU_NODE_LABEL: "true"}
+    assert values["worker"]["nodeSelector"].items() <= naming.pool_node_labels("h100", "spot", "none", "H100").items()
     assert naming.SYSTEM_LABEL not in values["worker"]["nodeSelector"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in values["worker"]["tolerations"]
     assert values["master"]["nodeSelector"] == SYSTEM and values["master"]["count"] == 3
@@ -94,13 +95,17 @@ def test_cache_workers_run_on_gpu_nodes_and_masters_on_system_nodes_with_encrypt
         assert res["requests"] and res["limits"], component
 
 
-def test_cache_workers_select_the_labels_all_gpu_pools_share():
-    pools = [pool("a", capacity="spot"), pool("b", capacity="on-demand")]
-    assert cache.worker_node_selector(pools) == {naming.FABRIC_LABEL: "none", naming.GPU_TYPE_LABEL: "h100"}
+def test_cache_workers_select_every_gpu_node_and_only_gpu_nodes():
+    """Pools that share no other label (capacity, fabric, GPU type) all get workers; system nodes none."""
     mixed = [pool("a", capacity="spot"), GpuPool(**{**pool("b").__dict__, "capacity": "on-demand",
                                                       "gpu_type": "L4", "fabric": Fabric(kind="efa")})]
-    with pytest.raises(ValueError, match="share no node label"):
-        cache.worker_node_selector(mixed)
+    selector = cache.worker_node_selector(mixed)
+    for p in mixed:
+        node = naming.pool_node_labels(p.name, p.capacity, p.fabric.kind, p.gpu_type)
+        assert selector.items() <= node.items()
+    assert not selector.items() <= {naming.SYSTEM_LABEL: "true"}.items()
+    with pytest.raises(ValueError, match="at least one GPU pool"):
+        cache.worker_node_selector([])
 
 
 def test_cache_rejects_bad_settings_with_the_key():
