@@ -30,7 +30,9 @@ import pulumi_aws as aws
 
 from infra.aws import iam
 
-IMAGE = "aws/codebuild/amazonlinux-x86_64-standard:5.0"  # CodeBuild-managed image with Docker
+# CodeBuild-managed Ubuntu image with Docker: the workflows use actions/setup-python, whose builds are for
+# Ubuntu (https://github.com/actions/python-versions), not Amazon Linux.
+IMAGE = "aws/codebuild/standard:7.0"
 COMPUTE_TYPE = "BUILD_GENERAL1_LARGE"  # 8 vCPU / 15 GB: the trainer image build installs torch
 LOG_RETENTION_DAYS = 90
 HTTPS = 443

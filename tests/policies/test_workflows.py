@@ -97,8 +97,23 @@ def test_deploy_updates_dev_then_prod_behind_an_approval_environment():
     _lists_marked_stacks(doc)
     assert _matrix_source(dev) == "${{ fromJSON(needs.stacks.outputs.nonprod) }}"
     assert _matrix_source(prod) == "${{ fromJSON(needs.stacks.outputs.prod) }}"
-    assert prod["needs"] == ["stacks", "dev"] and prod["environment"] == "production"
+    assert prod["needs"] == ["stacks", "dev", "prod-runner"] and prod["environment"] == "production"
     assert "needs.dev.result == 'success'" in prod["if"]  # never after a failed non-prod update
+    assert "needs.prod-runner.result == 'success'" in prod["if"]
+    assert dev["needs"] == ["stacks", "dev-runner"]
+    # Before an AWS stack's first deploy its in-VPC runner does not exist: the runner jobs create the
+    # cloud side alone from a GitHub-hosted runner, under the same environment (and so the same approval).
+    for name, env, source in (("dev-runner", "development", "nonprod"), ("prod-runner", "production", "prod")):
+        job = doc["jobs"][name]
+        assert job["runs-on"] == "ubuntu-24.04" and job["environment"] == env
+        assert _matrix_source(job) == f"${{{{ fromJSON(needs.stacks.outputs.{source}) }}}}"
+        cmd = next(r for r in _runs(job) if r.startswith("pulumi up"))
+        assert "--exclude-dependents" in cmd and "pulumi:providers:kubernetes::cluster-k8s" in cmd
+        assert "--policy-pack policies" in cmd
+        check = next(st for st in job["steps"] if st.get("id") == "runner")
+        assert "batch-get-projects" in check["run"] and check["if"] == "matrix.cloud == 'aws'"
+        creds = next(st for st in job["steps"] if st.get("uses", "").startswith("aws-actions/configure-aws-credentials"))
+        assert "role-to-assume" in creds["with"]
     for job in (dev, prod):
         _runs_where_the_api_server_is_reachable(job)
         cmd = next(r for r in _runs(job) if r.startswith("pulumi up"))
