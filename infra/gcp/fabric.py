@@ -44,7 +44,7 @@ RXDM_RESOURCES = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory"
 # A capability-only variant exists but needs NRI device injection on the nodes, which this platform
 # does not deploy. They run as root: the training pod's own securityContext makes every container
 # non-root (the trainer's UID), and a non-root process gets no capabilities even in a privileged
-# container. The policy pack exempts exactly these two containers (policies/kubernetes.py).
+# container. The policy pack exempts exactly these two containers (RXDM_SIDECARS in policies/pods.py).
 RXDM_SECURITY = {"privileged": True, "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False}
 
 

@@ -79,16 +79,18 @@ def test_everything_is_encrypted_with_our_keys(plans, stack):
 def test_cluster_is_private_with_workload_identity(plans, stack):
     gke = one(plans[stack], "gcp:container/cluster:Cluster")
     assert gke["privateClusterConfig"]["enablePrivateNodes"] is True
-    public = stack == "gcp-prod"
+    settings = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]["gpu-train:cluster"]
+    public = settings.get("endpointPublicAccess", False)
     assert gke["privateClusterConfig"]["enablePrivateEndpoint"] is (not public)
     cidrs = {c["cidrBlock"] for c in gke["masterAuthorizedNetworksConfig"]["cidrBlocks"]}
-    assert "0.0.0.0/0" not in cidrs and ("203.0.113.0/24" in cidrs) is public
+    assert "0.0.0.0/0" not in cidrs
+    assert set(settings.get("publicAccessCidrs", [])) <= cidrs
     assert gke["workloadIdentityConfig"]["workloadPool"].endswith(".svc.id.goog")
     assert gke["datapathProvider"] == "ADVANCED_DATAPATH" and gke["enableShieldedNodes"] is True
     assert gke["removeDefaultNodePool"] is True and gke["initialNodeCount"] == 1
     (exclusion,) = gke["maintenancePolicy"]["maintenanceExclusions"]
     assert exclusion["exclusionOptions"]["scope"] == "NO_MINOR_OR_NODE_UPGRADES"
-    assert gke.get("enableMultiNetworking") is (True if public else None)
+    assert gke.get("enableMultiNetworking") is (True if stack == "gcp-prod" else None)  # fabric pools
     # CI and operators reach the API through the IAM-authorized DNS endpoint, not an IP.
     assert gke["controlPlaneEndpointsConfig"] == {"dnsEndpointConfig": {"allowExternalTraffic": True}}
     # Team groups in RBAC need Google Groups for RBAC (the stacks' groups share one domain).
