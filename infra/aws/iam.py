@@ -223,14 +223,21 @@ LB_CONTROLLER_TAG = "elbv2.k8s.aws/cluster"  # the controller tags what it creat
 def load_balancer_controller_policy(*, region: str, account_id: str) -> dict:
     """AWS Load Balancer Controller permissions, following the project's published policy.
 
-    Statement for statement the controller's own `docs/install/iam_policy.json` (v2.13,
-    https://github.com/kubernetes-sigs/aws-load-balancer-controller/blob/main/docs/install/iam_policy.json),
+    Statement for statement the controller's own `docs/install/iam_policy.json` at the tag the
+    pinned chart ships (v3.5.0; the file is unchanged since v2.13.0,
+    https://github.com/kubernetes-sigs/aws-load-balancer-controller/blob/v3.5.0/docs/install/iam_policy.json),
     with these narrowings: ARNs are limited to this account and region; where the published policy
     says "*" for an action that supports resource-level permissions, the resource is the ARN type
     the Service Authorization Reference lists for it (the IAM lint checks each against its
-    catalogue); and the Cognito, WAF, Shield, Outposts customer-owned IP and IPAM pool actions are
-    left out, because the Helm values turn those features off and this platform makes internal
-    NLBs only (no ALB Ingress). Mutations stay keyed on the controller's ownership tag.
+    catalogue); and these actions are left out, because the Helm values turn their features off or
+    this platform never asks for them (internal NLBs from Services, no ALB Ingress):
+    `cognito-idp:DescribeUserPoolClient` (ALB OIDC/Cognito auth), the `waf-regional:*`, `wafv2:*`
+    and `elasticloadbalancing:SetWebAcl` actions (enableWaf / enableWafv2 off), the `shield:*`
+    actions (enableShield off), `ec2:DescribeCoipPools` and `ec2:GetCoipPoolUsage` (Outposts
+    customer-owned IPs for ALBs) and `elasticloadbalancing:ModifyIpPools` (IPAM pools for ALBs).
+    The read-only `ec2:DescribeIpamPools` stays, as published. Mutations stay keyed on the
+    controller's ownership tag. The features the chart's controller adds beyond this file
+    (certificate management, Global Accelerator) publish policies of their own and are off by default.
     """
     elb = f"arn:aws:elasticloadbalancing:{region}:{account_id}"
     sg = f"arn:aws:ec2:{region}:{account_id}:security-group/*"

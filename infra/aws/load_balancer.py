@@ -11,6 +11,13 @@ EKS's in-tree cloud provider only makes Classic/NLB instance-mode balancers and 
 Services (https://kubernetes-sigs.github.io/aws-load-balancer-controller/latest/guide/service/nlb/).
 It runs on the system nodes with a Pod Identity role. Nodes keep an IMDS hop limit of 1, so the
 controller cannot discover its VPC and region from instance metadata: both are set in the values.
+
+Helm installs the chart's `crds/` (TargetGroupBinding, IngressClassParams and the controller's other
+kinds) on the first install only and never upgrades them
+(https://helm.sh/docs/chart_best_practices/custom_resource_definitions/). A cluster whose release
+was first installed from an older chart keeps that chart's CRDs until they are applied by hand
+(docs/aws.md, "Load balancers"). Neither the program nor, with these values, the chart creates objects
+of these kinds; the controller itself creates a TargetGroupBinding for each Service it serves.
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ from infra.aws import iam
 
 CHART_REPO = "https://aws.github.io/eks-charts"
 CHART = "aws-load-balancer-controller"
-CHART_VERSION = "1.13.0"  # controller v2.13.0, whose IAM policy iam.load_balancer_controller_policy follows
+# Chart 3.5.0 ships controller v3.5.0 (its appVersion); iam.load_balancer_controller_policy follows that
+# tag's published IAM policy.
+CHART_VERSION = "3.5.0"
+CONTROLLER_VERSION = "v3.5.0"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "aws-load-balancer-controller"
 
@@ -47,10 +57,22 @@ def helm_values(*, cluster_name: str, region: str, vpc_id: str, system_selector:
         # Services without a target-type annotation also get pod (IP) targets, which work with VPC CNI
         # custom networking and skip the extra NodePort hop.
         "defaultTargetType": "ip",
+        # A Service that names no scheme still gets an internal balancer, whatever the controller's
+        # built-in default (`--default-load-balancer-scheme`, chart 3.x).
+        "defaultLoadBalancerScheme": "internal",
+        # No ALB Ingress on this platform: no `alb` IngressClass, and so no IngressClassParams object
+        # (a custom resource the chart would otherwise render next to it).
+        "createIngressClassResource": False,
         # Internal NLBs only: the IAM policy grants none of the WAF / Shield APIs these would call.
         "enableShield": False,
         "enableWaf": False,
         "enableWafv2": False,
+        # Reuse the webhook certificate on upgrades (chart 3.x defaults to a new CA on every upgrade).
+        # A new CA reaches the webhook configurations at once but the running pods only when the kubelet
+        # refreshes the mounted Secret; until then every call fails TLS, and the Service webhook
+        # (failurePolicy Fail) rejects LoadBalancer Services created right after the upgrade
+        # (https://github.com/kubernetes-sigs/aws-load-balancer-controller/issues/2473).
+        "keepTLSSecret": True,
     }
 
 
