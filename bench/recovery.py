@@ -1,9 +1,14 @@
-"""Recovery: seconds from a lost worker or node to the first completed step after every rank resumed from
-the newest checkpoint, on one node and on two emulated nodes.
+"""Recovery: seconds from a lost worker, a hung worker or a lost node to the first completed step after every
+rank resumed from the newest checkpoint, on one node and on two emulated nodes.
 
 Usage: `python -m bench --only recovery`.
 - one node: two CPU workers under one torchrun (--max-restarts=1); rank 1 kills itself (SIGKILL) at step
   KILL_AT through the trainer's test hook (TRAINER_TEST_KILL_AT_STEP); the checkpoint directory is shared.
+- one node, hung worker: the same, but rank 1 goes to sleep inside step KILL_AT's all-reduce
+  (TRAINER_TEST_HANG_AT_STEP), which rank 0 waits in; the watchdog (trainer/watchdog.py, floor
+  HANG_FLOOR_S) ends both, torchrun restarts the group. Measured from the moment the sleep began (the hook
+  writes it into its marker file) to the watchdog's first line (detection) and to the first step logged after
+  the restart (detection to resume).
 - two nodes, worker killed: two torchrun agents (one CPU worker each) through the launcher on one c10d
   rendezvous, node-local checkpoint directories and a local S3 server (moto) as the remote store; rank 1
   kills itself at step KILL_AT; both agents restart and the group resumes from the store.
@@ -16,6 +21,8 @@ it (so they include the lost part of the killed step); the node-loss figure from
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import statistics
 import tempfile
@@ -54,6 +61,38 @@ def _single_node(overrides: list[str]) -> tuple[float, str]:
         assert summary(run_dir)["restarts"] == 1, "the worker was not killed and restarted"
         resumed = [e["resumed_from"] for e in events if e.get("event") == "start"][1]
         return _gap(events), Path(resumed).name
+
+
+# The tiny preset's steps take well under a second here, so the watchdog's bound is its floor.
+HANG_FLOOR_S = 5
+HANG = ["watchdog.floor_s=5", "watchdog.startup_s=120", "eval.sample_tokens=0"]
+_WATCHDOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \[rank\d+\] CRITICAL trainer\.watchdog: "
+                            r".*: ([\d.]+)s, bound ([\d.]+)s")
+
+
+def _hung_worker() -> tuple[float, float, float, str]:
+    """(hang -> watchdog fires, hang -> first step after resume, the bound, checkpoint resumed from)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir, marker, log = Path(tmp) / "run", Path(tmp) / "hang.json", Path(tmp) / "run.log"
+        events = run_trainer(run_dir, "tiny", [f"train.steps={STEPS}", "checkpoint.every_steps=5",
+                                               "metrics.log_every=1", *HANG],
+                             nproc=2, max_restarts=1, log=log,
+                             env={"TRAINER_TEST_HANG_AT_STEP": str(KILL_AT), "TRAINER_TEST_HANG_RANK": "1",
+                                  "TRAINER_TEST_HANG_MARKER": str(marker), "TRAINER_TEST_HANG_S": "600"})
+        assert summary(run_dir)["restarts"] == 1, "the hung worker was not ended and restarted"
+        hung_at = json.loads(marker.read_text())["time"]
+        fired = []
+        for line in log.read_text().splitlines():
+            m = _WATCHDOG_LINE.match(line)
+            if m:
+                stamp = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+                fired.append((stamp, float(m.group(4))))
+        if not fired:
+            raise RuntimeError(f"no watchdog line in the trainer's output; see {log}")
+        restart = [i for i, e in enumerate(events) if e.get("event") == "start"][1]
+        first = next(e for e in events[restart:] if e.get("event") == "step")
+        resumed = Path(events[restart]["resumed_from"]).name
+        return min(t for t, _ in fired) - hung_at, first["time"] - hung_at, fired[0][1], resumed
 
 
 def _two_nodes(endpoint: str, bucket: str, *, lose_node: bool) -> tuple[float, str]:
@@ -110,6 +149,21 @@ def run(quick: bool = False) -> list[Figure]:
                               notes=f"2 CPU workers, one torchrun, killed at step {KILL_AT}, resumed from "
                                     f"{resumed}, median of {repeats}"))
     single = figures[0].value
+    detect, resume, bound, resumed = [], [], 0.0, ""
+    for _ in range(repeats):
+        d, r, bound, resumed = _hung_worker()
+        detect.append(d)
+        resume.append(r)
+    figures.append(Figure(
+        "recovery", "one node, hang (rank 1 asleep in the step's all-reduce) -> watchdog fires (tiny)",
+        statistics.median(detect), "s", bound, "the watchdog's bound", statistics.median(detect) / bound,
+        notes=f"2 CPU workers, watchdog.floor_s={HANG_FLOOR_S}, hung in step {KILL_AT + 1}, median of {repeats}"))
+    figures.append(Figure(
+        "recovery", "one node, hang -> watchdog fires -> first step after resume (tiny)",
+        statistics.median(resume), "s", single, "one node, worker kill -9",
+        statistics.median(resume) / single if single else None,
+        notes=f"detection to resume: the bound ({bound:g} s here) plus torchrun's restart and the resume from "
+              f"{resumed}; median of {repeats}"))
     with local_s3() as endpoint:
         for lose_node, label in ((False, "worker kill -9"), (True, "node lost (launcher SIGKILLed), replaced")):
             seconds, resumed = [], ""

@@ -19,13 +19,18 @@ QUIET = ["metrics.port=0", "tracking.enabled=false"]
 
 
 def run_trainer(run_dir: Path, preset: str, overrides: list[str], *, nproc: int = 1, max_restarts: int = 0,
-                env: dict[str, str] | None = None, timeout: float = 1200) -> list[dict]:
-    """Run the trainer to completion under torchrun (c10d rendezvous) and return its events."""
+                env: dict[str, str] | None = None, timeout: float = 1200, log: Path | None = None) -> list[dict]:
+    """Run the trainer to completion under torchrun (c10d rendezvous) and return its events; `log` keeps its
+    stdout and stderr."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--max-restarts={max_restarts}",
            "-m", "trainer", "--preset", preset, "--run-dir", str(run_dir), *QUIET, *overrides]
-    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+    # The switch the launcher sets for torchrun (trainer/distributed.py): a restarted group needs a fresh store.
+    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if log is not None:
+        log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"trainer failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -6,10 +6,12 @@ Run:
         --max-restarts=3 -m trainer --preset tiny --run-dir runs/dev             # elastic, 2 workers
     python -m trainer --help                                                   # every key with its default
 
-Overrides are `section.key=value`. Exit codes (trainer/errors.py): 0 all of train.steps done; 2 bad input,
-printed as one line naming the setting, file, URI or checkpoint (never a traceback); 75 stopped early by
-SIGTERM here or on another node, after a final checkpoint; 1 a failure worth retrying. Under gpu-train-launch
-(trainer/entrypoint.sh) a bad input also stops torchrun from restarting the workers.
+Overrides are `section.key=value`. Exit codes (trainer/errors.py): 0 all of train.steps done, or stopped by
+early stopping (eval.early_stopping_patience) after a final checkpoint; 2 bad input, printed as one line naming
+the setting, file, URI or checkpoint (never a traceback); 75 stopped by SIGTERM here or on another node, after
+a final checkpoint; 124 a hung step ended by the watchdog (trainer/watchdog.py); 1 another failure worth
+retrying. Under gpu-train-launch (trainer/entrypoint.sh) a bad input also stops torchrun from restarting the
+workers.
 """
 
 from __future__ import annotations
@@ -33,15 +35,15 @@ PROG = "python -m trainer"
 
 
 def parser() -> argparse.ArgumentParser:
-    keys = "\n".join(f"  {key:<36} {typ:<22} default {default!r}" for key, typ, default in reference())
+    keys = "\n".join(f"  {key:<36} {typ:<24} default {default!r}" for key, typ, default in reference())
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Train a GPT decoder with DDP or FSDP2; elastic under torchrun; resumes from the newest "
         "verified checkpoint.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"overrides (section.key=value; values of the preset shown for tiny):\n{keys}\n\n"
-        "exit codes: 0 completed, 2 bad input (not retried), 75 stopped by SIGTERM after a checkpoint, "
-        "1 failure (retried).\nSee docs/trainer.md.",
+        "exit codes: 0 completed (or stopped early), 2 bad input (not retried), 75 stopped by SIGTERM after a "
+        "checkpoint, 124 hung (watchdog), 1 failure (retried).\nSee docs/trainer.md.",
     )
     p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="named configuration (default tiny)")
     p.add_argument("--config", type=Path, default=None, help="YAML file with the same sections as the overrides")
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingFailed as exc:
         print(f"{PROG}: failed (will be retried): {one_line(str(exc))}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    return EXIT_OK if summary["status"] == "completed" else EXIT_RESUMABLE
+    return EXIT_OK if summary["status"] in ("completed", "stopped_early") else EXIT_RESUMABLE
 
 
 def exit_now(code: int) -> None:

@@ -2,7 +2,8 @@
 remote store.
 
 Usage (inside the training loop, on every rank; every method is collective):
-    ckpt = CheckpointManager(local_dir, remote_uri, endpoint_url=None, keep=3, env=env, async_save=True)
+    ckpt = CheckpointManager(local_dir, remote_uri, endpoint_url=None, keep=3, env=env, async_save=True,
+                             timeout_s=1860)                                 # the checkpoint group's timeout
     path = ckpt.resume(model, optimizer, check=compatible, apply=restore)   # newest loadable checkpoint or None
     ckpt.save(step, model, optimizer, trainer_state, config_dict)          # returns after staging
     ckpt.wait()                                                            # last save written, uploaded, pruned
@@ -47,6 +48,7 @@ collectives on the default group
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import logging
@@ -271,6 +273,7 @@ class CheckpointManager:
         env: DistEnv,
         async_save: bool = True,
         endpoint_url: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         self.local_dir = Path(local_dir)
         self.remote_uri = remote_uri.rstrip("/")
@@ -280,7 +283,11 @@ class CheckpointManager:
         self.endpoint_url = endpoint_url
         self.local_dir.mkdir(parents=True, exist_ok=True)
         # Background DCP planning and our own finalize collectives run on this group, never on the default one.
-        self._pg = dist.new_group(backend="gloo")
+        # Its timeout (the trainer passes trainer.watchdog.checkpoint_timeout_s) must outlast the slowest rank's
+        # write and upload, which every other rank waits for in the phase's agreement.
+        self._pg = dist.new_group(
+            backend="gloo", timeout=datetime.timedelta(seconds=timeout_s) if timeout_s else None
+        )
         self._thread: threading.Thread | None = None
         self.store = None
         if self.remote_uri:

@@ -70,9 +70,40 @@ class TrainConfig:
 class DataConfig:
     uri: str = "synthetic"  # dataset manifest URI (file://, s3://, gs://) or "synthetic"
     endpoint_url: str = ""  # S3-compatible endpoint override; "" = env TRAINER_S3_ENDPOINT_URL or AWS default
-    cache_dir: str = ""  # local shard cache; "" = RUN_DIR/cache
-    cache_max_bytes: int = 20 * 2**30
-    prefetch_shards: int = 2
+    # Request signing (trainer/data/storage.py): auto = unsigned to the Alluxio S3 proxy, SigV4 elsewhere.
+    endpoint_auth: Literal["auto", "sigv4", "unsigned"] = "auto"
+    cache_dir: str = ""  # shard cache; "" = the shared one: env TRAINER_CACHE_DIR, else ~/.cache/gpu-train/shards
+    cache_max_bytes: int = 0  # cache budget; 0 = cache_disk_fraction of the disk holding cache_dir
+    cache_disk_fraction: float = 0.5  # share of that disk the cache may use when cache_max_bytes is 0
+    prefetch_shards: int = 2  # shards downloaded in parallel ahead of use
+    block_shards: int = 4  # shards per block of the block shuffle (trainer/data/sampler.py); 0 = one block
+    packing: bool = True  # false: no training window crosses a document boundary
+    # Where shard bytes live (trainer/data/shards.py): auto = direct for file://, memory behind the cache proxy,
+    # disk otherwise.
+    read_mode: Literal["auto", "direct", "disk", "memory"] = "auto"
+    verify: Literal["seal", "full"] = "seal"  # seal: hash a cached shard only when its seal changed; full: always
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    every_steps: int = 0  # validation loss every N steps and at the end; 0 = off
+    batches: int = 20  # micro batches of held-out windows per evaluation (the same windows every time)
+    micro_batch_size: int = 0  # sequences per forward in evaluation; 0 = train.micro_batch_size
+    early_stopping_patience: int = 0  # stop after this many evaluations without a new best; 0 = never
+    sample_tokens: int = 100  # tokens sampled from the final model at the end of a run; 0 = no sample
+    sample_prompt: str = ""  # text the end-of-run sample continues; "" = the start of a document
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchdogConfig:
+    enabled: bool = True  # a per-rank thread that ends a hung worker (trainer/watchdog.py)
+    factor: float = 10.0  # a step may take factor x the median of the last `window` steps ...
+    window: int = 20
+    floor_s: float = 300.0  # ... but never less than this
+    warmup_steps: int = 3  # the first steps of each launch (compilation, cold caches) get startup_s each
+    startup_s: float = 900.0  # also the most any step is ever allowed
+    checkpoint_s: float = 1800.0  # a blocking checkpoint save (or waiting for a background one)
+    eval_s: float = 900.0  # one evaluation of the validation loss
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,8 +140,10 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
 
 # ---------------------------------------------------------------------------------------------- presets
@@ -339,7 +372,7 @@ def _check_endpoint(key: str, value: str) -> None:
 
 
 def validate(cfg: Config) -> None:
-    m, t = cfg.model, cfg.train
+    m, t, wd = cfg.model, cfg.train, cfg.watchdog
     # Every float key: NaN or infinity never makes sense (a NaN train.lr crashes the scheduler, an infinite
     # one trains on NaN losses).
     for sec in fields(Config):
@@ -354,6 +387,8 @@ def validate(cfg: Config) -> None:
         "train.steps": t.steps, "train.global_batch_tokens": t.global_batch_tokens,
         "train.micro_batch_size": t.micro_batch_size, "train.lr": t.lr, "checkpoint.keep": cfg.checkpoint.keep,
         "metrics.log_every": cfg.metrics.log_every, "tracking.log_every": cfg.tracking.log_every,
+        "eval.batches": cfg.eval.batches, "watchdog.window": wd.window, "watchdog.floor_s": wd.floor_s,
+        "watchdog.startup_s": wd.startup_s, "watchdog.checkpoint_s": wd.checkpoint_s, "watchdog.eval_s": wd.eval_s,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -363,6 +398,10 @@ def validate(cfg: Config) -> None:
         "train.min_lr": t.min_lr, "train.weight_decay": t.weight_decay,
         "checkpoint.every_steps": cfg.checkpoint.every_steps, "metrics.port": cfg.metrics.port,
         "data.prefetch_shards": cfg.data.prefetch_shards, "data.cache_max_bytes": cfg.data.cache_max_bytes,
+        "data.block_shards": cfg.data.block_shards, "eval.every_steps": cfg.eval.every_steps,
+        "eval.micro_batch_size": cfg.eval.micro_batch_size,
+        "eval.early_stopping_patience": cfg.eval.early_stopping_patience,
+        "eval.sample_tokens": cfg.eval.sample_tokens, "watchdog.warmup_steps": wd.warmup_steps,
     }
     for key, value in non_negative.items():
         if value < 0:
@@ -370,6 +409,17 @@ def validate(cfg: Config) -> None:
     for key, value in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
         if not 0.0 <= value < 1.0:  # AdamW's own range (torch.optim.AdamW raises on anything else)
             raise ConfigError(f"{key} must be in [0, 1) (got {value})")
+    if not 0.0 < cfg.data.cache_disk_fraction <= 1.0:
+        raise ConfigError(f"data.cache_disk_fraction must be in (0, 1] (got {cfg.data.cache_disk_fraction})")
+    if cfg.eval.early_stopping_patience and not cfg.eval.every_steps:
+        raise ConfigError(
+            f"eval.early_stopping_patience={cfg.eval.early_stopping_patience} needs evaluations: set "
+            "eval.every_steps > 0"
+        )
+    if wd.factor < 1.0:
+        raise ConfigError(f"watchdog.factor must be >= 1 (got {wd.factor}): a step as long as the median is no hang")
+    if wd.startup_s < wd.floor_s:
+        raise ConfigError(f"watchdog.startup_s ({wd.startup_s}) must be >= watchdog.floor_s ({wd.floor_s})")
     if cfg.metrics.port > MAX_PORT:
         raise ConfigError(f"metrics.port must be a TCP port, 0..{MAX_PORT} (got {cfg.metrics.port})")
     if not 0 <= t.seed <= MAX_SEED:
@@ -395,6 +445,9 @@ def validate(cfg: Config) -> None:
             f"train.micro_batch_size ({t.micro_batch_size})"
         )
     _check_uri("data.uri", cfg.data.uri, extra=("synthetic",))
+    if cfg.data.read_mode == "direct" and urlparse(cfg.data.uri).scheme != "file":
+        raise ConfigError(f"data.read_mode=direct memory-maps shards where they are and needs a file:// data.uri "
+                          f"(got {cfg.data.uri!r}); use auto, disk or memory")
     if cfg.checkpoint.remote_uri:
         _check_uri("checkpoint.remote_uri", cfg.checkpoint.remote_uri)
     _check_endpoint("data.endpoint_url", cfg.data.endpoint_url)

@@ -106,8 +106,12 @@ def check_store_mode() -> None:
     )
 
 
-def init_distributed(timeout_s: float = 600.0) -> DistEnv:
-    """Join (or, standalone, create) the default process group and pick this worker's device."""
+def init_distributed(timeout_s: float = 600.0, nccl_env: dict[str, str] | None = None) -> DistEnv:
+    """Join (or, standalone, create) the default process group and pick this worker's device.
+
+    `timeout_s` is every collective's timeout on the default group (the trainer derives it from its watchdog,
+    trainer/watchdog.py). `nccl_env` are TORCH_NCCL_* settings applied, unless the environment already has
+    them, before the NCCL process group is created (ProcessGroupNCCL reads them in its constructor)."""
     torchrun = under_torchrun()
     if torchrun:
         check_store_mode()
@@ -122,6 +126,8 @@ def init_distributed(timeout_s: float = 600.0) -> DistEnv:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"
+        for key, value in (nccl_env or {}).items():
+            os.environ.setdefault(key, value)
     else:
         device = torch.device("cpu")
         backend = "gloo"

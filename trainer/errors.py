@@ -9,6 +9,8 @@ Exit codes (of `python -m trainer` and of the launcher `gpu-train-launch`, see d
     2   EXIT_BAD_INPUT   settings, dataset, run directory or checkpoint unusable; retrying cannot help
     75  EXIT_RESUMABLE   stopped early (SIGTERM on this node or another one) after a final checkpoint;
                          the next launch resumes (75 is EX_TEMPFAIL of sysexits.h: "try again later")
+    124 (watchdog)       a hung worker ended by its watchdog (trainer/watchdog.py) after dumping every
+                         thread's stack; retried: torchrun restarts the group from the newest checkpoint
     1   anything else    a failure worth retrying (lost peer, storage outage, ...)
 
 Why a worker kills its own agent on bad input: torchrun restarts the whole worker group after any worker

@@ -23,8 +23,9 @@ In order:
 3. torchrun as a child, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (trainer/distributed.py says why),
    TRAINER_EXIT_FILE and TRAINER_LAUNCHER_PID (trainer/errors.py: how a worker's bad input stops torchrun's
    restarts), TRAINER_SHUTDOWN_TIMEOUT_S (torchrun's shutdown timeout, which the workers' final checkpoint
-   after SIGTERM must fit in: they log how much of it they used), and a parent-death signal so that the
-   launcher killed takes torchrun and its workers with it.
+   after SIGTERM must fit in: they log how much of it they used), the TORCH_NCCL_* settings that make NCCL's
+   watchdog agree with the trainer's (trainer/watchdog.py, nccl_env; a value already in the environment
+   wins), and a parent-death signal so that the launcher killed takes torchrun and its workers with it.
    SIGTERM, SIGINT and SIGHUP are forwarded to torchrun, which forwards them to the workers and kills them
    --shutdown-timeout seconds later (default 30, torch/distributed/run.py).
 4. Exit: 2 if a worker recorded bad input (its message is printed again), else torchrun's own exit code
@@ -46,6 +47,7 @@ import time
 from pathlib import Path
 
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_FILE_ENV, LAUNCHER_PID_ENV, BadInput, one_line
+from trainer.watchdog import nccl_env
 
 PROG = "gpu-train-launch"
 STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -172,8 +174,9 @@ def run_torchrun(argv: list[str], shutdown_timeout: int | None) -> int:
         shutdown_timeout = _seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
     with tempfile.TemporaryDirectory(prefix="gpu-train-launch-") as tmp:
         exit_file = Path(tmp) / "bad-input"
-        env = {**os.environ, STORE_SWITCH: "1", EXIT_FILE_ENV: str(exit_file), LAUNCHER_PID_ENV: str(os.getpid()),
-               SHUTDOWN_ENV: str(shutdown_timeout)}
+        # NCCL's watchdog settings (trainer/watchdog.py) unless the caller chose others; the JobSet sets the same.
+        env = {**nccl_env(), **os.environ, STORE_SWITCH: "1", EXIT_FILE_ENV: str(exit_file),
+               LAUNCHER_PID_ENV: str(os.getpid()), SHUTDOWN_ENV: str(shutdown_timeout)}
         child = subprocess.Popen([torchrun, *argv], env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509
 
         def forward(signum, frame):  # noqa: ARG001

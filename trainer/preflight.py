@@ -23,8 +23,29 @@ from trainer.config import MAX_PORT, Config, ConfigError, batch_layout
 from trainer.errors import BadInput
 
 
-def cache_dir_of(cfg: Config, run_dir: Path) -> Path:
-    return Path(cfg.data.cache_dir or run_dir / "cache")
+def cache_dir_of(cfg: Config) -> Path:
+    """data.cache_dir, or the shared per-user cache it stands for when empty (trainer.data.shards)."""
+    from trainer.data.shards import default_cache_dir
+
+    return Path(cfg.data.cache_dir) if cfg.data.cache_dir else default_cache_dir()
+
+
+def dataset_options(cfg: Config) -> dict[str, Any]:
+    """open_dataset's arguments for the data.* settings (the same for both splits)."""
+    d = cfg.data
+    return {
+        "context": cfg.model.context,
+        "cache_dir": d.cache_dir or None,
+        "cache_max_bytes": d.cache_max_bytes or None,
+        "cache_disk_fraction": d.cache_disk_fraction,
+        "prefetch_shards": d.prefetch_shards,
+        "endpoint_url": d.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None,
+        # "auto" leaves env TRAINER_S3_AUTH its say (trainer/data/storage.py); the other two force a mode.
+        "endpoint_auth": None if d.endpoint_auth == "auto" else d.endpoint_auth,
+        "packing": d.packing,
+        "read_mode": d.read_mode,
+        "verify": d.verify,
+    }
 
 
 def checkpoint_dir_of(cfg: Config, run_dir: Path) -> Path:
@@ -73,24 +94,22 @@ def check_tracking(cfg: Config, run_dir: Path) -> None:
         raise ConfigError(str(exc)) from exc
 
 
-def open_checked_dataset(cfg: Config, run_dir: Path) -> Any:
-    """Open the dataset as the loop will, and check it against the model; BadInput naming the key."""
+def open_checked_dataset(cfg: Config, split: str = "train") -> Any:
+    """Open the dataset (or its held-out split) as the loop will, and check it against the model; BadInput
+    naming the key."""
     from trainer.data import DataError, open_dataset
 
-    cache_dir = cache_dir_of(cfg, run_dir)
     if cfg.data.uri != "synthetic":
-        key = "data.cache_dir" if cfg.data.cache_dir else "data.cache_dir (default RUN_DIR/cache)"
-        check_writable_dir(cache_dir, key)
+        key = "data.cache_dir" if cfg.data.cache_dir else f"data.cache_dir (default {cache_dir_of(cfg)})"
+        check_writable_dir(cache_dir_of(cfg), key)
+    # The held-out split is only read for the validation loss: say which setting asked for it.
+    culprit = "data.uri" if split == "train" else f"eval.every_steps={cfg.eval.every_steps} needs the validation split of data.uri"
     try:
-        ds = open_dataset(
-            cfg.data.uri, context=cfg.model.context, cache_dir=str(cache_dir),
-            cache_max_bytes=cfg.data.cache_max_bytes, prefetch_shards=cfg.data.prefetch_shards,
-            endpoint_url=cfg.data.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None,
-        )
+        ds = open_dataset(cfg.data.uri, split=split, **dataset_options(cfg))
     except DataError as exc:
-        raise BadInput(f"data.uri: {exc}") from exc
+        raise BadInput(f"{culprit}: {exc}") from exc
     except OSError as exc:
-        raise BadInput(f"data.uri {cfg.data.uri}: {exc.strerror or exc} ({getattr(exc, 'filename', '')})") from exc
+        raise BadInput(f"{culprit} {cfg.data.uri}: {exc.strerror or exc} ({getattr(exc, 'filename', '')})") from exc
     try:
         if ds.num_windows < 1:
             raise ConfigError(
@@ -111,7 +130,7 @@ def open_checked_dataset(cfg: Config, run_dir: Path) -> Any:
 
 def check_inputs(cfg: Config, run_dir: Path, *, world_sizes: Iterable[int], local_world_size: int) -> Any:
     """Everything checkable before training: batch layout, port range, tracking settings, writable directories,
-    the dataset.
+    the dataset (and its validation split when eval.every_steps asks for evaluations).
 
     Returns the open dataset (the caller closes it).
     """
@@ -121,4 +140,11 @@ def check_inputs(cfg: Config, run_dir: Path, *, world_sizes: Iterable[int], loca
     check_writable_dir(Path(run_dir), "--run-dir")
     check_writable_dir(checkpoint_dir_of(cfg, Path(run_dir)),
                        "checkpoint.local_dir" if cfg.checkpoint.local_dir else "checkpoint.local_dir (RUN_DIR/checkpoints)")
-    return open_checked_dataset(cfg, Path(run_dir))
+    ds = open_checked_dataset(cfg)
+    if cfg.eval.every_steps:
+        try:
+            open_checked_dataset(cfg, split="val").close()
+        except BaseException:
+            ds.close()
+            raise
+    return ds

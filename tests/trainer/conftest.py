@@ -3,7 +3,8 @@ proxy in front of it that refuses chosen uploads, standing in for one node that 
 
 Usage: a test takes `s3` (endpoint, bucket, env with credentials) or `failing_s3` (the same plus a proxy
 endpoint whose `refuse` set holds path fragments: a PUT whose path contains one gets 403 AccessDenied; and
-whose `unavailable` set makes a GET whose path contains one get 503 SlowDown, a transient error).
+whose `unavailable` set makes a GET whose path contains one get 503 SlowDown, a transient error). Every test
+session gets its own shared shard cache (TRAINER_CACHE_DIR), so runs never read or write ~/.cache.
 """
 
 from __future__ import annotations
@@ -43,6 +44,24 @@ class S3:
     def keys(self, prefix: str = "") -> list[str]:
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_shard_cache(tmp_path_factory) -> Iterator[str]:
+    """The trainer's shared shard cache (data.cache_dir "") lives in the session's temporary directory, not in
+    the user's ~/.cache; trainer processes inherit it through the environment (tests/trainer/launch.py)."""
+    import os
+
+    saved = os.environ.get("TRAINER_CACHE_DIR")
+    path = str(tmp_path_factory.mktemp("shard-cache"))
+    os.environ["TRAINER_CACHE_DIR"] = path
+    try:
+        yield path
+    finally:
+        if saved is None:
+            os.environ.pop("TRAINER_CACHE_DIR", None)
+        else:
+            os.environ["TRAINER_CACHE_DIR"] = saved
 
 
 @pytest.fixture(scope="session")

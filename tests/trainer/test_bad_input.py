@@ -26,12 +26,30 @@ from tests.trainer.launch import ROOT, SMALL, child_env, run_trainer
 BASE = [*SMALL, "train.steps=2"]
 
 
-def _synth(out: Path, tokens: int, *, shard_tokens: int | None = None, seed: int = 0) -> str:
+def _synth(out: Path, tokens: int, *, shard_tokens: int | None = None, seed: int = 0,
+           val_tokens: int | None = None) -> str:
     cmd = [sys.executable, "-m", "trainer.data", "synth", "--out", f"file://{out}", "--tokens", str(tokens),
            "--seed", str(seed)]
     if shard_tokens:
         cmd += ["--shard-tokens", str(shard_tokens)]
+    if val_tokens is not None:
+        cmd += ["--val-tokens", str(val_tokens)]
     subprocess.run(cmd, cwd=ROOT, env=child_env(), check=True, capture_output=True, timeout=120)
+    return f"file://{out}"
+
+
+def _altered_tokenizer(root: Path) -> str:
+    """A BPE dataset whose tokenizer.json was edited after `prepare` recorded its sha256 in the manifest."""
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"doc{i}.txt").write_text(f"document {i}: " + "the quick brown fox jumps over the lazy dog " * 40)
+    out = root / "bpe"
+    subprocess.run([sys.executable, "-m", "trainer.data", "prepare", str(corpus), "--tokenizer", "bpe",
+                    "--vocab-size", "300", "--val-fraction", "0.1", "--out", f"file://{out}"],
+                   cwd=ROOT, env=child_env(), check=True, capture_output=True, timeout=120)
+    with (out / "tokenizer.json").open("a") as f:
+        f.write(" ")
     return f"file://{out}"
 
 
@@ -42,9 +60,11 @@ def data(tmp_path_factory) -> dict[str, str]:
     bad.mkdir()
     (bad / "manifest.json").write_text("{not json")
     return {
+        "altered-tokenizer": _altered_tokenizer(root),
         "small": _synth(root / "small", 20000, shard_tokens=10000),
         "other": _synth(root / "other", 20000, shard_tokens=10000, seed=7),  # same size, other tokens
         "short": _synth(root / "short", 600, shard_tokens=600),  # shorter than one window of 1024 + 1
+        "no-val": _synth(root / "no-val", 20000, shard_tokens=10000, val_tokens=0),  # no held-out split
         "bad": f"file://{bad}",
         "missing": f"file://{root / 'nothing-here'}",
     }
@@ -120,6 +140,21 @@ CASES: dict[str, Case] = {
     "keep zero": Case(["checkpoint.keep=0"], ["checkpoint.keep must be > 0"]),
     "checkpoint interval negative": Case(["checkpoint.every_steps=-1"], ["checkpoint.every_steps must be >= 0"]),
     "cache budget negative": Case(["data.cache_max_bytes=-1"], ["data.cache_max_bytes must be >= 0"]),
+    "cache share of the disk above 1": Case(["data.cache_disk_fraction=1.5"],
+                                            ["data.cache_disk_fraction must be in (0, 1] (got 1.5)"]),
+    "block size negative": Case(["data.block_shards=-1"], ["data.block_shards must be >= 0"]),
+    "read mode unknown": Case(["data.read_mode=ram"], ["data.read_mode: must be one of auto, direct, disk, memory"]),
+    "direct reads of a remote dataset": Case(["data.read_mode=direct", "data.uri=s3://data/ds"],
+                                             ["data.read_mode=direct", "needs a file:// data.uri",
+                                              "'s3://data/ds'"]),
+    "evaluation batches zero": Case(["eval.every_steps=5", "eval.batches=0"], ["eval.batches must be > 0"]),
+    "early stopping without evaluations": Case(["eval.early_stopping_patience=3"],
+                                               ["eval.early_stopping_patience=3 needs evaluations",
+                                                "eval.every_steps > 0"]),
+    "sample length negative": Case(["eval.sample_tokens=-1"], ["eval.sample_tokens must be >= 0"]),
+    "watchdog factor below 1": Case(["watchdog.factor=0.5"], ["watchdog.factor must be >= 1"]),
+    "watchdog start-up below its floor": Case(["watchdog.floor_s=100", "watchdog.startup_s=50"],
+                                              ["watchdog.startup_s (50.0) must be >= watchdog.floor_s (100.0)"]),
     "metrics port above 65535": Case(["metrics.port=70000"], ["metrics.port must be a TCP port, 0..65535"]),
     "metrics port negative": Case(["metrics.port=-1"], ["metrics.port must be >= 0"]),
     "metrics port env not a number": Case([], ["env TRAINER_METRICS_PORT", "metrics.port: expected an integer"],
@@ -161,6 +196,13 @@ CASES: dict[str, Case] = {
                                          setup=lambda t, d, r: [f"data.uri={d['short']}"]),
     "vocabulary smaller than the data's": Case(["model.vocab_size=100"],
                                                ["model.vocab_size (100) is smaller than the vocabulary"]),
+    "dataset tokenizer altered": Case(["model.vocab_size=320"],
+                                      ["data.uri: the dataset's tokenizer", "tokenizer.json", "sha256"],
+                                      setup=lambda t, d, r: [f"data.uri={d['altered-tokenizer']}"]),
+    "evaluation without a validation split": Case(["eval.every_steps=5"],
+                                                  ["eval.every_steps=5 needs the validation split of data.uri",
+                                                   "no-val/manifest.json", "no val split", "--val-fraction"],
+                                                  setup=lambda t, d, r: [f"data.uri={d['no-val']}"]),
     # ---- the checkpoint store
     "checkpoint store unreachable": Case([], ["checkpoint.remote_uri: cannot list checkpoints", "s3://ckpt/run"],
                                          env={"AWS_MAX_ATTEMPTS": "1", "AWS_ACCESS_KEY_ID": "x",
@@ -178,6 +220,10 @@ CASES: dict[str, Case] = {
                                              setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
     "resume with another seed": Case(["train.seed=1"], ["train.seed=1234", "train.seed=1"],
                                      setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
+    "resume with another block size": Case(["data.block_shards=1"], ["data.block_shards=4", "data.block_shards=1"],
+                                           setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
+    "resume without packing": Case(["data.packing=false"], ["data.packing=True", "data.packing=False"],
+                                   setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
 }
 
 
@@ -237,7 +283,8 @@ def test_diverging_run_stops_without_saving_the_diverged_step(tmp_path):
 
 LAUNCHER_CASES = ["unknown key", "lr NaN", "metrics port env not a number", "data URI scheme",
                   "tracking URI unknown scheme", "run dir under a file", "checkpoint dir under a file",
-                  "dataset manifest malformed", "context longer than the data"]
+                  "dataset manifest malformed", "context longer than the data",
+                  "evaluation without a validation split", "early stopping without evaluations"]
 
 
 @pytest.mark.parametrize("name", LAUNCHER_CASES)
@@ -259,11 +306,27 @@ def test_the_launcher_refuses_the_same_inputs_before_torchrun(name, tmp_path, da
         assert needle in lines[0], lines[0]
 
 
+def _first_shard(uri: str, overrides: list[str]) -> str:
+    """File name of the first shard the run reads: the first of the block shuffle's first block."""
+    from trainer.config import batch_layout, build_config
+    from trainer.data import GlobalSampler, open_dataset
+
+    cfg = build_config("tiny", overrides=[*overrides, f"data.uri={uri}"])
+    ds = open_dataset(uri, context=cfg.model.context)
+    try:
+        sampler = GlobalSampler(ds.num_windows, global_batch=batch_layout(cfg, 1)[0], seed=cfg.train.seed,
+                                shard_windows=ds.shard_windows, block_shards=cfg.data.block_shards)
+        return ds.manifest.shards[sampler.upcoming_shards(0, 1)[0]].data.file
+    finally:
+        ds.close()
+
+
 def test_a_shard_missing_mid_run_stops_every_rank_without_retries(tmp_path):
     """Only the worker that reads the shard finds it missing: the step's all-reduce tells every rank, all of
     them stop with the same line, and the launcher exits 2 although torchrun could restart twice."""
     uri = _synth(tmp_path / "data", 200000, shard_tokens=20000)
-    (tmp_path / "data" / "shard-000003.bin").unlink()
+    missing = _first_shard(uri, SMALL)
+    (tmp_path / "data" / missing).unlink()
     proc = subprocess.run(
         [sys.executable, "-m", "trainer.launch", "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
          "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=2", "--monitor-interval=0.2", "-m", "trainer",
@@ -273,7 +336,7 @@ def test_a_shard_missing_mid_run_stops_every_rank_without_retries(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "will restart worker group" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "error:" in line or "bad input" in line]
-    assert lines and all("shard-000003.bin" in line and "data.uri" in line for line in lines), lines
+    assert lines and all(missing in line and "data.uri" in line for line in lines), lines
     assert lines[-1].startswith("gpu-train-launch: bad input, not retried:")
 
 
@@ -281,18 +344,19 @@ def test_a_storage_outage_mid_run_is_retryable_not_bad_input(tmp_path, failing_s
     """One shard cannot be read (503) for longer than the data layer retries: a failure worth retrying (exit 1,
     one line), not bad input."""
     s3, proxy = failing_s3
-    _synth(tmp_path / "data", 200000, shard_tokens=20000)
+    unavailable = _first_shard(_synth(tmp_path / "data", 200000, shard_tokens=20000), SMALL)
     client = s3.client()
     for f in (tmp_path / "data").iterdir():
         client.upload_file(str(f), s3.bucket, f"ds/{f.name}")
-    proxy.unavailable = {"shard-000003.bin"}
+    proxy.unavailable = {unavailable}
     proc = subprocess.run(
         [sys.executable, "-m", "trainer", "--run-dir", str(tmp_path / "run"), *SMALL, "train.steps=30",
-         f"data.uri=s3://{s3.bucket}/ds", f"data.endpoint_url={proxy.endpoint}"],
+         f"data.uri=s3://{s3.bucket}/ds", f"data.endpoint_url={proxy.endpoint}",
+         f"data.cache_dir={tmp_path / 'cache'}"],  # an empty cache: the shard must come from the store
         cwd=ROOT, env=child_env({**s3.env, "AWS_MAX_ATTEMPTS": "1"}), capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proxy.refused
     assert "Traceback" not in proc.stderr
     line = next(x for x in proc.stderr.splitlines() if "failed (will be retried)" in x)
-    assert "shard-000003.bin" in line and "SlowDown" in line
+    assert unavailable in line and "SlowDown" in line

@@ -22,13 +22,15 @@ pytestmark = pytest.mark.slow
 
 
 def _expected_batch_hashes(overrides: list[str], steps: int) -> dict[int, str]:
-    """What the sampler must hand out, computed here without any worker: independent of world size."""
+    """What the sampler must hand out, computed here without any worker: independent of world size. The
+    sampler is the block shuffle over the dataset's shards with data.block_shards (docs/data.md, Sampler)."""
     from trainer.data import GlobalSampler, open_dataset
 
     cfg = build_config("tiny", overrides=overrides)
     global_batch, _ = batch_layout(cfg, 1)
     ds = open_dataset(cfg.data.uri, context=cfg.model.context)
-    sampler = GlobalSampler(ds.num_windows, global_batch=global_batch, seed=cfg.train.seed)
+    sampler = GlobalSampler(ds.num_windows, global_batch=global_batch, seed=cfg.train.seed,
+                            shard_windows=ds.shard_windows, block_shards=cfg.data.block_shards)
     ds.close()
     return {s + 1: batch_hash(sampler.global_batch(s)) for s in range(steps)}
 

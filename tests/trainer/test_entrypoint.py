@@ -90,7 +90,8 @@ def _fake_torchrun(tmp_path: Path) -> Path:
     script.write_text(
         "#!/usr/bin/env bash\n"
         f'printf "%s\\n" "$@" > {tmp_path / "argv"}\n'
-        f'env | grep -E "^(TORCH_DISABLE_SHARE_RDZV_TCP_STORE|TRAINER_EXIT_FILE|TRAINER_LAUNCHER_PID)=" | sort > {tmp_path / "env"}\n'
+        f'env | grep -E "^(TORCH_DISABLE_SHARE_RDZV_TCP_STORE|TRAINER_EXIT_FILE|TRAINER_LAUNCHER_PID|TORCH_(NCCL|FR)_[A-Z_]+)=" '
+        f'| sort > {tmp_path / "env"}\n'
     )
     script.chmod(0o755)
     return bin_dir
@@ -118,6 +119,24 @@ def test_launcher_runs_torchrun_with_every_argument_and_the_store_switch(tmp_pat
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert env["TRAINER_EXIT_FILE"].endswith("bad-input") and env["TRAINER_LAUNCHER_PID"].isdigit()
     assert not (tmp_path / "run" / "config.json").exists()  # the preflight writes nothing
+
+
+def test_launcher_hands_torchrun_the_nccl_watchdog_settings_unless_already_set(tmp_path, monkeypatch):
+    """NCCL's own watchdog must agree with the trainer's (trainer/watchdog.py): the launcher sets its settings for
+    torchrun and the workers, and a value the caller exported wins."""
+    from trainer.watchdog import nccl_env
+
+    for key in [k for k in os.environ if k.startswith(("TORCH_NCCL_", "TORCH_FR_"))]:
+        monkeypatch.delenv(key)
+    bin_dir = _fake_torchrun(tmp_path)
+    args = ["--nnodes=1", "--nproc-per-node=1", "--rdzv-endpoint=localhost:29400", "-m", "trainer",
+            "--run-dir", str(tmp_path / "run"), *TINY]
+    proc = _launch(args, f"{bin_dir}:{os.environ['PATH']}", tmp_path, TORCH_FR_BUFFER_SIZE="100")
+    assert proc.returncode == 0, proc.stderr
+    env = dict(line.split("=", 1) for line in (tmp_path / "env").read_text().splitlines())
+    assert {k: v for k, v in env.items() if k.startswith(("TORCH_NCCL_", "TORCH_FR_"))} == {
+        **nccl_env(), "TORCH_FR_BUFFER_SIZE": "100"}
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
 
 
 def test_launcher_fails_naming_a_rendezvous_host_that_never_resolves(tmp_path):

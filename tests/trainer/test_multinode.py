@@ -225,7 +225,8 @@ def _expected_batch_hashes(steps: int) -> dict[int, str]:
     cfg = build_config("tiny", overrides=BASE)
     global_batch, _ = batch_layout(cfg, 1)
     ds = open_dataset(cfg.data.uri, context=cfg.model.context)
-    sampler = GlobalSampler(ds.num_windows, global_batch=global_batch, seed=cfg.train.seed)
+    sampler = GlobalSampler(ds.num_windows, global_batch=global_batch, seed=cfg.train.seed,
+                            shard_windows=ds.shard_windows, block_shards=cfg.data.block_shards)
     ds.close()
     return {s + 1: batch_hash(sampler.global_batch(s)) for s in range(steps)}
 
@@ -275,10 +276,13 @@ def test_two_then_one_then_two_nodes(tmp_path, s3, reference):
 
 
 def test_fsdp_with_model_registration_on_two_nodes(tmp_path, s3):
-    """The final full state dict is gathered on every rank (a collective), then rank 0 registers it."""
+    """The final full state dict is gathered on every rank (a collective), then rank 0 exports and registers it:
+    Hugging Face's GPT-2 layout (the tiny preset is GPT-2's architecture), read back with the safetensors package
+    alone, holds exactly the trained parameters."""
     import mlflow
-    import torch
+    from safetensors.torch import load_file
 
+    from trainer.export import from_hf_gpt2, model_config_from
     from trainer.train import state_sha256
 
     nodes = _nodes(tmp_path, s3)
@@ -293,8 +297,11 @@ def test_fsdp_with_model_registration_on_two_nodes(tmp_path, s3):
         nodes.close()
     got = nodes.summary()
     assert got["status"] == "completed" and got["step"] == 6
-    model_file = nodes._rank0_file("model/model.pt")
-    assert state_sha256(torch.load(model_file, weights_only=True)) == got["params_sha256"]
+    model_file = nodes._rank0_file("model/model.safetensors")
+    config = json.loads((model_file.parent / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and config["n_layer"] == 2 and config["n_embd"] == 32
+    state = from_hf_gpt2(load_file(str(model_file)), model_config_from(config["gpu_train"]["model"], "config"))
+    assert state_sha256(state) == got["params_sha256"]
     # The embedded MLflow store of the node rank 0 ran on: beside its run directory.
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{model_file.parent.parent.parent / 'mlflow.db'}")
     versions = client.search_model_versions("name='fsdp-two-nodes'")
