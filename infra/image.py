@@ -18,9 +18,9 @@ every file of the build context that one of its COPY / ADD instructions (or a RU
 context) takes, after .dockerignore. Registries such as ECR keep tags immutable, so a tag must never
 be reused for different contents; an unchanged image keeps its tag, so `pulumi up` does not rebuild,
 and a change to a file the image does not contain (docs, tests, infra) does not change the tag.
-README.md is an input: the Dockerfile copies it because pyproject.toml declares it as the project's
-readme, and its text is installed into the image as the package's metadata (the dist-info METADATA
-file), so a README edit yields a different image. Which context files exist after .dockerignore is
+The README is not an input: pyproject.toml declares it as the package's long description, and the
+Dockerfile writes a one-line one instead of copying the project's, so a README edit neither rebuilds the
+image nor replaces a running JobSet. Which context files exist after .dockerignore is
 decided by docker-py's implementation of the .dockerignore rules (`docker.utils.build.exclude_paths`)
 and the Dockerfile is read with `dockerfile_parse`; what remains here is the small step neither library
 does: mapping COPY sources onto those files.

@@ -88,7 +88,7 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
         assert required in patterns, required
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), flags=re.M)
     sources = [s for line in copied for s in line.split() if not s.startswith("--")]
-    assert set(sources) == {"pyproject.toml", "README.md", "trainer", "trainer/entrypoint.sh"}
+    assert set(sources) == {"pyproject.toml", "trainer", "trainer/entrypoint.sh"}
     inputs = image.image_inputs()
     for src in sources:
         assert src not in patterns and f"{src}/" not in patterns
@@ -98,10 +98,10 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
 
 def test_the_tag_covers_exactly_what_the_image_is_made_of():
     inputs = image.image_inputs()
-    # pyproject.toml and README.md (declared as the readme, installed as package metadata) and the
-    # trainer package; nothing of infra, tests, docs, stacks or the workflow files.
-    assert {"pyproject.toml", "README.md", "trainer/entrypoint.sh", "trainer/__main__.py"} <= set(inputs)
-    assert {i.split("/")[0] for i in inputs} == {"pyproject.toml", "README.md", "trainer"}
+    # pyproject.toml and the trainer package; nothing of the README, infra, tests, docs, stacks or the
+    # workflow files (the build writes its own one-line README for the package metadata).
+    assert {"pyproject.toml", "trainer/entrypoint.sh", "trainer/__main__.py"} <= set(inputs)
+    assert {i.split("/")[0] for i in inputs} == {"pyproject.toml", "trainer"}
     assert not any("__pycache__" in i or i.endswith(".pyc") for i in inputs)
 
 
