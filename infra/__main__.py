@@ -13,6 +13,7 @@ import pulumi
 from infra import config, naming
 from infra.image import TrainerImage, TrainerImageArgs
 from infra.k8s import build_kubernetes
+from infra.k8s.contract import PlatformContract, PlatformContractArgs
 from infra.k8s.mlflow import MlflowServer, MlflowServerArgs
 from infra.k8s.training import TrainingJob, TrainingJobArgs, admission_problems
 
@@ -56,6 +57,12 @@ if cfg.mlflow.enabled:
 
 image = TrainerImage("trainer", TrainerImageArgs(registry=platform.registry, prebuilt=cfg.image.prebuilt))
 
+# What a team member's `gpu-train` needs to render and check its own jobs exactly as this program renders the
+# stack's job: exported as `platform` and published in every team namespace (docs/teams.md).
+contract = PlatformContract("platform-contract", PlatformContractArgs(
+    platform=platform, cfg=cfg, image=image.ref, cache_endpoint=kube.cache_endpoint,
+    tracking_uri=mlflow.tracking_uri if mlflow is not None else "", team_namespaces=list(kube.team_namespaces.values())))
+
 job = None
 if cfg.job is not None:
     job = TrainingJob("job", TrainingJobArgs(
@@ -82,6 +89,7 @@ pulumi.export("artifactsBucket", platform.buckets.artifacts)
 pulumi.export("cacheEndpoint", kube.cache_endpoint)
 pulumi.export("grafanaUrl", kube.grafana_url)
 pulumi.export("localQueues", kube.local_queue)
+pulumi.export("platform", contract.document)
 if mlflow is not None:
     pulumi.export("mlflowTrackingUri", mlflow.tracking_uri)
 if job is not None:

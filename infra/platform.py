@@ -129,6 +129,20 @@ class EgressTarget:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LogStore:
+    """Where the team namespaces' container logs are kept after their pods and nodes are gone, when the
+    cloud does not keep them itself: the Kubernetes layer installs a log shipper that writes there."""
+
+    kind: Literal["cloudwatch"]  # CloudWatch Logs, written by Fluent Bit (aws-for-fluent-bit)
+    region: str
+    groups: Mapping[str, pulumi.Input[str]]  # team namespace -> its log group (KMS-encrypted, retention set)
+    shipper: WorkloadIdentity  # the shipper's service account, bound to a role that may write only there
+    # Where the shipper reaches the store on 443 (the VPC's CloudWatch Logs interface endpoint), for
+    # NetworkPolicy egress.
+    endpoint_cidrs: Sequence[str]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterPlatform:
     """Everything the Kubernetes layer needs from a cloud."""
 
@@ -165,6 +179,8 @@ class ClusterPlatform:
     workload_identity_egress: Sequence[EgressTarget] = ()
     # The managed PostgreSQL for MLflow, when the settings ask for one (mlflow.database: managed).
     mlflow_database: ManagedDatabase | None = None
+    # Where container logs outlive their pods; None: the cloud ships them itself (GKE's Cloud Logging).
+    log_store: LogStore | None = None
 
     def pool(self, name: str) -> GpuPool:
         for pool in self.gpu_pools:

@@ -6,7 +6,11 @@ needed holes.
 
 Usage: `Tenancy("tenancy", TenancyArgs(platform=..., teams=cfg.teams, ...))`; `tenancy.local_queue`
 maps team -> LocalQueue name. Quota arithmetic, Kueue config and every manifest are pure functions;
-infra/k8s/admission.py checks the stack's job against exactly these objects.
+infra/k8s/admission.py checks the stack's job against exactly these objects, and the platform contract
+(infra/k8s/contract.py) carries them to `gpu-train submit`, which checks a team's job the same way.
+The team roles also grant what `gpu-train list / status / logs` read: the contract's ConfigMap (by
+name), Kueue's visibility API (queue positions) and the pod proxy (the trainer's metrics, which the
+team NetworkPolicies let the control plane reach).
 
 Kueue 0.19.2 stores kueue.x-k8s.io/v1beta2 and reads a config.kueue.x-k8s.io/v1beta2 Configuration
 (strictly: unknown fields stop the controller). Field names follow apis/kueue/v1beta2 and
@@ -48,6 +52,15 @@ CPU_PER_GPU = 32
 MEMORY_GIB_PER_GPU = 512
 # Fabric devices requested next to GPUs are not quota'd by Kueue (they come with the node).
 EXCLUDED_RESOURCE_PREFIXES = ("vpc.amazonaws.com/", "networking.gke.io")
+# Kueue's visibility API server (pending workloads and their queue positions), served by the controller on
+# this port behind the APIService v1beta2.visibility.kueue.x-k8s.io (charts/kueue/templates/visibility at
+# v0.19.2; on by default since the VisibilityOnDemand feature went beta in 0.9).
+KUEUE_VISIBILITY_PORT = 8082
+VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
+# The platform contract every team member's `gpu-train` reads (infra/k8s/contract.py): one ConfigMap per
+# team namespace, readable by the team's roles by name only.
+PLATFORM_CONFIGMAP = "gpu-train-platform"
+PLATFORM_CONFIGMAP_KEY = "platform.json"
 
 
 def local_queue_name(team: str) -> str:
@@ -215,6 +228,17 @@ def limit_range() -> dict[str, Any]:
     }]}
 
 
+def _team_read_rules() -> list[dict[str, Any]]:
+    """What every team member may read, as `gpu-train list / status / logs` does: the platform contract
+    (by name), queue positions from Kueue's visibility API, and the trainer's metrics through the API
+    server's pod proxy (GET only; the trainer serves nothing else)."""
+    return [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [PLATFORM_CONFIGMAP], "verbs": ["get"]},
+        {"apiGroups": [VISIBILITY_GROUP], "resources": ["localqueues/pendingworkloads"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},
+    ]
+
+
 def submitter_rules() -> list[dict[str, Any]]:
     write = ["create", "get", "list", "watch", "delete", "patch", "update"]
     read = ["get", "list", "watch"]
@@ -225,6 +249,7 @@ def submitter_rules() -> list[dict[str, Any]]:
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": read},
         # patch: pause and resume a submitted job through its Workload's spec.active.
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": [*read, "patch"]},
+        *_team_read_rules(),
     ]
 
 
@@ -235,41 +260,63 @@ def viewer_rules() -> list[dict[str, Any]]:
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": read},
         {"apiGroups": [""], "resources": ["pods", "pods/log", "events"], "verbs": read},
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": read},
+        *_team_read_rules(),
     ]
 
 
 # Pod Security level enforced in team namespaces. Training pods mount the node's NVMe through a
 # hostPath (the shard cache and local checkpoints must outlive a pod restart on the same node), which
 # every level but "privileged" forbids, and GPUDirect-TCPX/TCPXO pods run a privileged
-# receive-datapath sidecar. Warn and audit stay "restricted", and the policy pack requires training
-# containers to run as non-root without privilege escalation (policies/kubernetes.py).
+# receive-datapath sidecar. Warn and audit stay "restricted"; the policy pack holds training containers
+# to its pod rules (policies/pods.py), and so do the team namespaces' ValidatingAdmissionPolicies for
+# whatever a member applies (infra/k8s/pod_admission.py), with exactly the sidecar exemption.
 TEAM_POD_SECURITY = "privileged"
 
 
+def metrics_ports(platform: ClusterPlatform) -> dict[str, int]:
+    """The trainer's metrics ports as a NetworkPolicy port: one per local rank of the largest node."""
+    most = max(p.gpus_per_node for p in platform.gpu_pools)
+    port = {"protocol": "TCP", "port": naming.METRICS_PORT}
+    return {**port, "endPort": naming.METRICS_PORT + most - 1} if most > 1 else port
+
+
+def metrics_from_api_server(platform: ClusterPlatform) -> dict[str, Any]:
+    """An ingress rule from the control plane to the trainer's metrics ports: `gpu-train status` reads rank
+    0's step, loss and throughput through the API server's pod proxy."""
+    if not platform.api_server_cidrs:
+        raise ValueError("platform.api_server_cidrs is empty: the pod proxy's NetworkPolicy needs its addresses")
+    return {"from": [{"ipBlock": {"cidr": c}} for c in platform.api_server_cidrs], "ports": [metrics_ports(platform)]}
+
+
 def team_network_policies(platform: ClusterPlatform, cache_enabled: bool) -> list[common.Policy]:
+    # Who may read the trainer's metrics ports: Prometheus in the monitoring namespace, and the control plane
+    # (the pod proxy `gpu-train status` reads through).
+    scrape_name, scrape = common.allow_metrics_scrape(
+        [naming.METRICS_PORT], end_port=naming.METRICS_PORT + max(p.gpus_per_node for p in platform.gpu_pools) - 1
+        if max(p.gpus_per_node for p in platform.gpu_pools) > 1 else None)
+    scrape = {**scrape, "ingress": [*scrape["ingress"], metrics_from_api_server(platform)]}
     policies = [
         common.default_deny(),
         common.allow_dns(),
         common.allow_object_store(platform.object_store_cidrs, platform.workload_identity_egress),
         common.allow_jobset_peers(),
         common.allow_mlflow(),
-        common.allow_metrics_scrape([naming.METRICS_PORT],
-                                    end_port=naming.METRICS_PORT + max(p.gpus_per_node for p in platform.gpu_pools) - 1
-                                    if max(p.gpus_per_node for p in platform.gpu_pools) > 1 else None),
+        (scrape_name, scrape),
     ]
     if cache_enabled:
         policies.append(common.allow_to_cache())
     return policies
 
 
-def controller_network_policies(platform: ClusterPlatform, webhook_port: int, metrics_port: int
-                                ) -> list[common.Policy]:
-    """Kueue / JobSet controllers: DNS, API server, webhooks from the control plane, metrics."""
+def controller_network_policies(platform: ClusterPlatform, webhook_port: int, metrics_port: int,
+                                api_ports: tuple[int, ...] = ()) -> list[common.Policy]:
+    """Kueue / JobSet controllers: DNS, API server, webhooks (and Kueue's visibility API server,
+    `api_ports`) from the control plane, metrics."""
     return [
         common.default_deny(),
         common.allow_dns(),
         common.allow_api_server(platform.api_server_cidrs),
-        common.allow_webhooks_from_api_server(platform.api_server_cidrs, [webhook_port]),
+        common.allow_webhooks_from_api_server(platform.api_server_cidrs, [webhook_port, *api_ports]),
         common.allow_metrics_scrape([metrics_port]),
     ]
 
@@ -295,13 +342,15 @@ class Tenancy(pulumi.ComponentResource):
 
         self.controller_namespaces = {}
         self.releases = {}
-        for ns_name, chart, version, values, webhook, metrics in (
-            (common.KUEUE_NAMESPACE, KUEUE_CHART, KUEUE_VERSION, kueue_values(system), 9443, 8443),
-            (common.JOBSET_NAMESPACE, JOBSET_CHART, JOBSET_VERSION, jobset_values(system), 9443, 8443),
+        for ns_name, chart, version, values, webhook, metrics, api_ports in (
+            (common.KUEUE_NAMESPACE, KUEUE_CHART, KUEUE_VERSION, kueue_values(system), 9443, 8443,
+             (KUEUE_VISIBILITY_PORT,)),
+            (common.JOBSET_NAMESPACE, JOBSET_CHART, JOBSET_VERSION, jobset_values(system), 9443, 8443, ()),
         ):
             short = ns_name.removesuffix("-system")
             ns = common.namespace(ns_name, p, self, enforce="restricted", depends_on=base)
-            common.network_policies(ns_name, controller_network_policies(p, webhook, metrics), p, self, [ns])
+            common.network_policies(ns_name, controller_network_policies(p, webhook, metrics, api_ports), p, self,
+                                    [ns])
             self.controller_namespaces[short] = ns
             # OCI charts: the registry is part of `chart`, so there is no repository_opts.
             self.releases[short] = k8s.helm.v3.Release(

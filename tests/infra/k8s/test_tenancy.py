@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 from infra import naming
@@ -159,3 +160,50 @@ def test_submitters_may_pause_their_workloads_but_not_edit_queues():
              for g in rule["apiGroups"] for r in rule["resources"]}
     assert "patch" in rules[("kueue.x-k8s.io", "workloads")]  # spec.active
     assert rules[("kueue.x-k8s.io", "localqueues")] == {"get", "list", "watch"}
+
+
+def test_team_members_read_exactly_what_gpu_train_needs():
+    """The team roles grant `gpu-train` its reads (tests/gpu_train_cli checks each call against these rules):
+    the platform contract by name only, Kueue's pending-workload positions, and the pod proxy for metrics."""
+    for rules in (tenancy.submitter_rules(), tenancy.viewer_rules()):
+        (cm,) = [r for r in rules if "configmaps" in r["resources"]]
+        assert cm == {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [tenancy.PLATFORM_CONFIGMAP],
+                      "verbs": ["get"]}
+        assert {"apiGroups": [tenancy.VISIBILITY_GROUP], "resources": ["localqueues/pendingworkloads"],
+                "verbs": ["get"]} in rules
+        assert {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]} in rules
+    viewer = {(g, r): set(rule["verbs"]) for rule in tenancy.viewer_rules()
+              for g in rule["apiGroups"] for r in rule["resources"]}
+    assert viewer[("kueue.x-k8s.io", "workloads")] == {"get", "list", "watch"}  # viewers cannot pause
+    assert viewer[("jobset.x-k8s.io", "jobsets")] == {"get", "list", "watch"}
+
+
+def _platform(api_cidrs=("10.0.0.0/16",), gpus=8):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(api_server_cidrs=list(api_cidrs), gpu_pools=[pool("a", gpus=gpus), pool("b", gpus=1)])
+
+
+def test_the_api_server_may_reach_every_local_ranks_metrics_port_and_nothing_else():
+    from types import SimpleNamespace
+
+    from infra.platform import EgressTarget
+
+    platform = SimpleNamespace(**vars(_platform()), object_store_cidrs=["52.216.0.0/15"],
+                               workload_identity_egress=[EgressTarget("169.254.170.23/32", 80)])
+    spec = dict(tenancy.team_network_policies(platform, cache_enabled=False))["allow-metrics-scrape"]
+    prometheus, control_plane = spec["ingress"]
+    port = {"protocol": "TCP", "port": naming.METRICS_PORT, "endPort": naming.METRICS_PORT + 7}
+    assert control_plane == {"from": [{"ipBlock": {"cidr": "10.0.0.0/16"}}], "ports": [port]}
+    assert prometheus["ports"] == [port] and "ipBlock" not in prometheus["from"][0]
+    assert tenancy.metrics_ports(_platform(gpus=1)) == {"protocol": "TCP", "port": naming.METRICS_PORT}
+    with pytest.raises(ValueError, match="api_server_cidrs"):
+        tenancy.metrics_from_api_server(_platform(api_cidrs=()))
+
+
+def test_kueues_visibility_api_is_reachable_from_the_control_plane():
+    from infra.k8s import common
+
+    policies = dict(tenancy.controller_network_policies(_platform(), 9443, 8443, (tenancy.KUEUE_VISIBILITY_PORT,)))
+    ports = [p["port"] for p in policies[common.allow_webhooks_from_api_server([], [])[0]]["ingress"][0]["ports"]]
+    assert ports == [9443, tenancy.KUEUE_VISIBILITY_PORT]

@@ -1,0 +1,162 @@
+"""The `gpu-train` console script: argument parsing and one-line errors (pyproject [project.scripts]).
+
+Usage: `gpu-train --help`, `gpu-train <command> --help` (docs/teams.md walks through every command).
+Every failure the user can act on ends in one `gpu-train: error: ...` line (several for several bad
+settings) and exit status 2 (fix the input) or 1 (the cluster or cloud refused or failed); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpu_train_cli.cluster import CliError
+
+PROG = "gpu-train"
+
+
+def _common(p: argparse.ArgumentParser, team: bool = True) -> None:
+    g = p.add_argument_group("cluster")
+    g.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+    g.add_argument("--context", help="kubeconfig context (default: its current context)")
+    if team:
+        g.add_argument("--team", help="your team (default: the team whose namespace the context points at)")
+    g.add_argument("--platform", metavar="FILE",
+                   help="platform contract (`pulumi stack output platform --json`); default: the one the cluster "
+                        "publishes in the team's namespace")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=PROG, description="Run your team's training jobs on the gpu-train platform: submit a job spec, follow "
+                               "it, read its logs (also after its pods are gone), pause, resume or cancel it, or run "
+                               "the same spec on this machine.",
+        epilog="A job spec file holds the stack's `job` settings (name, team, pool, preset, nodes, steps, ...); see "
+               "docs/teams.md.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    k = sub.add_parser("kubeconfig", help="write a kubeconfig scoped to your team",
+                       description="Write a kubeconfig whose context points at your team's namespace, from the "
+                                   "platform contract. It holds no credential: requests authenticate through the "
+                                   "cloud CLI (aws eks get-token / gke-gcloud-auth-plugin).")
+    k.add_argument("--platform", metavar="FILE", required=True, help="platform contract (from the platform team)")
+    k.add_argument("--team", required=True, help="your team")
+    k.add_argument("--aws-profile", default="", help="EKS: the AWS profile you sign in with (sets AWS_PROFILE)")
+    k.add_argument("--role-arn", default="", help="EKS: the IAM role your access entry names, assumed per request")
+    k.add_argument("--output", "-o", default="", help="where to write it (default: ~/.kube/gpu-train-<cluster>-<team>.yaml)")
+
+    s = sub.add_parser("submit", help="check a job spec, render its JobSet and submit it to your team's queue",
+                       description="Read a job spec with the stack's own job checks, render the JobSet with the "
+                                   "stack's own renderer for the platform's pool, refuse it when Kueue could never "
+                                   "admit it, and create it in the team's namespace.")
+    s.add_argument("spec", help="job spec file (YAML)")
+    s.add_argument("--dry-run", action="store_true", help="print the JobSet instead of submitting it")
+    s.add_argument("--image", default="", help="another trainer image from the platform registry, pinned by digest")
+    _common(s, team=False)
+
+    ls = sub.add_parser("list", help="your team's jobs and their states",
+                        description="List the team's jobs: Queued, Running, Paused, Evicted, Completed or Failed.")
+    _common(ls)
+
+    for name, text in (("status", "a job's queue position, nodes, step, loss, tokens/s and ETA"),
+                       ("pause", "pause a job: Kueue evicts it, it checkpoints, its quota is released"),
+                       ("resume", "resume a paused job from its newest checkpoint"),
+                       ("cancel", "delete a job (its checkpoints stay in the bucket)")):
+        c = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        c.add_argument("job", help="job name")
+        _common(c)
+
+    lg = sub.add_parser("logs", help="a rank's log, live from its pod or from the log store once the pod is gone",
+                        description="Print one rank's log: from its pod while it exists (live with --follow), else "
+                                    "from the platform's log store (CloudWatch Logs on EKS, Cloud Logging on GKE).")
+    lg.add_argument("job", help="job name")
+    lg.add_argument("--rank", type=int, default=0, help="node rank (the pod index; default 0)")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing while the pod runs")
+    lg.add_argument("--container", default="", help="container (default: trainer)")
+    lg.add_argument("--since", default=None, help="from the log store: how far back (30m, 12h, 7d; default 7d)")
+    lg.add_argument("--tail", type=int, default=None, help="from a pod: only the last N lines")
+    _common(lg)
+
+    r = sub.add_parser("run", help="run a job spec on this machine under local torchrun (--local)",
+                       description="Run a job spec (default: the embedded tiny preset on CPU) under local torchrun, "
+                                   "with the same trainer settings the cluster job gets.")
+    r.add_argument("spec", nargs="?", help="job spec file (default: the embedded tiny-preset spec)")
+    r.add_argument("--local", action="store_true", required=True, help="run on this machine (the only mode)")
+    r.add_argument("--nproc", type=int, default=2, help="local workers (default 2)")
+    r.add_argument("--data", default="", help="dataset manifest URI (default: the spec's file:// one, else synthetic)")
+    r.add_argument("--runs", default="runs", help="parent of the run directory (default ./runs)")
+    return ap
+
+
+def _session(args):
+    from gpu_train_cli.cluster import connect
+
+    return connect(args.kubeconfig, args.context)
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    cmd = args.command
+    if cmd == "kubeconfig":
+        from gpu_train_cli.cluster import load_contract
+        from gpu_train_cli.kubeconfig import write_kubeconfig
+
+        contract = load_contract(None, args.team, args.platform)
+        return write_kubeconfig(contract, args.team, output=args.output, aws_profile=args.aws_profile,
+                                role_arn=args.role_arn)
+    if cmd == "run":
+        from gpu_train_cli.local import run_local
+
+        return run_local(args.spec, nproc=args.nproc, data=args.data, runs=args.runs)
+    if cmd == "submit":
+        from gpu_train_cli.cluster import load_contract
+        from gpu_train_cli.jobs import read_spec, submit
+
+        team = str(read_spec(args.spec).get("team") or "")
+        if not team:
+            raise CliError(f"{args.spec}: job.team is required (your team's name)")
+        session = None if (args.dry_run and args.platform) else _session(args)
+        contract = load_contract(session, team, args.platform)
+        return submit(session, contract, args.spec, dry_run=args.dry_run, image=args.image)
+
+    from gpu_train_cli import jobs
+    from gpu_train_cli.cluster import resolve_team
+
+    session = _session(args)
+    team = resolve_team(args.team, session)
+    if cmd == "list":
+        return jobs.list_jobs(session, team)
+    name = jobs.job_name_ok(args.job)
+    if cmd == "status":
+        return jobs.status(session, team, name)
+    if cmd in ("pause", "resume"):
+        return jobs.set_active(session, team, name, active=cmd == "resume")
+    if cmd == "cancel":
+        return jobs.cancel(session, team, name)
+    if cmd == "logs":
+        from gpu_train_cli.cluster import load_contract
+        from gpu_train_cli.logs import logs
+
+        return logs(session, lambda: load_contract(session, team, args.platform), team, name, rank=args.rank,
+                    follow=args.follow, container=args.container, since=args.since, tail=args.tail)
+    raise CliError(f"unknown command {cmd!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gpu_train_cli.cluster import quiet_client_logs
+
+    quiet_client_logs()
+    try:
+        return run(argv)
+    except CliError as exc:
+        for line in str(exc).splitlines():
+            print(f"{PROG}: error: {line}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `gpu-train logs ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

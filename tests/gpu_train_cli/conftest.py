@@ -1,0 +1,109 @@
+"""Fixtures for the `gpu-train` tests: a platform contract like an EKS stack publishes (built by the stack's
+own contract_document from pools and teams of a dev stack), the fake API server that serves it, and a helper
+that runs the command in-process and returns (exit status, stdout, stderr).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_train_cli.main import main
+from infra import config, naming
+from infra.aws import cluster as aws_cluster
+from infra.aws.catalog import CATALOG as EC2
+from infra.k8s import contract, pod_admission, tenancy
+from infra.platform import Fabric, GpuPool
+from tests.gpu_train_cli.fake_api import FakeApi
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-train-aws-dev-trainer@sha256:" + "c" * 64
+REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com/"
+ALICE, BOB, VIEWER = "alice-token", "bob-token", "vera-token"
+
+
+def pools() -> list[GpuPool]:
+    out = []
+    for name, instance, max_nodes in (("l4-spot", "g6.2xlarge", 4), ("l40s-spot", "g6e.2xlarge", 2)):
+        out.append(GpuPool(name=name, instance_type=instance, capacity="spot", gpu_type=EC2[instance].gpu_type,
+                           gpus_per_node=EC2[instance].gpus, min_nodes=0, max_nodes=max_nodes, zone="",
+                           node_selector={naming.POOL_LABEL: name},
+                           tolerations=[{**naming.GPU_TAINT, "operator": "Equal"}], fabric=Fabric(kind="none"),
+                           provisioner="karpenter"))
+    return out
+
+
+TEAMS = (config.TeamConfig(name="research", gpu_quota={"l4-spot": 4}, submitters=("ml-research",)),
+         config.TeamConfig(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
+
+
+def contract_doc(teams=TEAMS, server: str = "https://ABC.gr7.us-east-1.eks.amazonaws.com") -> dict[str, Any]:
+    kubeconfig = json.loads(aws_cluster.kubeconfig("gpu-train-aws-dev", server, "Q0E=", "us-east-1"))
+    return contract.contract_document(
+        stack="aws-dev", cloud="aws", region="us-east-1", project="", kubernetes_version="1.33",
+        cluster_name="gpu-train-aws-dev", kubeconfig=kubeconfig, image=IMAGE, registries=[REGISTRY], repositories=[],
+        pools=pools(), teams=teams, nvme_host_path="/mnt/k8s-disks/0",
+        buckets={"datasets": "s3://gpu-train-aws-dev-datasets", "checkpoints": "s3://gpu-train-aws-dev-checkpoints",
+                 "artifacts": "s3://gpu-train-aws-dev-artifacts"},
+        object_store_endpoint="https://s3.us-east-1.amazonaws.com",
+        cache_endpoint="http://alluxio-proxy.alluxio.svc.cluster.local:39999/api/v1/s3",
+        tracking_uri="http://mlflow.mlflow.svc.cluster.local:5000",
+        log_groups={naming.team_namespace(t.name): f"/gpu-train/gpu-train-aws-dev/{naming.team_namespace(t.name)}"
+                    for t in teams})
+
+
+@pytest.fixture
+def doc() -> dict[str, Any]:
+    return contract_doc()
+
+
+@pytest.fixture
+def api(doc):
+    """The fake API server of a cluster with the research and platform teams: alice submits for research, bob
+    for platform, vera only views research. The team namespaces' admission policies are the platform's."""
+    users = {ALICE: ("alice", {"team-research": "submitter"}), BOB: ("bob", {"team-platform": "submitter"}),
+             VIEWER: ("vera", {"team-research": "viewer"})}
+    policies = pod_admission.admission_policies(nvme_host_path="/mnt/k8s-disks/0", registries=[REGISTRY])
+    with FakeApi(users, policies=policies) as server:
+        for team in TEAMS:
+            server.put_configmap(naming.team_namespace(team.name), tenancy.PLATFORM_CONFIGMAP,
+                                 {tenancy.PLATFORM_CONFIGMAP_KEY: json.dumps(doc)})
+        yield server
+
+
+def spec(tmp_path: Path, **over: Any) -> Path:
+    """A job spec file (the stack's `job` settings)."""
+    settings: dict[str, Any] = {"name": "gpt2-smoke", "team": "research", "pool": "l4-spot", "preset": "gpt2-124m",
+                                "nodes": "1:2", "gpusPerNode": 1, "steps": 200, "globalBatchTokens": 65536,
+                                "checkpointEvery": 50, "maxRestarts": 5, "overrides": {"train.micro_batch_size": 8}}
+    settings.update(over)
+    path = tmp_path / f"{settings['name']}.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch, tmp_path):
+    """run(args) -> (status, stdout, stderr) of `gpu-train ARGS`, with HOME in tmp_path (no stray kubeconfig)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+    return run
+
+
+def only_error_lines(err: str) -> bool:
+    """Every stderr line is one of the command's own error lines: no traceback."""
+    return bool(err.strip()) and all(line.startswith("gpu-train: error: ") for line in err.strip().splitlines())
+
+
+def requests_of(api: FakeApi, method: str, fragment: str) -> list[tuple[str, str, Mapping, Any]]:
+    return [r for r in api.requests if r[0] == method and fragment in r[1]]

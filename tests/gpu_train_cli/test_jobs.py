@@ -1,0 +1,201 @@
+"""`gpu-train list / status / pause / resume / cancel` against the fake API server: what each sends (a Workload
+merge patch checked against the Workload CRD, a JobSet delete), what it reads (Kueue's Workload found by its
+owner, its visibility API, rank 0's metrics through the pod proxy), and the error paths.
+
+Run: .venv/bin/pytest tests/gpu_train_cli/test_jobs.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_train_cli import jobs
+from tests.gpu_train_cli.conftest import ALICE, BOB, VIEWER, only_error_lines, requests_of, spec
+from tests.gpu_train_cli.fake_api import pod
+
+METRICS = """# HELP trainer_step Last completed optimizer step
+# TYPE trainer_step gauge
+trainer_step 120.0
+# HELP trainer_loss Training loss of the last step (mean over the global batch)
+# TYPE trainer_loss gauge
+trainer_loss 3.41234
+# HELP trainer_tokens_per_second Global training throughput in tokens per second
+# TYPE trainer_tokens_per_second gauge
+trainer_tokens_per_second 16384.0
+# HELP trainer_tokens_total Tokens trained on since this process started (global)
+# TYPE trainer_tokens_total counter
+trainer_tokens_total 7.86432e+06
+"""
+
+
+@pytest.fixture
+def submitted(api, tmp_path, cli):
+    """gpt2-smoke submitted by alice (the fake API made its Workload, as Kueue does)."""
+    kubeconfig = api.kubeconfig(tmp_path, ALICE, "team-research")
+    assert cli("submit", spec(tmp_path), "--kubeconfig", kubeconfig)[0] == 0
+    api.requests.clear()
+    return kubeconfig
+
+
+def _workload(api):
+    (wl,) = api.of("workloads", "team-research")
+    return wl
+
+
+def _admit(api, jobset_name="gpt2-smoke"):
+    wl = _workload(api)
+    wl["status"] = {"conditions": [
+        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved in "
+         "ClusterQueue team-research", "lastTransitionTime": "2026-03-01T10:01:00Z"},
+        {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "The workload is admitted",
+         "lastTransitionTime": "2026-03-01T10:01:00Z"}],
+        "admission": {"clusterQueue": "team-research", "podSetAssignments": [
+            {"name": "worker", "flavors": {"cpu": "l4-spot", "memory": "l4-spot", "nvidia.com/gpu": "l4-spot"},
+             "resourceUsage": {"nvidia.com/gpu": "2"}, "count": 2}]}}
+    js = api.get("jobsets", "team-research", jobset_name)
+    for rank in (0, 1):
+        api.put("pods", pod(js, rank))
+    api.metrics[("team-research", pod(js, 0)["metadata"]["name"], 9400)] = METRICS
+
+
+def test_list_shows_each_jobs_state(api, submitted, tmp_path, cli):
+    code, out, err = cli("list", "--kubeconfig", submitted)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["NAME", "STATE", "NODES", "POOL", "AGE"]
+    assert lines[1].split()[:4] == ["gpt2-smoke", "Queued", "2", "l4-spot"]
+    _admit(api)
+    assert cli("list", "--kubeconfig", submitted)[1].splitlines()[1].split()[1] == "Running"
+
+
+def test_status_of_a_queued_job_gives_its_position_from_kueues_visibility_api(api, submitted, cli):
+    wl = _workload(api)
+    api.pending[("team-research", "research-queue")] = [
+        {"metadata": {"name": "jobset-other-00000"}, "priority": 0, "localQueueName": "research-queue",
+         "positionInClusterQueue": 0, "positionInLocalQueue": 0},
+        {"metadata": {"name": wl["metadata"]["name"]}, "priority": 0, "localQueueName": "research-queue",
+         "positionInClusterQueue": 3, "positionInLocalQueue": 1}]
+    code, out, err = cli("status", "gpt2-smoke", "--kubeconfig", submitted)
+    assert code == 0, err
+    assert "job gpt2-smoke in team-research: Queued" in out
+    assert "position 2 in queue research-queue, 4 in its cluster queue" in out
+    assert "Kueue: couldn't assign flavors to pod set worker: insufficient unused quota" in out
+    # The Workload was found by the JobSet's UID label, then its owner reference.
+    (listing,) = requests_of(api, "GET", "/workloads")
+    uid = api.get("jobsets", "team-research", "gpt2-smoke")["metadata"]["uid"]
+    assert listing[2]["labelSelector"] == [f"kueue.x-k8s.io/job-uid={uid}"]
+
+
+def test_status_survives_a_visibility_api_that_does_not_answer(api, submitted, cli):
+    api.visibility_served = False
+    code, out, _ = cli("status", "gpt2-smoke", "--kubeconfig", submitted)
+    assert code == 0 and "queue position unknown (Kueue's visibility API: 503" in out
+
+
+def test_status_of_a_running_job_reads_rank_0s_metrics_through_the_pod_proxy(api, submitted, cli):
+    _admit(api)
+    code, out, err = cli("status", "gpt2-smoke", "--kubeconfig", submitted)
+    assert code == 0, err
+    assert "job gpt2-smoke in team-research: Running" in out
+    assert "admitted by cluster queue team-research on pool l4-spot" in out
+    assert "rank 0  gpt2-smoke-worker-0-0-x7k2p  Running" in out and "rank 1  gpt2-smoke-worker-0-1-x7k2p" in out
+    # 80 steps left x 65536 tokens / 16384 tokens/s = 320 s.
+    assert "step 120/200  loss 3.4123  tokens/s 16,384  ETA 0:05:20" in out
+    (proxy,) = requests_of(api, "GET", "/proxy/")
+    assert proxy[1] == "/api/v1/namespaces/team-research/pods/gpt2-smoke-worker-0-0-x7k2p:9400/proxy/metrics"
+
+
+def test_a_trainer_not_serving_metrics_yet_leaves_the_rest_of_the_status(api, submitted, cli):
+    _admit(api)
+    api.metrics.clear()
+    code, out, err = cli("status", "gpt2-smoke", "--kubeconfig", submitted)
+    assert code == 0, err
+    assert "rank 0  gpt2-smoke-worker-0-0-x7k2p  Running" in out
+    assert "no progress yet:" in out and "503" in out
+
+
+def test_a_viewer_can_follow_a_job(api, submitted, tmp_path, cli):
+    _admit(api)
+    code, out, err = cli("status", "gpt2-smoke", "--kubeconfig", api.kubeconfig(tmp_path, VIEWER, "team-research"))
+    assert code == 0, err
+    assert "step 120/200" in out
+
+
+def test_pause_and_resume_set_the_workloads_active_field(api, submitted, cli):
+    code, out, err = cli("pause", "gpt2-smoke", "--kubeconfig", submitted)
+    assert code == 0, err
+    assert "paused job 'gpt2-smoke'" in out
+    (patch,) = requests_of(api, "PATCH", "/workloads/")
+    assert patch[1] == f"/apis/kueue.x-k8s.io/v1beta2/namespaces/team-research/workloads/{_workload(api)['metadata']['name']}"
+    assert patch[3] == {"spec": {"active": False}}
+    assert _workload(api)["spec"]["active"] is False
+    assert cli("list", "--kubeconfig", submitted)[1].splitlines()[1].split()[1] == "Paused"
+    api.requests.clear()
+    assert cli("resume", "gpt2-smoke", "--kubeconfig", submitted)[0] == 0
+    assert requests_of(api, "PATCH", "/workloads/")[0][3] == {"spec": {"active": True}}
+    assert _workload(api)["spec"]["active"] is True
+
+
+def test_a_viewer_may_not_pause(api, submitted, tmp_path, cli):
+    code, _, err = cli("pause", "gpt2-smoke", "--kubeconfig", api.kubeconfig(tmp_path, VIEWER, "team-research"))
+    assert code == 1 and only_error_lines(err)
+    assert "you may not pause workload" in err and 'User "vera" cannot patch resource "workloads"' in err
+    assert _workload(api)["spec"]["active"] is True
+
+
+def test_pausing_a_finished_job_or_one_kueue_has_not_seen(api, submitted, cli):
+    js = api.get("jobsets", "team-research", "gpt2-smoke")
+    js["status"] = {"conditions": [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted",
+                                    "message": "jobset completed successfully", "lastTransitionTime": "2026-03-01T11:00:00Z"}]}
+    code, _, err = cli("pause", "gpt2-smoke", "--kubeconfig", submitted)
+    assert code == 2 and "job 'gpt2-smoke' has completed; there is nothing to pause" in err
+    js.pop("status")
+    api.objects.pop(("workloads", "team-research", _workload(api)["metadata"]["name"]))
+    code, _, err = cli("pause", "gpt2-smoke", "--kubeconfig", submitted)
+    assert code == 1 and "has no Workload yet" in err
+
+
+def test_cancel_deletes_the_jobset_and_kueues_workload_goes_with_it(api, submitted, cli):
+    code, out, err = cli("cancel", "gpt2-smoke", "--kubeconfig", submitted)
+    assert code == 0, err
+    (delete,) = requests_of(api, "DELETE", "/jobsets/")
+    assert delete[1] == "/apis/jobset.x-k8s.io/v1alpha2/namespaces/team-research/jobsets/gpt2-smoke"
+    assert delete[2]["propagationPolicy"] == ["Background"]
+    assert api.of("jobsets", "team-research") == [] and api.of("workloads", "team-research") == []
+    code, _, err = cli("cancel", "gpt2-smoke", "--kubeconfig", submitted)
+    assert code == 2 and "no job 'gpt2-smoke' in team-research" in err
+
+
+def test_unknown_jobs_and_other_teams(api, submitted, tmp_path, cli):
+    code, _, err = cli("status", "nope", "--kubeconfig", submitted)
+    assert code == 2 and only_error_lines(err) and "no job 'nope' in team-research (`gpu-train list`" in err
+    code, _, err = cli("status", "gpt2-smoke", "--team", "research", "--kubeconfig",
+                       api.kubeconfig(tmp_path, BOB, "team-platform"))
+    assert code == 1 and only_error_lines(err) and "not a member of team 'research'" in err
+    code, _, err = cli("status", "Not_A_Name", "--kubeconfig", submitted)
+    assert code == 2 and "is not a job name" in err
+
+
+def test_the_team_comes_from_the_context_or_team(api, submitted, tmp_path, cli):
+    plain = api.kubeconfig(tmp_path, ALICE)  # a context without a namespace
+    code, _, err = cli("list", "--kubeconfig", plain)
+    assert code == 2 and "which team?" in err and "--team <team>" in err
+    assert cli("list", "--kubeconfig", plain, "--team", "research")[0] == 0
+
+
+def test_an_unreachable_api_server(tmp_path, cli):
+    from tests.gpu_train_cli.fake_api import FakeApi
+
+    with FakeApi({}) as gone:
+        kubeconfig = gone.kubeconfig(tmp_path, ALICE, "team-research")
+    code, _, err = cli("list", "--kubeconfig", kubeconfig)
+    assert code == 1 and only_error_lines(err)
+    assert "cannot reach the Kubernetes API server at http://127.0.0.1:" in err
+
+
+def test_progress_and_metrics_parsing():
+    metrics = jobs.read_metrics(METRICS)
+    assert metrics == {"trainer_step": 120.0, "trainer_loss": 3.41234, "trainer_tokens_per_second": 16384.0}
+    assert jobs.progress(metrics, 200, 65536) == "step 120/200  loss 3.4123  tokens/s 16,384  ETA 0:05:20"
+    assert jobs.progress({}, 200, 65536) == "no step yet"
+    assert jobs.progress({"trainer_step": 5.0, "trainer_loss": float("nan")}, None, None) == "step 5"

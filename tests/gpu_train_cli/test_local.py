@@ -1,0 +1,66 @@
+"""`gpu-train run --local`: a job spec under local torchrun through the image's launcher, checked by the stack's
+own job reader first.
+
+Run: .venv/bin/pytest tests/gpu_train_cli/test_local.py -q   (the slow test trains the embedded default: ~1 min)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed.run as torchrun
+
+from gpu_train_cli import local
+from infra import config
+from tests.gpu_train_cli.conftest import only_error_lines, spec
+from trainer.__main__ import parser as trainer_parser
+from trainer.config import build_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_command_line_is_torchruns_and_the_trainers_own(tmp_path):
+    job = config.read_job(local.DEFAULT_SPEC, cfg=local.local_config("local", "local"), key="job")
+    cmd = local.launch_command(job, nproc=2, run_dir=tmp_path / "run", data_uri="synthetic")
+    assert cmd[:3] == [sys.executable, "-m", "trainer.launch"]
+    args = torchrun.get_args_parser().parse_args(cmd[3:])  # torch's own parser
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.max_restarts) == ("1", "2", "c10d", 3)
+    assert args.module and args.training_script == "trainer"
+    trainer_args = trainer_parser().parse_args(args.training_script_args)
+    assert trainer_args.preset == "tiny" and trainer_args.run_dir == tmp_path / "run"
+    cfg = build_config(trainer_args.preset, overrides=trainer_args.overrides)
+    assert (cfg.train.steps, cfg.train.global_batch_tokens, cfg.checkpoint.every_steps) == (200, 4096, 50)
+    assert cfg.data.uri == "synthetic"
+
+
+def test_a_spec_is_checked_before_anything_starts(tmp_path, cli):
+    code, _, err = cli("run", "--local", spec(tmp_path, preset="tiny", steps=0))
+    assert code == 2 and only_error_lines(err) and "job.steps must be >= 1 (got 0)" in err
+    code, _, err = cli("run", "--local", spec(tmp_path, preset="tiny", overrides={"train.lrr": 1}))
+    assert code == 2 and only_error_lines(err)
+    assert "job.overrides.train.lrr: the trainer refuses it" in err
+    code, _, err = cli("run", "--local", "--nproc", "0")
+    assert code == 2 and "--nproc 0 must be >= 1" in err
+
+
+@pytest.mark.slow
+def test_run_local_trains_the_embedded_default_on_cpu(tmp_path):
+    """The embedded default (the tiny preset, 200 steps, 2 CPU workers, synthetic data) trains to completion and
+    its loss falls."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run([str(Path(sys.executable).parent / "gpu-train"), "run", "--local"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp_path / "runs" / "local-tiny"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["step"] == 200
+    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(line)]
+    assert losses[-1] < losses[0] / 2, losses
+    assert (run / "checkpoints").is_dir()

@@ -1,0 +1,249 @@
+"""`gpu-train submit`: the spec through the stack's own checks, the JobSet from the stack's own renderer, Kueue's
+admission arithmetic before sending, and the API calls against a fake API server that validates what it gets
+(the JobSet CRD, the platform's Roles, its admission policies) and answers like the real one on errors.
+
+Run: .venv/bin/pytest tests/gpu_train_cli/test_submit.py -q
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from infra import config, naming
+from infra.k8s import contract as contract_mod
+from infra.k8s import training
+from infra.plan import kubernetes_objects
+from infra.validation import crd
+from tests.conftest import STACKS
+from tests.gpu_train_cli.conftest import (
+    ALICE,
+    BOB,
+    IMAGE,
+    REGISTRY,
+    VIEWER,
+    contract_doc,
+    only_error_lines,
+    spec,
+)
+from tests.infra.k8s.checks import cr_problems
+from tests.infra.k8s.harness import load_stack
+
+
+def _platform_file(tmp_path, doc) -> str:
+    path = tmp_path / "platform.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _stack_spec(tmp_path, job: config.JobConfig):
+    """The stack's job settings written as a job spec file (camelCase keys, as in the stack file)."""
+    raw = {config._camel(k): v for k, v in job.__dict__.items()}
+    raw["overrides"] = dict(job.overrides)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))  # overrides keep their order, as in the stack file
+    return path
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_dry_run_is_the_stacks_jobset_but_for_the_queue_it_waits_in(plans, stack, tmp_path, cli):
+    """Fed the stack's own `platform` output and its job settings, the command renders exactly the JobSet the
+    plan holds; the one difference is where it waits: the team's queue, not the stack job's own queue."""
+    plan = plans[stack]
+    job = load_stack(stack).job
+    (planned,) = [o for o in kubernetes_objects(plan) if o["kind"] == "JobSet"]
+    code, out, err = cli("submit", _stack_spec(tmp_path, job), "--dry-run", "--platform",
+                         _platform_file(tmp_path, plan["outputs"]["platform"]))
+    assert code == 0, err
+    printed = yaml.safe_load(out)
+    queue = training.QUEUE_LABEL
+    assert printed["metadata"]["labels"][queue] == f"{job.team}-queue"
+    assert planned["metadata"]["labels"][queue] == training.job_queue_name(job)
+    printed["metadata"]["labels"][queue] = planned["metadata"]["labels"][queue]
+    assert printed == planned
+    # ... and so it passes the same checks as the stack's: the JobSet CRD and its pod template as a strict Pod.
+    assert cr_problems(printed) == []
+    tpl = printed["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **tpl["metadata"]},
+                                  "spec": tpl["spec"]}, load_stack(stack).cluster.kubernetes_version, strict=True)
+
+
+def test_two_specs_differ_only_where_their_settings_do(tmp_path, cli, doc):
+    platform = _platform_file(tmp_path, doc)
+    _, first, _ = cli("submit", spec(tmp_path), "--dry-run", "--platform", platform)
+    _, second, _ = cli("submit", spec(tmp_path, maxRestarts=7), "--dry-run", "--platform", platform)
+    a, b = yaml.safe_load(first), yaml.safe_load(second)
+    assert a != b
+    assert a["spec"]["failurePolicy"]["maxRestarts"] == 5 and b["spec"]["failurePolicy"]["maxRestarts"] == 7
+    for obj in (a, b):
+        obj["spec"]["failurePolicy"].pop("maxRestarts")
+        rjob = obj["spec"]["replicatedJobs"][0]["template"]["spec"]
+        rjob.pop("backoffLimit")  # maxRestarts x MAX nodes
+        args = rjob["template"]["spec"]["containers"][0]["args"]
+        args.remove(next(x for x in args if x.startswith("--max-restarts=")))
+    assert a == b
+
+
+def test_submit_creates_the_jobset_in_the_team_namespace(api, tmp_path, cli):
+    kubeconfig = api.kubeconfig(tmp_path, ALICE, "team-research")
+    code, out, err = cli("submit", spec(tmp_path), "--kubeconfig", kubeconfig)
+    assert code == 0, err
+    assert "submitted job 'gpt2-smoke' to team-research, queue research-queue" in out
+    (post,) = [r for r in api.requests if r[0] == "POST"]
+    assert post[1] == "/apis/jobset.x-k8s.io/v1alpha2/namespaces/team-research/jobsets"
+    sent = post[3]
+    assert crd.validate(sent).problems == []
+    assert sent["metadata"]["labels"][training.QUEUE_LABEL] == "research-queue"
+    assert sent["spec"]["suspend"] is True  # Kueue unsuspends it on admission
+    # The contract was read from the team namespace; nothing outside it was touched.
+    assert {r[1].split("/namespaces/")[1].split("/")[0] for r in api.requests} == {"team-research"}
+    assert api.get("jobsets", "team-research", "gpt2-smoke") is not None
+
+
+def test_a_second_submit_of_the_same_job_is_a_conflict(api, tmp_path, cli):
+    kubeconfig = api.kubeconfig(tmp_path, ALICE, "team-research")
+    assert cli("submit", spec(tmp_path), "--kubeconfig", kubeconfig)[0] == 0
+    code, _, err = cli("submit", spec(tmp_path), "--kubeconfig", kubeconfig)
+    assert code == 1 and only_error_lines(err)
+    assert "job 'gpt2-smoke' already exists in team-research" in err and "gpu-train cancel gpt2-smoke" in err
+
+
+def test_a_team_the_user_is_not_in(api, tmp_path, cli):
+    kubeconfig = api.kubeconfig(tmp_path, BOB, "team-platform")
+    code, _, err = cli("submit", spec(tmp_path), "--kubeconfig", kubeconfig)
+    assert code == 1 and only_error_lines(err)
+    assert "you may not read the platform contract (configmap gpu-train-platform) in namespace team-research" in err
+    assert "403 Forbidden" in err and "not a member of team 'research'" in err
+    assert not [r for r in api.requests if r[0] == "POST"]
+
+
+def test_a_viewer_cannot_submit(api, tmp_path, cli):
+    kubeconfig = api.kubeconfig(tmp_path, VIEWER, "team-research")
+    code, _, err = cli("submit", spec(tmp_path), "--kubeconfig", kubeconfig)
+    assert code == 1 and only_error_lines(err)
+    assert "you may not create jobsets in namespace team-research (403 Forbidden" in err
+    assert 'User "vera" cannot create resource "jobsets"' in err
+
+
+def test_expired_credentials(api, tmp_path, cli):
+    code, _, err = cli("submit", spec(tmp_path), "--kubeconfig", api.kubeconfig(tmp_path, "expired", "team-research"))
+    assert code == 1 and only_error_lines(err)
+    assert "did not accept your credentials (401 Unauthorized)" in err
+
+
+def test_an_unknown_pool_names_the_platforms_pools(api, tmp_path, cli):
+    code, _, err = cli("submit", spec(tmp_path, pool="h100"), "--kubeconfig",
+                       api.kubeconfig(tmp_path, ALICE, "team-research"))
+    assert code == 2 and only_error_lines(err)
+    assert "job.pool 'h100' is not one of gpuPools[].name (l4-spot, l40s-spot)" in err
+
+
+def test_bad_settings_are_all_named_by_the_stacks_own_checks(tmp_path, cli, doc):
+    bad = spec(tmp_path, steps=0, stepz=3, overrides={"train.steps": 9})
+    code, _, err = cli("submit", bad, "--dry-run", "--platform", _platform_file(tmp_path, doc))
+    assert code == 2 and only_error_lines(err)
+    assert f"{bad}: job.stepz is not a known setting (did you mean 'steps'?)" in err
+
+
+def test_checks_after_reading(tmp_path, cli, doc):
+    bad = spec(tmp_path, steps=0, overrides={"train.steps": 9}, nodes="3:2")
+    code, _, err = cli("submit", bad, "--dry-run", "--platform", _platform_file(tmp_path, doc))
+    assert code == 2 and only_error_lines(err)
+    assert "job.steps must be >= 1 (got 0)" in err
+    assert "job.overrides.train.steps is set by job.steps; set that instead" in err
+    assert "job.nodes must be MIN:MAX with 1 <= MIN <= MAX" in err
+
+
+def test_a_job_its_teams_quota_can_never_admit_is_refused_before_sending(api, tmp_path, cli):
+    """The team's nominal quota covers MIN nodes (the stack's check passes), but Kueue admits a JobSet whole, MAX
+    pods at once, and the cluster queue can never hold 4 GPUs: the command says so and sends nothing."""
+    small = (config.TeamConfig(name="research", gpu_quota={"l4-spot": 2}, submitters=("ml-research",)),
+             config.TeamConfig(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
+    platform = _platform_file(tmp_path, contract_doc(teams=small))
+    code, _, err = cli("submit", spec(tmp_path, nodes="1:4", globalBatchTokens=98304), "--platform", platform, "--kubeconfig",
+                       api.kubeconfig(tmp_path, ALICE, "team-research"))
+    assert code == 2 and only_error_lines(err)
+    assert "queue research-queue of team 'research' could never admit job 'gpt2-smoke'" in err
+    assert "insufficient quota for nvidia.com/gpu in flavor l4-spot: 4 pods x 1 = 4 > maximum capacity 2" in err
+    assert not [r for r in api.requests if r[0] == "POST"]
+
+
+def test_an_image_from_elsewhere_is_refused_and_one_from_the_registry_is_used(api, tmp_path, cli):
+    kubeconfig = api.kubeconfig(tmp_path, ALICE, "team-research")
+    code, _, err = cli("submit", spec(tmp_path), "--kubeconfig", kubeconfig,
+                       "--image", "docker.io/library/python@sha256:" + "1" * 64)
+    assert code == 2 and "team namespaces admit only images from the platform registry" in err
+    code, _, err = cli("submit", spec(tmp_path), "--kubeconfig", kubeconfig, "--image", REGISTRY + "custom:latest")
+    assert code == 2 and "must be pinned by digest" in err
+    mine = REGISTRY + "research/custom@sha256:" + "2" * 64
+    assert cli("submit", spec(tmp_path), "--kubeconfig", kubeconfig, "--image", mine)[0] == 0
+    sent = next(r[3] for r in api.requests if r[0] == "POST")
+    assert sent["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["image"] == mine
+
+
+def test_the_clusters_admission_policy_has_the_last_word(api, tmp_path, cli, doc):
+    """A stale contract that still names an old registry: the command's own check passes, the API server's
+    ValidatingAdmissionPolicy refuses, and the command prints the server's reason."""
+    stale = copy.deepcopy(doc)
+    stale["image"] = "111111111111.dkr.ecr.us-east-1.amazonaws.com/old-trainer@sha256:" + "d" * 64
+    stale["registries"] = ["111111111111.dkr.ecr.us-east-1.amazonaws.com/"]
+    code, _, err = cli("submit", spec(tmp_path), "--platform", _platform_file(tmp_path, stale), "--kubeconfig",
+                       api.kubeconfig(tmp_path, ALICE, "team-research"))
+    assert code == 2 and only_error_lines(err)
+    assert "the cluster refused to create jobsets in namespace team-research (422 Invalid)" in err
+    assert "ValidatingAdmissionPolicy 'gpu-train-team-jobsets'" in err and "image-registry:" in err
+    assert api.get("jobsets", "team-research", "gpt2-smoke") is None
+
+
+def test_no_kubeconfig(tmp_path, cli):
+    code, _, err = cli("submit", spec(tmp_path))
+    assert code == 2 and only_error_lines(err)
+    assert "no kubeconfig:" in err and "does not exist and KUBECONFIG is not set" in err
+    assert "gpu-train kubeconfig --platform platform.json --team <team>" in err
+
+
+def test_a_team_not_on_the_cluster(api, tmp_path, cli):
+    api.users[ALICE] = ("alice", {"team-research": "submitter", "team-nlp": "submitter"})
+    code, _, err = cli("submit", spec(tmp_path, team="nlp"), "--kubeconfig",
+                       api.kubeconfig(tmp_path, ALICE, "team-research"))
+    assert code == 2 and only_error_lines(err)
+    assert "no platform contract in namespace team-nlp" in err and "team 'nlp' is not on this cluster" in err
+
+
+def test_broken_spec_files(tmp_path, cli, doc):
+    platform = _platform_file(tmp_path, doc)
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "broken.yaml").write_text("name: [unclosed\n")
+    for path, needle in ((tmp_path / "missing.yaml", "no such job spec file"),
+                         (tmp_path / "list.yaml", "a job spec is a mapping"),
+                         (tmp_path / "broken.yaml", "not valid YAML")):
+        code, _, err = cli("submit", path, "--dry-run", "--platform", platform)
+        assert code == 2 and only_error_lines(err) and needle in err, err
+
+
+def test_a_contract_of_another_format_is_refused(tmp_path, cli, doc):
+    doc = {**doc, "apiVersion": "gpu-train.io/v2"}
+    code, _, err = cli("submit", spec(tmp_path), "--dry-run", "--platform", _platform_file(tmp_path, doc))
+    assert code == 2 and "this gpu-train reads gpu-train.io/v1/PlatformContract" in err
+
+
+def test_the_contract_round_trips_to_the_stacks_objects(doc):
+    c = contract_mod.Contract.from_document(doc, "test")
+    pool = c.pool("l4-spot")
+    assert (pool.instance_type, pool.gpus_per_node, pool.max_nodes) == ("g6.2xlarge", 1, 4)
+    team = c.team("research")
+    assert team.namespace == naming.team_namespace("research") and team.local_queue == "research-queue"
+    assert team.nvme_workdir == "/mnt/k8s-disks/0/gpu-train/team-research"
+    cfg = c.stack_config()
+    assert cfg.team_quota(cfg.team("research")) == {"l4-spot": 4, "l40s-spot": 0}
+    with pytest.raises(contract_mod.ContractError, match="pools: l4-spot, l40s-spot"):
+        c.pool("h100")
+    broken = copy.deepcopy(doc)
+    del broken["pools"][0]["instanceType"]
+    with pytest.raises(contract_mod.ContractError, match=r"pools\[0\]: instanceType is missing"):
+        contract_mod.Contract.from_document(broken, "test").pool("l4-spot")
+    assert c.image == IMAGE

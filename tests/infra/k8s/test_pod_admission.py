@@ -1,0 +1,353 @@
+"""The team namespaces' ValidatingAdmissionPolicies (infra/k8s/pod_admission.py) against the policy pack's pod
+rules: one rule definition in spirit, two enforcement points, judged on the same objects.
+
+Every object here is a training pod the platform itself renders (infra.k8s.training.jobset_manifest, with the
+real GPUDirect fabric of infra/gcp/fabric.py or EFA) or a copy broken in one way, as a Pod, a Job and a JobSet,
+each checked to be a valid object for the API server first (kubernetes-validate strict, the JobSet CRD). The
+pack judges it with its own functions (policies.pods.host_isolation_problems with the cluster's NVMe root,
+policies.pods.training_problems, policies.kubernetes.training_image_digest, and the registry rule
+pod_admission.registry_problems); the admission policy's CEL is evaluated with cel-python (tests/infra/k8s/vap.py).
+Both must agree with the expected verdict, and the policy must deny through the expected rule.
+
+Run: .venv/bin/pytest tests/infra/k8s/test_pod_admission.py -q
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import kubernetes_validate
+import pytest
+
+from infra import config, naming
+from infra.gcp import fabric as gcp_fabric
+from infra.k8s import nvme, pod_admission
+from infra.k8s import training as t
+from infra.plan import kubernetes_objects
+from infra.platform import Fabric, GpuPool
+from infra.validation import crd
+from policies import kubernetes as pack_kubernetes
+from policies import pods
+from policies.core import Resource
+from tests.conftest import STACKS, VARIANTS
+from tests.infra.k8s.vap import Admission
+
+ECR = "123456789012.dkr.ecr.us-east-1.amazonaws.com/"
+AR = "us-central1-docker.pkg.dev/acme-ml/gpu-train-gcp-prod-images/"
+AWS_ROOT, GCP_ROOT = "/mnt/k8s-disks/0", "/mnt/stateful_partition/gpu-train/nvme-raid"
+DIGEST = "@sha256:" + "ab" * 32
+NS = "team-research"
+K8S = "1.33"
+
+
+def _pool(kind: str) -> GpuPool:
+    if kind == "efa":
+        fab = Fabric(kind="efa", resources={"vpc.amazonaws.com/efa": 32}, nccl_env={"FI_PROVIDER": "efa"})
+        instance, provisioner = "p5.48xlarge", "karpenter"
+    else:
+        vols, mounts = gcp_fabric.volumes(kind)
+        fab = Fabric(kind=kind, volumes=vols, volume_mounts=mounts, sidecars=gcp_fabric.sidecars(kind, 8))
+        instance = {"tcpx": "a3-highgpu-8g", "tcpxo": "a3-megagpu-8g", "rdma": "a3-ultragpu-8g"}[kind]
+        provisioner = "node-pool"
+    return GpuPool(name="h100", instance_type=instance, capacity="reservation", gpu_type="H100", gpus_per_node=8,
+                   min_nodes=0, max_nodes=4, zone="z", node_selector={naming.POOL_LABEL: "h100"},
+                   tolerations=[{**naming.GPU_TAINT, "operator": "Equal"}], fabric=fab, provisioner=provisioner)
+
+
+def base_jobset(kind: str) -> dict:
+    job = config.JobConfig(name="llm", team="research", pool="h100", preset="gpt2-124m", nodes="2:4")
+    aws = kind == "efa"
+    bucket = "s3://b" if aws else "gs://b"
+    return t.jobset_manifest(job=job, pool=_pool(kind), cloud="aws" if aws else "gcp", region="r",
+                             image=(ECR if aws else AR) + "trainer" + DIGEST, local_queue="research-queue",
+                             dataset_uri=f"{bucket}/llm/manifest.json", checkpoint_uri=f"{bucket}/research/llm",
+                             nvme_host_path=AWS_ROOT if aws else GCP_ROOT)
+
+
+def _template(jobset: dict) -> dict:
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+
+
+def as_kind(jobset: dict, kind: str) -> dict:
+    tpl = copy.deepcopy(_template(jobset))
+    meta = {"name": "llm-worker-0-0-abcde", "namespace": NS, **tpl["metadata"]}
+    if kind == "Pod":
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": tpl["spec"]}
+    if kind == "Job":
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "llm-worker-0", "namespace": NS},
+                "spec": {"completionMode": "Indexed", "completions": 2, "parallelism": 2, "template": tpl}}
+    return copy.deepcopy(jobset)
+
+
+def pod_spec_of(obj: dict) -> dict:
+    return obj["spec"] if obj["kind"] == "Pod" else (
+        obj["spec"]["template"]["spec"] if obj["kind"] == "Job"
+        else obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"])
+
+
+def valid(obj: dict) -> None:
+    if obj["kind"] == "JobSet":
+        assert crd.validate(obj).problems == [], crd.validate(obj).problems
+    else:
+        kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def pack_problems(obj: dict, root: str, registries: list[str]) -> list[str]:
+    res = Resource(type=f"kubernetes:{obj['apiVersion'] if '/' in obj['apiVersion'] else 'core/v1'}:{obj['kind']}",
+                   name="x", urn="urn:x", props=obj)
+    return [*pods.host_isolation_problems(obj, nvme_roots=(root,)), *pods.training_problems(obj),
+            *pack_kubernetes.training_image_digest(res, None), *pod_admission.registry_problems(obj, registries)]
+
+
+def policies_for(kind: str) -> tuple[Admission, str, list[str]]:
+    root, registries = (AWS_ROOT, [ECR]) if kind == "efa" else (GCP_ROOT, [AR])
+    return Admission(pod_admission.admission_policies(nvme_host_path=root, registries=registries)), root, registries
+
+
+# ------------------------------------------------------------------------------------------ mutations
+
+def trainer(spec: dict) -> dict:
+    return next(c for c in spec["containers"] if c["name"] == t.CONTAINER)
+
+
+def sidecar(spec: dict) -> dict:
+    return spec["initContainers"][0]
+
+
+def host_vol(path: str, name: str = "extra", mount_in: str | None = "trainer", read_only: bool = False):
+    def mutate(spec: dict) -> None:
+        spec["volumes"].append({"name": name, "hostPath": {"path": path}})
+        if mount_in == "trainer":
+            trainer(spec)["volumeMounts"].append({"name": name, "mountPath": "/extra", "readOnly": read_only})
+        elif mount_in == "sidecar":
+            sidecar(spec)["volumeMounts"].append({"name": name, "mountPath": "/extra", "readOnly": read_only})
+    return mutate
+
+
+def sc(container: Callable[[dict], dict], **fields):
+    def mutate(spec: dict) -> None:
+        target = container(spec).setdefault("securityContext", {})
+        for key, value in fields.items():
+            if value is None:
+                target.pop(key, None)
+            else:
+                target[key] = value
+    return mutate
+
+
+def pod_sc(**fields):
+    def mutate(spec: dict) -> None:
+        for key, value in fields.items():
+            if value is None:
+                spec["securityContext"].pop(key, None)
+            else:
+                spec["securityContext"][key] = value
+    return mutate
+
+
+def both(*mutations):
+    def mutate(spec: dict) -> None:
+        for m in mutations:
+            m(spec)
+    return mutate
+
+
+def set_field(**fields):
+    def mutate(spec: dict) -> None:
+        spec.update(fields)
+    return mutate
+
+
+def add_container(where: str, **over):
+    def mutate(spec: dict) -> None:
+        c = copy.deepcopy(trainer(spec))
+        c.update(name="helper", **over)
+        c.pop("ports", None)
+        if where == "ephemeralContainers":
+            c.pop("resources", None)
+        spec.setdefault(where, []).append(c)
+    return mutate
+
+
+def image(img: str):
+    def mutate(spec: dict) -> None:
+        trainer(spec)["image"] = img
+    return mutate
+
+
+def sidecar_image(img: str):
+    def mutate(spec: dict) -> None:
+        sidecar(spec)["image"] = img
+    return mutate
+
+
+def own_workdir(root: str, suffix: str = "") -> str:
+    return nvme.workdir_path(root, NS) + suffix
+
+
+# (id, fabric kind, mutation, denied?, the policy rule that must deny)
+CASES = [
+    ("efa-as-rendered", "efa", None, False, None),
+    ("tcpx-as-rendered", "tcpx", None, False, None),
+    ("tcpxo-as-rendered", "tcpxo", None, False, None),
+    ("rdma-as-rendered", "rdma", None, False, None),
+    ("host-network", "efa", set_field(hostNetwork=True), True, "host-namespaces"),
+    ("host-pid", "tcpxo", set_field(hostPID=True), True, "host-namespaces"),
+    ("host-ipc", "efa", set_field(hostIPC=True), True, "host-namespaces"),
+    ("host-port", "efa", lambda s: trainer(s)["ports"][0].update(hostPort=9400), True, "host-ports"),
+    ("host-port-zero", "efa", lambda s: trainer(s)["ports"][0].update(hostPort=0), False, None),
+    ("hostpath-root", "efa", host_vol("/"), True, "host-paths"),
+    ("hostpath-kubelet", "efa", host_vol("/var/lib/kubelet"), True, "host-paths"),
+    ("hostpath-nvme-root", "efa", host_vol(AWS_ROOT), True, "host-paths"),
+    ("hostpath-other-team", "efa", host_vol(nvme.workdir_path(AWS_ROOT, "team-applied")), True, "host-paths"),
+    ("hostpath-traversal", "efa", host_vol(own_workdir(AWS_ROOT, "/../team-applied")), True, "host-paths"),
+    ("hostpath-own-workdir", "efa", host_vol(own_workdir(AWS_ROOT)), False, None),
+    ("hostpath-own-workdir-slash", "efa", host_vol(own_workdir(AWS_ROOT, "/")), False, None),
+    ("hostpath-other-cloud-root", "efa", host_vol(own_workdir(GCP_ROOT)), True, "host-paths"),
+    ("driver-lib-read-only", "rdma", host_vol(pods.NVIDIA_HOST_LIB, read_only=True), False, None),
+    ("driver-lib-writable", "rdma", host_vol(pods.NVIDIA_HOST_LIB), True, "host-paths"),
+    ("gib-writable", "rdma", host_vol(pods.GIB_HOST_DIR, name="gib2"), True, "host-paths"),
+    ("aperture-devices", "efa", host_vol("/dev/aperture_devices"), False, None),
+    ("sys-in-trainer", "tcpxo", lambda s: trainer(s)["volumeMounts"].append({"name": "sys", "mountPath": "/s"}),
+     True, "host-paths"),
+    ("sys-in-sidecar", "tcpxo", host_vol("/sys", name="sys2", mount_in="sidecar"), False, None),
+    ("sys-declared-unmounted-with-sidecar", "tcpx", host_vol("/proc/sys", name="ps2", mount_in=None), False, None),
+    ("sys-declared-unmounted-no-sidecar", "efa", host_vol("/sys", mount_in=None), True, "host-paths"),
+    ("sidecar-other-image", "tcpxo", sidecar_image("docker.io/library/ubuntu:24.04" + DIGEST), True, "host-paths"),
+    ("sidecar-right-image-other-tag", "tcpxo",
+     sidecar_image("us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/tcpgpudmarxd-dev:v9.9.9"), False, None),
+    ("privileged-trainer", "efa", sc(trainer, privileged=True), True, "privileged"),
+    ("privileged-init", "efa", add_container("initContainers", securityContext={
+        "privileged": True, "runAsNonRoot": True, "allowPrivilegeEscalation": True, "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"}}), True, "privileged"),
+    ("cap-sys-admin", "efa", sc(trainer, capabilities={"drop": ["ALL"], "add": ["SYS_ADMIN"]}), True, "capabilities"),
+    ("cap-net-bind", "efa", sc(trainer, capabilities={"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}), False, None),
+    ("cap-net-bind-lower-prefixed", "efa", sc(trainer, capabilities={"drop": ["ALL"], "add": ["cap_net_bind_service"]}),
+     False, None),
+    ("cap-net-admin-in-sidecar", "tcpxo", sc(sidecar, capabilities={"add": ["NET_ADMIN"]}), False, None),
+    ("non-root-false", "efa", sc(trainer, runAsNonRoot=False), True, "non-root"),
+    ("non-root-unset-everywhere", "efa", both(sc(trainer, runAsNonRoot=None), pod_sc(runAsNonRoot=None)), True,
+     "non-root"),
+    ("non-root-from-pod", "efa", sc(trainer, runAsNonRoot=None), False, None),
+    ("uid-0-container", "efa", sc(trainer, runAsUser=0), True, "non-root"),
+    ("uid-0-pod-only", "efa", both(sc(trainer, runAsUser=None), pod_sc(runAsUser=0)), True, "non-root"),
+    ("uid-0-pod-container-sets-own", "efa", pod_sc(runAsUser=0), False, None),
+    ("escalation-unset", "efa", sc(trainer, allowPrivilegeEscalation=None), True, "privilege-escalation"),
+    ("escalation-true", "efa", sc(trainer, allowPrivilegeEscalation=True), True, "privilege-escalation"),
+    ("drop-nothing", "efa", sc(trainer, capabilities={"drop": ["NET_RAW"]}), True, "drop-all"),
+    ("drop-all-lowercase", "efa", sc(trainer, capabilities={"drop": ["all"]}), False, None),
+    ("seccomp-unconfined", "efa", sc(trainer, seccompProfile={"type": "Unconfined"}), True, "seccomp"),
+    ("seccomp-from-pod", "efa", sc(trainer, seccompProfile=None), False, None),
+    ("seccomp-nowhere", "efa", both(sc(trainer, seccompProfile=None), pod_sc(seccompProfile=None)), True, "seccomp"),
+    ("seccomp-localhost", "efa", sc(trainer, seccompProfile={"type": "Localhost", "localhostProfile": "p.json"}),
+     False, None),
+    ("image-tag-only", "efa", image(ECR + "trainer:latest"), True, "image-digest"),
+    ("image-docker-hub", "efa", image("docker.io/library/python:3.12" + DIGEST), True, "image-registry"),
+    ("image-lookalike-host", "efa", image(ECR.rstrip("/") + ".evil.example/trainer" + DIGEST), True,
+     "image-registry"),
+    ("image-other-platform-repo", "efa", image(ECR + "team-research/custom" + DIGEST), False, None),
+    ("bad-init-container", "efa", add_container("initContainers", image="docker.io/library/busybox" + DIGEST), True,
+     "image-registry"),
+    ("bad-ephemeral-container", "efa", add_container("ephemeralContainers", securityContext={"privileged": True}),
+     True, "privileged"),
+]
+
+
+@pytest.mark.parametrize("form", ["Pod", "Job", "JobSet"])
+@pytest.mark.parametrize(("case", "kind", "mutate", "denied", "rule"), CASES, ids=[c[0] for c in CASES])
+def test_the_pack_and_the_admission_policy_agree(case, kind, mutate, denied, rule, form):
+    jobset = base_jobset(kind)
+    if mutate is not None:
+        mutate(_template(jobset)["spec"])
+    obj = as_kind(jobset, form)
+    valid(obj)
+    admission, root, registries = policies_for(kind)
+    pack = pack_problems(obj, root, registries)
+    vap = admission.denials(obj, NS)
+    assert bool(pack) == denied, pack
+    assert bool(vap) == denied, vap
+    if rule:
+        assert any(m.startswith(f"{rule}:") for m in vap), vap
+
+
+def test_a_non_canonical_spelling_of_an_allowed_path_is_refused_by_admission_only():
+    """The documented difference: the pack normalises a host path, the admission policy compares it as written,
+    so it is the stricter of the two, never the more lenient."""
+    jobset = base_jobset("efa")
+    host_vol(nvme.workdir_path(AWS_ROOT, "team-research").replace("/gpu-train/", "/gpu-train/./"))(
+        _template(jobset)["spec"])
+    admission, root, registries = policies_for("efa")
+    assert pack_problems(jobset, root, registries) == []
+    assert [m.split(":")[0] for m in admission.denials(jobset, NS)] == ["host-paths"]
+
+
+def test_the_allowed_repositories_besides_the_registry_are_exact():
+    jobset = base_jobset("efa")
+    image("docker.io/acme/trainer" + DIGEST)(_template(jobset)["spec"])
+    extra = Admission(pod_admission.admission_policies(nvme_host_path=AWS_ROOT, registries=[ECR],
+                                                       repositories=["docker.io/acme/trainer"]))
+    assert extra.denials(jobset, NS) == []
+    assert pod_admission.registry_problems(jobset, [ECR], ["docker.io/acme/trainer"]) == []
+    image("docker.io/acme/trainer-evil" + DIGEST)(_template(jobset)["spec"])
+    assert [m.split(":")[0] for m in extra.denials(jobset, NS)] == ["image-registry"]
+    assert pod_admission.registry_problems(jobset, [ECR], ["docker.io/acme/trainer"])
+
+
+def test_registry_prefix_and_repository_of():
+    assert pod_admission.registry_prefix(ECR + "gpu-train-aws-dev-trainer") == ECR
+    assert pod_admission.registry_prefix(AR + "trainer") == AR
+    with pytest.raises(ValueError, match="no registry"):
+        pod_admission.registry_prefix("trainer")
+    assert pod_admission.repository_of("reg.io/a/b:1.0@sha256:" + "0" * 64) == "reg.io/a/b"
+    assert pod_admission.repository_of("localhost:5000/b@sha256:" + "0" * 64) == "localhost:5000/b"
+    assert pod_admission.repository_of("ubuntu:24.04") == "ubuntu"
+
+
+@pytest.mark.parametrize("version", sorted({v for ch in config.KUBERNETES_VERSIONS.values() for vs in ch.values()
+                                            for v in vs if tuple(map(int, v.split("."))) >= config.PLATFORM_MIN_KUBERNETES}))
+def test_the_policies_are_valid_objects_for_every_supported_kubernetes(version):
+    for obj in pod_admission.admission_policies(nvme_host_path=AWS_ROOT, registries=[ECR]):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_a_misspelled_policy_field_is_caught_by_strict_validation():
+    obj = pod_admission.admission_policies(nvme_host_path=AWS_ROOT, registries=[ECR])[0]
+    obj["spec"]["validation"] = obj["spec"].pop("validations")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def test_bindings_deny_in_team_namespaces_only():
+    objs = pod_admission.admission_policies(nvme_host_path=AWS_ROOT, registries=[ECR])
+    bindings = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    policies = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(p["metadata"]["name"] for p in policies)
+    for b in bindings:
+        assert b["spec"]["validationActions"] == ["Deny"]
+        assert b["spec"]["matchResources"]["namespaceSelector"] == {
+            "matchExpressions": [{"key": naming.TEAM_LABEL, "operator": "Exists"}]}
+    for p in policies:
+        assert p["spec"]["failurePolicy"] == "Fail"
+        assert {op for r in p["spec"]["matchConstraints"]["resourceRules"] for op in r["operations"]} == {
+            "CREATE", "UPDATE"}
+    kinds = {(r["apiGroups"][0], r["resources"][0]) for p in policies for r in p["spec"]["matchConstraints"]["resourceRules"]}
+    assert kinds == {("", "pods"), ("batch", "jobs"), ("jobset.x-k8s.io", "jobsets")}
+
+
+@pytest.mark.parametrize("stack", [*STACKS, *VARIANTS])
+def test_every_plan_enforces_the_rules_and_its_own_job_passes_them(all_plans, stack):
+    """The four stacks and the fabric variants (EFA on p4d/p5en, GPUDirect-TCPX, -TCPXO and RDMA)."""
+    objs = kubernetes_objects(all_plans[stack])
+    admission = Admission(objs)
+    assert sorted(p["metadata"]["name"] for p in admission.policies) == sorted(
+        pod_admission.policy_name(k) for k in pod_admission.SPEC_LISTS)
+    team_objects = [o for o in objs if o["kind"] in ("JobSet", "Job", "Pod")
+                    and o["metadata"].get("namespace", "").startswith(naming.team_namespace(""))]
+    assert team_objects, "the stack's job"
+    for obj in team_objects:
+        assert admission.denials(obj, obj["metadata"]["namespace"]) == [], obj["metadata"]["name"]
+    # The policies name the stack's own registry and NVMe root.
+    image = pod_spec_of(team_objects[0])["containers"][0]["image"]
+    text = repr([p["spec"] for p in admission.policies])
+    assert pod_admission.registry_prefix(pod_admission.repository_of(image)) in text
