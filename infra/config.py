@@ -155,14 +155,43 @@ class MonitoringConfig:
     low_utilization_percent: int = 20  # alert when mean GPU utilization stays below this for 30 min
 
 
+# XIDs the NVIDIA driver raises for faults of an application, not of the GPU: the device plugin ignores
+# them for its own health checks (internal/rm/health.go of NVIDIA/k8s-device-plugin v0.20.0), and a
+# node must not be quarantined because a user's kernel faulted.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthConfig:
+    enabled: bool = True  # GPU node health: problem detection, pre-flight check and quarantine (docs/operations.md)
+    remediation: bool = True  # quarantine a faulty GPU node (its pods leave with their grace period); false: report only
+    preflight: bool = True  # a new GPU node takes no training pod until its GPU and fabric pre-flight check passes
+    node_repair: bool = True  # the clouds' node repair: Karpenter node repair, EKS node group repair, GKE auto-repair
+    xid_codes: tuple[int, ...] = (48, 63, 64, 74, 79, 94, 95)  # NVIDIA XID errors that quarantine a GPU node
+    # nodes the clouds may repair or replace at once per pool; more GPU nodes quarantined at once raises an alert
+    max_concurrent_repairs: int = 1
+    dcgm_diag_level: int = 1  # DCGM diagnostics level of the pre-flight check (1: seconds, 2: a few minutes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeamMemberConfig:
+    # AWS: the ARN of an IAM role or user (arn:aws:iam::<account>:role/<name>) that gets an EKS access entry
+    # carrying the team's groups; on GCP people join the Google groups instead
+    principal: str
+    role: Literal["submitter", "viewer"] = "submitter"  # which of the team's group lists the entry carries
+
+
 @dataclass(frozen=True, kw_only=True)
 class TeamConfig:
     name: str  # DNS label; namespace team-<name>
     # nominal GPUs in the team's ClusterQueue per pool, {pool: GPUs} (pools left out: 0), or one
     # number for every pool (capped at each pool's maxNodes x GPUs)
     gpu_quota: int | Mapping[str, int]
-    submitters: tuple[str, ...] = ()  # identity-provider groups allowed to submit jobs
-    viewers: tuple[str, ...] = ()  # groups allowed to read jobs and logs
+    # Kubernetes groups allowed to submit jobs (GKE: Google group e-mail addresses); the team's
+    # RoleBindings name exactly these
+    submitters: tuple[str, ...] = ()
+    viewers: tuple[str, ...] = ()  # groups allowed to read jobs, their status and logs
+    members: tuple[TeamMemberConfig, ...] = ()  # AWS: IAM principals mapped to the groups by EKS access entries
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,6 +212,18 @@ class JobConfig:
     max_restarts: int = 3  # torchrun --max-restarts and the JobSet's failurePolicy.maxRestarts
     data_wait_minutes: int = 10  # how long the pods wait for the dataset manifest before failing the job
     rendezvous_timeout_minutes: int = 35  # torchrun join timeout; at least Kueue's pods-ready timeout (30)
+
+
+# Retention periods CloudWatch Logs accepts (PutRetentionPolicy's retentionInDays, botocore's logs model).
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
+                      2922, 3288, 3653)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogsConfig:
+    # AWS: days the team namespaces' container logs stay in CloudWatch Logs (unset: 30); GKE keeps them in
+    # Cloud Logging, whose retention is the project's _Default bucket setting
+    retention_days: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,8 +266,10 @@ class StackConfig:
     gpu_pools: tuple[GpuPoolConfig, ...] = ()  # at least one GPU node pool
     cache: CacheConfig = field(default_factory=CacheConfig)  # Alluxio NVMe cache
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)  # Prometheus, Grafana, alerts
+    health: HealthConfig = field(default_factory=HealthConfig)  # GPU node health, pre-flight, quarantine and repair
     teams: tuple[TeamConfig, ...] = ()  # tenants: namespace, queue and GPU quota each
-    job: JobConfig | None = None  # the stack's training job (none: the platform only)
+    job: JobConfig | None = None  # the stack's training job (none: the platform only; teams submit theirs)
+    logs: LogsConfig = field(default_factory=LogsConfig)  # container logs that outlive their pods
     image: ImageConfig = field(default_factory=ImageConfig)  # trainer image source
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)  # tracking server and registry
     limits: LimitsConfig = field(default_factory=LimitsConfig)  # guard rails checked here and by policy
@@ -587,6 +630,8 @@ def _check(cfg: StackConfig) -> list[str]:
         p.append(f"{k}monitoring.checkpointMaxAgeMinutes must be >= 1 "
                  f"(got {cfg.monitoring.checkpoint_max_age_minutes})")
 
+    p.extend(_health_problems(cfg.health))
+
     # Teams.
     if not cfg.teams:
         p.append(f"{k}teams must list at least one team")
@@ -603,6 +648,13 @@ def _check(cfg: StackConfig) -> list[str]:
             for j, group in enumerate(getattr(team, field_name)):
                 if not group.strip():
                     p.append(f"{tk}.{field_name}[{j}] must name a group (got {group!r})")
+                elif group.startswith("system:"):
+                    # https://kubernetes.io/docs/reference/access-authn-authz/authentication/ (system: is reserved)
+                    p.append(f"{tk}.{field_name}[{j}] {group!r} uses the system: prefix Kubernetes reserves for "
+                             "its own groups")
+        p.extend(_member_problems(cfg, team, tk))
+    p.extend(_principal_problems(cfg))
+    p.extend(_logs_problems(cfg))
 
     # Job.
     if cfg.job is not None:
@@ -617,6 +669,95 @@ def _check(cfg: StackConfig) -> list[str]:
     p.extend(_deploy_runner_problems(cfg))
     if cfg.deploy:
         p.extend(placeholder_problems(cfg))
+    return p
+
+
+# An IAM role or user ARN (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference-arns.html); an
+# assumed-role session (arn:aws:sts::...:assumed-role/...) is temporary and cannot have an access entry.
+_IAM_PRINCIPAL = re.compile(r"arn:aws(-cn|-us-gov)?:iam::[0-9]{12}:(role|user)/[A-Za-z0-9+=,.@_/-]{1,512}")
+
+
+def _member_problems(cfg: StackConfig, team: TeamConfig, tk: str) -> list[str]:
+    p = []
+    for j, member in enumerate(team.members):
+        mk = f"{tk}.members[{j}]"
+        if cfg.cloud != "aws":
+            p.append(f"{mk} is an AWS setting (EKS access entries); on GKE add people to the Google groups in "
+                     f"{tk}.submitters / viewers")
+            continue
+        if not _IAM_PRINCIPAL.fullmatch(member.principal):
+            p.append(f"{mk}.principal {member.principal!r} is not an IAM role or user ARN "
+                     "(arn:aws:iam::<account>:role/<name>); an STS session ARN cannot have an access entry")
+        groups = team.submitters if member.role == "submitter" else team.viewers
+        if not groups:
+            p.append(f"{mk}.role {member.role!r} needs {tk}.{member.role}s to name at least one group: the access "
+                     "entry gives the principal those Kubernetes groups")
+    return p
+
+
+def _principal_problems(cfg: StackConfig) -> list[str]:
+    """A principal can hold one EKS access entry, so it may appear once per team."""
+    p = []
+    for i, team in enumerate(cfg.teams):
+        seen: set[str] = set()
+        for j, member in enumerate(team.members):
+            if member.principal in seen:
+                p.append(f"{PROJECT}:teams[{i}].members[{j}].principal {member.principal!r} is listed twice in "
+                         f"team {team.name!r}")
+            seen.add(member.principal)
+    return p
+
+
+def team_access_entries(teams: tuple[TeamConfig, ...]) -> dict[str, tuple[str, ...]]:
+    """IAM principal -> the Kubernetes groups of its EKS access entry: the submitters (or viewers) groups of
+    every team that lists it. One principal may hold one access entry per cluster, so a member of several
+    teams gets one entry with every team's groups."""
+    out: dict[str, set[str]] = {}
+    for team in teams:
+        for member in team.members:
+            groups = team.submitters if member.role == "submitter" else team.viewers
+            out.setdefault(member.principal, set()).update(groups)
+    return {principal: tuple(sorted(groups)) for principal, groups in sorted(out.items())}
+
+
+def _logs_problems(cfg: StackConfig) -> list[str]:
+    days = cfg.logs.retention_days
+    if days is None or isinstance(days, bool) or not isinstance(days, int):
+        return []
+    key = f"{PROJECT}:logs.retentionDays"
+    if cfg.cloud != "aws":
+        return [f"{key} applies to CloudWatch Logs on AWS; GKE keeps container logs in Cloud Logging, whose "
+                "retention is the project's _Default log bucket setting"]
+    if days not in LOG_RETENTION_DAYS:
+        return [f"{key} {days} is not a retention CloudWatch Logs offers ({', '.join(map(str, LOG_RETENTION_DAYS))})"]
+    return []
+
+
+def log_retention_days(cfg: StackConfig) -> int:
+    """Days the team namespaces' container logs are kept in CloudWatch Logs."""
+    return cfg.logs.retention_days if cfg.logs.retention_days is not None else 30
+
+
+def _health_problems(h: HealthConfig) -> list[str]:
+    k = f"{PROJECT}:health"
+    p = []
+    seen: set[int] = set()
+    for i, code in enumerate(h.xid_codes):
+        if isinstance(code, bool) or not isinstance(code, int):
+            continue  # reported by the reader
+        if not 1 <= code <= 999:
+            p.append(f"{k}.xidCodes[{i}] {code} is not an NVIDIA XID (1 to 999)")
+        elif code in APPLICATION_XIDS:
+            p.append(f"{k}.xidCodes[{i}] XID {code} is raised by an application fault, not a GPU fault "
+                     f"(application XIDs: {sorted(APPLICATION_XIDS)}); quarantining on it would empty healthy nodes")
+        elif code in seen:
+            p.append(f"{k}.xidCodes[{i}] XID {code} is listed twice")
+        seen.add(code)
+    if h.max_concurrent_repairs < 1:
+        p.append(f"{k}.maxConcurrentRepairs must be >= 1 (got {h.max_concurrent_repairs})")
+    if h.dcgm_diag_level not in (1, 2):
+        p.append(f"{k}.dcgmDiagLevel must be 1 or 2 (got {h.dcgm_diag_level}): level 3 and 4 run for 30 minutes "
+                 "and more, longer than a node may wait before it takes work")
     return p
 
 
@@ -686,16 +827,31 @@ def job_gpus_per_node(cfg: StackConfig, job: JobConfig) -> int:
     return job.gpus_per_node or (spec.gpus if spec is not None else 0)
 
 
-def _check_job(cfg: StackConfig, job: JobConfig, p: list[str]) -> None:
-    jk = f"{PROJECT}:job"
+def read_job(raw: Any, *, cfg: StackConfig, key: str = f"{PROJECT}:job") -> JobConfig:
+    """A job's settings read and checked exactly as the stack's `job` setting is (types, unknown keys, then
+    every plan-time job check against `cfg`'s teams and pools), with `key` naming the settings in messages.
+    A team member's job spec file for `gpu-train submit` goes through here with key "job"."""
+    reader = _Reader()
+    job = reader.read_dataclass(JobConfig, raw, key)
+    if reader.problems or job is None:
+        raise ConfigError(reader.problems)
+    problems: list[str] = []
+    _check_job(cfg, job, problems, key)
+    if problems:
+        raise ConfigError(problems)
+    return job
+
+
+def _check_job(cfg: StackConfig, job: JobConfig, p: list[str], jk: str = f"{PROJECT}:job") -> None:
     if not _DNS_LABEL.match(job.name):
         p.append(f"{jk}.name {job.name!r} must be a lowercase DNS label of at most 32 characters")
     team = next((t for t in cfg.teams if t.name == job.team), None)
     if team is None:
-        p.append(f"{jk}.team {job.team!r} is not one of teams[].name")
+        p.append(f"{jk}.team {job.team!r} is not one of teams[].name ({', '.join(t.name for t in cfg.teams)})")
     pool = next((x for x in cfg.gpu_pools if x.name == job.pool), None)
     if pool is None:
-        p.append(f"{jk}.pool {job.pool!r} is not one of gpuPools[].name")
+        p.append(f"{jk}.pool {job.pool!r} is not one of gpuPools[].name "
+                 f"({', '.join(x.name for x in cfg.gpu_pools)})")
     spec = _catalog(cfg.cloud).get(pool.instance_type) if pool is not None else None
     nodes = parse_nodes(job.nodes)
     if nodes is None:
@@ -737,7 +893,7 @@ def _check_job(cfg: StackConfig, job: JobConfig, p: list[str]) -> None:
             p.append(f"{jk}.overrides.{key} must be a finite number (got {value!r})")
             shape_ok = False
     if shape_ok and job.steps >= 1 and job.global_batch_tokens >= 1 and job.checkpoint_every >= 1:
-        _check_trainer_settings(cfg, job, nodes, p)
+        _check_trainer_settings(cfg, job, nodes, p, jk)
     if team is not None and pool is not None and nodes is not None and spec is not None:
         nominal = cfg.team_quota(team).get(pool.name, 0)
         need = nodes[0] * job_gpus_per_node(cfg, job)
@@ -749,13 +905,12 @@ def _check_job(cfg: StackConfig, job: JobConfig, p: list[str]) -> None:
 
 
 def _check_trainer_settings(cfg: StackConfig, job: JobConfig, nodes: tuple[int, int] | None,
-                            p: list[str]) -> None:
+                            p: list[str], jk: str = f"{PROJECT}:job") -> None:
     """The job's preset and overrides through the trainer's own loader, and its global batch at every
     world size from MIN to MAX nodes."""
     from trainer.config import ConfigError as TrainerConfigError
     from trainer.config import batch_layout, build_config
 
-    jk = f"{PROJECT}:job"
     try:
         tcfg = build_config(job.preset, overrides=job_trainer_overrides(job))
     except TrainerConfigError as exc:

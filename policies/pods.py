@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +112,10 @@ class HostAgent:
     containers: Mapping[str, ContainerGrant]  # container name -> grant
 
 
+# The GPU pre-flight check of infra/k8s/health.py (PREFLIGHT_NAME, DCGM_IMAGE, GKE_NVIDIA_DIR), in the GPU
+# agents' namespace.
+PREFLIGHT_DCGM = "nvcr.io/nvidia/cloud-native/dcgm"
+GKE_NVIDIA_DIR = "/home/kubernetes/bin/nvidia"
 _NCCL_INSTALLER_WHY = ("Google's NCCL fabric plugin installer copies the plugin onto the host and configures the "
                        "GPU NICs in the host network namespace, from the host's mount namespace (nsenter).")
 HOST_AGENTS: tuple[HostAgent, ...] = (
@@ -128,6 +132,13 @@ HOST_AGENTS: tuple[HostAgent, ...] = (
               host_paths=frozenset({"/mnt/k8s-disks/0"}),
               containers={"workdirs": ContainerGrant(image=UBUNTU, root=True,
                                                      capabilities=frozenset({"CHOWN", "FOWNER"}))}),
+    HostAgent(kind="DaemonSet", namespace="gpu-system", name="gpu-preflight",
+              why="Checks a new GPU node before it takes work (GPU count, ECC state, DCGM diagnostics, fabric "
+                  "devices): it drives every GPU without holding them through the device plugin, so it is "
+                  "privileged, and on GKE it runs the driver's tools from the host, read-only.",
+              host_paths=frozenset({GKE_NVIDIA_DIR}),
+              containers={"check": ContainerGrant(image=PREFLIGHT_DCGM, privileged=True,
+                                                  host_paths=frozenset({GKE_NVIDIA_DIR}))}),
     HostAgent(kind="DaemonSet", namespace="gpu-system", name="nccl-tcpx-installer", host_network=True,
               host_pid=True, why=_NCCL_INSTALLER_WHY, host_paths=frozenset({"/var/lib"}),
               containers={
@@ -286,10 +297,11 @@ def _caps(container: Mapping[str, Any], key: str) -> set[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _host_path_problems(obj: Mapping[str, Any], where: str, spec: Mapping[str, Any]) -> list[str]:
+def _host_path_problems(obj: Mapping[str, Any], where: str, spec: Mapping[str, Any],
+                        nvme_roots: Sequence[str] = NVME_ROOTS) -> list[str]:
     agent = host_agent(obj)
     ns = namespace(obj)
-    workdirs = {f"{root}/{WORKDIR_ROOT}/{ns}" for root in NVME_ROOTS} if ns else set()
+    workdirs = {f"{root}/{WORKDIR_ROOT}/{ns}" for root in nvme_roots} if ns else set()
     pod_grants = [grant(obj, c) for _, c in containers(spec)]
     problems = []
     for vol in items(spec.get("volumes")):
@@ -323,8 +335,11 @@ def _host_path_problems(obj: Mapping[str, Any], where: str, spec: Mapping[str, A
     return problems
 
 
-def host_isolation_problems(obj: Mapping[str, Any]) -> list[str]:
-    """Privileged containers, host namespaces, host paths, host ports and added capabilities."""
+def host_isolation_problems(obj: Mapping[str, Any], nvme_roots: Sequence[str] = NVME_ROOTS) -> list[str]:
+    """Privileged containers, host namespaces, host paths, host ports and added capabilities.
+
+    `nvme_roots`: where the NVMe work directories may be (both clouds' roots by default, so the pack judges
+    any plan; one cluster's admission policy knows its own root)."""
     agent = host_agent(obj)
     problems = []
     for where, spec in pod_specs(obj):
@@ -333,7 +348,7 @@ def host_isolation_problems(obj: Mapping[str, Any]) -> list[str]:
             if truthy(spec.get(field)) and not allowed:
                 problems.append(f"{where}: {field} is true, so the pod shares the node's "
                                 f"{field[4:].lower() if field != 'hostPID' else 'process'} namespace.")
-        problems += _host_path_problems(obj, where, spec)
+        problems += _host_path_problems(obj, where, spec, nvme_roots)
         for label, c in containers(spec):
             g = grant(obj, c)
             if truthy(dig(c, "securityContext", "privileged")) and not (g and g.privileged):

@@ -28,11 +28,12 @@ from infra.aws.identities import WorkloadIdentities, WorkloadIdentitiesArgs, bin
 from infra.aws.karpenter import Karpenter, KarpenterArgs
 from infra.aws.keys import Keys, KeysArgs
 from infra.aws.load_balancer import LoadBalancerController, LoadBalancerControllerArgs
+from infra.aws.log_shipping import LogShipping, LogShippingArgs
 from infra.aws.network import Network, NetworkArgs
 from infra.aws.registry import ContainerRegistry, RegistryArgs
 from infra.aws.service_roles import AUTOSCALING, SPOT, ServiceLinkedRoles, ServiceLinkedRolesArgs
 from infra.aws.storage import Storage, StorageArgs
-from infra.config import StackConfig
+from infra.config import StackConfig, log_retention_days, team_access_entries
 from infra.platform import Buckets, ClusterPlatform, EgressTarget, GpuPool, ManagedDatabase, StorageClassSpec
 
 # The S3 gateway endpoint routes to S3's public address ranges (via the prefix list), so pods'
@@ -105,7 +106,8 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
         ebs_key_arn=keys.arns["ebs"], logs_key_arn=keys.arns["logs"],
         system_node_type=cfg.cluster.system_node_type or "m6i.xlarge",
         system_nodes_min=cfg.cluster.system_nodes_min, system_nodes_max=cfg.cluster.system_nodes_max,
-        system_labels=system_labels, ebs_csi_role_name=ebs_csi_role, tags=tags), opts=on_aws)
+        system_labels=system_labels, ebs_csi_role_name=ebs_csi_role,
+        access_entries=team_access_entries(cfg.teams), health=cfg.health, tags=tags), opts=on_aws)
 
     karpenter = Karpenter("karpenter", KarpenterArgs(
         cluster_name=cluster_name, cluster_arn=cluster.cluster_arn, endpoint=cluster.endpoint, region=region,
@@ -113,7 +115,7 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
         sqs_key_arn=keys.arns["sqs"], ebs_key_arn=keys.arns["ebs"],
         kubernetes_version=cfg.cluster.kubernetes_version, provider=cluster.provider,
         system_selector=system_labels, pools=[(p, instance_spec(p.instance_type)) for p in cfg.gpu_pools],
-        depends_on=cluster.ready, tags=tags),
+        depends_on=cluster.ready, health=cfg.health, tags=tags),
         opts=pulumi.ResourceOptions(providers=[provider], depends_on=[cluster.cluster, service_roles]))
     ready: list[pulumi.Resource] = [*cluster.ready, karpenter.release, *karpenter.node_pools]
 
@@ -139,6 +141,14 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
         resources={**storage.names, "s3_key": keys.arns["s3"]}, depends_on=cluster.addons[:1], tags=tags),
         opts=on_aws)
     ready += identities.associations
+
+    # Container logs that outlive their pods: a group per team namespace, written by the Kubernetes layer's
+    # log shipper through the VPC's CloudWatch Logs endpoint.
+    log_shipping = LogShipping("log-shipping", LogShippingArgs(
+        cluster_name=cluster_name, cluster=cluster.cluster_name, region=region, account_id=account_id,
+        teams=[t.name for t in cfg.teams], logs_key_arn=keys.arns["logs"], retention_days=log_retention_days(cfg),
+        endpoint_cidrs=[cfg.network.vpc_cidr], depends_on=cluster.addons[:1], tags=tags), opts=on_aws)
+    ready.append(log_shipping.association)
 
     mlflow_database: ManagedDatabase | None = None
     if managed_db:
@@ -172,4 +182,5 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
                                        parameters=storage_class_parameters(keys.arns["ebs"])),
         identities=identities.identities, registry=registry.registry,
         internal_lb_annotations=dict(INTERNAL_LB_ANNOTATIONS), ready=ready,
-        workload_identity_egress=[POD_IDENTITY_AGENT], mlflow_database=mlflow_database)
+        workload_identity_egress=[POD_IDENTITY_AGENT], mlflow_database=mlflow_database,
+        log_store=log_shipping.store)

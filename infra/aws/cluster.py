@@ -5,22 +5,33 @@ Usage:
     cluster.provider      # pulumi_kubernetes.Provider for the Kubernetes layer
     cluster.kubeconfig    # secret Output[str]; authenticates with `aws eks get-token`
 
-Authentication mode is API (access entries only, no aws-auth ConfigMap). Workloads get AWS
-credentials through EKS Pod Identity (the eks-pod-identity-agent add-on); an IAM OIDC provider is
-registered too, so IRSA remains available to charts that only support it.
+Authentication mode is API (access entries only, no aws-auth ConfigMap). Team members' IAM principals
+(`teams[].members`) get STANDARD access entries carrying their teams' Kubernetes groups and no access
+policy, so the team RoleBindings are all they are granted. Workloads get AWS credentials through EKS Pod
+Identity (the eks-pod-identity-agent add-on); an IAM OIDC provider is registered too, so IRSA remains
+available to charts that only support it. The VPC CNI add-on enforces NetworkPolicies
+(`vpc_cni_configuration`).
+
+Node health: the EKS node monitoring agent add-on (pinned) runs on every node and reports the node conditions
+`AcceleratedHardwareReady`, `NetworkingReady`, `StorageReady`, `KernelReady` and `ContainerRuntimeReady`
+(https://docs.aws.amazon.com/eks/latest/userguide/node-health.html); its DCGM server runs on the GPU nodes,
+which it must tolerate. The system node group's node repair acts on them and on `Ready` (at most
+`gpu-train:health.maxConcurrentRepairs` nodes at once); Karpenter repairs the GPU nodes (infra/aws/karpenter.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.aws import iam
+from infra.config import HealthConfig
 
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # vpc-cni >= 1.18.4 is required for efa-only network interfaces
@@ -31,6 +42,11 @@ MIN_VPC_CNI = (1, 18, 4)
 # Other add-ons use the version EKS marks as default for the cluster's Kubernetes version.
 DEFAULT_VERSION_ADDONS = ("kube-proxy", "eks-pod-identity-agent", "coredns", "aws-ebs-csi-driver")
 SYSTEM_ROOT_GB = 50
+# The EKS node monitoring agent add-on, pinned: the version its v1.7.0 chart runs (charts/eks-node-monitoring-agent
+# values.yaml nodeAgent.image.tag); the add-on's configuration schema is charts/configuration.schema.json, of
+# which tests/schemas/addons holds a structural snapshot.
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
+NODE_MONITORING_AGENT_VERSION = "v1.7.0-eksbuild.1"
 
 
 def addon_version_ok(version: str, minimum: tuple[int, ...] = MIN_VPC_CNI) -> bool:
@@ -44,15 +60,50 @@ def addon_version_ok(version: str, minimum: tuple[int, ...] = MIN_VPC_CNI) -> bo
 
 
 def vpc_cni_configuration() -> dict:
-    """VPC CNI settings: custom networking (pods on the secondary range via per-AZ ENIConfigs).
+    """VPC CNI settings: custom networking (pods on the secondary range via per-AZ ENIConfigs), and
+    NetworkPolicy enforcement.
 
     https://docs.aws.amazon.com/eks/latest/userguide/cni-custom-network.html
+    The add-on's configuration values are the aws-vpc-cni chart's values at the add-on's version
+    (charts/aws-vpc-cni/values.yaml of github.com/aws/amazon-vpc-cni-k8s at v1.20.1):
+    - `enableNetworkPolicy` (a string, default "false") turns on the network policy controller and the
+      node agent's enforcement (`--enable-network-policy` of the aws-eks-nodeagent container in
+      templates/daemonset.yaml). Without it every NetworkPolicy is accepted and ignored.
+    - the node agent itself (`nodeAgent.enabled`, default true) is left on; its policy event logs stay off.
+    https://docs.aws.amazon.com/eks/latest/userguide/cni-network-policy-configure.html
     """
-    return {"env": {
-        "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG": "true",
-        # Each node picks the ENIConfig named after its availability zone.
-        "ENI_CONFIG_LABEL_DEF": "topology.kubernetes.io/zone",
-    }}
+    return {
+        "env": {
+            "AWS_VPC_K8S_CNI_CUSTOM_NETWORK_CFG": "true",
+            # Each node picks the ENIConfig named after its availability zone.
+            "ENI_CONFIG_LABEL_DEF": "topology.kubernetes.io/zone",
+        },
+        "enableNetworkPolicy": "true",
+        "nodeAgent": {"enablePolicyEventLogs": "false"},
+    }
+
+
+def access_entry_name(component: str, principal: str) -> str:
+    """The logical name of a member's access entry: stable per principal, so adding or removing one member
+    never replaces another's entry."""
+    return f"{component}-access-{hashlib.sha256(principal.encode()).hexdigest()[:12]}"
+
+
+def node_monitoring_agent_configuration() -> dict:
+    """Add-on configuration: the agent's DCGM server must run on the GPU nodes, which carry the GPU taint and,
+    while a pre-flight check runs or a fault is quarantined, the health taints (the chart's default tolerates
+    none). Without it the agent cannot reach a DCGM host engine there and reports DCGMError, a Condition that
+    sets AcceleratedHardwareReady=False on every GPU node. The agent itself tolerates every taint by default."""
+    return {"dcgmAgent": {"tolerations": [{"operator": "Exists"}]}}
+
+
+def node_repair_config(health: HealthConfig) -> aws.eks.NodeGroupNodeRepairConfigArgs:
+    """EKS node auto repair of a managed node group: on when `health.nodeRepair`, at most
+    `health.maxConcurrentRepairs` nodes repaired in parallel."""
+    if not health.node_repair:
+        return aws.eks.NodeGroupNodeRepairConfigArgs(enabled=False)
+    return aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True,
+                                                 max_parallel_nodes_repaired_count=health.max_concurrent_repairs)
 
 
 def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> str:
@@ -117,6 +168,10 @@ class ClusterArgs:
     system_labels: Mapping[str, str]  # labels on system nodes
     ebs_csi_role_name: str  # role name the EBS CSI driver's Pod Identity uses
     tags: Mapping[str, str]  # common tags
+    health: HealthConfig = field(default_factory=HealthConfig)  # node repair of the system node group (cfg.health)
+    # IAM principal ARN -> Kubernetes groups (config.team_access_entries): one STANDARD access entry each,
+    # with no access policy, so only the team RoleBindings that name those groups grant anything.
+    access_entries: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 class Cluster(pulumi.ComponentResource):
@@ -234,6 +289,7 @@ class Cluster(pulumi.ComponentResource):
                                                               desired_size=args.system_nodes_min),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
             labels=dict(args.system_labels), update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            node_repair_config=node_repair_config(args.health),
             tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[cni, proxy, pia, *self.eni_configs]))
 
         ebs_role = self._pod_role(f"{name}-ebs-csi", args, iam.EBS_CSI_MANAGED_POLICY, args.ebs_csi_role_name)
@@ -250,7 +306,19 @@ class Cluster(pulumi.ComponentResource):
             pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
                 role_arn=ebs_role.arn, service_account="ebs-csi-controller-sa")],
             tags=tags, opts=after_nodes)
-        self.addons = [pia, cni, proxy, coredns, ebs]
+        monitoring_agent = aws.eks.Addon(
+            f"{name}-{NODE_MONITORING_AGENT}", cluster_name=cluster.name, addon_name=NODE_MONITORING_AGENT,
+            addon_version=NODE_MONITORING_AGENT_VERSION,
+            configuration_values=json.dumps(node_monitoring_agent_configuration()),
+            resolve_conflicts_on_update="OVERWRITE", tags=tags, opts=after_nodes)
+        self.addons = [pia, cni, proxy, coredns, ebs, monitoring_agent]
+        # Team members: their IAM principals get the teams' Kubernetes groups and nothing else.
+        self.access_entries = [
+            aws.eks.AccessEntry(access_entry_name(name, principal), cluster_name=cluster.name,
+                                principal_arn=principal, kubernetes_groups=list(groups), type="STANDARD",
+                                tags=tags, opts=child)
+            for principal, groups in sorted(args.access_entries.items())
+        ]
         self.ready: list[pulumi.Resource] = [self.system_nodes, *self.addons, *self.eni_configs]
         self.register_outputs({"cluster_name": self.cluster_name, "endpoint": self.endpoint,
                                "kubeconfig": self.kubeconfig})

@@ -21,6 +21,17 @@ EFA pools and reserved capacity need no managed node group any more:
   NodePool with the same labels adds up to maxNodes - minNodes on demand. Both use the pool's
   EC2NodeClass; the job selects them by the pool label, so it does not see the split.
 
+Node repair (`gpu-train:health.nodeRepair`, Karpenter's `nodeRepair` feature gate, alpha and off by default in
+1.14.1): Karpenter replaces a node whose `Ready` condition is False or Unknown for 30 minutes, or on which the EKS
+node monitoring agent reports `AcceleratedHardwareReady=False` for 10 minutes (or `StorageReady`,
+`NetworkingReady`, `KernelReady`, `ContainerRuntimeReady` False for 30), unless more than 20% of the NodePool's
+nodes are unhealthy (`RepairPolicies` in pkg/cloudprovider/cloudprovider.go at v1.14.1; the 20% in
+sigs.k8s.io/karpenter pkg/controllers/node/health). Karpenter deletes a repaired node's pods with a 1 s grace
+period, so the Kubernetes layer's quarantine (infra/k8s/health.py) evicts training pods with their own grace
+period as soon as the condition appears, well inside those 10 minutes. The dynamic NodePools' disruption
+budget (`gpu-train:health.maxConcurrentRepairs` nodes) bounds how many emptied or drifted nodes of a pool
+Karpenter removes at once.
+
 EventBridge forwards spot interruption warnings, rebalance recommendations, instance state changes,
 AWS Health events and capacity-reservation interruptions to an SQS queue (encrypted with the sqs key)
 that Karpenter drains so it can cordon and replace nodes before they go away
@@ -33,7 +44,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
@@ -52,7 +63,7 @@ from infra.aws.gpu_nodes import (
     node_labels,
     nvidia_ami_parameter,
 )
-from infra.config import GpuPoolConfig
+from infra.config import GpuPoolConfig, HealthConfig
 from infra.platform import Fabric
 
 CHART = "oci://public.ecr.aws/karpenter/karpenter"
@@ -88,15 +99,19 @@ def queue_policy(queue_arn: str) -> dict:
 
 
 def helm_values(*, cluster_name: str, endpoint: str, queue_name: str, system_selector: Mapping[str, str],
-                static_capacity: bool) -> dict:
-    """Chart values: Pod Identity (no IRSA annotation), HA controller on the system nodes."""
+                static_capacity: bool, node_repair: bool = False) -> dict:
+    """Chart values: Pod Identity (no IRSA annotation), HA controller on the system nodes; node repair
+    when asked (the chart's default leaves it off)."""
+    gates = {"reservedCapacity": True, "staticCapacity": static_capacity}
+    if node_repair:
+        gates["nodeRepair"] = True
     return {
         "settings": {
             "clusterName": cluster_name, "clusterEndpoint": endpoint, "interruptionQueue": queue_name,
             # VPC CNI custom networking keeps the primary ENI for the node only, so max-pods must not
             # count it (https://karpenter.sh/docs/concepts/nodeclasses/, pod density).
             "reservedENIs": "1",
-            "featureGates": {"reservedCapacity": True, "staticCapacity": static_capacity},
+            "featureGates": gates,
         },
         "serviceAccount": {"create": True, "name": naming.KARPENTER_SERVICE_ACCOUNT},
         "replicas": 2,
@@ -170,16 +185,20 @@ def _template(pool: GpuPoolConfig, spec: InstanceSpec, node_class: str, zones: S
     }
 
 
-def node_pools(pool: GpuPoolConfig, spec: InstanceSpec, *, node_class: str, zones: Sequence[str]) -> dict[str, dict]:
+def node_pools(pool: GpuPoolConfig, spec: InstanceSpec, *, node_class: str, zones: Sequence[str],
+               max_disrupted: int | None = None) -> dict[str, dict]:
     """NodePool (karpenter.sh/v1) specs for one pool, by NodePool name (pure).
 
     `<pool>`: dynamic, 0..(maxNodes - minNodes) nodes, bounded by an nvidia.com/gpu limit, empty nodes
-    removed after CONSOLIDATE_AFTER. `<pool>-static` (only when minNodes > 0): a static NodePool that
+    removed after CONSOLIDATE_AFTER, at most `max_disrupted` at once when given (a disruption budget; Karpenter's
+    default is 10% of the pool). `<pool>-static` (only when minNodes > 0): a static NodePool that
     keeps exactly minNodes nodes (limits.nodes, the only limit a static NodePool takes, stops a drift
     replacement from overshooting).
     """
     if pool.capacity not in CAPACITY_TYPES:
         raise ValueError(f"pool {pool.name!r}: capacity {pool.capacity!r} has no Karpenter capacity type")
+    if max_disrupted is not None and max_disrupted < 1:
+        raise ValueError(f"pool {pool.name!r}: at least one node must be removable at once (got {max_disrupted})")
     if pool.min_nodes < 0 or pool.max_nodes < max(pool.min_nodes, 1):
         raise ValueError(f"pool {pool.name!r}: needs 0 <= minNodes <= maxNodes and maxNodes >= 1 "
                          f"(got {pool.min_nodes}..{pool.max_nodes})")
@@ -203,6 +222,8 @@ def node_pools(pool: GpuPoolConfig, spec: InstanceSpec, *, node_class: str, zone
             # also carry karpenter.sh/do-not-disrupt).
             "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": CONSOLIDATE_AFTER},
         }
+        if max_disrupted is not None:
+            out[pool.name]["disruption"]["budgets"] = [{"nodes": str(max_disrupted)}]
     return out
 
 
@@ -224,6 +245,7 @@ class KarpenterArgs:
     pools: Sequence[tuple[GpuPoolConfig, InstanceSpec]]  # every GPU pool of the stack
     depends_on: Sequence[pulumi.Resource]  # add-ons and system nodes that must exist first
     tags: Mapping[str, str]  # common tags
+    health: HealthConfig = field(default_factory=HealthConfig)  # node repair and repair budget (cfg.health)
 
 
 class Karpenter(pulumi.ComponentResource):
@@ -272,7 +294,7 @@ class Karpenter(pulumi.ComponentResource):
         static = any(p.min_nodes > 0 for p, _ in args.pools)
         values = pulumi.Output.all(args.endpoint, queue.name).apply(lambda a: helm_values(
             cluster_name=args.cluster_name, endpoint=a[0], queue_name=a[1], system_selector=args.system_selector,
-            static_capacity=static))
+            static_capacity=static, node_repair=args.health.node_repair))
         self.release = k8s.helm.v3.Release(
             name, name="karpenter", chart=CHART, version=CHART_VERSION, namespace=naming.KARPENTER_NAMESPACE,
             # An OCI chart: the registry is in `chart`, so there is no repository to configure. The CRDs
@@ -322,7 +344,8 @@ class Karpenter(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=class_deps))
             pool_opts = pulumi.ResourceOptions(parent=self, provider=args.provider,
                                                depends_on=[self.release, node_class])
-            for pool_name, pool_spec in node_pools(pool, spec, node_class=class_name, zones=args.zones).items():
+            for pool_name, pool_spec in node_pools(pool, spec, node_class=class_name, zones=args.zones,
+                                                   max_disrupted=args.health.max_concurrent_repairs).items():
                 self.node_pools.append(k8s.apiextensions.CustomResource(
                     f"{name}-pool-{pool_name}", api_version="karpenter.sh/v1", kind="NodePool",
                     metadata={"name": pool_name}, spec=pool_spec, opts=pool_opts))

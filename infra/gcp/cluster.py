@@ -220,7 +220,7 @@ class GkeCluster(pulumi.ComponentResource):
             autoscaling=gcp.container.NodePoolAutoscalingArgs(
                 total_min_node_count=c.system_nodes_min, total_max_node_count=c.system_nodes_max,
                 location_policy="BALANCED"),
-            management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
+            management=gcp.container.NodePoolManagementArgs(auto_repair=cfg.health.node_repair, auto_upgrade=True),
             node_config=gcp.container.NodePoolNodeConfigArgs(
                 machine_type=c.system_node_type or DEFAULT_SYSTEM_MACHINE,
                 image_type="COS_CONTAINERD", disk_type="pd-balanced", disk_size_gb=100,

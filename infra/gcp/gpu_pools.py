@@ -94,10 +94,12 @@ class GpuNodePool(pulumi.ComponentResource):
             autoscaling=gcp.container.NodePoolAutoscalingArgs(**autoscaling_settings(pool)),
             placement_policy=gcp.container.NodePoolPlacementPolicyArgs(type="COMPACT")
             if fset is not None else None,
+            # Auto-repair (gpu-train:health.nodeRepair) recreates a node that stays NotReady or silent for about
+            # 10 minutes; GPU faults are the Kubernetes layer's quarantine (infra/k8s/health.py).
+            management=gcp.container.NodePoolManagementArgs(auto_repair=cfg.health.node_repair, auto_upgrade=True),
             # Upgrades replace one node at a time with no surge node (spare GPU capacity for a
             # surge node rarely exists, and a reservation has none); the cluster's maintenance
             # exclusion keeps node upgrades away while runs last.
-            management=gcp.container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
             upgrade_settings=gcp.container.NodePoolUpgradeSettingsArgs(max_surge=0, max_unavailable=1,
                                                                        strategy="SURGE"),
             network_config=network_config,

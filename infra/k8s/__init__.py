@@ -6,7 +6,9 @@ Usage (infra/__main__.py):
     kube = build_kubernetes(platform, cfg)
     # kube.cache_endpoint, kube.local_queue[team], kube.team_namespaces[team], kube.ready, ...
 
-It reads only `platform` and cfg.cache / cfg.monitoring / cfg.teams / cfg.gpu_pools / cfg.is_prod.
+It reads only `platform` and cfg.cache / cfg.monitoring / cfg.health / cfg.teams / cfg.gpu_pools / cfg.is_prod /
+cfg.image.prebuilt (the one image repository the team namespaces' admission policies accept besides the
+platform registry).
 See docs/kubernetes.md and docs/monitoring.md.
 """
 
@@ -23,8 +25,11 @@ from infra.config import StackConfig
 from infra.k8s import common
 from infra.k8s.cache import Cache, CacheArgs
 from infra.k8s.gpu import GpuStack, GpuStackArgs
+from infra.k8s.health import Health, HealthArgs
+from infra.k8s.log_shipping import LogShipper, LogShipperArgs
 from infra.k8s.monitoring import Monitoring, MonitoringArgs, release_labels
 from infra.k8s.nvme import NvmeSetup, NvmeSetupArgs
+from infra.k8s.pod_admission import PodAdmission, PodAdmissionArgs, repository_of
 from infra.k8s.storage import EncryptedStorage, StorageArgs
 from infra.k8s.tenancy import Tenancy, TenancyArgs
 from infra.platform import ClusterPlatform
@@ -46,6 +51,10 @@ class KubernetesLayer:
     gpu: GpuStack
     cache: Cache | None
     nvme: NvmeSetup  # NVMe RAID0 (where needed) and per-team work directories on every GPU node
+    # The pack's pod rules enforced in team namespaces (ValidatingAdmissionPolicies)
+    pod_admission: PodAdmission | None = None
+    log_shipper: LogShipper | None = None  # container logs to platform.log_store (None: the cloud ships them)
+    health: Health | None = None  # GPU node fault detection, quarantine and pre-flight (docs/operations.md)
 
 
 def build_kubernetes(platform: ClusterPlatform, cfg: StackConfig) -> KubernetesLayer:
@@ -62,7 +71,10 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackConfig) -> KubernetesL
                                            team_namespaces=team_ns_names, depends_on=(gpu.namespace,)))
     monitoring = Monitoring("monitoring", MonitoringArgs(
         platform=platform, settings=cfg.monitoring, storage_class=storage.name,
-        team_namespaces=team_ns_names, is_prod=cfg.is_prod, depends_on=(storage,)))
+        team_namespaces=team_ns_names, is_prod=cfg.is_prod, depends_on=(storage,), health=cfg.health))
+    health = Health("health", HealthArgs(platform=platform, settings=cfg.health, is_prod=cfg.is_prod,
+                                         monitoring_labels=release_labels(), agent_namespace=common.GPU_NAMESPACE,
+                                         depends_on=(monitoring.release, gpu.namespace)))
 
     cache = None
     if cfg.cache.enabled:
@@ -73,10 +85,18 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackConfig) -> KubernetesL
 
     tenancy = Tenancy("tenancy", TenancyArgs(platform=platform, teams=tuple(cfg.teams),
                                              cache_enabled=cfg.cache.enabled))
+    # Team namespaces run at Pod Security "privileged" (NVMe hostPath, GPUDirect sidecars); these policies hold
+    # whatever a team submits to the policy pack's pod rules.
+    pod_admission = PodAdmission("pod-admission", PodAdmissionArgs(
+        platform=platform, extra_repositories=(repository_of(cfg.image.prebuilt),) if cfg.image.prebuilt else ()))
+    log_shipper = (LogShipper("log-shipper", LogShipperArgs(platform=platform))
+                   if platform.log_store is not None else None)
 
     ready: list[pulumi.Resource] = [
         tenancy.releases["kueue"], tenancy.releases["jobset"], *tenancy.cluster_queues,
         *tenancy.team_namespaces.values(), *tenancy.service_accounts.values(), monitoring.release, gpu, nvme,
+        pod_admission,
+        health,
     ]
     return KubernetesLayer(
         cache_endpoint=cache.endpoint if cache else "",
@@ -91,4 +111,7 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackConfig) -> KubernetesL
         gpu=gpu,
         cache=cache,
         nvme=nvme,
+        pod_admission=pod_admission,
+        log_shipper=log_shipper,
+        health=health,
     )

@@ -484,8 +484,8 @@ def node_allocatable(cloud: str, *, vcpus: int, memory_gib: int, gpus: int, max_
 # tests/infra/test_plan.py adds up the platform's from every planned stack and checks they fit with
 # CLOUD_AGENTS to spare.
 GPU_NODE_AGENTS = NodeResources(cpu=Fraction(4), memory=Fraction(12 * GIB), gpus=0)
-# The cloud-managed DaemonSets the plan does not show: EKS aws-node, kube-proxy, ebs-csi-node and the
-# Pod Identity agent; GKE kube-proxy, fluentbit, gke-metadata-server, pdcsi-node, netd, the GPU
+# The cloud-managed DaemonSets the plan does not show: EKS aws-node, kube-proxy, ebs-csi-node, the
+# Pod Identity agent and the node monitoring agent; GKE kube-proxy, fluentbit, gke-metadata-server, pdcsi-node, netd, the GPU
 # device plugin and metrics agent. Their published requests add up to well under this.
 CLOUD_AGENTS = NodeResources(cpu=Fraction(1), memory=Fraction(3 * GIB, 2), gpus=0)
 

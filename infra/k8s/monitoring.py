@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,8 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from infra import naming
-from infra.config import MonitoringConfig
-from infra.k8s import common
+from infra.config import HealthConfig, MonitoringConfig
+from infra.k8s import common, health
 from infra.platform import ClusterPlatform, GpuPool
 
 HERE = Path(__file__).resolve().parent
@@ -50,6 +50,10 @@ TRAINER_MONITOR = "trainer"
 # Prometheus' job label for a PodMonitor is "<namespace>/<name>".
 TRAINER_JOB = f"{naming.MONITORING_NAMESPACE}/{TRAINER_MONITOR}"
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}
+# TrainingStraggler fires when one rank's own time per step (compute + input wait, 5-minute mean) stays above
+# this multiple of the median rank's for 10 minutes: a quarter slower is well beyond run-to-run jitter of
+# synchronous data-parallel steps and costs every other rank that quarter of each step.
+STRAGGLER_RATIO = 1.25
 _PLACEHOLDER = re.compile(r"__([A-Z_]+)__")
 
 
@@ -183,7 +187,8 @@ def dcgm_values(gpu_pools: list[GpuPool]) -> dict[str, Any]:
         "extraVolumeMounts": [{"name": COUNTERS_CONFIGMAP, "mountPath": COUNTERS_MOUNT, "readOnly": True}],
         "serviceMonitor": {"enabled": False},
         "affinity": common.pool_affinity(gpu_pools),
-        "tolerations": common.gpu_tolerations(gpu_pools),
+        # Also on nodes in pre-flight or quarantine: their GPU metrics are what tells why.
+        "tolerations": health.node_agent_tolerations(gpu_pools),
         "resources": common.resources("100m", "256Mi", "500m", "512Mi"),
         "service": {"port": DCGM_PORT},
     }
@@ -213,9 +218,11 @@ def trainer_port_names(max_local_ranks: int) -> list[str]:
 
 def trainer_pod_monitor_spec(team_namespaces: list[str], max_local_ranks: int) -> dict[str, Any]:
     """PodMonitor for the trainer: every JobSet pod in the team namespaces, one endpoint per local
-    rank's port; the JobSet name is copied into a `jobset` label for alerts and dashboards."""
+    rank's port; the JobSet name is copied into a `jobset` label and the pod's node into `node`, so an
+    alert or a dashboard can name the rank's node (the operator adds `pod` and `namespace` itself)."""
     relabel = [{"sourceLabels": [f"__meta_kubernetes_pod_label_{re.sub(r'[^a-zA-Z0-9]', '_', common.JOBSET_NAME_LABEL)}"],
-                "targetLabel": "jobset"}]
+                "targetLabel": "jobset"},
+               {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}]
     return {
         "selector": {"matchExpressions": [{"key": common.JOBSET_NAME_LABEL, "operator": "Exists"}]},
         "namespaceSelector": {"matchNames": sorted(team_namespaces)},
@@ -224,9 +231,17 @@ def trainer_pod_monitor_spec(team_namespaces: list[str], max_local_ranks: int) -
     }
 
 
-def rule_parameters(settings: MonitoringConfig) -> dict[str, str]:
+def rule_parameters(settings: MonitoringConfig, health_settings: HealthConfig | None = None) -> dict[str, str]:
     """The values substituted for __NAME__ placeholders in infra/k8s/rules/*.yaml."""
+    h = health_settings or HealthConfig()
     return {
+        "MAX_CONCURRENT_REPAIRS": str(h.max_concurrent_repairs),
+        "XID_CONDITION": health.XID_CONDITION,
+        "CLOUD_GPU_CONDITION": health.CLOUD_GPU_CONDITION,
+        "FAULT_TAINT_KEY": health.FAULT_TAINT["key"],
+        # A PromQL regex written without backslashes, which YAML double-quoted strings would take as escapes.
+        "PREFLIGHT_CONDITION_REGEX": health.preflight_condition("gpus")[:-len("Gpus")].replace(".", "[.]") + ".*",
+        "STRAGGLER_RATIO": str(STRAGGLER_RATIO),
         "LOW_UTILIZATION_PERCENT": str(settings.low_utilization_percent),
         "CHECKPOINT_MAX_AGE_SECONDS": str(settings.checkpoint_max_age_minutes * 60),
         "CHECKPOINT_MAX_AGE_MINUTES": str(settings.checkpoint_max_age_minutes),
@@ -244,14 +259,16 @@ def render_rules_text(text: str, params: dict[str, str], source: str) -> str:
     return _PLACEHOLDER.sub(sub, text)
 
 
-def load_rule_groups(settings: MonitoringConfig, rules_dir: Path = RULES_DIR) -> list[dict[str, Any]]:
+def load_rule_groups(settings: MonitoringConfig, rules_dir: Path = RULES_DIR,
+                     health_settings: HealthConfig | None = None) -> list[dict[str, Any]]:
     """All rule groups from rules_dir/*.yaml, rendered for these settings."""
     groups: list[dict[str, Any]] = []
     files = sorted(rules_dir.glob("*.yaml"))
     if not files:
         raise ValueError(f"no alert rule files in {rules_dir}")
     for path in files:
-        doc = yaml.safe_load(render_rules_text(path.read_text(), rule_parameters(settings), str(path)))
+        doc = yaml.safe_load(render_rules_text(path.read_text(), rule_parameters(settings, health_settings),
+                                               str(path)))
         if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
             raise ValueError(f"{path}: expected a Prometheus rule file with a top-level 'groups' list")
         groups.extend(doc["groups"])
@@ -314,6 +331,7 @@ class MonitoringArgs:
     team_namespaces: tuple[str, ...]  # namespaces where training jobs run (for the trainer PodMonitor)
     is_prod: bool  # replicas
     depends_on: tuple[pulumi.Resource, ...] = ()
+    health: HealthConfig = field(default_factory=HealthConfig)  # cfg.health: thresholds of the health alerts
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -377,7 +395,7 @@ class Monitoring(pulumi.ComponentResource):
             f"{name}-rules",
             api_version="monitoring.coreos.com/v1", kind="PrometheusRule",
             metadata={"name": "gpu-train", "namespace": ns, "labels": labels},
-            spec={"groups": load_rule_groups(s)},
+            spec={"groups": load_rule_groups(s, health_settings=args.health)},
             opts=common.k8s_opts(p, self, crd_deps))
         self.dashboards = [
             k8s.core.v1.ConfigMap(

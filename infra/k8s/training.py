@@ -5,11 +5,13 @@ Usage (in infra/__main__.py, after the image, the Kubernetes layer and MLflow):
     job = TrainingJob("job", TrainingJobArgs(platform=platform, job=cfg.job, image=image.ref, ...))
     pulumi.export("jobName", job.job_name)
 
-Pure builders, tested without mocks: `jobset_manifest(...)` (the JobSet, from plain data only, so a
-team-facing command can render the same JobSet from the stack's exported outputs),
-`job_local_queue(...)` (the job's own LocalQueue, whose stopPolicy pauses it) and
-`pod_monitor_manifest(...)`. `admission_problems(...)` renders the JobSet and the tenancy's Kueue
-objects and asks infra/k8s/admission.py whether Kueue admits the job and its pods fit their nodes.
+Pure builders, tested without mocks: `jobset_manifest(...)` (the JobSet, from plain data only: the one
+renderer, which `gpu-train submit` (gpu_train_cli/jobs.py) feeds from the platform contract the stack
+exports, infra/k8s/contract.py), `job_local_queue(...)` (the job's own LocalQueue, whose stopPolicy
+pauses it) and `pod_monitor_manifest(...)`. `admission_problems(...)` renders the JobSet and the
+tenancy's Kueue objects and asks infra/k8s/admission.py, through `kueue_problems(...)` (which
+`gpu-train submit` calls with the contract's Kueue objects), whether Kueue admits the job and its pods
+fit their nodes.
 
 Shape of the job (docs/deploy-job.md has the reasons and what happens on each failure):
 - one replicated job "worker" of MAX pods (Indexed Job), one pod per node (required pod anti-affinity
@@ -49,6 +51,7 @@ from infra.config import MANAGED_OVERRIDES, PROJECT, JobConfig, TeamConfig, over
 from infra.k8s import admission, nvme, tenancy
 from infra.k8s.cache import proxy_dataset_uri
 from infra.platform import ClusterPlatform, GpuPool
+from trainer.watchdog import nccl_env
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 PODMONITOR_API = "monitoring.coreos.com/v1"
@@ -263,8 +266,12 @@ def jobset_manifest(
         "MPLCONFIGDIR": "/tmp/matplotlib",
         "TRITON_CACHE_DIR": f"{NVME_MOUNT}/cache/triton",
         "TORCHINDUCTOR_CACHE_DIR": f"{NVME_MOUNT}/cache/inductor",
-        # Elastic restarts must not hang on a dead peer: surface NCCL errors as exceptions.
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        # NCCL's watchdog agrees with the trainer's (trainer/watchdog.py, nccl_env(); torch 2.13 names): a
+        # collective that errors or times out tears the process down without a communicator abort that can
+        # itself hang (3 = SkipCleanUp), after dumping the flight recorder to the node's NVMe beside the run;
+        # the heartbeat monitor stays on. The worker sets the timeouts from its watchdog settings.
+        **nccl_env(),
+        "TORCH_FR_DUMP_TEMP_FILE": f"{NVME_MOUNT}/runs/{job.name}/nccl_trace_rank_",
         # Each rendezvous round gets a fresh store instead of the agent's shared TCPStore, whose keys
         # would go stale when the agents' restart counts differ after one node fails
         # (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, use_agent_store); the trainer
@@ -456,24 +463,38 @@ def admission_problems(*, job: JobConfig, teams: Sequence[TeamConfig], pools: Se
     except JobSpecError as exc:
         text = str(exc)
         return [text if text.startswith(k) else f"{pool_key}.instanceType: {text}"]
-    namespace = naming.team_namespace(job.team)
-    limits = [{"spec": tenancy.limit_range()}]
-    result = admission.admit(
-        admission.workload_pod_sets(jobset), namespace=namespace, namespace_labels=tenancy.namespace_labels(job.team),
+    queue_problems, fit_problems = kueue_problems(
+        jobset, pool=pool, cloud=cloud, namespace_labels=tenancy.namespace_labels(job.team),
         local_queues=[job_local_queue(job), tenancy.local_queue(job.team)], queue_name=job_queue_name(job),
         cluster_queues=tenancy.cluster_queues(teams, pools), flavors=[tenancy.resource_flavor(p) for p in pools],
-        limit_ranges=limits, excluded_prefixes=tenancy.EXCLUDED_RESOURCE_PREFIXES)
+        limit_range=tenancy.limit_range(), excluded_prefixes=tenancy.EXCLUDED_RESOURCE_PREFIXES)
     problems = []
-    for problem in result.problems:
+    for problem in queue_problems:
         where = team_key if "insufficient quota" in problem else f"{k}job"
         problems.append(f"{where}: Kueue would not admit job {job.name!r} ({admission.workload_pod_sets(jobset)[0].count} "
                         f"pods, admitted whole): {problem}")
-    pod_spec = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    for problem in admission.pod_fits_node(pod_spec, admission.gpu_node_capacity(cloud, pool.instance_type),
-                                           GPU_RESOURCE, limits):
+    for problem in fit_problems:
         problems.append(f"{pool_key}.instanceType: a pod of job {job.name!r} does not fit a {pool.instance_type} "
                         f"node: {problem}")
     return problems
+
+
+def kueue_problems(jobset: Mapping[str, Any], *, pool: GpuPool, cloud: str, namespace_labels: Mapping[str, str],
+                   local_queues: Sequence[Mapping[str, Any]], queue_name: str,
+                   cluster_queues: Sequence[Mapping[str, Any]], flavors: Sequence[Mapping[str, Any]],
+                   limit_range: Mapping[str, Any], excluded_prefixes: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(why Kueue would never admit this JobSet, even in an empty cluster; why its pods would not fit a node of
+    their pool) against the given Kueue objects: the stack's own (admission_problems) or the ones a platform
+    contract carries (`gpu-train submit`)."""
+    limits = [{"spec": dict(limit_range)}]
+    result = admission.admit(
+        admission.workload_pod_sets(jobset), namespace=jobset["metadata"]["namespace"],
+        namespace_labels=namespace_labels, local_queues=local_queues, queue_name=queue_name,
+        cluster_queues=cluster_queues, flavors=flavors, limit_ranges=limits, excluded_prefixes=tuple(excluded_prefixes))
+    pod_spec = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    fits = admission.pod_fits_node(pod_spec, admission.gpu_node_capacity(cloud, pool.instance_type), GPU_RESOURCE,
+                                   limits)
+    return list(result.problems), list(fits)
 
 
 def pod_monitor_manifest(*, job: JobConfig, gpus: int, release_labels: Mapping[str, str]) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class CrdSource:
 def _pins() -> dict[str, Any]:
     """The versions the program pins, read from its own modules."""
     from infra.aws import cluster, karpenter, load_balancer
-    from infra.k8s import cache, gpu, mlflow, monitoring, tenancy
+    from infra.k8s import cache, gpu, health, log_shipping, mlflow, monitoring, tenancy
 
     return {
         "karpenter": (karpenter.CHART, karpenter.CHART_VERSION),
@@ -84,6 +84,9 @@ def _pins() -> dict[str, Any]:
         "jobset": (tenancy.JOBSET_CHART, tenancy.JOBSET_VERSION),
         "cloudnative-pg": (mlflow.CNPG_REPO, mlflow.CNPG_CHART_VERSION),
         "vpc-cni": (None, cluster.VPC_CNI_VERSION),
+        "aws-for-fluent-bit": (log_shipping.CHART_REPO, log_shipping.CHART_VERSION),
+        "node-problem-detector": (health.NPD_CHART, health.NPD_VERSION),
+        "node-readiness-controller": (health.NRC_CHART, health.NRC_VERSION),
     }
 
 
@@ -121,6 +124,18 @@ def chart_sources(pins: dict[str, Any] | None = None) -> list[ChartSource]:
                     f"v{p['jobset'][1]}"),
         ChartSource("cloudnative-pg", p["cloudnative-pg"][1], p["cloudnative-pg"][0], "cloudnative-pg/charts",
                     "charts/cloudnative-pg", f"cloudnative-pg-v{p['cloudnative-pg'][1]}"),
+        ChartSource("aws-for-fluent-bit", p["aws-for-fluent-bit"][1], p["aws-for-fluent-bit"][0], "aws/eks-charts",
+                    "stable/aws-for-fluent-bit"),
+        # Not installed with Helm: the EKS vpc-cni add-on's configuration values are this chart's values at the
+        # add-on's version, so its snapshot is what infra/aws/cluster.py's add-on configuration is checked against.
+        ChartSource("aws-vpc-cni", vpc_cni_tag(p["vpc-cni"][1]).lstrip("v"), "https://aws.github.io/eks-charts",
+                    "aws/amazon-vpc-cni-k8s", "charts/aws-vpc-cni", vpc_cni_tag(p["vpc-cni"][1])),
+        # deliveryhero/helm-charts tags no chart release; its index.yaml points at the OCI artifacts.
+        ChartSource("node-problem-detector", p["node-problem-detector"][1], _oci_repo(p["node-problem-detector"][0]),
+                    "deliveryhero/helm-charts", "stable/node-problem-detector"),
+        ChartSource("node-readiness-controller", p["node-readiness-controller"][1],
+                    _oci_repo(p["node-readiness-controller"][0]), "kubernetes-sigs/node-readiness-controller",
+                    "charts/node-readiness-controller", f"v{p['node-readiness-controller'][1]}"),
     ]
 
 
@@ -157,6 +172,8 @@ def crd_sources(pins: dict[str, Any] | None = None) -> list[CrdSource]:
                   ("charts/aws-vpc-cni/crds/customresourcedefinition.yaml",), kinds=("ENIConfig",)),
         CrdSource("gke-networking", "GoogleCloudPlatform/gke-networking-api", GKE_NETWORKING_API_TAG,
                   ("config/crds/networking.gke.io_gkenetworkparamsets.yaml", "config/crds/networking.gke.io_networks.yaml")),
+        CrdSource("node-readiness", "kubernetes-sigs/node-readiness-controller", f"v{p['node-readiness-controller'][1]}",
+                  ("config/crd/bases/readiness.node.x-k8s.io_nodereadinessrules.yaml",)),
     ]
 
 

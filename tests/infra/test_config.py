@@ -191,6 +191,17 @@ BAD = [
      "gpu-train:monitoring.checkpointMaxAgeMinutes must be >= 1 (got -5)"),
     ("aws-dev", _set("monitoring.lowUtilizationPercent", -1),
      "gpu-train:monitoring.lowUtilizationPercent must be between 1 and 100 (got -1)"),
+    ("aws-dev", _set("health.xidCodes", [79, 31]),
+     "gpu-train:health.xidCodes[1] XID 31 is raised by an application fault, not a GPU fault"),
+    ("gcp-dev", _set("health.xidCodes", [48, 48]), "gpu-train:health.xidCodes[1] XID 48 is listed twice"),
+    ("aws-dev", _set("health.xidCodes", [0]), "gpu-train:health.xidCodes[0] 0 is not an NVIDIA XID (1 to 999)"),
+    ("aws-dev", _set("health.xidCodes", ["79"]), "gpu-train:health.xidCodes[0] must be a whole number"),
+    ("aws-dev", _set("health.xidCodes", 79), "gpu-train:health.xidCodes must be a list"),
+    ("gcp-prod", _set("health.maxConcurrentRepairs", 0), "gpu-train:health.maxConcurrentRepairs must be >= 1 (got 0)"),
+    ("aws-prod", _set("health.dcgmDiagLevel", 3), "gpu-train:health.dcgmDiagLevel must be 1 or 2 (got 3)"),
+    ("aws-dev", _set("health.remediaton", False), "gpu-train:health.remediaton is not a known setting (did you mean "
+                                                  "'remediation'?)"),
+    ("aws-dev", _set("health.nodeRepair", "yes"), "gpu-train:health.nodeRepair must be true or false"),
     ("aws-dev", _set("teams[0].gpuQuota", -1), "gpu-train:teams[0].gpuQuota must be >= 0"),
     ("aws-dev", _set("teams[0].gpuQuota", [4]), "gpu-train:teams[0].gpuQuota must be a whole number or a mapping"),
     ("aws-dev", _set("teams[0].gpuQuota", {"l4-spot": "four"}),
@@ -279,6 +290,30 @@ BAD = [
         "connectionArn": "arn:aws:codeconnections:us-east-1:111122223333:connection/0a1b"})),
      "gpu-train:deployRunner.connectionArn 'arn:aws:codeconnections:us-east-1:111122223333:connection/0a1b' is a "
      "placeholder"),
+    # Team members (EKS access entries) and logs.
+    ("aws-prod", _set("teams[0].members[0].principal", "arn:aws:sts::123456789012:assumed-role/dev/alice"),
+     "gpu-train:teams[0].members[0].principal 'arn:aws:sts::123456789012:assumed-role/dev/alice' is not an IAM "
+     "role or user ARN"),
+    ("aws-prod", _set("teams[0].members[0].role", "admin"),
+     "gpu-train:teams[0].members[0].role must be one of 'submitter' | 'viewer' (got 'admin')"),
+    ("aws-dev", _set("teams[1].members", [{"principal": "arn:aws:iam::123456789012:role/x", "role": "viewer"}]),
+     "gpu-train:teams[1].members[0].role 'viewer' needs gpu-train:teams[1].viewers to name at least one group"),
+    ("aws-dev", _set("teams[1].members", [{"principal": "arn:aws:iam::123456789012:role/x"},
+                                          {"principal": "arn:aws:iam::123456789012:role/x", "role": "viewer"}]),
+     "gpu-train:teams[1].members[1].principal 'arn:aws:iam::123456789012:role/x' is listed twice in team 'platform'"),
+    ("gcp-dev", _set("teams[0].members", [{"principal": "alice@acme.example"}]),
+     "gpu-train:teams[0].members[0] is an AWS setting (EKS access entries); on GKE add people to the Google groups"),
+    ("aws-dev", _set("teams[0].submitters", ["system:masters"]),
+     "gpu-train:teams[0].submitters[0] 'system:masters' uses the system: prefix Kubernetes reserves"),
+    ("aws-dev", _set("logs.retentionDays", 45), "gpu-train:logs.retentionDays 45 is not a retention CloudWatch Logs "
+                                                "offers (1, 3, 5, 7, 14, 30, 60, 90,"),
+    ("aws-dev", _set("logs.retentionDays", "30"), "gpu-train:logs.retentionDays must be a whole number"),
+    ("gcp-dev", _set("logs.retentionDays", 30), "gpu-train:logs.retentionDays applies to CloudWatch Logs on AWS"),
+    ("aws-dev", _set("logs.retention", 30), "gpu-train:logs.retention is not a known setting (did you mean "
+                                            "'retentionDays'?)"),
+    # A member's principal is checked for placeholders like every other value.
+    ("aws-prod", _set("deploy", True),
+     "gpu-train:teams[0].members[0].principal 'arn:aws:iam::123456789012:role/ml-research-engineers' is a placeholder"),
 ]
 
 
@@ -406,8 +441,9 @@ def test_every_setting_is_documented():
 
     doc = (ROOT / "docs" / "configuration.md").read_text()
     classes = [config.StackConfig, config.NetworkConfig, config.ClusterConfig, config.GpuPoolConfig,
-               config.CacheConfig, config.MonitoringConfig, config.TeamConfig, config.JobConfig,
-               config.ImageConfig, config.MlflowConfig, config.LimitsConfig, config.DeployRunnerConfig]
+               config.CacheConfig, config.MonitoringConfig, config.HealthConfig, config.TeamConfig, config.JobConfig,
+               config.ImageConfig, config.MlflowConfig, config.LimitsConfig, config.DeployRunnerConfig,
+               config.TeamMemberConfig, config.LogsConfig]
     for cls in classes:
         for f in dataclasses.fields(cls):
             if f.name != "stack":
@@ -420,3 +456,42 @@ def test_kubernetes_versions_and_regions_are_documented_with_their_source():
         for versions in channels.values():
             assert all(v in doc for v in versions), cloud
     assert "docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html" in doc
+
+
+def test_health_settings_default_to_the_listed_xids_and_read_from_a_stack():
+    """The default XIDs are the GPU faults the platform quarantines on (docs/operations.md); none is an
+    application XID, so the defaults pass the check that refuses those."""
+    assert config.HealthConfig().xid_codes == (48, 63, 64, 74, 79, 94, 95)
+    assert not set(config.HealthConfig().xid_codes) & config.APPLICATION_XIDS
+    raw = copy.deepcopy(raw_stack("gcp-prod"))
+    raw["gpu-train:health"] = {"remediation": False, "xidCodes": [79, 48], "maxConcurrentRepairs": 2}
+    cfg = config.parse(raw, "gcp-prod")
+    assert (cfg.health.remediation, cfg.health.xid_codes, cfg.health.max_concurrent_repairs) == (False, (79, 48), 2)
+    assert cfg.health.enabled and cfg.health.preflight and cfg.health.node_repair
+
+
+def test_members_become_access_entries_with_their_teams_groups():
+    cfg = config.parse(raw_stack("aws-prod"), "aws-prod")
+    assert config.team_access_entries(cfg.teams) == {
+        "arn:aws:iam::123456789012:role/ml-applied-engineers": ("ml-applied",),
+        "arn:aws:iam::123456789012:role/ml-platform-engineers": ("ml-platform",),
+        "arn:aws:iam::123456789012:role/ml-research-engineers": ("ml-research",)}
+    assert config.log_retention_days(cfg) == 30  # unset: 30 days
+    raw = copy.deepcopy(raw_stack("aws-dev"))
+    raw["gpu-train:logs"] = {"retentionDays": 365}
+    assert config.log_retention_days(config.parse(raw, "aws-dev")) == 365
+
+
+def test_read_job_is_the_stacks_job_check_under_another_name():
+    """A job spec file (gpu-train submit) goes through the same reader and checks as the stack's job."""
+    cfg = config.parse(raw_stack("aws-dev"), "aws-dev")
+    raw = raw_stack("aws-dev")["gpu-train:job"]
+    assert config.read_job(raw, cfg=cfg, key="job") == cfg.job
+    with pytest.raises(config.ConfigError) as err:
+        config.read_job({**raw, "steps": 0, "pool": "h100", "stepz": 1}, cfg=cfg, key="job")
+    assert err.value.problems == ["job.stepz is not a known setting (did you mean 'steps'?)"]
+    with pytest.raises(config.ConfigError) as err:
+        config.read_job({**raw, "steps": 0, "pool": "h100"}, cfg=cfg, key="job")
+    assert "job.steps must be >= 1 (got 0)" in err.value.problems
+    assert "job.pool 'h100' is not one of gpuPools[].name (l4-spot, l40s-spot)" in err.value.problems
+    assert all(p.startswith("job.") for p in err.value.problems)

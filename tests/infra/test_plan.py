@@ -208,6 +208,8 @@ GPU_NODE_RELEASES = {
     "kube-prometheus-stack": ["prometheus-node-exporter.resources"],
     "nvidia-device-plugin": ["resources", "nfd.worker.resources"],
     "aws-efa-k8s-device-plugin": ["resources"],
+    "node-problem-detector": ["resources"],
+    "fluent-bit": ["resources"],
 }
 
 

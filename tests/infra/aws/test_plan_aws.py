@@ -256,7 +256,8 @@ def test_prod_network_endpoints_flow_logs_and_cluster(plans):
     assert set(cluster["enabledClusterLogTypes"]) == {"api", "audit", "authenticator", "controllerManager",
                                                       "scheduler"}
     addons = {a["addonName"]: a for a in _by_type(plan, "aws:eks/addon:Addon")}
-    assert set(addons) == {"vpc-cni", "coredns", "kube-proxy", "aws-ebs-csi-driver", "eks-pod-identity-agent"}
+    assert set(addons) == {"vpc-cni", "coredns", "kube-proxy", "aws-ebs-csi-driver", "eks-pod-identity-agent",
+                           "eks-node-monitoring-agent"}
     assert addons["vpc-cni"]["addonVersion"].startswith("v1.")
     assert addons["aws-ebs-csi-driver"]["podIdentityAssociations"][0]["serviceAccount"] == "ebs-csi-controller-sa"
     assocs = {(a["namespace"], a["serviceAccount"]) for a in _by_type(plan, "aws:eks/podIdentityAssociation:"

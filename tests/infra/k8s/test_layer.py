@@ -11,12 +11,12 @@ import dataclasses
 import pytest
 
 from infra import naming
-from infra.k8s import cache, common, gpu, monitoring, tenancy
+from infra.k8s import cache, common, gpu, health, monitoring, tenancy
 from tests.infra.k8s.checks import containers_without_resources, cr_problems
 from tests.infra.k8s.harness import STACKS, build_layer, load_stack, objects, of_kind, releases
 
 CREATED_NAMESPACES = {naming.CACHE_NAMESPACE, naming.MONITORING_NAMESPACE, common.GPU_NAMESPACE,
-                      common.KUEUE_NAMESPACE, common.JOBSET_NAMESPACE}
+                      common.KUEUE_NAMESPACE, common.JOBSET_NAMESPACE, health.NAMESPACE}
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -43,15 +43,17 @@ def test_monitors_and_rules_are_selected_by_the_release_prometheus(layers, stack
         for obj in of_kind(records, kind):
             found += 1
             assert monitoring.selector_matches(selector, obj["metadata"]["labels"]), f"{stack}: {kind} {obj}"
-    # dcgm ServiceMonitor, trainer PodMonitor, Alluxio PodMonitor, rules.
-    assert found == 4
+    # dcgm ServiceMonitor, trainer PodMonitor, Alluxio PodMonitor, rules, node-problem-detector's
+    # PodMonitor, node-readiness-controller's ServiceMonitor.
+    assert found == 6
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_custom_resources_have_their_required_fields(layers, stack):
     records, _ = layers[stack]
     problems = [p for o in objects(records) if "/" in o["apiVersion"] and not o["apiVersion"].startswith(
-        ("v1", "apps/", "rbac.", "networking.k8s.io/", "storage.k8s.io/")) for p in cr_problems(o)]
+        ("v1", "apps/", "rbac.", "networking.k8s.io/", "storage.k8s.io/", "admissionregistration.k8s.io/"))
+        for p in cr_problems(o)]
     assert problems == []
 
 
@@ -102,8 +104,13 @@ def test_trainer_and_cache_service_accounts_carry_the_platform_identity(layers, 
     accounts = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in of_kind(records, "ServiceAccount")}
     expected = {(naming.team_namespace(t.name), naming.TRAINER_SERVICE_ACCOUNT) for t in cfg.teams}
     expected.add((naming.CACHE_NAMESPACE, naming.CACHE_SERVICE_ACCOUNT))
+    identified = set(expected)
+    # The GPU pre-flight check talks only to the API server (its own Node): no cloud identity.
+    expected.add((common.GPU_NAMESPACE, health.PREFLIGHT_NAME))
     assert set(accounts) == expected
-    for (ns, _), sa in accounts.items():
+    assert not (accounts[(common.GPU_NAMESPACE, health.PREFLIGHT_NAME)]["metadata"].get("annotations") or {})
+    for key in identified:
+        ns, sa = key[0], accounts[key]
         ann = sa["metadata"].get("annotations") or {}
         if cfg.cloud == "gcp":
             assert ann.get("iam.gke.io/gcp-service-account", "").endswith(".iam.gserviceaccount.com"), ns
@@ -152,7 +159,8 @@ def test_gpu_plugins_match_the_cloud_and_fabric(layers, stack):
         assert rel["nvidia-device-plugin"]["version"] == gpu.DEVICE_PLUGIN_VERSION
         assert rel["nvidia-device-plugin"]["values"]["gfd"]["enabled"] is True
         assert ("aws-efa-k8s-device-plugin" in rel) == fabric
-        assert daemonsets == {"nvme-workdirs"}  # GPU plugins come from Helm; only the NVMe directories
+        # GPU plugins come from Helm; only the NVMe directories and the GPU pre-flight check are ours.
+        assert daemonsets == {"nvme-workdirs", health.PREFLIGHT_NAME}
     else:
         # GKE node pools run Google's device plugin; NCCL installers only for fabric pools.
         assert "nvidia-device-plugin" not in rel and "aws-efa-k8s-device-plugin" not in rel

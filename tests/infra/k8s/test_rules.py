@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import MonitoringConfig
+from infra.config import HealthConfig, MonitoringConfig
 from infra.k8s import monitoring
 from tests.infra.k8s.harness import STACKS, load_stack
 
@@ -25,12 +25,12 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 TESTS_DIR = monitoring.RULES_DIR / "tests"
 
 
-def render_to(directory: Path, settings: MonitoringConfig) -> list[Path]:
+def render_to(directory: Path, settings: MonitoringConfig, health: HealthConfig | None = None) -> list[Path]:
     out = []
     for path in sorted(monitoring.RULES_DIR.glob("*.yaml")):
         target = directory / path.name
-        target.write_text(monitoring.render_rules_text(path.read_text(), monitoring.rule_parameters(settings),
-                                                       str(path)))
+        target.write_text(monitoring.render_rules_text(
+            path.read_text(), monitoring.rule_parameters(settings, health), str(path)))
         out.append(target)
     return out
 
@@ -43,7 +43,8 @@ def test_rules_pass_promtool_check_for_every_stack(tmp_path):
     for stack in STACKS:
         d = tmp_path / stack
         d.mkdir()
-        files = render_to(d, load_stack(stack).monitoring)
+        cfg = load_stack(stack)
+        files = render_to(d, cfg.monitoring, cfg.health)
         proc = promtool("check", "rules", *map(str, files))
         assert proc.returncode == 0, f"{stack}: {proc.stdout}{proc.stderr}"
         assert "SUCCESS" in proc.stdout
@@ -51,7 +52,7 @@ def test_rules_pass_promtool_check_for_every_stack(tmp_path):
 
 def test_thresholds_from_settings_are_rendered_in():
     settings = MonitoringConfig(low_utilization_percent=37, checkpoint_max_age_minutes=45)
-    rules = {r["alert"]: r for g in monitoring.load_rule_groups(settings) for r in g["rules"]}
+    rules = {r["alert"]: r for g in monitoring.load_rule_groups(settings) for r in g["rules"] if "alert" in r}
     assert rules["GpuLowUtilization"]["expr"].rstrip().endswith("< 37")
     assert rules["GpuLowUtilization"]["for"] == "30m"
     assert "> 2700" in rules["CheckpointTooOld"]["expr"]
@@ -61,10 +62,11 @@ def test_thresholds_from_settings_are_rendered_in():
 
 
 def test_every_alert_has_a_unit_test():
-    alerts = {r["alert"] for g in monitoring.load_rule_groups(MonitoringConfig()) for r in g["rules"]}
+    alerts = {r["alert"] for g in monitoring.load_rule_groups(MonitoringConfig()) for r in g["rules"] if "alert" in r}
     assert alerts >= {"GpuXidError", "GpuEccDoubleBitErrors", "GpuRowRemapFailure", "GpuLowUtilization",
                       "TrainingStalled", "GpuTemperatureHigh", "DcgmExporterDown", "TrainerMetricsDown",
-                      "TrainerRestarting", "CheckpointTooOld"}
+                      "TrainerRestarting", "CheckpointTooOld", "GpuFaultDetected", "GpuHardwareNotReady",
+                      "GpuNodeQuarantined", "GpuQuarantineStorm", "GpuPreflightFailed", "TrainingStraggler"}
     tested_firing, tested_quiet = set(), set()
     for path in TESTS_DIR.glob("*.test.yaml"):
         for case in yaml.safe_load(path.read_text())["tests"]:
@@ -74,8 +76,9 @@ def test_every_alert_has_a_unit_test():
     assert alerts <= tested_quiet, f"no not-firing test for {alerts - tested_quiet}"
 
 
-def run_unit_tests(tmp_path: Path, settings: MonitoringConfig) -> dict[str, subprocess.CompletedProcess]:
-    render_to(tmp_path, settings)
+def run_unit_tests(tmp_path: Path, settings: MonitoringConfig,
+                   health: HealthConfig | None = None) -> dict[str, subprocess.CompletedProcess]:
+    render_to(tmp_path, settings, health)
     results = {}
     for test in sorted(TESTS_DIR.glob("*.test.yaml")):
         shutil.copy(test, tmp_path / test.name)
@@ -140,3 +143,108 @@ def test_dashboard_job_wide_panels_do_not_multiply_by_the_number_of_ranks(tmp_pa
     summed["tests"][0]["promql_expr_test"] = [{**cases[0], "expr": cases[0]["expr"].replace("max by", "sum by", 1)}]
     path.write_text(yaml.safe_dump(summed, sort_keys=False))
     assert promtool("test", "rules", str(path)).returncode != 0
+
+
+def test_the_quarantine_storm_threshold_comes_from_the_health_settings(tmp_path):
+    """health.maxConcurrentRepairs is the storm alert's threshold: with 3, two quarantined nodes are no storm,
+    so the unit test (written for the default 1) fails, and only that test file."""
+    rules = {r["alert"]: r for g in monitoring.load_rule_groups(
+        MonitoringConfig(), health_settings=HealthConfig(max_concurrent_repairs=3)) for r in g["rules"] if "alert" in r}
+    assert rules["GpuQuarantineStorm"]["expr"].rstrip().endswith("> 3")
+    results = run_unit_tests(tmp_path, MonitoringConfig(), HealthConfig(max_concurrent_repairs=3))
+    assert {name for name, proc in results.items() if proc.returncode != 0} == {"health.test.yaml"}
+
+
+def _straggler_case(tmp_path: Path, mutate) -> subprocess.CompletedProcess:
+    render_to(tmp_path, MonitoringConfig())
+    doc = yaml.safe_load((TESTS_DIR / "straggler.test.yaml").read_text())
+    mutate(doc["tests"][0])
+    path = tmp_path / "straggler-control.test.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return promtool("test", "rules", str(path))
+
+
+def test_the_straggler_test_fails_when_no_rank_is_slow(tmp_path):
+    """Control for straggler.test.yaml: give rank 3 the others' compute time and the same expectations must
+    fail (no alert, ratio 1), which shows the slowed rank is what makes the series and the alert fire."""
+    def even_out(case):
+        for s in case["input_series"]:
+            if s["series"].startswith("trainer_rank_compute_seconds") and 'rank="3"' in s["series"]:
+                s["values"] = "0.1875x30"
+    proc = _straggler_case(tmp_path, even_out)
+    assert proc.returncode != 0 and "TrainingStraggler" in proc.stdout + proc.stderr
+
+
+def test_a_rank_slow_on_input_is_a_straggler_too(tmp_path):
+    """Slowing rank 3's input instead of its compute (same busy time) gives the same series and alert."""
+    def slow_input(case):
+        for s in case["input_series"]:
+            if 'jobset="llm"' in s["series"] and 'rank="3"' in s["series"]:
+                s["values"] = "0.1875x30" if s["series"].startswith("trainer_rank_compute") else "0.3125x30"
+    proc = _straggler_case(tmp_path, slow_input)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_straggler_rules_keep_rank_pod_and_node_and_the_monitor_adds_node():
+    groups = {g["name"]: g for g in monitoring.load_rule_groups(MonitoringConfig())}
+    rules = {r.get("record") or r.get("alert"): r for r in groups["gpu-train.straggler"]["rules"]}
+    assert set(rules) == {"trainer:rank_busy_seconds:avg5m", "trainer:rank_busy_over_median:ratio",
+                          "jobset:trainer_slowest_rank_over_median:ratio", "TrainingStraggler"}
+    assert str(monitoring.STRAGGLER_RATIO) in rules["TrainingStraggler"]["expr"]
+    summary = rules["TrainingStraggler"]["annotations"]["summary"]
+    assert "$labels.rank" in summary and "$labels.node" in summary
+    spec = monitoring.trainer_pod_monitor_spec(["team-a"], 2)
+    for endpoint in spec["podMetricsEndpoints"]:
+        assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]
+
+
+def _grafana_to_promql(expr: str, jobset: str = ".*") -> str:
+    return (expr.replace("$namespace", ".*").replace("$jobset", jobset).replace("$Hostname", ".*")
+            .replace("$gpu", ".*").replace("$__rate_interval", "5m"))
+
+
+def test_every_dashboard_query_parses_and_evaluates(tmp_path):
+    """Every panel query of both dashboards, evaluated by promtool with no input series: it must parse, and
+    it gives nothing, or 0 where it counts (`or vector(0)`). A query promtool cannot parse fails here."""
+    cases = []
+    for board in monitoring.load_dashboards().values():
+        for panel in json.loads(board)["panels"]:
+            for target in panel.get("targets", []):
+                expr = _grafana_to_promql(target["expr"])
+                cases.append({"expr": expr, "eval_time": "1m",
+                              "exp_samples": [{"labels": "{}", "value": 0}] if "or vector(0)" in expr else []})
+    assert len(cases) > 30
+    render_to(tmp_path, MonitoringConfig())
+    path = tmp_path / "dashboards.test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": ["gpu.yaml"], "evaluation_interval": "1m",
+                                    "tests": [{"interval": "1m", "input_series": [], "promql_expr_test": cases}]}))
+    proc = promtool("test", "rules", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cases[0]["expr"] = "max by (node (kube_node_spec_taint)"
+    path.write_text(yaml.safe_dump({"rule_files": ["gpu.yaml"], "tests": [
+        {"interval": "1m", "input_series": [], "promql_expr_test": cases[:1]}]}))
+    assert promtool("test", "rules", str(path)).returncode != 0
+
+
+def test_the_straggler_table_names_the_slowed_ranks_node(tmp_path):
+    """The Training dashboard's table of slowest ranks, over the straggler unit test's series: rank 3 on
+    node-b leads it (ratio 2); the other three ranks of the job follow at 1."""
+    board = json.loads(monitoring.load_dashboards()["training.json"])
+    (panel,) = [p for p in board["panels"] if p["title"] == "Slowest ranks and their nodes"]
+    assert panel["type"] == "table"
+    expr = _grafana_to_promql(panel["targets"][0]["expr"], jobset="llm")
+    render_to(tmp_path, MonitoringConfig())
+    straggler = yaml.safe_load((TESTS_DIR / "straggler.test.yaml").read_text())["tests"][0]
+    base = 'trainer:rank_busy_over_median:ratio{namespace="team-research", jobset="llm", '
+    expected = [
+        {"labels": base + 'pod="llm-worker-0-1", node="node-b", endpoint="metrics-1", rank="3"}', "value": 2},
+        {"labels": base + 'pod="llm-worker-0-0", node="node-a", endpoint="metrics-0", rank="0"}', "value": 1},
+        {"labels": base + 'pod="llm-worker-0-0", node="node-a", endpoint="metrics-1", rank="1"}', "value": 1},
+        {"labels": base + 'pod="llm-worker-0-1", node="node-b", endpoint="metrics-0", rank="2"}', "value": 1},
+    ]
+    path = tmp_path / "table.test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": ["training.yaml"], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": straggler["input_series"],
+         "promql_expr_test": [{"expr": expr, "eval_time": "15m", "exp_samples": expected}]}]}))
+    proc = promtool("test", "rules", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr

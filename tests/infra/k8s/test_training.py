@@ -320,6 +320,31 @@ def test_elastic_runs_get_torchs_store_switch_and_waits_from_the_settings():
     assert int(launch.rdzv_configs["join_timeout"]) == 2400 >= admission.PODS_READY_TIMEOUT_S
 
 
+def test_nccls_watchdog_agrees_with_the_trainers_and_dumps_beside_the_run():
+    """The JobSet carries the trainer's NCCL settings (trainer/watchdog.py, also what gpu-train-launch sets), under
+    names the installed torch declares (c10d headers) or holds in its library, and the flight recorder dumps into
+    the run directory on NVMe."""
+    import mmap
+
+    import torch
+
+    from trainer.watchdog import nccl_env
+
+    m = build(prod_job(), efa_pool())
+    env = env_of(trainer_container(m))
+    assert nccl_env().items() <= env.items()
+    _, targs, _ = parse_command(trainer_container(m))
+    assert env["TORCH_FR_DUMP_TEMP_FILE"].startswith(f"{targs.run_dir}/") and str(targs.run_dir).startswith(t.NVME_MOUNT)
+    torch_env = {k for k in env if k.startswith(("TORCH_NCCL_", "TORCH_FR_"))}
+    c10d = Path(torch.__file__).parent / "include/torch/csrc/distributed/c10d"
+    found = {k for k in torch_env if any(f'"{k}"' in (c10d / h).read_text()
+                                         for h in ("ProcessGroupNCCL.hpp", "FlightRecorder.hpp"))}
+    for lib in (Path(torch.__file__).parent / "lib").glob("libtorch_c[pu][ud]*.so"):
+        with lib.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            found |= {k for k in torch_env if data.find(b"\0" + k.encode() + b"\0") != -1}
+    assert found == torch_env, sorted(torch_env - found)
+
+
 def test_torchrun_shutdown_timeout_fits_in_the_grace_period():
     m = build(prod_job(), efa_pool())
     args, _, _ = parse_command(trainer_container(m))
@@ -609,3 +634,61 @@ def test_dataset_outside_the_cached_bucket_is_read_directly():
     _, _, cfg = parse_command(trainer_container(build(job, efa_pool())))
     assert cfg.data.uri == "s3://partner-bucket/corpus/manifest.json"
     assert cfg.data.endpoint_url == ""
+
+
+# ------------------------------------------------------------------------------------------ job lifecycle
+
+
+def _plan_variant(tmp_path: Path, name: str, edit) -> dict:
+    """Plan stacks/Pulumi.aws-dev.yaml changed by `edit(config)`, as `python -m infra.plan --stack-file` does."""
+    import subprocess
+    import sys
+
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.aws-dev.yaml").read_text())
+    edit(doc["config"])
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / f"Pulumi.{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = subprocess.run([sys.executable, "-m", "infra.plan", "--stack-file", str(path), "--out", str(tmp_path / "out"),
+                           "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((tmp_path / "out" / f"{name}.json").read_text())
+
+
+def _jobset_inputs(plan: dict) -> dict | None:
+    found = [r["inputs"] for r in plan["resources"] if r["type"] == f"kubernetes:{t.JOBSET_API}:JobSet"]
+    return found[0] if found else None
+
+
+def _infra_only(c: dict) -> None:
+    """Changes a platform deploy makes that are none of the job's business."""
+    c["gpu-train:monitoring"]["retention"] = "30d"
+    c["gpu-train:cluster"]["systemNodesMax"] = 4
+    c["gpu-train:cache"]["journalGb"] = 30
+    c["gpu-train:tags"]["owner"] = "ml-infra"
+    c["gpu-train:logs"] = {"retentionDays": 90}
+    c["gpu-train:teams"].append({"name": "nlp", "gpuQuota": {"l40s-spot": 1}, "submitters": ["ml-nlp"]})
+
+
+def test_an_infra_deploy_leaves_the_running_jobset_untouched(tmp_path):
+    """The JobSet is replaced when its spec changes (replace_on_changes, test above): an infra-only change must
+    render it byte for byte the same, or `pulumi up` would restart training. Its image, buckets, endpoints and
+    NVMe path are stable names; nothing in it moves with a deploy."""
+    base = _plan_variant(tmp_path / "a", "aws-dev", lambda c: None)  # the same stack name: the same physical names
+    changed = _plan_variant(tmp_path / "b", "aws-dev", _infra_only)
+    assert _jobset_inputs(base) is not None
+    assert _jobset_inputs(changed) == _jobset_inputs(base)
+    # The plans did differ: the change reached the platform.
+    assert base["resources"] != changed["resources"]
+    # A change of the job's own settings does change it.
+    steps = _plan_variant(tmp_path / "c", "aws-dev", lambda c: c["gpu-train:job"].update(steps=400))
+    assert _jobset_inputs(steps) != _jobset_inputs(base)
+
+
+def test_a_stack_without_a_job_is_a_platform_for_submitted_jobs(tmp_path):
+    plan = _plan_variant(tmp_path, "aws-dev", lambda c: c.pop("gpu-train:job"))
+    assert _jobset_inputs(plan) is None
+    assert "jobName" not in plan["outputs"] and "jobQueue" not in plan["outputs"]
+    contract = plan["outputs"]["platform"]
+    assert [team["localQueue"] for team in contract["teams"]] == ["research-queue", "platform-queue"]
+    assert contract["image"].split("@")[1].startswith("sha256:")

@@ -428,7 +428,7 @@ def test_storage_class_must_be_encrypted():
 def test_checkov_skips_file_is_documented(tmp_path):
     skips = common.checkov_skips()
     assert set(skips) == {"nvme-raid0", "nvme-workdirs", "nccl-tcpx-installer", "nccl-tcpxo-installer",
-                          "nccl-rdma-installer", "mlflow"}
+                          "nccl-rdma-installer", "mlflow", "gpu-preflight"}
     # The unprivileged NVMe variant carries no privileged-container skips.
     assert not {"CKV_K8S_16", "CKV_K8S_17", "CKV_K8S_20"} & set(skips["nvme-workdirs"])
     ann = common.checkov_skip_annotations("nvme-raid0")
