@@ -9,18 +9,15 @@ session gets its own shared shard cache (TRAINER_CACHE_DIR), so runs never read 
 
 from __future__ import annotations
 
-import http.client
 import logging
-import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from dataclasses import dataclass
 
 import boto3
 import pytest
 
+from tests.trainer.s3proxy import FaultProxy, serving
 from trainer.distributed import free_port
 
 CREDS = {
@@ -86,73 +83,7 @@ def s3(s3_server) -> S3:
     return store
 
 
-@dataclass
-class FailingProxy:
-    upstream: str
-    endpoint: str = ""
-    refuse: set[str] = field(default_factory=set)
-    unavailable: set[str] = field(default_factory=set)
-    refused: list[str] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def _handler(proxy: FailingProxy) -> type[BaseHTTPRequestHandler]:
-    up = urlsplit(proxy.upstream)
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            return None
-
-        def _forward(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else None
-            with proxy.lock:
-                denied = self.command == "PUT" and any(f in self.path for f in proxy.refuse)
-                down = self.command == "GET" and any(f in self.path for f in proxy.unavailable)
-                if denied or down:
-                    proxy.refused.append(self.path)
-            if denied or down:
-                code, status = ("AccessDenied", 403) if denied else ("SlowDown", 503)
-                msg = f"<Error><Code>{code}</Code><Message>refused by the test proxy</Message></Error>".encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(msg)))
-                self.end_headers()
-                self.wfile.write(msg)
-                return
-            conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
-            try:
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "keep-alive")}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-            finally:
-                conn.close()
-
-        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
-
-    return Handler
-
-
 @pytest.fixture
-def failing_s3(s3) -> Iterator[tuple[S3, FailingProxy]]:
-    proxy = FailingProxy(upstream=s3.endpoint)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(proxy))
-    httpd.daemon_threads = True
-    proxy.endpoint = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
+def failing_s3(s3) -> Iterator[tuple[S3, FaultProxy]]:
+    with serving(FaultProxy(upstream=s3.endpoint)) as proxy:
         yield s3, proxy
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
