@@ -28,6 +28,7 @@ import runpy
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,30 @@ def summary(plan: dict[str, Any]) -> str:
         text = value if isinstance(value, str) else json.dumps(value)
         lines.append(f"  {name}: {text if len(text) < 120 else text[:117] + '...'}")
     return "\n".join(lines)
+
+
+def check_plans_main(argv: list[str] | None, *, prog: str, description: str,
+                     check: Callable[[dict[str, Any]], list[str]],
+                     summarize: Callable[[dict[str, Any], list[str]], str]) -> int:
+    """The command line of a check over plan documents (`python -m infra.aws.iam_lint build/plan/*.json`):
+    one summary line per plan, then one indented line per finding. Exit 0 when nothing is found, 1 when
+    something is, 2 when a file is not a plan document (named, no traceback)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("plans", nargs="+", type=Path, help="plan documents written by python -m infra.plan")
+    args = parser.parse_args(argv)
+    found = 0
+    for path in args.plans:
+        try:
+            plan = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"error: {path}: not a plan document ({exc})", file=sys.stderr)
+            return 2
+        lines = check(plan)
+        found += len(lines)
+        print(f"{path}: {summarize(plan, lines)}")
+        for line in lines:
+            print(f"  {line}")
+    return 1 if found else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,14 +20,12 @@ actions or principals) and are not linted.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 # Resource type -> (input holding a policy document, document kind).
@@ -208,18 +206,10 @@ def failures(plan: Mapping[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.aws.iam_lint", description=__doc__.split("\n\n")[0])
-    parser.add_argument("plans", nargs="+", type=Path, help="plan documents written by python -m infra.plan")
-    args = parser.parse_args(argv)
-    bad = 0
-    for path in args.plans:
-        plan = json.loads(path.read_text())
-        lines = failures(plan)
-        bad += len(lines)
-        print(f"{path}: {len(documents(plan))} IAM documents, {len(lines)} findings")
-        for line in lines:
-            print(f"  {line}")
-    return 1 if bad else 0
+    from infra.plan import check_plans_main
+
+    return check_plans_main(argv, prog="python -m infra.aws.iam_lint", description=__doc__.split("\n\n")[0], check=failures,
+                            summarize=lambda plan, lines: f"{len(documents(plan))} IAM documents, {len(lines)} findings")
 
 
 if __name__ == "__main__":

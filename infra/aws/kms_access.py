@@ -36,13 +36,11 @@ administrator of the account (docs/aws.md, Deploying).
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from infra.aws.service_roles import AUTOSCALING, ROLE_NAMES, role_path
@@ -572,18 +570,10 @@ def problems(plan: Mapping[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.aws.kms_access", description=__doc__.split("\n\n")[0])
-    parser.add_argument("plans", nargs="+", type=Path, help="plan documents written by python -m infra.plan")
-    args = parser.parse_args(argv)
-    bad = 0
-    for path in args.plans:
-        plan = json.loads(path.read_text())
-        lines = problems(plan)
-        bad += len(lines)
-        print(f"{path}: {len(consumers(plan))} key consumers, {len(lines)} denied")
-        for line in lines:
-            print(f"  {line}")
-    return 1 if bad else 0
+    from infra.plan import check_plans_main
+
+    return check_plans_main(argv, prog="python -m infra.aws.kms_access", description=__doc__.split("\n\n")[0], check=problems,
+                            summarize=lambda plan, lines: f"{len(consumers(plan))} key consumers, {len(lines)} denied")
 
 
 if __name__ == "__main__":

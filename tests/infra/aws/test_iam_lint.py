@@ -119,3 +119,11 @@ def test_cli_reports_and_fails(all_plans, tmp_path, capsys):
                                            "identities-trainer-research", typo)))
     assert iam_lint.main([str(bad)]) == 1
     assert "1 findings" in capsys.readouterr().out
+
+
+def test_cli_names_a_file_that_is_not_a_plan(tmp_path, capsys):
+    broken = tmp_path / "truncated.json"
+    broken.write_text('{"stack": "aws-dev", "resources": [')
+    assert iam_lint.main([str(broken)]) == 2
+    err = capsys.readouterr().err
+    assert "truncated.json" in err and "not a plan document" in err and "Traceback" not in err
