@@ -167,6 +167,7 @@ def run_program(stack: str, raw: dict[str, Any]) -> dict[str, Any]:
         resolved = _sync_await(out.future())
         outputs[name] = SECRET if _sync_await(out.is_secret()) else _plain(redact(resolved))
     loop.close()
+    asyncio.set_event_loop(None)  # a closed loop left current breaks the next Pulumi test in this process
     return {
         "project": stack_config.PROJECT,
         "stack": stack,

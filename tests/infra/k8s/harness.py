@@ -151,6 +151,7 @@ def build_layer(stack: str, mutate=None) -> tuple[list[dict[str, Any]], dict[str
     layer = fields["layer"]
     fields["grafana_url"] = _sync_await(pulumi.Output.from_input(layer.grafana_url).future())
     loop.close()
+    asyncio.set_event_loop(None)  # a closed loop left current breaks the next Pulumi test in this process
     return records, fields
 
 
