@@ -654,6 +654,8 @@ def _check(cfg: StackConfig) -> list[str]:
                              "its own groups")
         p.extend(_member_problems(cfg, team, tk))
     p.extend(_principal_problems(cfg))
+    if cfg.cloud == "gcp":
+        p.extend(gke_group_problems(cfg.teams))
     p.extend(_logs_problems(cfg))
 
     # Job.
@@ -718,6 +720,42 @@ def team_access_entries(teams: tuple[TeamConfig, ...]) -> dict[str, tuple[str, .
             groups = team.submitters if member.role == "submitter" else team.viewers
             out.setdefault(member.principal, set()).update(groups)
     return {principal: tuple(sorted(groups)) for principal, groups in sorted(out.items())}
+
+
+def _gke_group_domains(teams: tuple[TeamConfig, ...]) -> tuple[dict[str, str], list[str]]:
+    """Domain -> the first setting naming a group of it, and the settings whose group is not an e-mail address."""
+    domains: dict[str, str] = {}
+    bad: list[str] = []
+    for t, team in enumerate(teams):
+        for field_name, groups in (("submitters", team.submitters), ("viewers", team.viewers)):
+            for g, group in enumerate(groups):
+                key = f"{PROJECT}:teams[{t}].{field_name}[{g}]"
+                if "@" not in group:
+                    bad.append(f"{key} must be a Google group e-mail address on GKE (got {group!r})")
+                else:
+                    domains.setdefault(group.rsplit("@", 1)[1].lower(), key)
+    return domains, bad
+
+
+def gke_group_problems(teams: tuple[TeamConfig, ...]) -> list[str]:
+    """GKE's Google Groups for RBAC reads one gke-security-groups@<domain> group per cluster: the team groups
+    must be e-mail addresses of one domain."""
+    domains, bad = _gke_group_domains(teams)
+    if len(domains) > 1:
+        listed = ", ".join(f"{d} ({k})" for d, k in sorted(domains.items()))
+        bad.append(f"{PROJECT}:teams groups span several domains ({listed}); Google Groups for RBAC reads one "
+                   "gke-security-groups@<domain> group per cluster")
+    return bad
+
+
+def gke_security_group(teams: tuple[TeamConfig, ...]) -> str | None:
+    """The Google Groups for RBAC security group, gke-security-groups@<domain> of the teams' groups; None when
+    no team names a group. Refuses what gke_group_problems reports."""
+    problems = gke_group_problems(teams)
+    if problems:
+        raise ConfigError(problems)
+    domains, _ = _gke_group_domains(teams)
+    return f"gke-security-groups@{next(iter(domains))}" if domains else None
 
 
 def _logs_problems(cfg: StackConfig) -> list[str]:
@@ -933,9 +971,11 @@ def _check_trainer_settings(cfg: StackConfig, job: JobConfig, nodes: tuple[int, 
             per_step = tcfg.train.micro_batch_size * tcfg.model.context
             sizes = [m * gpus for m in range(nodes[0], nodes[1] + 1)]
             lcm = math.lcm(*sizes) * per_step
+            hint = (f"A multiple of {lcm} tokens works at every world size from {sizes[0]} to {sizes[-1]}"
+                    if lcm <= 1 << 32 else f"No global batch of practical size divides every world size from "
+                    f"{sizes[0]} to {sizes[-1]}; narrow {jk}.nodes")
             p.append(f"{jk}.globalBatchTokens {job.global_batch_tokens} does not divide at world size "
-                     f"{n * gpus} ({n} nodes x {gpus} GPUs, within {jk}.nodes {job.nodes}): {exc}. A multiple "
-                     f"of {lcm} tokens works at every world size from {sizes[0]} to {sizes[-1]}")
+                     f"{n * gpus} ({n} nodes x {gpus} GPUs, within {jk}.nodes {job.nodes}): {exc}. {hint}")
             return
 
 

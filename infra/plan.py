@@ -153,21 +153,23 @@ def run_program(stack: str, raw: dict[str, Any]) -> dict[str, Any]:
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()})
-    mocks = PlanMocks(ctx)
-    pulumi.runtime.set_mocks(mocks, project=stack_config.PROJECT, stack=stack, preview=False,
-                             monitor=RecordingMonitor(mocks))
+    try:
+        pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()})
+        mocks = PlanMocks(ctx)
+        pulumi.runtime.set_mocks(mocks, project=stack_config.PROJECT, stack=stack, preview=False,
+                                 monitor=RecordingMonitor(mocks))
 
-    _sync_await(run_pulumi_func(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
+        _sync_await(run_pulumi_func(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
 
-    outputs: dict[str, Any] = {}
-    root = runtime_settings.get_root_resource()
-    for name, value in sorted(root.outputs.items()):
-        out = pulumi.Output.from_input(value)
-        resolved = _sync_await(out.future())
-        outputs[name] = SECRET if _sync_await(out.is_secret()) else _plain(redact(resolved))
-    loop.close()
-    asyncio.set_event_loop(None)  # a closed loop left current breaks the next Pulumi test in this process
+        outputs: dict[str, Any] = {}
+        root = runtime_settings.get_root_resource()
+        for name, value in sorted(root.outputs.items()):
+            out = pulumi.Output.from_input(value)
+            resolved = _sync_await(out.future())
+            outputs[name] = SECRET if _sync_await(out.is_secret()) else _plain(redact(resolved))
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)  # a closed loop left current breaks the next Pulumi run in this process
     return {
         "project": stack_config.PROJECT,
         "stack": stack,

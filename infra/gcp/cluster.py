@@ -34,7 +34,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from infra import naming
-from infra.config import ConfigError, StackConfig
+from infra.config import StackConfig, gke_security_group
 from infra.gcp.network import POD_RANGE, SERVICE_RANGE
 
 # Only what a node needs: ship logs and metrics, read images
@@ -83,21 +83,9 @@ def maintenance_exclusion() -> dict[str, object]:
 
 
 def rbac_security_group(cfg: StackConfig) -> str | None:
-    """The Google Groups for RBAC security group, gke-security-groups@<domain> of the teams'
-    groups; None when no team names a group. Groups of several domains cannot share one."""
-    domains: dict[str, str] = {}
-    for t, team in enumerate(cfg.teams):
-        for field_name, groups in (("submitters", team.submitters), ("viewers", team.viewers)):
-            for g, group in enumerate(groups):
-                key = f"gpu-train:teams[{t}].{field_name}[{g}]"
-                if "@" not in group:
-                    raise ConfigError([f"{key} must be a Google group e-mail address on GKE (got {group!r})"])
-                domains.setdefault(group.rsplit("@", 1)[1].lower(), key)
-    if len(domains) > 1:
-        listed = ", ".join(f"{d} ({k})" for d, k in sorted(domains.items()))
-        raise ConfigError([f"gpu-train:teams groups span several domains ({listed}); Google Groups for "
-                           "RBAC reads one gke-security-groups@<domain> group per cluster"])
-    return f"gke-security-groups@{next(iter(domains))}" if domains else None
+    """The Google Groups for RBAC security group of the teams' groups (checked with the settings:
+    infra.config.gke_group_problems); None when no team names a group."""
+    return gke_security_group(cfg.teams)
 
 
 def kubeconfig(name: str, dns_endpoint: str) -> str:

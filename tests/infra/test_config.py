@@ -251,6 +251,9 @@ BAD = [
      "gpu-train:job.globalBatchTokens 1048576 does not divide at world size 24 (3 nodes x 8 GPUs"),
     ("aws-prod", _both(_set("job.globalBatchTokens", 1048576), _set("job.overrides.train.micro_batch_size", 16)),
      "A multiple of 1572864 tokens works at every world size from 16 to 32"),
+    # lcm(8, 16, ..., 512) x 8 x 1024 is far past any batch anyone would train with: no multiple is offered.
+    ("aws-prod", _set("job.nodes", "1:64"),
+     "No global batch of practical size divides every world size from 8 to 512; narrow gpu-train:job.nodes"),
     # gpt2-124m: 65536 / 1024 = 64 sequences; 2 nodes x 1 GPU x micro batch 64 = 128 does not divide 64.
     ("aws-dev", _set("job.overrides.train.micro_batch_size", 64),
      "gpu-train:job.globalBatchTokens 65536 does not divide at world size 2 (2 nodes x 1 GPUs"),
