@@ -9,12 +9,12 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from infra.validation import helm, snapshot
+from tests.infra.validation.charts import demo_chart
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPO = "https://charts.example.com"
@@ -41,15 +41,7 @@ GOOD = {
 @pytest.fixture(scope="module")
 def snaps(tmp_path_factory) -> helm.Snapshots:
     work = tmp_path_factory.mktemp("chart")
-    chart = work / "demo"
-    shutil.copytree(FIXTURES / "demo-chart", chart)
-    packaged = work / "packaged"
-    (packaged / "templates").mkdir(parents=True)
-    (packaged / "Chart.yaml").write_text("apiVersion: v2\nname: packaged\nversion: 2.0.0\n")
-    (packaged / "values.yaml").write_text("flag: true\n")
-    (packaged / "templates" / "cm.yaml").write_text("x: {{ .Values.flag }} {{ .Values.more.deep }}\n")
-    with tarfile.open(chart / "charts" / "packaged-2.0.0.tgz", "w:gz") as tar:
-        tar.add(packaged, arcname="packaged")
+    chart = demo_chart(work)
     root = work / "schemas"
     snapshot.write_chart_snapshots(chart, root / "charts", {"repo": "tests"})
     index = snapshot.merge_index(None, REPO, {"demo": ["1.2.3", "1.2.2"]}, {"from": "tests"})

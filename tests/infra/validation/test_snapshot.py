@@ -8,10 +8,8 @@ Expected structure is read off the fixture files by hand.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import pytest
 from infra.validation import snapshot
 from infra.validation.gotemplate import ELEMENT
 from tests.conftest import ROOT
+from tests.infra.validation.charts import demo_chart
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DEMO = FIXTURES / "demo-chart"
@@ -92,15 +91,7 @@ def test_no_prose_reaches_a_snapshot(demo):
 
 
 def test_every_dependency_gets_its_own_snapshot_directory_or_archive(tmp_path):
-    chart = tmp_path / "demo"
-    shutil.copytree(DEMO, chart)
-    packaged = tmp_path / "src" / "packaged"
-    (packaged / "templates").mkdir(parents=True)
-    (packaged / "Chart.yaml").write_text("apiVersion: v2\nname: packaged\nversion: 2.0.0\n")
-    (packaged / "values.yaml").write_text("flag: true\n")
-    (packaged / "templates" / "cm.yaml").write_text("x: {{ .Values.flag }} {{ .Values.more.deep }}\n")
-    with tarfile.open(chart / "charts" / "packaged-2.0.0.tgz", "w:gz") as tar:
-        tar.add(packaged, arcname="packaged")
+    chart = demo_chart(tmp_path)
     out = tmp_path / "out"
     written = snapshot.write_chart_snapshots(chart, out, {"repo": "tests", "path": "demo"})
     assert sorted(p.name for p in written) == ["demo-1.2.3.json", "packaged-2.0.0.json", "sidecar-0.1.7.json"]
