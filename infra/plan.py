@@ -226,6 +226,15 @@ def summary(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def read_plan_document(path: Path) -> dict[str, Any] | None:
+    """A plan document written by this tool, or None after one line on stderr naming the file that is not one."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"error: {path}: not a plan document ({exc})", file=sys.stderr)
+        return None
+
+
 def check_plans_main(argv: list[str] | None, *, prog: str, description: str,
                      check: Callable[[dict[str, Any]], list[str]],
                      summarize: Callable[[dict[str, Any], list[str]], str]) -> int:
@@ -237,10 +246,8 @@ def check_plans_main(argv: list[str] | None, *, prog: str, description: str,
     args = parser.parse_args(argv)
     found = 0
     for path in args.plans:
-        try:
-            plan = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            print(f"error: {path}: not a plan document ({exc})", file=sys.stderr)
+        plan = read_plan_document(path)
+        if plan is None:
             return 2
         lines = check(plan)
         found += len(lines)

@@ -12,11 +12,11 @@ Kubernetes' own CEL libraries or an old object), and exits 1 when there is any p
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 
+from infra.plan import read_plan_document
 from infra.validation import crd, helm
 
 
@@ -27,10 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     problems = 0
     for path in args.plans:
-        try:
-            plan = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            print(f"error: {path}: not a plan document ({exc})", file=sys.stderr)
+        plan = read_plan_document(path)
+        if plan is None:
             return 2
         stack = plan.get("stack", path.stem)
         releases = helm.check_plan(plan)
