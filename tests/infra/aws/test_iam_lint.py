@@ -13,21 +13,9 @@ import json
 import pytest
 
 from infra.aws import iam_lint
+from tests.infra.aws.plan_edits import edit_policy, resource
 
 AWS_PLANS = ("aws-dev", "aws-prod", "aws-prod-p4d", "aws-prod-p5en")
-
-
-def _resource(plan: dict, typ: str, name: str) -> dict:
-    return next(r for r in plan["resources"] if r["type"] == typ and r["name"] == name)
-
-
-def _edit_policy(plan: dict, typ: str, name: str, edit, field: str = "policy") -> dict:
-    broken = copy.deepcopy(plan)
-    res = _resource(broken, typ, name)
-    doc = json.loads(res["inputs"][field])
-    edit(doc)
-    res["inputs"][field] = json.dumps(doc)
-    return broken
 
 
 def _statement(doc: dict, sid: str) -> dict:
@@ -53,7 +41,7 @@ def test_every_excuse_is_still_needed(all_plans):
 def test_unknown_action_fails_naming_the_resource(all_plans):
     def typo(doc):
         doc["Statement"][0]["Action"] = ["s3:GetObjekt"]
-    bad = _edit_policy(all_plans["aws-dev"], "aws:iam/rolePolicy:RolePolicy", "identities-trainer-research", typo)
+    bad = edit_policy(all_plans["aws-dev"], "aws:iam/rolePolicy:RolePolicy", "identities-trainer-research", typo)
     (line,) = iam_lint.failures(bad)
     assert "identities-trainer-research" in line and "UNKNOWN_ACTION" in line and "s3:GetObjekt" in line
 
@@ -62,7 +50,7 @@ def test_grant_condition_on_decrypt_fails(all_plans):
     # The defect Karpenter's controller policy had: kms:GrantIsForAWSResource on kms:Decrypt.
     def grant_on_use(doc):
         _statement(doc, "EbsKeyUse")["Condition"]["Bool"] = {"kms:GrantIsForAWSResource": "true"}
-    bad = _edit_policy(all_plans["aws-prod"], "aws:iam/rolePolicy:RolePolicy", "karpenter-controller", grant_on_use)
+    bad = edit_policy(all_plans["aws-prod"], "aws:iam/rolePolicy:RolePolicy", "karpenter-controller", grant_on_use)
     lines = iam_lint.failures(bad)
     assert lines and all("UNKNOWN_CONDITION_FOR_ACTION" in line for line in lines)
     assert any("kms:GrantIsForAWSResource for action kms:Decrypt" in line for line in lines)
@@ -71,7 +59,7 @@ def test_grant_condition_on_decrypt_fails(all_plans):
 def test_malformed_arn_fails(all_plans):
     def bad_arn(doc):
         _statement(doc, "BucketKey")["Resource"] = "arn:aws:kms:us-east-1:key/x"
-    bad = _edit_policy(all_plans["aws-prod"], "aws:iam/rolePolicy:RolePolicy", "identities-cache", bad_arn)
+    bad = edit_policy(all_plans["aws-prod"], "aws:iam/rolePolicy:RolePolicy", "identities-cache", bad_arn)
     lines = iam_lint.failures(bad)
     assert any("identities-cache" in line and "INVALID_ARN" in line for line in lines), lines
 
@@ -79,7 +67,7 @@ def test_malformed_arn_fails(all_plans):
 def test_condition_key_of_another_service_fails_in_a_key_policy(all_plans):
     def s3_key_on_kms(doc):
         _statement(doc, "AccountUseViaS3")["Condition"]["StringEquals"]["s3:prefix"] = "x/"
-    bad = _edit_policy(all_plans["aws-dev"], "aws:kms/key:Key", "keys-s3", s3_key_on_kms)
+    bad = edit_policy(all_plans["aws-dev"], "aws:kms/key:Key", "keys-s3", s3_key_on_kms)
     assert any("keys-s3" in line and "UNKNOWN_CONDITION_FOR_ACTION" in line for line in iam_lint.failures(bad))
 
 
@@ -87,7 +75,7 @@ def test_launch_excuse_holds_only_while_every_required_resource_is_granted(all_p
     def drop_subnets(doc):
         shared = _statement(doc, "LaunchFromSharedResources")
         shared["Resource"] = [r for r in shared["Resource"] if not r.endswith(":subnet/*")]
-    bad = _edit_policy(all_plans["aws-prod"], "aws:iam/rolePolicy:RolePolicy", "karpenter-controller", drop_subnets)
+    bad = edit_policy(all_plans["aws-prod"], "aws:iam/rolePolicy:RolePolicy", "karpenter-controller", drop_subnets)
     lines = iam_lint.failures(bad)
     assert lines and all("RESOURCE_MISMATCH" in line for line in lines)
 
@@ -95,13 +83,13 @@ def test_launch_excuse_holds_only_while_every_required_resource_is_granted(all_p
 def test_resource_star_in_an_identity_policy_is_not_excused(all_plans):
     def star(doc):
         _statement(doc, "BucketKey")["Resource"] = "*"
-    bad = _edit_policy(all_plans["aws-prod"], "aws:iam/rolePolicy:RolePolicy", "identities-mlflow", star)
+    bad = edit_policy(all_plans["aws-prod"], "aws:iam/rolePolicy:RolePolicy", "identities-mlflow", star)
     assert any("identities-mlflow" in line and "RESOURCE_STAR" in line for line in iam_lint.failures(bad))
 
 
 def test_a_policy_in_an_unknown_input_is_refused(all_plans):
     plan = copy.deepcopy(all_plans["aws-dev"])
-    res = _resource(plan, "aws:sqs/queue:Queue", "karpenter-interruptions")
+    res = resource(plan, "aws:sqs/queue:Queue", "karpenter-interruptions")
     res["inputs"]["redrivePolicy"] = json.dumps({"Statement": []})
     with pytest.raises(ValueError, match="redrivePolicy"):
         iam_lint.documents(plan)
@@ -115,7 +103,7 @@ def test_cli_reports_and_fails(all_plans, tmp_path, capsys):
     def typo(doc):
         doc["Statement"][0]["Action"] = ["s3:GetObjekt"]
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(_edit_policy(all_plans["aws-dev"], "aws:iam/rolePolicy:RolePolicy",
+    bad.write_text(json.dumps(edit_policy(all_plans["aws-dev"], "aws:iam/rolePolicy:RolePolicy",
                                            "identities-trainer-research", typo)))
     assert iam_lint.main([str(bad)]) == 1
     assert "1 findings" in capsys.readouterr().out

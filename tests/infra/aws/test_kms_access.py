@@ -14,6 +14,7 @@ import pytest
 
 from infra.aws import kms_access
 from infra.aws.kms_access import Principal, Request, evaluate
+from tests.infra.aws.plan_edits import edit_policy
 
 ACCOUNT = "111122223333"
 REGION = "eu-west-1"
@@ -153,19 +154,6 @@ def test_every_consumer_of_every_key_may_use_it(all_plans, stack):
     assert kms_access.problems(plan) == []
 
 
-def _res(plan: dict, typ: str, name: str) -> dict:
-    return next(r for r in plan["resources"] if r["type"] == typ and r["name"] == name)
-
-
-def _edit(plan: dict, typ: str, name: str, edit, field: str = "policy") -> dict:
-    broken = copy.deepcopy(plan)
-    res = _res(broken, typ, name)
-    doc = json.loads(res["inputs"][field])
-    edit(doc)
-    res["inputs"][field] = json.dumps(doc)
-    return broken
-
-
 def _drop_sids(*sids):
     return lambda doc: doc.__setitem__("Statement", [s for s in doc["Statement"] if s.get("Sid") not in sids])
 
@@ -194,7 +182,7 @@ ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 def test_a_broken_copy_is_caught(all_plans, what, typ, name, edit, expect):
     plan = all_plans["aws-prod"]
     assert kms_access.problems(plan) == []
-    lines = kms_access.problems(_edit(plan, typ, name, edit))
+    lines = kms_access.problems(edit_policy(plan, typ, name, edit))
     assert lines and any(expect in line for line in lines), (what, lines[:3])
 
 
@@ -203,7 +191,7 @@ def test_wrong_via_service_is_caught(all_plans):
         for s in doc["Statement"]:
             if s.get("Sid", "").startswith("EbsKey"):
                 s["Condition"]["StringEquals"]["kms:ViaService"] = "s3.us-east-1.amazonaws.com"
-    lines = kms_access.problems(_edit(all_plans["aws-dev"], ROLE_POLICY, "karpenter-controller", via_s3))
+    lines = kms_access.problems(edit_policy(all_plans["aws-dev"], ROLE_POLICY, "karpenter-controller", via_s3))
     assert lines and all("Karpenter node volumes" in line for line in lines)
     assert {line.split(" may not ")[1].split(" ")[0] for line in lines} == set(kms_access.EBS.actions)
 
@@ -221,6 +209,6 @@ def test_cli_reports_and_fails(all_plans, tmp_path, capsys):
     good.write_text(json.dumps(all_plans["aws-dev"]))
     assert kms_access.main([str(good)]) == 0
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(_edit(all_plans["aws-dev"], KEY_TYPE, "keys-logs", _drop_sids("CloudWatchLogs"))))
+    bad.write_text(json.dumps(edit_policy(all_plans["aws-dev"], KEY_TYPE, "keys-logs", _drop_sids("CloudWatchLogs"))))
     assert kms_access.main([str(bad)]) == 1
     assert "denied" in capsys.readouterr().out
