@@ -127,7 +127,6 @@ def alluxio_values(*, settings: CacheConfig, nvme_host_path: str, datasets_bucke
         "alluxio.user.file.writetype.default": "THROUGH",
         "alluxio.proxy.web.port": str(naming.CACHE_PROXY_PORT),
         "alluxio.security.authentication.type": "NOSASL",
-        "alluxio.metrics.sink.prometheus.class": "alluxio.metrics.sink.PrometheusMetricsServlet",
     }
     return {
         "fullnameOverride": "alluxio",
@@ -233,7 +232,10 @@ class Cache(pulumi.ComponentResource):
         super().__init__("gpu-train:k8s:Cache", name, None, opts)
         p = args.platform
         ns_name = naming.CACHE_NAMESPACE
-        self.namespace = common.namespace(ns_name, p, self, depends_on=p.ready)
+        # Privileged: the workers mount the page store on the node's NVMe as a hostPath, the chart's only way
+        # to give them host storage, and every stricter Pod Security level refuses a hostPath volume
+        # (https://kubernetes.io/docs/concepts/security/pod-security-standards/#baseline). Only Alluxio runs here.
+        self.namespace = common.namespace(ns_name, p, self, enforce="privileged", depends_on=p.ready)
         ns_deps = [self.namespace]
         self.network_policies = common.network_policies(ns_name, cache_network_policies(p), p, self, ns_deps)
 

@@ -43,6 +43,13 @@ DCGM_RELEASE = "dcgm-exporter"
 DCGM_PORT = 9400
 COUNTERS_MOUNT = "/etc/dcgm-exporter/custom"
 COUNTERS_CONFIGMAP = "dcgm-counters"
+# The node metrics agents' namespace, Pod Security `privileged`: node-exporter shares the host's network
+# and PID namespaces and reads /proc, /sys and / through hostPath volumes on host port 9100; dcgm-exporter
+# mounts the kubelet's pod-resources socket directory and adds SYS_ADMIN (profiling counters), and on GKE
+# runs privileged. `baseline`, which the rest of the monitoring stack runs at, refuses every one of those
+# pods (https://kubernetes.io/docs/concepts/security/pod-security-standards/#baseline). Nothing else runs
+# here.
+AGENTS_NAMESPACE = "node-metrics"
 
 GRAFANA_PORT = 80  # the chart's Service port (container listens on 3000)
 GRAFANA_SERVICE = f"{naming.MONITORING_RELEASE}-grafana"
@@ -133,8 +140,10 @@ def prometheus_stack_values(*, settings: MonitoringConfig, storage_class: str, s
         },
         "kube-state-metrics": {"nodeSelector": system_selector,
                                "resources": common.resources("50m", "128Mi", "200m", "512Mi")},
-        # node-exporter belongs on every node, GPU nodes included.
-        "prometheus-node-exporter": {"tolerations": [{"operator": "Exists"}],
+        # node-exporter belongs on every node, GPU nodes included, in the agents' namespace (the subchart's
+        # namespaceOverride): its pods use the host's namespaces, paths and port.
+        "prometheus-node-exporter": {"namespaceOverride": AGENTS_NAMESPACE,
+                                     "tolerations": [{"operator": "Exists"}],
                                      "resources": common.resources("20m", "32Mi", "200m", "128Mi")},
         "grafana": {
             "nodeSelector": system_selector,
@@ -178,7 +187,8 @@ def read_counters_csv(path: Path = COUNTERS_CSV) -> list[tuple[str, str, str]]:
 
 def dcgm_values(gpu_pools: list[GpuPool]) -> dict[str, Any]:
     """Values for dcgm-exporter: GPU nodes only, our counters CSV from a ConfigMap; the chart's
-    own ServiceMonitor is off because we create one labelled for the release."""
+    own ServiceMonitor is off because we create one labelled for the release. The release is installed
+    in AGENTS_NAMESPACE."""
     if not gpu_pools:
         raise ValueError("dcgm_values needs at least one GPU pool")
     values: dict[str, Any] = {
@@ -199,6 +209,13 @@ def dcgm_values(gpu_pools: list[GpuPool]) -> dict[str, Any]:
         values["extraVolumeMounts"].append({"name": "nvidia-install-dir-host", "mountPath": "/usr/local/nvidia",
                                             "readOnly": True})
         values["extraEnv"] = [{"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}]
+        # GKE hands a container the GPU device nodes only when the device plugin allocates it GPUs
+        # (there is no NVIDIA runtime hook honouring NVIDIA_VISIBLE_DEVICES=all as on EKS's NVIDIA AMI),
+        # and dcgm-exporter requests none, so it runs privileged to see every GPU of the node; NVIDIA's
+        # GKE values for this chart do the same (https://docs.nvidia.com/datacenter/cloud-native/
+        # gpu-telemetry/latest/dcgm-exporter.html). Privileged implies privilege escalation: the chart's
+        # default `allowPrivilegeEscalation: false` beside `privileged: true` is refused by the API server.
+        values["securityContext"] = {"privileged": True, "allowPrivilegeEscalation": True}
     return values
 
 
@@ -206,7 +223,7 @@ def dcgm_service_monitor_spec() -> dict[str, Any]:
     return {
         "jobLabel": "app.kubernetes.io/name",
         "selector": {"matchLabels": {"app.kubernetes.io/name": DCGM_RELEASE}},
-        "namespaceSelector": {"matchNames": [naming.MONITORING_NAMESPACE]},
+        "namespaceSelector": {"matchNames": [AGENTS_NAMESPACE]},
         "endpoints": [{"port": "metrics", "interval": "15s", "path": "/metrics"}],
     }
 
@@ -323,6 +340,12 @@ def monitoring_network_policies(platform: ClusterPlatform, grafana_exposed: bool
     return policies
 
 
+def agents_network_policies() -> list[common.Policy]:
+    """The agents' namespace: default deny, DNS, and Prometheus scraping dcgm-exporter. node-exporter
+    uses the host's network, which NetworkPolicy does not govern."""
+    return [common.default_deny(), common.allow_dns(), common.allow_metrics_scrape([DCGM_PORT])]
+
+
 @dataclass(frozen=True, kw_only=True)
 class MonitoringArgs:
     platform: ClusterPlatform  # contract: system nodes, GPU pools, LB annotations
@@ -343,10 +366,14 @@ class Monitoring(pulumi.ComponentResource):
         s = args.settings
         ns = naming.MONITORING_NAMESPACE
         self.namespace = common.namespace(ns, p, self, depends_on=p.ready)
-        # node-exporter runs with the host's network and PID namespace: the namespace allows it.
         ns_deps = [self.namespace]
         self.network_policies = common.network_policies(
             ns, monitoring_network_policies(p, s.grafana_exposed), p, self, ns_deps)
+        agents = AGENTS_NAMESPACE
+        self.agents_namespace = common.namespace(agents, p, self, enforce="privileged", depends_on=p.ready)
+        agent_deps = [self.agents_namespace]
+        self.agents_network_policies = common.network_policies(agents, agents_network_policies(), p, self,
+                                                               agent_deps)
 
         self.release = k8s.helm.v3.Release(
             f"{name}-kube-prometheus-stack",
@@ -358,25 +385,25 @@ class Monitoring(pulumi.ComponentResource):
             values=prometheus_stack_values(
                 settings=s, storage_class=args.storage_class, system_selector=dict(p.system_node_selector),
                 internal_lb_annotations=dict(p.internal_lb_annotations), is_prod=args.is_prod),
-            opts=common.k8s_opts(p, self, [*ns_deps, *args.depends_on]))
+            opts=common.k8s_opts(p, self, [*ns_deps, *agent_deps, *args.depends_on]))
         crd_deps = [self.release]
 
         rows = read_counters_csv()
         self.counters = k8s.core.v1.ConfigMap(
             f"{name}-dcgm-counters",
-            metadata={"name": COUNTERS_CONFIGMAP, "namespace": ns},
+            metadata={"name": COUNTERS_CONFIGMAP, "namespace": agents},
             data={"dcgm-counters.csv": COUNTERS_CSV.read_text()},
-            opts=common.k8s_opts(p, self, ns_deps))
+            opts=common.k8s_opts(p, self, agent_deps))
         self.dcgm = k8s.helm.v3.Release(
             f"{name}-dcgm-exporter",
             name=DCGM_RELEASE,
             chart=DCGM_CHART,
             version=DCGM_VERSION,
             repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=DCGM_REPO),
-            namespace=ns,
+            namespace=agents,
             values=dcgm_values(list(p.gpu_pools)),
             skip_await=True,  # GPU pools may be scaled to zero
-            opts=common.k8s_opts(p, self, [*ns_deps, self.counters]))
+            opts=common.k8s_opts(p, self, [*agent_deps, self.counters]))
         labels = release_labels()
         self.dcgm_monitor = k8s.apiextensions.CustomResource(
             f"{name}-dcgm-servicemonitor",

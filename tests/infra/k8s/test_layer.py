@@ -15,7 +15,7 @@ from infra.k8s import cache, common, gpu, health, monitoring, tenancy
 from tests.infra.k8s.checks import containers_without_resources, cr_problems
 from tests.infra.k8s.harness import STACKS, build_layer, load_stack, objects, of_kind, releases
 
-CREATED_NAMESPACES = {naming.CACHE_NAMESPACE, naming.MONITORING_NAMESPACE, common.GPU_NAMESPACE,
+CREATED_NAMESPACES = {naming.CACHE_NAMESPACE, naming.MONITORING_NAMESPACE, monitoring.AGENTS_NAMESPACE, common.GPU_NAMESPACE,
                       common.KUEUE_NAMESPACE, common.JOBSET_NAMESPACE, health.NAMESPACE}
 
 
