@@ -264,6 +264,7 @@ class Cache(pulumi.ComponentResource):
             namespace=ns_name,
             values=values,
             # Masters format their journal on first start; don't block `up` on the NVMe nodes existing.
+            # PlatformWorkloadUnavailable (rules/workloads.yaml) watches the workers and masters instead.
             skip_await=True,
             opts=common.k8s_opts(p, self, [*ns_deps, self.service_account, *args.depends_on]))
 

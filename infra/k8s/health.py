@@ -465,7 +465,8 @@ class Health(pulumi.ComponentResource):
         self.npd = k8s.helm.v3.Release(
             f"{name}-node-problem-detector", name=NPD_RELEASE, chart=NPD_CHART, version=NPD_VERSION,
             namespace=NAMESPACE, values=npd_values(pools, s.xid_codes),
-            skip_await=True,  # GPU pools may be scaled to zero
+            # GPU pools may be scaled to zero; PlatformWorkloadUnavailable (rules/workloads.yaml) watches it.
+            skip_await=True,
             opts=common.k8s_opts(p, self, ns_deps))
         self.nrc = k8s.helm.v3.Release(
             f"{name}-node-readiness-controller", name=NRC_RELEASE, chart=NRC_CHART, version=NRC_VERSION,

@@ -61,6 +61,14 @@ DASHBOARD_LABEL = {"grafana_dashboard": "1"}
 # this multiple of the median rank's for 10 minutes: a quarter slower is well beyond run-to-run jitter of
 # synchronous data-parallel steps and costs every other rank that quarter of each step.
 STRAGGLER_RATIO = 1.25
+# Namespaces whose DaemonSets, Deployments and StatefulSets PlatformWorkloadUnavailable watches
+# (rules/workloads.yaml): every namespace the platform installs workloads into, team namespaces and
+# kube-system (the clouds' own add-ons) aside. "logging" is the EKS log shipper's (infra/aws/log_shipping.py),
+# "cnpg-system" the CloudNativePG operator's (infra/k8s/mlflow.py); tests/infra/k8s/test_rules.py holds this
+# list against the namespaces of every stack's plan.
+PLATFORM_NAMESPACES = (common.GPU_NAMESPACE, AGENTS_NAMESPACE, naming.MONITORING_NAMESPACE, health.NAMESPACE,
+                       naming.CACHE_NAMESPACE, common.KUEUE_NAMESPACE, common.JOBSET_NAMESPACE,
+                       naming.MLFLOW_NAMESPACE, "cnpg-system", "logging")
 _PLACEHOLDER = re.compile(r"__([A-Z_]+)__")
 
 
@@ -264,6 +272,7 @@ def rule_parameters(settings: MonitoringConfig, health_settings: HealthConfig | 
         "CHECKPOINT_MAX_AGE_MINUTES": str(settings.checkpoint_max_age_minutes),
         "TRAINER_JOB": TRAINER_JOB,
         "DCGM_JOB": DCGM_RELEASE,
+        "PLATFORM_NAMESPACES": "|".join(sorted(PLATFORM_NAMESPACES)),
     }
 
 
@@ -402,7 +411,8 @@ class Monitoring(pulumi.ComponentResource):
             repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=DCGM_REPO),
             namespace=agents,
             values=dcgm_values(list(p.gpu_pools)),
-            skip_await=True,  # GPU pools may be scaled to zero
+            # GPU pools may be scaled to zero; PlatformWorkloadUnavailable (rules/workloads.yaml) watches it.
+            skip_await=True,
             opts=common.k8s_opts(p, self, [*agent_deps, self.counters]))
         labels = release_labels()
         self.dcgm_monitor = k8s.apiextensions.CustomResource(

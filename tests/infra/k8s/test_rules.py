@@ -66,7 +66,8 @@ def test_every_alert_has_a_unit_test():
     assert alerts >= {"GpuXidError", "GpuEccDoubleBitErrors", "GpuRowRemapFailure", "GpuLowUtilization",
                       "TrainingStalled", "GpuTemperatureHigh", "DcgmExporterDown", "TrainerMetricsDown",
                       "TrainerRestarting", "CheckpointTooOld", "GpuFaultDetected", "GpuHardwareNotReady",
-                      "GpuNodeQuarantined", "GpuQuarantineStorm", "GpuPreflightFailed", "TrainingStraggler"}
+                      "GpuNodeQuarantined", "GpuQuarantineStorm", "GpuPreflightFailed", "TrainingStraggler",
+                      "PlatformWorkloadUnavailable"}
     tested_firing, tested_quiet = set(), set()
     for path in TESTS_DIR.glob("*.test.yaml"):
         for case in yaml.safe_load(path.read_text())["tests"]:
@@ -248,3 +249,41 @@ def test_the_straggler_table_names_the_slowed_ranks_node(tmp_path):
          "promql_expr_test": [{"expr": expr, "eval_time": "15m", "exp_samples": expected}]}]}))
     proc = promtool("test", "rules", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_unavailable_workloads_are_watched_in_every_namespace_the_platform_installs_into(plans):
+    """PlatformWorkloadUnavailable and the Platform dashboard cover each namespace a plan creates or installs a
+    release into, team namespaces and kube-system (the clouds' add-ons) aside."""
+    watched = set(monitoring.PLATFORM_NAMESPACES)
+    for stack, plan in plans.items():
+        created = {r["inputs"]["metadata"]["name"] for r in plan["resources"] if r["type"] == "kubernetes:core/v1:Namespace"}
+        released = {r["inputs"]["namespace"] for r in plan["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release"}
+        platform = {n for n in created | released if not n.startswith("team-") and n != "kube-system"}
+        assert platform <= watched, f"{stack}: not watched: {sorted(platform - watched)}"
+    rule = next(r for g in monitoring.load_rule_groups(MonitoringConfig()) for r in g["rules"]
+                if r.get("alert") == "PlatformWorkloadUnavailable")
+    regex = f'namespace=~"{"|".join(sorted(watched))}"'
+    assert rule["expr"].count(regex) == 4, rule["expr"]
+    board = json.loads(monitoring.load_dashboards()["platform.json"])
+    variable = next(v for v in board["templating"]["list"] if v["name"] == "namespace")
+    assert set(variable["query"].split(",")) == watched
+    assert set(variable["allValue"].split("|")) == watched
+
+
+def test_the_platform_dashboard_shows_the_workload_the_alert_names(tmp_path):
+    """The Platform dashboard's table, over the alert's unit-test series (a DaemonSet with 0 of 3 pods), lists
+    that DaemonSet with 3 unavailable pods; a recovered workload is not listed."""
+    board = json.loads(monitoring.load_dashboards()["platform.json"])
+    table = next(p for p in board["panels"] if p["type"] == "table")
+    names = "|".join(sorted(monitoring.PLATFORM_NAMESPACES))
+    expr = table["targets"][0]["expr"].replace("$namespace", names)
+    series = yaml.safe_load((TESTS_DIR / "workloads.test.yaml").read_text())["tests"][0]["input_series"]
+    doc = {"evaluation_interval": "1m", "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+        {"expr": expr, "eval_time": "5m", "exp_samples": [
+            {"labels": '{namespace="node-metrics", workload="DaemonSet/kube-prometheus-stack-prometheus-node-exporter"}',
+             "value": 3}]},
+        {"expr": expr, "eval_time": "25m", "exp_samples": []}]}]}
+    path = tmp_path / "platform-dashboard.test.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = promtool("test", "rules", str(path))
+    assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}"
