@@ -5,7 +5,8 @@ Usage:
     python -m infra.validation build/plan/aws-dev.json --verbose
 
 Prints every problem (Helm values against the chart snapshot, custom resources against their CRD
-snapshot), then what was not checked offline (unverified chart repositories, CEL rules that need
+snapshot, pods their namespace's Pod Security level or the team namespaces' admission policies refuse:
+infra/validation/admission.py), then what was not checked offline (unverified chart repositories, CEL rules that need
 Kubernetes' own CEL libraries or an old object), and exits 1 when there is any problem.
 """
 
@@ -17,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from infra.plan import read_plan_document
-from infra.validation import crd, helm
+from infra.validation import admission, crd, helm
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         stack = plan.get("stack", path.stem)
         releases = helm.check_plan(plan)
         objects = crd.check_plan(plan)
+        admitted = admission.check_plan(plan)
         found = [p for r in releases for p in r.problems] + [
-            f"{r.kind}/{r.name}: {p}" for r in objects for p in r.problems]
+            f"{r.kind}/{r.name}: {p}" for r in objects for p in r.problems] + admitted.problems
         problems += len(found)
         for p in found:
             print(f"{stack}: {p}")
@@ -44,8 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in objects:
             for note in r.stand_ins:
                 print(f"{stack}: not checked: {r.kind}/{r.name}: {note}")
+        for note in admitted.notes:
+            print(f"{stack}: note: {note}")
         skipped = Counter(u.category for r in objects for u in r.unevaluated)
-        print(f"{stack}: {len(releases)} Helm releases, {len(objects)} custom resources, {len(found)} problems; "
+        print(f"{stack}: {len(releases)} Helm releases, {len(objects)} custom resources, "
+              f"{len(admitted.workloads)} workloads, {len(found)} problems; "
               f"CEL rules not evaluated: {dict(skipped) or 0}")
         if args.verbose:
             for r in objects:

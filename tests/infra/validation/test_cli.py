@@ -17,11 +17,12 @@ MONITOR = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
            "spec": {"selector": {"matchLabels": {"a": "b"}}, "endpoints": [{"port": "metrics"}]}}
 
 
-def _plan(values: dict, monitor: dict) -> dict:
+def _plan(values: dict | None, monitor: dict) -> dict:
+    release = {"type": helm.RELEASE_TYPE, "name": "dcgm", "inputs": {
+        "name": "dcgm-exporter", "chart": "dcgm-exporter", "version": "4.8.2", "namespace": "monitoring",
+        "repositoryOpts": {"repo": "https://nvidia.github.io/dcgm-exporter/helm-charts"}, "values": values}}
     return {"stack": "demo", "resources": [
-        {"type": helm.RELEASE_TYPE, "name": "dcgm", "inputs": {
-            "name": "dcgm-exporter", "chart": "dcgm-exporter", "version": "4.8.2", "namespace": "monitoring",
-            "repositoryOpts": {"repo": "https://nvidia.github.io/dcgm-exporter/helm-charts"}, "values": values}},
+        *([release] if values is not None else []),
         {"type": "kubernetes:monitoring.coreos.com/v1:ServiceMonitor", "inputs": monitor},
     ]}
 
@@ -33,10 +34,10 @@ def _run(*paths) -> subprocess.CompletedProcess:
 
 def test_a_clean_plan_exits_0_and_a_broken_one_exits_1_naming_each_problem(tmp_path):
     good = tmp_path / "good.json"
-    good.write_text(json.dumps(_plan({"serviceMonitor": {"enabled": False}}, MONITOR)))
+    good.write_text(json.dumps(_plan(None, MONITOR)))
     ok = _run(good)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "demo: 1 Helm releases, 1 custom resources, 0 problems" in ok.stdout
+    assert "demo: 0 Helm releases, 1 custom resources, 0 workloads, 0 problems" in ok.stdout
     bad = tmp_path / "bad.json"
     broken_monitor = {**MONITOR, "spec": {**MONITOR["spec"], "endpoint": []}}
     bad.write_text(json.dumps(_plan({"serviceMonitors": {"enabled": False}}, broken_monitor)))
@@ -45,6 +46,9 @@ def test_a_clean_plan_exits_0_and_a_broken_one_exits_1_naming_each_problem(tmp_p
     assert ("demo: release dcgm-exporter (dcgm-exporter 4.8.2): values.serviceMonitors: the chart defines no such "
             "key (Helm ignores it)") in failed.stdout
     assert "demo: ServiceMonitor/monitoring/m: spec.endpoint: unknown field (the API server drops it)" in failed.stdout
+    # Values of a shape no render was recorded for: what the chart would install is unknown, which fails too.
+    assert ("demo: release monitoring/dcgm-exporter (dcgm-exporter 4.8.2): the values' shape has no recorded render"
+            in failed.stdout)
     (tmp_path / "junk.json").write_text("{")
     junk = _run(tmp_path / "junk.json")
     assert junk.returncode == 2 and junk.stderr.startswith("error: ") and "Traceback" not in junk.stderr
