@@ -79,8 +79,8 @@ bench: setup
 	$(BIN)/python -m bench
 
 # Chart and CRD snapshots the offline checks use (docs/validation.md): helm pull at every pinned version,
-# the repositories' indexes, the CRD files at their tags.
-schemas: setup
+# what each chart renders for every stack's plan, the repositories' indexes, the CRD files at their tags.
+schemas: plans
 	$(BIN)/python -m infra.validation.refresh
 
 clean:

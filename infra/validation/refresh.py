@@ -6,7 +6,9 @@ Usage (needs network and `helm` on PATH):
     python -m infra.validation.refresh --list          # print the table and exit (no network)
 
 For every chart the program installs it runs `helm pull` at the pinned version, snapshots the
-unpacked chart and its packaged dependencies with infra.validation.snapshot, records the versions
+unpacked chart and its packaged dependencies with infra.validation.snapshot, records what the chart
+renders for each release of the plans (`--plans`, default build/plan/*.json: `make schemas` plans every
+stack first) with infra.validation.chart_pods (its workloads and their pods' security needs), records the versions
 the repository lists (index.yaml of a classic repository; the registry's tag list for an OCI
 chart), and downloads each CRD file from its repository at the tag matching the pinned component.
 Pins are read from the program's own constants, so moving a version and running this keeps the
@@ -257,7 +259,13 @@ def oci_tags(repo: str, chart: str) -> list[str]:
 # ------------------------------------------------------------------------------------------ refresh
 
 
-def refresh(only: str = "", out: Path = SCHEMAS) -> list[Path]:
+def refresh(only: str = "", out: Path = SCHEMAS, plans: list[Path] | None = None) -> list[Path]:
+    from infra.validation import chart_pods
+
+    plan_docs = [json.loads(p.read_text()) for p in (plans if plans is not None else
+                                                     sorted((ROOT / "build" / "plan").glob("*.json")))]
+    if not plan_docs:
+        raise RuntimeError("no plans to record the charts' workloads from: run make plans (or pass --plans)")
     if shutil.which("helm") is None:
         raise RuntimeError("helm is not on PATH (https://helm.sh/docs/intro/install/)")
     written: list[Path] = []
@@ -277,7 +285,13 @@ def refresh(only: str = "", out: Path = SCHEMAS) -> list[Path]:
             pulled[src.name] = chart_dir
             source = {"repo": src.git, "ref": src.git_ref, "path": src.git_path, "chart": src.repo,
                       "version": src.version}
-            written += snapshot.write_chart_snapshots(chart_dir, charts_dir, source, work / f"{src.name}-deps")
+            chart_written = snapshot.write_chart_snapshots(chart_dir, charts_dir, source, work / f"{src.name}-deps")
+            pods = chart_pods.record(chart_dir, plan_docs, chart_pods.kube_versions())
+            if pods is not None:  # a chart the program installs with Helm (not the vpc-cni add-on's)
+                top = json.loads(chart_written[0].read_text())
+                top["pods"] = pods
+                snapshot.write_json(top, chart_written[0])
+            written += chart_written
             if src.oci:
                 versions = {src.name: oci_tags(src.repo, src.name)}
                 how = {"from": "registry tags", "url": oci_tags_url(src.repo, src.name)}
@@ -321,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="refresh only sources whose name contains this")
     parser.add_argument("--list", action="store_true", help="print the table of sources and exit")
     parser.add_argument("--out", type=Path, default=SCHEMAS)
+    parser.add_argument("--plans", type=Path, nargs="*", help="plan JSON files (default: build/plan/*.json)")
     args = parser.parse_args(argv)
     if args.list:
         for src in chart_sources():
@@ -330,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"crds  {crd.name} {crd.ref}  {where}: {', '.join(crd.paths)}")
         return 0
     try:
-        for path in refresh(args.only, args.out):
+        for path in refresh(args.only, args.out, args.plans):
             print(path)
     except (RuntimeError, OSError, subprocess.CalledProcessError, snapshot.SnapshotError) as exc:
         print(f"error: {exc}", file=sys.stderr)

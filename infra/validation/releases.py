@@ -11,8 +11,10 @@ Usage (the `charts` job of .github/workflows/ci.yml; needs network and helm):
 `template` writes `values/<stack>/<release>.yaml` (exactly the values the plan records) and, under
 `manifests/<stack>/`, `<release>.yaml` (what `helm template` renders from the chart repository at the
 pinned version, with the release's namespace, CRD and API-version context) and
-`custom-resources.yaml` (the plan's custom resources); then it fails listing every release that did
-not render. `schemas` turns each CRD
+`custom-resources.yaml` (the plan's custom resources); then it evaluates every pod each release renders
+against its namespace's Pod Security level and the team namespaces' admission policies (the plan-time
+check, infra/validation/admission.py, on the real render instead of the snapshot's record), and fails
+listing every release that did not render and every pod admission would refuse. `schemas` turns each CRD
 snapshot of tests/schemas/crds into the JSON schema kubeconform reads, with the same translation
 the offline check uses (infra.validation.crd.to_jsonschema: unknown fields rejected, int-or-string,
 nullable, embedded resources). The pure parts (`template_command`, `values_yaml`, `api_versions`,
@@ -31,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from infra.validation import crd, helm
+from infra.validation import admission, chart_pods, crd, helm
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON_SCHEMA_DRAFT4 = "http://json-schema.org/draft-04/schema#"
@@ -102,8 +104,25 @@ def kubeconform_schemas(snapshots: crd.Snapshots | None = None) -> dict[str, dic
     return out
 
 
+def rendered_admission_problems(plan: Mapping[str, Any], release: helm.Release, manifest: str) -> list[str]:
+    """What admission would refuse among the pods of one release as `helm template` rendered it: each
+    workload against its namespace's level (the plan's labels, else the cluster's default) and policies."""
+    version = admission.kube_version(str(plan.get("stack")))
+    known = admission.namespaces(plan, version)
+    policies = admission.Policies(admission.policy_objects(plan))
+    label = f"release {release.namespace}/{release.name} ({release.chart_name} {release.version}, rendered)"
+    problems = []
+    for w in chart_pods.workloads(manifest):
+        ns_name = w["namespace"] or release.namespace or "default"
+        ns = known.get(ns_name) or admission.Namespace(ns_name, admission.DEFAULT_LEVEL, version, {}, False)
+        workload = admission.Workload(label, w["kind"], w["name"], ns_name,
+                                      tuple((p["where"], p["pod"]) for p in w["pods"]))
+        problems += admission.judge(workload, ns, policies)
+    return problems
+
+
 def template(plans: list[Path], out: Path, helm_bin: str = "helm") -> list[str]:
-    """Render every release of every plan; returns the failures (one line each)."""
+    """Render every release of every plan and judge its pods; returns the failures (one line each)."""
     failures = []
     apis = api_versions()
     for plan_path in plans:
@@ -123,6 +142,7 @@ def template(plans: list[Path], out: Path, helm_bin: str = "helm") -> list[str]:
                 failures.append(f"{stack}: {rel.label}: helm template failed: {proc.stderr.strip()[-2000:]}")
                 continue
             (stack_dir / f"{rel.name}.yaml").write_text(proc.stdout)
+            failures += [f"{stack}: {p}" for p in rendered_admission_problems(plan, rel, proc.stdout)]
         objects = crd.custom_resources(plan)
         (stack_dir / "custom-resources.yaml").write_text(yaml.safe_dump_all(objects, sort_keys=False))
     return failures

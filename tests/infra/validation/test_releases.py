@@ -113,3 +113,30 @@ def test_the_ci_charts_job_renders_and_validates_with_pinned_checked_tools():
     assert "build/kubeconform-schemas/{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json" in runs
     # The schema layout the job names is the one `schemas` writes.
     assert "monitoring.coreos.com/servicemonitor_v1.json" in releases.kubeconform_schemas()
+
+
+def test_template_fails_on_a_rendered_pod_its_namespace_refuses(tmp_path):
+    """The CI job judges the pods helm really renders: a host-network DaemonSet in a `baseline` namespace is
+    refused, naming the release, the workload, the level and the field; in a `privileged` namespace it passes."""
+    daemonset = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "exporter", "namespace": "agents"},
+                 "spec": {"template": {"spec": {"hostNetwork": True, "containers": [
+                     {"name": "e", "ports": [{"name": "metrics", "containerPort": 9100}]}]}}}}
+    fake_helm = tmp_path / "helm"
+    fake_helm.write_text("#!/bin/sh\nprintf '%s\\n' '---' '# Source: exporter/templates/ds.yaml' '"
+                         + json.dumps(daemonset) + "'\n")
+    fake_helm.chmod(fake_helm.stat().st_mode | stat.S_IEXEC)
+
+    def run(level: str) -> list[str]:
+        plan = copy.deepcopy(PLAN)
+        plan["resources"] = plan["resources"][1:2] + [{"type": "kubernetes:core/v1:Namespace", "name": "ns", "inputs": {
+            "metadata": {"name": "agents", "labels": {"pod-security.kubernetes.io/enforce": level}}}}]
+        path = tmp_path / f"{level}.json"
+        path.write_text(json.dumps(plan))
+        return releases.template([path], tmp_path / level, str(fake_helm))
+
+    assert run("privileged") == []
+    failures = run("baseline")
+    head = ("aws-dev: release monitoring/kube-prometheus-stack (kube-prometheus-stack 88.5.3, rendered): DaemonSet "
+            "agents/exporter (spec.template): namespace agents enforces Pod Security 'baseline', which refuses")
+    assert failures == [f"{head} host namespaces [hostNamespaces]: spec.hostNetwork=true",
+                        f"{head} host ports [hostPorts]: spec.containers[e].ports[metrics].hostPort=9100"]
