@@ -12,8 +12,8 @@ invalid value fails here, before any resource exists, with the full key in the m
 
 Beyond each value's own shape, the checks here hold the settings against the outside world: regions
 that exist (AWS from botocore's endpoint data, GCP from the list below), Kubernetes minors each cloud
-offers, the trainer's own configuration schema (`trainer.config.build_config`) for the job's preset
-and overrides, the global batch at every world size the job may run at (`trainer.config.batch_layout`),
+offers, the trainer's own configuration schema (`gpu_train.spec.trainer_config.build_config`) for the job's preset
+and overrides, the global batch at every world size the job may run at (`gpu_train.spec.trainer_config.batch_layout`),
 the teams' quotas against what the job needs, and, for a stack marked `deploy: true`, the
 placeholder values that example stacks carry.
 """
@@ -946,8 +946,8 @@ def _check_trainer_settings(cfg: StackConfig, job: JobConfig, nodes: tuple[int, 
                             p: list[str], jk: str = f"{PROJECT}:job") -> None:
     """The job's preset and overrides through the trainer's own loader, and its global batch at every
     world size from MIN to MAX nodes."""
-    from trainer.config import ConfigError as TrainerConfigError
-    from trainer.config import batch_layout, build_config
+    from gpu_train.spec.trainer_config import ConfigError as TrainerConfigError
+    from gpu_train.spec.trainer_config import batch_layout, build_config
 
     try:
         tcfg = build_config(job.preset, overrides=job_trainer_overrides(job))

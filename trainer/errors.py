@@ -1,4 +1,5 @@
-"""Exit codes of the trainer and its launcher, the errors that map to them, and how a worker stops retries.
+"""The trainer's errors, the exit codes they map to (defined with the platform's vocabulary,
+gpu_train.spec.errors, because the JobSet maps them to its failure rules), and how a worker stops retries.
 
 Usage:
     from trainer.errors import BadInput, TrainingFailed, EXIT_BAD_INPUT
@@ -29,17 +30,13 @@ import os
 import signal
 from pathlib import Path
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_RESUMABLE = 75
+from gpu_train.spec.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, BadInput
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_OK", "EXIT_RESUMABLE", "BadInput", "TrainingFailed", "one_line",
+           "stop_retries"]
 
 EXIT_FILE_ENV = "TRAINER_EXIT_FILE"
 LAUNCHER_PID_ENV = "TRAINER_LAUNCHER_PID"
-
-
-class BadInput(Exception):
-    """Input that no retry can fix; the message is one line and names the setting, file, URI or checkpoint."""
 
 
 class TrainingFailed(Exception):

@@ -19,7 +19,7 @@ from gpu_train_cli import local
 from infra import config
 from tests.gpu_train_cli.conftest import only_error_lines, spec
 from trainer.__main__ import parser as trainer_parser
-from trainer.config import build_config
+from gpu_train.spec.trainer_config import build_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -30,7 +30,7 @@ from infra.k8s import training as t
 from infra.mocks import MockContext, PlanMocks
 from infra.platform import Buckets, ClusterPlatform, Fabric, GpuPool, Registry, StorageClassSpec
 from trainer.__main__ import parser as trainer_parser
-from trainer.config import build_config
+from gpu_train.spec.trainer_config import build_config
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S_VERSION = "1.33"

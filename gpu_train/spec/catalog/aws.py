@@ -1,6 +1,6 @@
 """EC2 GPU instance catalog used for validation and offline plans.
 
-Usage: `from infra.aws.catalog import instance_spec; instance_spec("p5.48xlarge").efa_interfaces`
+Usage: `from gpu_train.spec.catalog.aws import instance_spec; instance_spec("p5.48xlarge").network_cards`
 
 At deploy time the EFA interface count is read from the EC2 API (`aws.ec2.get_instance_type`,
 `maximumNetworkCards`); this table is the tested fallback used by offline plans and by config

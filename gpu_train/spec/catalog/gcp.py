@@ -1,6 +1,6 @@
 """Compute Engine GPU machine-type catalog: GPUs, fabric, extra NICs and local SSDs.
 
-Usage: `from infra.gcp.catalog import machine_spec; machine_spec("a3-megagpu-8g").fabric`
+Usage: `from gpu_train.spec.catalog.gcp import machine_spec; machine_spec("a3-megagpu-8g").fabric`
 
 Figures come from the accelerator-optimized machine family page
 (https://cloud.google.com/compute/docs/accelerator-optimized-machines) and the GPUDirect guides
@@ -65,54 +65,3 @@ def machine_spec(machine_type: str) -> MachineSpec:
     except KeyError:
         known = ", ".join(sorted(CATALOG))
         raise KeyError(f"unknown GCE GPU machine type {machine_type!r} (known: {known})") from None
-
-
-# --------------------------------------------------------------------------------------------
-# GPU fabric networks per machine type.
-# --------------------------------------------------------------------------------------------
-
-# GPU NICs run with jumbo frames. The GPUDirect-TCPX/TCPXO guide creates its gVNIC VPCs with MTU
-# 8244 (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx#create-vpcs-subnets);
-# A3 Ultra and A4 use 8896 on both their gVNIC and their RoCE VPC, the RDMA profile's default and
-# the value Google recommends for RDMA networks
-# (https://cloud.google.com/vpc/docs/rdma-network-profiles#specifications,
-# https://cloud.google.com/ai-hypercomputer/docs/create/gke-ai-hypercompute-custom).
-GPUDIRECT_MTU = 8244
-RDMA_MTU = 8896
-FABRIC_MTU = {"tcpx": GPUDIRECT_MTU, "tcpxo": GPUDIRECT_MTU, "rdma": RDMA_MTU}
-# The guides number fabric subnets 192.168.<N>.0/24; each fabric subnet is one /24 from this block.
-FABRIC_BLOCK = "192.168.0.0/16"
-
-
-@dataclass(frozen=True, kw_only=True)
-class FabricVpc:
-    """One extra VPC that GPU nodes of a fabric machine type attach to."""
-
-    suffix: str  # name part: "gvnic-1".."gvnic-8" or "rdma"
-    rdma: bool  # RoCE VPC (network profile <zone>-vpc-roce) rather than a gVNIC one
-    subnets: int  # subnets in this VPC; each subnet is one NIC on the node
-    mtu: int  # FABRIC_MTU of the machine's fabric kind
-
-
-def fabric_vpcs(machine_type: str) -> tuple[FabricVpc, ...]:
-    """The extra VPCs a machine type's GPU NICs need, in NIC order (eth1, eth2, ...).
-
-    A3 High (TCPX) has 4 and A3 Mega (TCPXO) 8 GPU NICs, each on its own gVNIC VPC with one
-    subnet. A3 Ultra and A4 have one more gVNIC NIC (eth1) plus 8 RDMA NICs, which all sit on a
-    single RoCE VPC with one subnet per NIC
-    (https://cloud.google.com/ai-hypercomputer/docs/create/gke-ai-hypercompute-custom).
-    """
-    spec = machine_spec(machine_type)
-    if spec.fabric == "none":
-        return ()
-    mtu = FABRIC_MTU[spec.fabric]
-    gvnic = tuple(FabricVpc(suffix=f"gvnic-{i + 1}", rdma=False, subnets=1, mtu=mtu)
-                  for i in range(spec.extra_gvnic_networks))
-    if spec.rdma_nics:
-        return (*gvnic, FabricVpc(suffix="rdma", rdma=True, subnets=spec.rdma_nics, mtu=mtu))
-    return gvnic
-
-
-def fabric_nic_count(machine_type: str) -> int:
-    """How many additional NICs (one per fabric subnet) a node of this machine type gets."""
-    return sum(v.subnets for v in fabric_vpcs(machine_type))

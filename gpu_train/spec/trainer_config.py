@@ -1,15 +1,16 @@
 """Trainer configuration: one tree of frozen dataclasses, named presets, YAML files and dotted overrides.
 
 Usage:
-    from trainer.config import build_config
+    from gpu_train.spec.trainer_config import build_config
     cfg = build_config("tiny", config_file=None, overrides=["train.steps=50", "model.norm=rmsnorm"])
     cfg.train.steps            # 50
     flatten(cfg)               # {"model.n_layer": 2, ...} for MLflow params
 
 Every key has one type. An override naming a key that does not exist, a value that does not parse as the
 key's type, or a value outside the key's range (a non-finite number, a port above 65535, a URI with an
-unknown scheme, ...) raises ConfigError naming the key; the command line turns that into exit code 2. The
-plan (infra/) calls build_config and batch_layout too, so these checks run before anything is deployed.
+unknown scheme, ...) raises ConfigError naming the key; the command line turns that into exit code 2. It lives
+in the platform's core (no torch) because a job spec's trainer settings are checked against it wherever a job
+is made: the plan, `gpu-train submit` and `run --local`, and the trainer itself.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from trainer.errors import BadInput
+from gpu_train.spec.errors import BadInput
 
 
 class ConfigError(BadInput, ValueError):

@@ -1,0 +1,126 @@
+"""The one launcher: torchrun's arguments and environment for a job, wherever it runs.
+
+Usage:
+    args = torchrun_args(job, nproc=8, endpoint="JOB-worker-0-0.JOB:29400", run_dir="/mnt/nvme/runs/JOB",
+                         settings=trainer_settings(job, {...}))      # the JobSet's container args
+    env = launch_env(job)                                            # rendezvous, store, data and DNS waits
+    local_command(job, nproc=2, run_dir=Path("runs/x"), settings=...)   # `gpu-train run --local`, `make train`
+
+Every path that starts a job goes through here: the stack's JobSet and `gpu-train submit` (gpu_train.jobs.jobset),
+`gpu-train run --local`, `make train` and the benchmarks. The in-image launcher (`gpu-train-launch` =
+`python -m trainer.launch`) then checks the inputs, waits for the dataset and the rendezvous host, and runs
+torchrun with this environment (a value the caller already set wins).
+
+What is spelled here and nowhere else:
+- the rendezvous: c10d on port RDZV_PORT of pod 0, elastic `--nnodes=MIN:MAX`, the join timeout;
+- the rendezvous-store switch: every round gets a fresh store instead of the agent's shared TCPStore, whose keys
+  go stale when the agents' restart counts differ after one node fails
+  (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, use_agent_store); the trainer relies on it;
+- the shutdown: torchrun forwards SIGTERM to its workers and kills them `--shutdown-timeout` seconds later
+  (default 30, torch/distributed/run.py); the workers get the pod's grace period less SHUTDOWN_MARGIN_S, in
+  which torchrun reaps them and exits before the kubelet's SIGKILL;
+- NCCL's watchdog settings (torch 2.13 names, torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp and
+  FlightRecorder.hpp): a collective that errors or times out tears the process down without a communicator
+  abort that can itself hang (TORCH_NCCL_ASYNC_ERROR_HANDLING=3, torch's own default made explicit), the flight
+  recorder keeps its ring buffer (TORCH_FR_BUFFER_SIZE) and dumps it on a timeout (TORCH_NCCL_DUMP_ON_TIMEOUT),
+  the heartbeat monitor stays on (TORCH_NCCL_ENABLE_MONITORING). The heartbeat timeout follows the trainer's
+  watchdog settings and is set by the worker itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpu_train.spec.job import JobSpec, NodeRange, override_text
+
+LAUNCHER = "gpu-train-launch"  # trainer/entrypoint.sh in the image: `python -m trainer.launch "$@"`
+RDZV_PORT = 29400
+# SIGTERM -> the trainer writes a final checkpoint and uploads it. 300 s covers a synchronous save of the 7b
+# preset's sharded state to local NVMe plus the upload of one checkpoint at object-store speeds.
+TERMINATION_GRACE_S = 300
+SHUTDOWN_MARGIN_S = 15
+STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+DATA_WAIT_ENV = "TRAINER_DATA_WAIT_S"  # seconds the launcher waits for the dataset manifest, then exits 2
+DNS_TIMEOUT_ENV = "RDZV_DNS_TIMEOUT"  # seconds it waits for the rendezvous host's DNS name
+SHUTDOWN_ENV = "TRAINER_SHUTDOWN_TIMEOUT_S"  # torchrun's shutdown timeout, for the workers' final checkpoint
+
+
+class LaunchSpecError(ValueError):
+    """A job that cannot be launched as asked; the message names the setting."""
+
+
+def nccl_env() -> dict[str, str]:
+    """The TORCH_NCCL_* settings every launch gets; see the module docstring."""
+    return {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_ENABLE_MONITORING": "1",
+    }
+
+
+def rendezvous_env(job: JobSpec) -> dict[str, str]:
+    """The store switch and the launcher's waits for this job."""
+    return {
+        STORE_SWITCH: "1",
+        DATA_WAIT_ENV: str(job.data_wait_minutes * 60),
+        # As long as torchrun's join: pod 0's DNS name appears only once the pod exists.
+        DNS_TIMEOUT_ENV: str(job.rendezvous_timeout_minutes * 60),
+    }
+
+
+def launch_env(job: JobSpec) -> dict[str, str]:
+    """Everything the launcher's environment carries for this job (NCCL's watchdog, the store, the waits)."""
+    return {**nccl_env(), **rendezvous_env(job)}
+
+
+def shutdown_timeout_s(grace_s: int = TERMINATION_GRACE_S) -> int:
+    """torchrun's --shutdown-timeout for a pod with this termination grace period."""
+    if grace_s <= SHUTDOWN_MARGIN_S:
+        raise LaunchSpecError(f"a termination grace period of {grace_s} s leaves torchrun no time to stop its "
+                              f"workers (it needs more than {SHUTDOWN_MARGIN_S} s)")
+    return grace_s - SHUTDOWN_MARGIN_S
+
+
+def trainer_args(job: JobSpec, run_dir: str | Path, settings: Mapping[str, Any]) -> list[str]:
+    """The bundled trainer's module and arguments: its preset, run directory and dotted settings."""
+    return ["-m", "trainer", "--preset", job.preset, "--run-dir", str(run_dir),
+            *(override_text(k, v) for k, v in settings.items())]
+
+
+def torchrun_args(job: JobSpec, *, nproc: int, endpoint: str, run_dir: str | Path, settings: Mapping[str, Any],
+                  nodes: NodeRange | None = None, rdzv_conf: Sequence[str] = (),
+                  shutdown_timeout: int | None = None) -> list[str]:
+    """torchrun's arguments (which the launcher takes as they are), then the trainer's.
+
+    `nodes` defaults to the job's MIN:MAX; `rdzv_conf` adds rendezvous options after the join timeout (which is at
+    least as long as Kueue gives the pods to become ready: gpu_train.spec.job.timeout_problems)."""
+    nodes = nodes or job.nodes
+    conf = ",".join([f"join_timeout={job.rendezvous_timeout_minutes * 60}", *rdzv_conf])
+    args = [
+        f"--nnodes={nodes.min}:{nodes.max}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={job.name}",
+        f"--rdzv-conf={conf}",
+        f"--max-restarts={job.max_restarts}",
+    ]
+    if shutdown_timeout is not None:
+        args.append(f"--shutdown-timeout={shutdown_timeout}")
+    return [*args, *trainer_args(job, run_dir, settings)]
+
+
+def local_command(job: JobSpec, *, nproc: int, run_dir: Path, settings: Mapping[str, Any],
+                  nodes: NodeRange = NodeRange(1, 1), rdzv_conf: Sequence[str] = (), port: int = 0,
+                  python: str = sys.executable) -> list[str]:
+    """The launcher's command line for a job on this machine: one or more local "nodes", workers on the CPU or
+    this machine's GPUs, the same shutdown rule as a pod's."""
+    if nproc < 1:
+        raise LaunchSpecError(f"--nproc {nproc} must be >= 1")
+    return [python, "-m", "trainer.launch",
+            *torchrun_args(job, nproc=nproc, endpoint=f"localhost:{port}", run_dir=run_dir, settings=settings,
+                           nodes=nodes, rdzv_conf=rdzv_conf, shutdown_timeout=shutdown_timeout_s())]

@@ -1,0 +1,264 @@
+"""The job: one model of a training job, whoever makes it (the stack's `job`, `gpu-train submit`, `run --local`).
+
+Usage:
+    job = read_job(raw, key="job")                          # a spec file's mapping -> JobSpec (types, ranges)
+    problems = job_problems(job, pools=pools, teams=teams, scheme="s3://")   # against the platform's pools/teams
+    job.nodes.min, job.nodes.max                            # "2:4" parsed once
+    trainer_settings(job, {"data.uri": ...})                # the trainer's dotted settings, in launch order
+
+A job names a team (its namespace and queue), a pool (its nodes), a trainer preset with dotted overrides
+(`train.lr: 3e-4`, checked against the trainer's own schema, gpu_train.spec.trainer_config), MIN:MAX nodes for
+torchrun's elastic rendezvous, and the settings the platform itself reads: steps and global batch tokens (the
+batch must divide at every world size the job may run at; the carbon and sweep budgets count tokens),
+checkpoint interval, restarts and waits. Those five trainer keys are set only through their job settings, never
+through `overrides`, so a job has one value for each.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError, WithJsonSchema
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
+from gpu_train.spec.naming import PROJECT
+
+# From Kueue's admission to a running trainer container on a fresh GPU node: the provisioner's decision, instance
+# launch and boot, GPU driver and fabric setup, the NVMe DaemonSet, and pulling the trainer image.
+GPU_NODE_STARTUP_S = 15 * 60
+# Kueue's waitForPodsReady.timeout (also Kueue's own default): an admitted job whose pods are not all ready by then
+# is evicted and requeued, so it must outlast a node start. The Kueue configuration (infra/k8s/tenancy.py) sets it.
+PODS_READY_TIMEOUT_S = 30 * 60
+
+# Trainer keys that have their own job setting: setting them again in `overrides` would be ambiguous.
+MANAGED_OVERRIDES = {
+    "train.steps": "steps",
+    "train.global_batch_tokens": "globalBatchTokens",
+    "checkpoint.every_steps": "checkpointEvery",
+    "checkpoint.remote_uri": "checkpointUri",
+    "data.uri": "datasetUri",
+}
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")
+Int = Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)]
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """torchrun's `--nnodes=MIN:MAX`: the job trains while at least MIN nodes are present, on up to MAX."""
+
+    min: int
+    max: int
+
+    def __str__(self) -> str:
+        return f"{self.min}:{self.max}"
+
+
+def parse_nodes(value: Any) -> NodeRange:
+    """`"2:4"` -> NodeRange(2, 4); anything else is refused with the form it must have."""
+    if isinstance(value, NodeRange):
+        return value
+    m = re.fullmatch(r"([0-9]{1,6}):([0-9]{1,6})", value) if isinstance(value, str) else None
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise PydanticCustomError("node_range", "must be MIN:MAX with 1 <= MIN <= MAX, like '2:4' (got {got})",
+                                  {"got": repr(value)})
+    return NodeRange(int(m.group(1)), int(m.group(2)))
+
+
+Nodes = Annotated[NodeRange, PlainValidator(parse_nodes), PlainSerializer(str, return_type=str),
+                  WithJsonSchema({"type": "string", "pattern": "^[0-9]+:[0-9]+$"})]
+
+
+class JobSpec(BaseModel):
+    """A training job: the stack's `job` setting and the file `gpu-train submit` reads."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True,
+                              strict=True)
+
+    name: str = Field(description="DNS label; the JobSet name")
+    team: str = Field(description="one of teams[].name: picks the namespace and LocalQueue")
+    pool: str = Field(description="one of gpuPools[].name: where the pods run")
+    preset: str = Field("gpt2-124m", description="trainer preset (python -m trainer --preset)")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="trainer dotted-key overrides")
+    nodes: Nodes = Field(NodeRange(1, 1), description="torchrun --nnodes MIN:MAX")
+    gpus_per_node: Int = Field(0, description="0 = all GPUs of the pool's instance type")
+    dataset_uri: str = Field("", description="\"\" = <datasets bucket>/<job name>/manifest.json")
+    checkpoint_uri: str = Field("", description="\"\" = <checkpoints bucket>/<team>/<job name>")
+    steps: Int = 1000
+    global_batch_tokens: Int = 524288
+    checkpoint_every: Int = 200
+    suspend: bool = Field(False, description="pause (true: quota released, pods gone) and resume (false) through "
+                                             "`pulumi up`")
+    max_restarts: Int = Field(3, description="torchrun --max-restarts and the JobSet's failurePolicy.maxRestarts")
+    data_wait_minutes: Int = Field(10, description="how long the pods wait for the dataset manifest before "
+                                                   "failing the job")
+    rendezvous_timeout_minutes: Int = Field(35, description="torchrun join timeout; at least Kueue's pods-ready "
+                                                            "timeout (30)")
+
+
+def read_job(raw: Any, key: str = f"{PROJECT}:job") -> JobSpec:
+    """A job spec from a mapping (a spec file, or the stack's `job`), types and ranges checked, keys named."""
+    import json
+
+    try:
+        return JobSpec.model_validate_json(json.dumps(raw))
+    except ValidationError as exc:
+        raise SettingsError(validation_problems(exc, prefix=key, root=JobSpec, raw=raw),
+                            title="invalid job settings") from None
+
+
+class PoolFacts(Protocol):
+    """What the job checks need of a GPU pool (a contract GpuPool has these)."""
+
+    name: str
+    instance_type: str
+    gpus_per_node: int
+    max_nodes: int
+
+
+class TeamFacts(Protocol):
+    """What the job checks need of a team: its nominal GPUs per pool."""
+
+    name: str
+    gpu_quota: Mapping[str, int]
+
+
+def gpus_per_node(job: JobSpec, pool: PoolFacts | None) -> int:
+    """GPUs each of the job's pods uses: the setting, or all of its pool's (0 when the pool is unknown)."""
+    return job.gpus_per_node or (pool.gpus_per_node if pool is not None else 0)
+
+
+def override_text(key: str, value: Any) -> str:
+    """One `section.key=value` argument of the trainer's command line."""
+    if isinstance(value, bool):
+        return f"{key}={'true' if value else 'false'}"
+    return f"{key}={value}"
+
+
+def trainer_settings(job: JobSpec, platform: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The trainer's dotted settings for this job, in launch order: the job's own settings, then what the platform
+    sets (paths and endpoints that depend on where it runs), then the job's overrides."""
+    return {
+        "train.steps": job.steps,
+        "train.global_batch_tokens": job.global_batch_tokens,
+        "checkpoint.every_steps": job.checkpoint_every,
+        **(platform or {}),
+        **job.overrides,
+    }
+
+
+def timeout_problems(*, rendezvous_s: int, key: str, node_startup_s: int = GPU_NODE_STARTUP_S,
+                     pods_ready_s: int = PODS_READY_TIMEOUT_S) -> list[str]:
+    """The three waits must nest: a node starts within Kueue's pods-ready timeout, and the first torchrun agents
+    wait for their peers at least as long as Kueue gives the pods to come up (else they give up, and fail the pod,
+    while Kueue still considers the start on time)."""
+    problems = []
+    if pods_ready_s < node_startup_s:
+        problems.append(f"Kueue's waitForPodsReady timeout ({pods_ready_s} s) is shorter than a GPU node's "
+                        f"start ({node_startup_s} s): every cold start would be evicted")
+    if rendezvous_s < pods_ready_s:
+        problems.append(f"{key} is {rendezvous_s // 60} minutes, shorter than Kueue's waitForPodsReady timeout "
+                        f"({pods_ready_s // 60} minutes): the first pods would stop waiting for their peers "
+                        "while Kueue still lets the others start")
+    return problems
+
+
+def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[TeamFacts], scheme: str,
+                 key: str = f"{PROJECT}:job") -> list[str]:
+    """Everything wrong with a job on a platform with these pools and teams, each problem naming its setting."""
+    p: list[str] = []
+    if not DNS_LABEL.match(job.name):
+        p.append(f"{key}.name {job.name!r} must be a lowercase DNS label of at most 32 characters")
+    team = next((t for t in teams if t.name == job.team), None)
+    if team is None:
+        p.append(f"{key}.team {job.team!r} is not one of teams[].name ({', '.join(t.name for t in teams)})")
+    pool = next((x for x in pools if x.name == job.pool), None)
+    if pool is None:
+        p.append(f"{key}.pool {job.pool!r} is not one of gpuPools[].name ({', '.join(x.name for x in pools)})")
+    elif job.nodes.max > pool.max_nodes:
+        p.append(f"{key}.nodes MAX {job.nodes.max} is more than pool {pool.name!r} maxNodes {pool.max_nodes}")
+    if job.gpus_per_node < 0:
+        p.append(f"{key}.gpusPerNode must be >= 0 (got {job.gpus_per_node})")
+    elif pool is not None and pool.gpus_per_node and job.gpus_per_node > pool.gpus_per_node:
+        p.append(f"{key}.gpusPerNode {job.gpus_per_node} is more than {pool.instance_type} has ({pool.gpus_per_node})")
+    for name, camel in (("steps", "steps"), ("global_batch_tokens", "globalBatchTokens"),
+                        ("checkpoint_every", "checkpointEvery")):
+        if getattr(job, name) < 1:
+            p.append(f"{key}.{camel} must be >= 1 (got {getattr(job, name)})")
+    if job.max_restarts < 0:
+        p.append(f"{key}.maxRestarts must be >= 0 (got {job.max_restarts})")
+    if job.data_wait_minutes < 0:
+        p.append(f"{key}.dataWaitMinutes must be >= 0 (got {job.data_wait_minutes})")
+    p.extend(timeout_problems(rendezvous_s=job.rendezvous_timeout_minutes * 60, key=f"{key}.rendezvousTimeoutMinutes"))
+    for name, camel in (("dataset_uri", "datasetUri"), ("checkpoint_uri", "checkpointUri")):
+        uri = getattr(job, name)
+        if uri and not re.fullmatch(re.escape(scheme) + r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?", uri):
+            p.append(f"{key}.{camel} must be {scheme}<bucket>/<path> (got {uri!r})")
+    shape_ok = _override_shape_problems(job, key, p)
+    gpus = gpus_per_node(job, pool)
+    if shape_ok and job.steps >= 1 and job.global_batch_tokens >= 1 and job.checkpoint_every >= 1:
+        p.extend(trainer_problems(job, gpus=gpus, key=key))
+    if team is not None and pool is not None:
+        nominal = int(team.gpu_quota.get(pool.name, 0))
+        need = job.nodes.min * gpus
+        if nominal < need:
+            index = list(teams).index(team)
+            p.append(f"{PROJECT}:teams[{index}].gpuQuota gives team {team.name!r} {nominal} GPUs of nominal quota "
+                     f"on pool {pool.name!r}, below the {need} that {key}.nodes MIN {job.nodes.min} x {gpus} GPUs need")
+    return p
+
+
+def _override_shape_problems(job: JobSpec, key: str, p: list[str]) -> bool:
+    ok = True
+    for name, value in job.overrides.items():
+        if not re.fullmatch(r"[a-z_]+\.[a-z_0-9]+", name):
+            p.append(f"{key}.overrides.{name} must be a dotted trainer key like 'train.lr'")
+            ok = False
+        elif name in MANAGED_OVERRIDES:
+            p.append(f"{key}.overrides.{name} is set by {key}.{MANAGED_OVERRIDES[name]}; set that instead")
+            ok = False
+        if isinstance(value, dict | list) or value is None:
+            p.append(f"{key}.overrides.{name} must be a number, string or true/false (got {value!r})")
+            ok = False
+        elif isinstance(value, float) and not math.isfinite(value):
+            p.append(f"{key}.overrides.{name} must be a finite number (got {value!r})")
+            ok = False
+    return ok
+
+
+def trainer_problems(job: JobSpec, *, gpus: int, key: str = f"{PROJECT}:job") -> list[str]:
+    """The job's preset and trainer settings through the trainer's own schema, and its global batch at every world
+    size from MIN to MAX nodes of `gpus` GPUs (skipped when the GPUs per node are not known)."""
+    from gpu_train.spec.trainer_config import ConfigError, batch_layout, build_config
+
+    try:
+        tcfg = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()])
+    except ConfigError as exc:
+        text = str(exc)
+        if text.startswith("--preset"):
+            return [f"{key}.preset {job.preset!r}: {text.split(':', 1)[1].strip()}"]
+        name = text.split(":", 1)[0].split(" ", 1)[0]
+        setting = next((f"{key}.{v}" for k, v in MANAGED_OVERRIDES.items() if k == name), None)
+        where = setting or (f"{key}.overrides.{name}" if name in job.overrides else f"{key}.preset {job.preset!r}")
+        return [f"{where}: the trainer refuses it: {text}"]
+    if gpus < 1:
+        return []
+    lo, hi = job.nodes.min, job.nodes.max
+    for n in range(lo, hi + 1):
+        try:
+            batch_layout(tcfg, n * gpus)
+        except ConfigError as exc:
+            per_step = tcfg.train.micro_batch_size * tcfg.model.context
+            sizes = [m * gpus for m in range(lo, hi + 1)]
+            lcm = math.lcm(*sizes) * per_step
+            hint = (f"A multiple of {lcm} tokens works at every world size from {sizes[0]} to {sizes[-1]}"
+                    if lcm <= 1 << 32 else f"No global batch of practical size divides every world size from "
+                    f"{sizes[0]} to {sizes[-1]}; narrow {key}.nodes")
+            return [f"{key}.globalBatchTokens {job.global_batch_tokens} does not divide at world size "
+                    f"{n * gpus} ({n} nodes x {gpus} GPUs, within {key}.nodes {job.nodes}): {exc}. {hint}"]
+    return []

@@ -1,0 +1,143 @@
+"""Names, tags and labels: the one place they are made, for the Pulumi program, the job renderer and the CLI.
+
+Usage:
+    resource_name("aws-dev", "vpc")          # "gpu-train-aws-dev-vpc"
+    common_tags("aws-dev", "dev", extra)      # tags for every taggable resource (AWS tags, GCP labels)
+    team_namespace("research")                # "team-research"
+    local_queue_name("research")              # "research-queue" (the team's LocalQueue)
+    workdir_path("/mnt/k8s-disks/0", "team-research")   # the namespace's directory on a node's NVMe
+
+Kubernetes names that several layers share (namespaces, service accounts, queues, the monitoring release) live
+here too, so the cloud layer binds workload identities to exactly the service accounts the Kubernetes layer
+creates, and a team member's `gpu-train` names the same queue the stack created.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+
+PROJECT = "gpu-train"
+
+# Labels every GPU node carries (set by the cloud layer, read by the Kubernetes layer and the job).
+POOL_LABEL = "gpu-train.io/pool"
+CAPACITY_LABEL = "gpu-train.io/capacity"
+FABRIC_LABEL = "gpu-train.io/fabric"
+GPU_TYPE_LABEL = "gpu-train.io/gpu-type"
+GPU_NODE_LABEL = "gpu-train.io/gpu-node"  # "true" on every node of every GPU pool, on no other node
+SYSTEM_LABEL = "gpu-train.io/system"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Tags every resource must carry; policies/ checks them.
+REQUIRED_TAGS = ("project", "stack", "environment", "managed-by")
+
+# Kubernetes names shared between layers.
+CACHE_NAMESPACE = "alluxio"
+CACHE_SERVICE_ACCOUNT = "alluxio"
+CACHE_PROXY_SERVICE = "alluxio-proxy"
+CACHE_PROXY_PORT = 39999
+MONITORING_NAMESPACE = "monitoring"
+MONITORING_RELEASE = "kube-prometheus-stack"
+MLFLOW_NAMESPACE = "mlflow"
+MLFLOW_SERVICE_ACCOUNT = "mlflow"
+MLFLOW_PORT = 5000
+TRAINER_SERVICE_ACCOUNT = "trainer"
+KARPENTER_NAMESPACE = "kube-system"
+KARPENTER_SERVICE_ACCOUNT = "karpenter"
+EBS_CSI_NAMESPACE = "kube-system"
+EBS_CSI_SERVICE_ACCOUNT = "ebs-csi-controller-sa"
+TEAM_LABEL = "gpu-train.io/team"
+METRICS_PORT = 9400  # trainer Prometheus port (TRAINER_METRICS_PORT); local rank r uses METRICS_PORT + r
+# The trainer image's numeric user and group (trainer/Dockerfile): training pods run as it, and the NVMe
+# DaemonSet hands each team's node directory to it.
+TRAINER_UID = 10001
+
+# Kueue: one cohort for every team's ClusterQueue; team namespaces carry the label Kueue manages jobs by.
+COHORT = "gpu-train"
+KUEUE_MANAGED_LABEL = "gpu-train.io/kueue-managed"
+# The platform contract every team member's `gpu-train` reads: one ConfigMap per team namespace.
+PLATFORM_CONFIGMAP = "gpu-train-platform"
+PLATFORM_CONFIGMAP_KEY = "platform.json"
+# Directory under a GPU node's NVMe root that holds one directory per team namespace.
+WORKDIR_ROOT = "gpu-train"
+
+
+def prefix(stack: str) -> str:
+    """Common name prefix for the stack: gpu-train-<stack>."""
+    return f"{PROJECT}-{stack}"
+
+
+def resource_name(stack: str, *parts: str, max_len: int = 63) -> str:
+    """A lowercase, dash-separated physical name, shortened with a stable suffix when too long."""
+    name = re.sub(r"[^a-z0-9-]+", "-", "-".join((prefix(stack), *parts)).lower()).strip("-")
+    if len(name) <= max_len:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:6]
+    return f"{name[: max_len - 7].rstrip('-')}-{digest}"
+
+
+def common_tags(stack: str, environment: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Tags (AWS) or labels (GCP) for every taggable resource; GCP-safe by construction."""
+    tags = {"project": PROJECT, "stack": stack, "environment": environment, "managed-by": "pulumi"}
+    tags.update(extra or {})
+    return tags
+
+
+def team_namespace(team: str) -> str:
+    return f"team-{team}"
+
+
+def local_queue_name(team: str) -> str:
+    """The team's LocalQueue. A stack job's own queue is `<job>-job`: no name can be both."""
+    return f"{team}-queue"
+
+
+def cluster_queue_name(team: str) -> str:
+    return team_namespace(team)
+
+
+def job_queue_name(job: str) -> str:
+    """The stack job's own LocalQueue, whose stopPolicy pauses it."""
+    return f"{job}-job"
+
+
+def namespace_labels(team: str) -> dict[str, str]:
+    """Labels of a team's namespace: its ClusterQueue selects it by the team label, and Kueue manages every job
+    in it (managedJobsNamespaceSelector)."""
+    return {TEAM_LABEL: team, KUEUE_MANAGED_LABEL: "true"}
+
+
+def pool_node_labels(pool_name: str, capacity: str, fabric: str, gpu_type: str) -> dict[str, str]:
+    """Labels on every node of a GPU pool; the job's node selector uses POOL_LABEL."""
+    return {
+        GPU_NODE_LABEL: "true",
+        POOL_LABEL: pool_name,
+        CAPACITY_LABEL: capacity,
+        FABRIC_LABEL: fabric,
+        GPU_TYPE_LABEL: gpu_type.lower(),
+    }
+
+
+def workdir_path(host_path: str, namespace: str) -> str:
+    """The host directory a team namespace's training pods mount: <nvme>/gpu-train/<namespace>."""
+    if not host_path.startswith("/") or host_path.rstrip("/") == "":
+        raise ValueError(f"platform.nvme_host_path must be an absolute directory, not {host_path!r}")
+    return f"{host_path.rstrip('/')}/{WORKDIR_ROOT}/{namespace}"
+
+
+def proxy_dataset_uri(dataset_uri: str, datasets_bucket: str) -> str | None:
+    """The dataset's URI as the trainer must name it when reading through the Alluxio S3 proxy.
+
+    The datasets bucket is Alluxio's root mount, and Alluxio's S3 API serves each top-level directory of its
+    namespace as a bucket (https://docs.alluxio.io/os/user/2.9.5/en/api/S3-API.html). So `<bucket>/<dir>/<key>`
+    is `s3://<dir>/<key>` at the proxy, for both clouds. Returns None when the dataset is not under the datasets
+    bucket or sits at its top level: the trainer then reads the object store directly."""
+    bucket = datasets_bucket.rstrip("/") + "/"
+    if not dataset_uri.startswith(bucket):
+        return None
+    rest = dataset_uri[len(bucket):].lstrip("/")
+    if "/" not in rest:
+        return None
+    return f"s3://{rest}"

@@ -1,0 +1,121 @@
+"""Kueue's objects for the teams' queues: one ResourceFlavor per GPU pool, one ClusterQueue per team in one cohort,
+a LocalQueue per team namespace, the namespaces' LimitRange; and each team as a job sees it.
+
+Usage:
+    flavors = [resource_flavor(p) for p in pools]        # pools: gpu_train.spec.contract.GpuPool
+    queues = cluster_queues(teams, pools)                 # teams: gpu_train.spec.settings.TeamSettings
+    team_entries(teams, pools, nvme_host_path)            # contract Teams: namespace, queues, quota, workdir
+
+The stack creates these objects (infra/k8s/tenancy.py) and publishes them in the platform contract; a job is
+checked against exactly them (gpu_train.jobs.check), whether the stack plans it or a team member submits it.
+Field names follow apis/kueue/v1beta2 at tag v0.19.2 of github.com/kubernetes-sigs/kueue: a ClusterQueue names
+its cohort in `cohortName`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpu_train.spec import naming
+from gpu_train.spec.contract import GpuPool, Team
+from gpu_train.spec.settings import TeamSettings, pool_quotas
+
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+# CPU and memory quota that comes with each GPU of quota: above the largest per-GPU share of any supported machine
+# (a4-highgpu-8g: 28 vCPU and 496 GiB per GPU), so GPU quota, not CPU or memory, is what limits a team.
+CPU_PER_GPU = 32
+MEMORY_GIB_PER_GPU = 512
+# Fabric devices requested next to GPUs come with the node, so Kueue does not count them: AWS's EFA devices
+# (vpc.amazonaws.com/efa) and the per-network resources GKE's multi-networking adds to pods (networking.gke.io...).
+EXCLUDED_RESOURCE_PREFIXES = ("vpc.amazonaws.com/", "networking.gke.io")
+
+
+def pool_capacity(pool: GpuPool) -> int:
+    return pool.max_nodes * pool.gpus_per_node
+
+
+def team_pool_quotas(team: TeamSettings, pools: Sequence[GpuPool]) -> dict[str, int]:
+    """The team's nominal GPUs on every pool, from its `gpuQuota` setting."""
+    return pool_quotas(team.gpu_quota, {p.name: pool_capacity(p) for p in pools})
+
+
+def resource_flavor(pool: GpuPool) -> dict[str, Any]:
+    """ResourceFlavor for a pool: its node labels (pool + capacity type) and taints' tolerations."""
+    labels = {**pool.node_selector, naming.POOL_LABEL: pool.name, naming.CAPACITY_LABEL: pool.capacity}
+    return {
+        "apiVersion": KUEUE_API, "kind": "ResourceFlavor",
+        "metadata": {"name": pool.name, "labels": {naming.CAPACITY_LABEL: pool.capacity}},
+        "spec": {"nodeLabels": labels, "tolerations": [dict(t) for t in pool.tolerations]},
+    }
+
+
+def cluster_queues(teams: Sequence[TeamSettings], pools: Sequence[GpuPool]) -> list[dict[str, Any]]:
+    """One ClusterQueue per team in one cohort. Per pool flavor: the team's nominal GPUs on that pool;
+    it may lend all of them while idle and borrow what the other teams have there (reclaimed by
+    preemption). CPU and memory quota come with each GPU."""
+    if not pools:
+        raise ValueError("cluster queues need at least one GPU pool")
+    shares = {t.name: team_pool_quotas(t, pools) for t in teams}
+    queues = []
+    for team in teams:
+        flavors = []
+        for pool in pools:
+            gpus = shares[team.name][pool.name]
+            others = sum(shares[o.name][pool.name] for o in teams if o.name != team.name)
+
+            def quota(name: str, nominal: int | str, borrow: int | str, lend: int | str) -> dict[str, Any]:
+                return {"name": name, "nominalQuota": nominal, "borrowingLimit": borrow, "lendingLimit": lend}
+
+            flavors.append({"name": pool.name, "resources": [
+                quota("cpu", gpus * CPU_PER_GPU, others * CPU_PER_GPU, gpus * CPU_PER_GPU),
+                quota("memory", f"{gpus * MEMORY_GIB_PER_GPU}Gi", f"{others * MEMORY_GIB_PER_GPU}Gi",
+                      f"{gpus * MEMORY_GIB_PER_GPU}Gi"),
+                quota(naming.GPU_RESOURCE, gpus, others, gpus),
+            ]})
+        queues.append({
+            "apiVersion": KUEUE_API, "kind": "ClusterQueue",
+            "metadata": {"name": naming.cluster_queue_name(team.name), "labels": {naming.TEAM_LABEL: team.name}},
+            "spec": {
+                "cohortName": naming.COHORT,
+                "namespaceSelector": {"matchLabels": {naming.TEAM_LABEL: team.name}},
+                "queueingStrategy": "BestEffortFIFO",
+                "resourceGroups": [{"coveredResources": ["cpu", "memory", naming.GPU_RESOURCE], "flavors": flavors}],
+                "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority",
+                               "borrowWithinCohort": {"policy": "Never"}},
+            },
+        })
+    return queues
+
+
+def local_queue(team: str) -> dict[str, Any]:
+    return {
+        "apiVersion": KUEUE_API, "kind": "LocalQueue",
+        "metadata": {"name": naming.local_queue_name(team), "namespace": naming.team_namespace(team)},
+        "spec": {"clusterQueue": naming.cluster_queue_name(team)},
+    }
+
+
+def limit_range() -> dict[str, Any]:
+    """Defaults for containers that name no resources (the trainer sets its own). No default CPU limit:
+    the LimitRanger would give it to the trainer, which sets no CPU limit on purpose, and its CPU
+    request above that default would make the API server refuse the pods."""
+    return {"limits": [{
+        "type": "Container",
+        "default": {"memory": "4Gi"},
+        "defaultRequest": {"cpu": "500m", "memory": "1Gi"},
+    }]}
+
+
+def team_entries(teams: Sequence[TeamSettings], pools: Sequence[GpuPool], nvme_host_path: str) -> list[Team]:
+    """Each team as its jobs see it: namespace, queues, nominal quota per pool, service account, NVMe workdir."""
+    out = []
+    for team in teams:
+        ns = naming.team_namespace(team.name)
+        out.append(Team(
+            name=team.name, namespace=ns, namespace_labels=naming.namespace_labels(team.name),
+            local_queue=naming.local_queue_name(team.name), cluster_queue=naming.cluster_queue_name(team.name),
+            gpu_quota=team_pool_quotas(team, pools), service_account=naming.TRAINER_SERVICE_ACCOUNT,
+            nvme_workdir=naming.workdir_path(nvme_host_path, ns), submitters=list(team.submitters),
+            viewers=list(team.viewers)))
+    return out

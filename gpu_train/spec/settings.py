@@ -1,0 +1,280 @@
+"""Stack settings: the typed model of `stacks/Pulumi.<stack>.yaml`, read once into frozen pydantic models.
+
+Usage:
+    settings = parse(raw, stack="aws-dev")   # raw: {"gpu-train:<key>": value}; raises SettingsError
+    settings.gpu_pools[0].max_nodes           # snake_case here, camelCase in the YAML
+    StackSettings.model_json_schema(by_alias=True)   # JSON Schema of the `gpu-train:` block (docs/configuration.md)
+
+Every setting lives under the `gpu-train:` namespace. Keys are camelCase in YAML and snake_case here. An unknown
+key is an error naming it (with "did you mean"), and a value of the wrong type or out of range fails with its
+full key, for example `gpu-train:gpuPools[0].maxNodes must be >= minNodes (got 2 < 4)`. Values are read
+strictly: a boolean is true or false, a whole number is not a string, a list is a list.
+
+Two rounds: first every value's type and range (all problems in the file at once), then, on a file whose values
+all have their type, the checks across settings (`gpu_train.spec.settings_checks`: disjoint networks, pools
+against the GPU catalog, quotas, the job against its pool and team). Checks that only make sense on one cloud
+(regions, zone names, IAM principals, GKE groups, address plans) belong to that cloud's layer
+(infra/aws/settings_checks.py, infra/gcp/settings_checks.py) and run before it creates anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
+from gpu_train.spec.job import JobSpec
+from gpu_train.spec.naming import PROJECT
+
+Cloud = Literal["aws", "gcp"]
+Environment = Literal["dev", "staging", "prod"]
+Capacity = Literal["spot", "on-demand", "reservation", "capacity-block"]
+# A whole number that fits the int32 fields of Kubernetes objects.
+Int = Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)]
+
+# XIDs the NVIDIA driver raises for faults of an application, not of the GPU: the device plugin ignores them for
+# its own health checks (internal/rm/health.go of NVIDIA/k8s-device-plugin v0.20.0), and a node must not be
+# quarantined because a user's kernel faulted.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
+class Settings(BaseModel):
+    """Base of every settings model: frozen, camelCase keys, unknown keys refused, strict types."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True,
+                              strict=True)
+
+
+class NetworkSettings(Settings):
+    vpc_cidr: str = Field("10.0.0.0/16", description="node network (AWS VPC / GCP primary subnet range)")
+    pod_cidr: str = Field("100.64.0.0/16", description="pods: AWS secondary VPC CIDR (custom networking) / GCP "
+                                                       "secondary range")
+    service_cidr: str = Field("172.20.0.0/16", description="Kubernetes services")
+    nat: Literal["single", "per-zone"] = Field("per-zone", description="NAT gateways: one in dev saves money, "
+                                                                       "one per zone in prod")
+    flow_logs: bool = Field(True, description="VPC flow logs (AWS: KMS-encrypted log group; GCP: subnet flow "
+                                              "logs)")
+
+
+class ClusterSettings(Settings):
+    kubernetes_version: str = Field("1.33", description="control-plane minor version")
+    endpoint_public_access: bool = Field(False, description="public API endpoint; when on, limited to "
+                                                            "publicAccessCidrs")
+    public_access_cidrs: tuple[str, ...] = Field((), description="CIDRs allowed to reach a public endpoint")
+    system_node_type: str = Field("", description="small on-demand pool for controllers (\"\" = cloud default)")
+    system_nodes_min: Int = 2
+    system_nodes_max: Int = 4
+    release_channel: Literal["RAPID", "REGULAR", "STABLE"] = Field("REGULAR", description="GKE only")
+    regional: bool = Field(True, description="GKE only: regional control plane (else zonal, in zones[0])")
+    master_cidr: str = Field("172.16.0.0/28", description="GKE only: private control-plane range")
+
+
+class GpuPoolSettings(Settings):
+    name: str = Field(description="DNS label, unique per stack; becomes the node label gpu-train.io/pool")
+    instance_type: str = Field(description="EC2 instance type or GCE machine type (gpu_train/spec/catalog)")
+    capacity: Capacity = Field(description="spot | on-demand | reservation | capacity-block (AWS only)")
+    min_nodes: Int = 0
+    max_nodes: Int
+    fabric: bool = Field(False, description="EFA (AWS) or GPUDirect TCPX/TCPXO/RDMA (GCP), with compact "
+                                            "placement")
+    zone: str = Field("", description="required for fabric pools: compact placement lives in exactly one zone")
+    reservation_id: str = Field("", description="required for reservation / capacity-block capacity")
+    placement_group: bool = Field(True, description="AWS: cluster placement group for fabric pools")
+    gpu_driver_version: Literal["DEFAULT", "LATEST"] = Field("LATEST", description="GKE pinned driver channel")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra node labels")
+
+
+class CacheSettings(Settings):
+    enabled: bool = Field(True, description="Alluxio on the GPU nodes' NVMe in front of the datasets bucket")
+    page_store_gb: Int = Field(500, description="per-worker page store quota on the NVMe path")
+    masters: Int = Field(1, description="1 in dev, 3 (embedded journal quorum) in prod")
+    journal_gb: Int = Field(20, description="per-master persistent journal (encrypted volume)")
+
+
+class MonitoringSettings(Settings):
+    retention: str = Field("15d", description="Prometheus TSDB retention")
+    storage_gb: Int = Field(50, description="Prometheus volume (encrypted StorageClass)")
+    grafana_storage_gb: Int = 10
+    grafana_exposed: bool = Field(False, description="internal load balancer for Grafana; otherwise "
+                                                     "port-forward only")
+    checkpoint_max_age_minutes: Int = Field(90, description="alert when the newest checkpoint is older than this")
+    low_utilization_percent: Int = Field(20, description="alert when mean GPU utilization stays below this for "
+                                                         "30 min")
+
+
+class HealthSettings(Settings):
+    enabled: bool = Field(True, description="GPU node health: problem detection, pre-flight check and quarantine "
+                                            "(docs/operations.md)")
+    remediation: bool = Field(True, description="quarantine a faulty GPU node (its pods leave with their grace "
+                                                "period); false: report only")
+    preflight: bool = Field(True, description="a new GPU node takes no training pod until its GPU and fabric "
+                                              "pre-flight check passes")
+    node_repair: bool = Field(True, description="the clouds' node repair: Karpenter node repair, EKS node group "
+                                                "repair, GKE auto-repair")
+    xid_codes: tuple[Int, ...] = Field((48, 63, 64, 74, 79, 94, 95),
+                                       description="NVIDIA XID errors that quarantine a GPU node")
+    max_concurrent_repairs: Int = Field(1, description="nodes the clouds may repair or replace at once per pool; "
+                                                       "more GPU nodes quarantined at once raises an alert")
+    dcgm_diag_level: Int = Field(1, description="DCGM diagnostics level of the pre-flight check (1: seconds, 2: "
+                                                "a few minutes)")
+
+
+class TeamMemberSettings(Settings):
+    principal: str = Field(description="AWS: the ARN of an IAM role or user (arn:aws:iam::<account>:role/<name>) "
+                                       "that gets an EKS access entry carrying the team's groups; on GCP people "
+                                       "join the Google groups instead")
+    role: Literal["submitter", "viewer"] = Field("submitter", description="which of the team's group lists the "
+                                                                          "entry carries")
+
+
+class TeamSettings(Settings):
+    name: str = Field(description="DNS label; namespace team-<name>")
+    gpu_quota: Int | dict[str, Int] = Field(description="nominal GPUs in the team's ClusterQueue per pool, "
+                                                        "{pool: GPUs} (pools left out: 0), or one number for "
+                                                        "every pool (capped at each pool's maxNodes x GPUs)")
+    submitters: tuple[str, ...] = Field((), description="Kubernetes groups allowed to submit jobs (GKE: Google "
+                                                        "group e-mail addresses); the team's RoleBindings name "
+                                                        "exactly these")
+    viewers: tuple[str, ...] = Field((), description="groups allowed to read jobs, their status and logs")
+    members: tuple[TeamMemberSettings, ...] = Field((), description="AWS: IAM principals mapped to the groups by "
+                                                                    "EKS access entries")
+
+
+class LogsSettings(Settings):
+    retention_days: Int | None = Field(None, description="AWS: days the team namespaces' container logs stay in "
+                                                         "CloudWatch Logs (unset: 30); GKE keeps them in Cloud "
+                                                         "Logging, whose retention is the project's _Default "
+                                                         "bucket setting")
+
+
+class ImageSettings(Settings):
+    prebuilt: str = Field("", description="digest-pinned image (repo@sha256:...) to use instead of building one")
+
+
+class MlflowSettings(Settings):
+    enabled: bool = True
+    database: Literal["in-cluster", "managed"] = Field("in-cluster", description="PostgreSQL in the cluster or "
+                                                                                 "the cloud's managed one")
+    storage_gb: Int = 20
+    register_name: str = Field("", description="model registry name for the job's final model (\"\" = job name)")
+
+
+class DeployRunnerSettings(Settings):
+    kind: Literal["none", "codebuild"] = Field("none", description="codebuild: a GitHub Actions runner in the VPC "
+                                                                   "(AWS only)")
+    repository: str = Field("", description="GitHub <owner>/<name> whose workflow jobs run on it")
+    connection_arn: str = Field("", description="AWS CodeConnections connection to GitHub "
+                                                "(arn:aws:codeconnections:...)")
+
+
+class LimitsSettings(Settings):
+    max_gpus: Int = Field(64, description="cap on the sum of maxNodes x GPUs over all pools (also a policy)")
+
+
+class StackSettings(Settings):
+    """Everything under `gpu-train:` in one stack file."""
+
+    cloud: Cloud = Field(description="which cloud layer builds the platform")
+    environment: Environment = Field(description="prod turns on HA defaults; dev/staging require scale-to-zero "
+                                                 "GPU pools")
+    region: str = Field(description="AWS region or GCP region")
+    zones: tuple[str, ...] = Field(description="zones the network spans (3 recommended)")
+    stack: str = Field("", exclude=True, description="the Pulumi stack name (not a setting; filled in by the "
+                                                     "loader)")
+    deploy: bool = Field(False, description="deployed by the workflows: placeholder values (example CIDRs, "
+                                            "domains, ids) are refused")
+    project: str = Field("", description="GCP project id (GCP only)")
+    tags: dict[str, str] = Field(default_factory=dict, description="extra tags / labels on every resource")
+    network: NetworkSettings = Field(default_factory=NetworkSettings, description="address plan and NAT")
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings, description="control plane and system "
+                                                                                  "nodes")
+    gpu_pools: tuple[GpuPoolSettings, ...] = Field((), description="at least one GPU node pool")
+    cache: CacheSettings = Field(default_factory=CacheSettings, description="Alluxio NVMe cache")
+    monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings, description="Prometheus, "
+                                                                                           "Grafana, alerts")
+    health: HealthSettings = Field(default_factory=HealthSettings, description="GPU node health, pre-flight, "
+                                                                               "quarantine and repair")
+    teams: tuple[TeamSettings, ...] = Field((), description="tenants: namespace, queue and GPU quota each")
+    job: JobSpec | None = Field(None, description="the stack's training job (none: the platform only; teams "
+                                                  "submit theirs)")
+    logs: LogsSettings = Field(default_factory=LogsSettings, description="container logs that outlive their "
+                                                                         "pods")
+    image: ImageSettings = Field(default_factory=ImageSettings, description="trainer image source")
+    mlflow: MlflowSettings = Field(default_factory=MlflowSettings, description="tracking server and registry")
+    limits: LimitsSettings = Field(default_factory=LimitsSettings, description="guard rails checked here and by "
+                                                                               "policy")
+    deploy_runner: DeployRunnerSettings = Field(default_factory=DeployRunnerSettings,
+                                                description="how the workflows reach the private EKS endpoint "
+                                                            "(docs/aws.md, docs/ci.md)")
+
+    @property
+    def is_prod(self) -> bool:
+        return self.environment == "prod"
+
+    def pool(self, name: str) -> GpuPoolSettings:
+        return next(p for p in self.gpu_pools if p.name == name)
+
+    def team(self, name: str) -> TeamSettings:
+        return next(t for t in self.teams if t.name == name)
+
+    def pool_capacity(self, pool: GpuPoolSettings) -> int:
+        """GPUs the pool can ever hold: maxNodes x GPUs per node (0 for a type not in the catalog)."""
+        from gpu_train.spec import catalog
+
+        shape = catalog.shape(self.cloud, pool.instance_type)
+        return pool.max_nodes * shape.gpus if shape is not None else 0
+
+    def team_quota(self, team: TeamSettings) -> dict[str, int]:
+        """The team's nominal GPU quota on every pool, by pool name."""
+        return pool_quotas(team.gpu_quota, {p.name: self.pool_capacity(p) for p in self.gpu_pools})
+
+
+def pool_quotas(gpu_quota: int | Mapping[str, int], capacities: Mapping[str, int]) -> dict[str, int]:
+    """A team's `gpuQuota` setting as nominal GPUs per pool: the mapping's entry (0 when absent), or the one number
+    on every pool, capped at the pool's capacity (maxNodes x GPUs per node)."""
+    if isinstance(gpu_quota, Mapping):
+        return {name: int(gpu_quota.get(name, 0)) for name in capacities}
+    return {name: min(int(gpu_quota), capacity) for name, capacity in capacities.items()}
+
+
+def _engine_value(key: str, value: Any) -> Any:
+    """A value as the Pulumi engine hands it over: structured values as JSON text, top-level booleans as text."""
+    if isinstance(value, str) and value[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise SettingsError([f"{key} is not valid JSON: {exc}"]) from None
+    field = StackSettings.model_fields.get(_snake(key[len(PROJECT) + 1:]))
+    if isinstance(value, str) and field is not None and field.annotation is bool and value in ("true", "false"):
+        return value == "true"
+    return value
+
+
+def _snake(camel: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
+
+
+def read(raw: Mapping[str, Any]) -> StackSettings:
+    """The `gpu-train:` settings of one stack file (other namespaces are ignored), types and ranges only."""
+    prefix = f"{PROJECT}:"
+    values = {key[len(prefix):]: _engine_value(key, value) for key, value in raw.items() if key.startswith(prefix)}
+    try:
+        # Through JSON, so that strict mode reads YAML lists as tuples and mappings as models.
+        return StackSettings.model_validate_json(json.dumps(values))
+    except ValidationError as exc:
+        raise SettingsError(validation_problems(exc, prefix=prefix, root=StackSettings, raw=values)) from None
+
+
+def parse(raw: Mapping[str, Any], stack: str) -> StackSettings:
+    """Read and check one stack's settings: types and ranges, then every cloud-neutral check across settings."""
+    from gpu_train.spec.settings_checks import problems
+
+    settings = read(raw).model_copy(update={"stack": stack})
+    found = problems(settings)
+    if found:
+        raise SettingsError(found)
+    return settings
