@@ -4,35 +4,48 @@ Usage:
     pulumi up --stack aws-dev                 # for real (see README.md)
     python -m infra.plan --stack aws-dev      # offline, under mocks
 
-This file only wires components together and exports outputs. Data flows down: settings ->
-cloud layer (returns the ClusterPlatform contract) -> Kubernetes layer -> the training job.
+This file only wires components together and exports outputs. Data flows down: settings -> cloud layer (returns
+the ClusterPlatform contract) -> Kubernetes layer -> the training job. Every check runs before the first resource:
+the settings' types and cloud-neutral rules (infra/settings.py), the cloud's own rules, and whether Kueue could
+ever admit the stack's job and its pods fit their nodes (gpu_train/jobs/check.py, against the pools as the cloud
+describes them).
 """
+
+import importlib
 
 import pulumi
 
-from infra import config, naming
+from gpu_train.jobs.check import check_job
+from gpu_train.spec import naming
+from gpu_train.spec import queues as kueue
+from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.settings_checks import BUCKET_SCHEME
+from infra import settings
 from infra.image import TrainerImage, TrainerImageArgs
 from infra.k8s import build_kubernetes
 from infra.k8s.contract import PlatformContract, PlatformContractArgs
 from infra.k8s.mlflow import MlflowServer, MlflowServerArgs
-from infra.k8s.training import TrainingJob, TrainingJobArgs, admission_problems
+from infra.k8s.training import TrainingJob, TrainingJobArgs
 
-cfg = config.load()
-tags = naming.common_tags(cfg)
+cfg = settings.load()
+# infra.aws or infra.gcp: each has check(), describe_pools(), NVME_HOST_PATH and build_platform().
+cloud = importlib.import_module(f"infra.{cfg.cloud}")
 
-if cfg.cloud == "aws":
-    from infra.aws import build_platform
-else:
-    from infra.gcp import build_platform
+problems = cloud.check(cfg)
+if cfg.job is not None and not problems:
+    # Kueue admits a JobSet whole or not at all: refuse a job it could never admit, or whose pods cannot fit their
+    # nodes, naming the setting, before anything exists.
+    pools = cloud.describe_pools(cfg)
+    nvme = cloud.NVME_HOST_PATH
+    problems = check_job(
+        cfg.job, pools=pools, teams=kueue.team_entries(cfg.teams, pools, nvme),
+        kueue=kueue.kueue_objects(cfg.teams, pools),
+        nvme_host_path=nvme, scheme=BUCKET_SCHEME[cfg.cloud], queue=naming.job_queue_name(cfg.job.name))
+if problems:
+    raise SettingsError(problems)
 
-platform = build_platform(cfg, tags)
-if cfg.job is not None:
-    # Kueue admits a JobSet whole or not at all: refuse at plan time a job it could never admit, or
-    # whose pods cannot fit their nodes, naming the setting.
-    problems = admission_problems(job=cfg.job, teams=cfg.teams, pools=platform.gpu_pools, cloud=platform.cloud,
-                                  region=platform.region, nvme_host_path=platform.nvme_host_path)
-    if problems:
-        raise config.ConfigError(problems)
+tags = naming.common_tags(cfg.stack, cfg.environment, cfg.tags)
+platform = cloud.build_platform(cfg, tags)
 kube = build_kubernetes(platform, cfg)
 
 mlflow = None
@@ -56,28 +69,20 @@ if cfg.mlflow.enabled:
     ))
 
 image = TrainerImage("trainer", TrainerImageArgs(registry=platform.registry, prebuilt=cfg.image.prebuilt))
+tracking_uri = mlflow.tracking_uri if mlflow is not None else ""
 
 # What a team member's `gpu-train` needs to render and check its own jobs exactly as this program renders the
 # stack's job: exported as `platform` and published in every team namespace (docs/teams.md).
 contract = PlatformContract("platform-contract", PlatformContractArgs(
     platform=platform, cfg=cfg, image=image.ref, cache_endpoint=kube.cache_endpoint,
-    tracking_uri=mlflow.tracking_uri if mlflow is not None else "", team_namespaces=list(kube.team_namespaces.values())))
+    tracking_uri=tracking_uri, team_namespaces=list(kube.team_namespaces.values())))
 
 job = None
 if cfg.job is not None:
     job = TrainingJob("job", TrainingJobArgs(
-        platform=platform,
-        job=cfg.job,
-        image=image.ref,
-        monitoring_labels=kube.monitoring_release_label,
-        cache_endpoint=kube.cache_endpoint,
-        tracking_uri=mlflow.tracking_uri if mlflow is not None else "",
-        register_name=cfg.mlflow.register_name,
-        # The monitoring layer's cluster-wide "trainer" PodMonitor already scrapes metrics-<rank> on
-        # every JobSet pod; a per-job one would store every series twice.
-        pod_monitor=False,
-        depends_on=[*platform.ready, *kube.ready],
-    ))
+        platform=platform, job=cfg.job, image=image.ref, cache_endpoint=kube.cache_endpoint,
+        tracking_uri=tracking_uri, register_name=cfg.mlflow.register_name,
+        depends_on=[*platform.ready, *kube.ready]))
 
 pulumi.export("cloud", cfg.cloud)
 pulumi.export("trainerImage", image.ref)

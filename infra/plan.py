@@ -34,7 +34,9 @@ from typing import Any
 
 import yaml
 
-from infra import config as stack_config
+from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.naming import PROJECT
+from gpu_train.spec.settings import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "infra" / "__main__.py"
@@ -52,18 +54,18 @@ def read_stack_file(path: Path) -> tuple[str, dict[str, Any]]:
     """Return (stack name, raw config) from a `Pulumi.<stack>.yaml` settings file."""
     match = re.fullmatch(r"Pulumi\.(.+)\.yaml", path.name)
     if not match:
-        raise stack_config.ConfigError([f"{path}: a stack settings file must be named Pulumi.<stack>.yaml"])
+        raise SettingsError([f"{path}: a stack settings file must be named Pulumi.<stack>.yaml"])
     try:
         doc = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
-        raise stack_config.ConfigError([f"{path}: no such stack settings file"]) from None
+        raise SettingsError([f"{path}: no such stack settings file"]) from None
     except yaml.YAMLError as exc:
-        raise stack_config.ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+        raise SettingsError([f"{path}: not valid YAML: {exc}"]) from None
     if not isinstance(doc, dict):
-        raise stack_config.ConfigError([f"{path}: must have a top-level 'config:' mapping"])
+        raise SettingsError([f"{path}: must have a top-level 'config:' mapping"])
     raw = doc.get("config")
     if not isinstance(raw, dict):
-        raise stack_config.ConfigError([f"{path}: must have a top-level 'config:' mapping"])
+        raise SettingsError([f"{path}: must have a top-level 'config:' mapping"])
     return match.group(1), raw
 
 
@@ -110,7 +112,7 @@ def run_program(stack: str, raw: dict[str, Any]) -> dict[str, Any]:
 
     from infra.mocks import MockContext, PlanMocks
 
-    cfg = stack_config.parse(raw, stack)  # fails here, before any resource, on a bad value
+    cfg = parse(raw, stack)  # fails here, before the program runs, on a value of the wrong type or range
     ctx = MockContext(region=cfg.region, project=cfg.project or "acme-ml")
 
     records: dict[str, dict[str, Any]] = {}
@@ -156,7 +158,7 @@ def run_program(stack: str, raw: dict[str, Any]) -> dict[str, Any]:
     try:
         pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()})
         mocks = PlanMocks(ctx)
-        pulumi.runtime.set_mocks(mocks, project=stack_config.PROJECT, stack=stack, preview=False,
+        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False,
                                  monitor=RecordingMonitor(mocks))
 
         _sync_await(run_pulumi_func(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
@@ -171,7 +173,7 @@ def run_program(stack: str, raw: dict[str, Any]) -> dict[str, Any]:
         loop.close()
         asyncio.set_event_loop(None)  # a closed loop left current breaks the next Pulumi run in this process
     return {
-        "project": stack_config.PROJECT,
+        "project": PROJECT,
         "stack": stack,
         "resources": list(records.values()),
         "outputs": outputs,
@@ -271,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack, raw = read_stack_file(path)
         plan = run_program(stack, raw)
-    except stack_config.ConfigError as exc:
+    except SettingsError as exc:
         print(f"error: {path}: {exc}", file=sys.stderr)
         return 2
     written = write_plan(plan, args.out)

@@ -12,57 +12,92 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Literal
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-FabricKind = Literal["none", "efa", "tcpx", "tcpxo", "rdma"]
+from gpu_train.spec.contract import Allocatable, GpuPool
+
+# What every GPU node keeps for agents other than the trainer: the platform's DaemonSets (the Alluxio worker and
+# its job worker, DCGM exporter, node exporter, device and fabric plugins, NVMe setup, fabric installers) and the
+# cloud's own (CNI, kube-proxy, CSI node, identity and logging agents). Each cloud layer takes it off a node's
+# allocatable when it tells the job what a node of a pool leaves to a training pod (GpuPool.allocatable);
+# tests/infra/test_plan.py adds up the platform's agents from every planned stack and checks they fit with
+# CLOUD_AGENTS to spare.
+GPU_NODE_AGENTS_CPU = Fraction(4)
+GPU_NODE_AGENTS_MEMORY = Fraction(12 * 2**30)
+# The cloud-managed DaemonSets the plan does not show: EKS aws-node, kube-proxy, ebs-csi-node, the Pod Identity
+# agent and the node monitoring agent; GKE kube-proxy, fluentbit, gke-metadata-server, pdcsi-node, netd, the GPU
+# device plugin and metrics agent. Their published requests add up to well under this.
+CLOUD_AGENTS_CPU = Fraction(1)
+CLOUD_AGENTS_MEMORY = Fraction(3 * 2**30, 2)
+
+
+def quantity(amount: Fraction) -> str:
+    """An exact Kubernetes quantity for an amount (cores or bytes): whole, milli- or nano-units."""
+    for suffix, scale in (("", 1), ("m", 1000), ("n", 10**9)):
+        scaled = amount * scale
+        if scaled.denominator == 1:
+            return f"{scaled.numerator}{suffix}"
+    return f"{int(amount * 10**9)}n"
+
+
+def left_for_pods(cpu: Fraction, memory: Fraction) -> Allocatable:
+    """What a GPU node whose kubelet offers `cpu` cores and `memory` bytes leaves to a training pod."""
+    return Allocatable(cpu=quantity(cpu - GPU_NODE_AGENTS_CPU), memory=quantity(memory - GPU_NODE_AGENTS_MEMORY))
 
 
 @dataclass(frozen=True, kw_only=True)
-class Fabric:
-    """How a pod on a pool's nodes uses the high-bandwidth GPU network."""
+class DevicePlugin:
+    """A fabric's Kubernetes device plugin, from a Helm chart, on the GPU nodes of that fabric."""
 
-    kind: FabricKind
-    # Extended resources a one-pod-per-node worker requests, e.g. {"vpc.amazonaws.com/efa": 32}.
-    resources: Mapping[str, int] = field(default_factory=dict)
-    # Pod annotations, e.g. GKE's networking.gke.io/interfaces for multi-network pods.
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    # NCCL / libfabric environment for the trainer container.
-    nccl_env: Mapping[str, str] = field(default_factory=dict)
-    # Extra pod volumes (Kubernetes Volume dicts) and the trainer container's mounts of them,
-    # e.g. the host's NCCL plugin libraries for TCPX/TCPXO/RDMA.
-    volumes: Sequence[Mapping[str, Any]] = ()
-    volume_mounts: Sequence[Mapping[str, Any]] = ()
-    # Sidecar containers (Kubernetes Container dicts) run as native sidecars (init containers with
-    # restartPolicy Always), e.g. the TCPX receive-datapath manager.
-    sidecars: Sequence[Mapping[str, Any]] = ()
-    # Extra pod networks on GKE multi-networking: one per fabric NIC, each
-    # {"name": <Network object name>, "vpc": Output[str], "subnet": Output[str],
-    #  "deviceMode": "NetDevice" | "RDMA"}; the k8s layer creates GKENetworkParamSet + Network
-    # objects from these, and `annotations` refers to them by name. Empty on AWS.
-    networks: Sequence[Mapping[str, Any]] = ()
+    fabric: str  # nodes labelled gpu-train.io/fabric=<fabric> (and the pools with that fabric)
+    release: str  # Helm release name
+    chart: str
+    version: str
+    repo: str
 
 
 @dataclass(frozen=True, kw_only=True)
-class GpuPool:
-    """One GPU node pool as the Kubernetes layer and the job see it."""
+class HostInstaller:
+    """A privileged installer on a fabric's GPU nodes: copies a plugin onto the host, then idles."""
 
-    name: str
-    instance_type: str
-    capacity: str  # spot | on-demand | reservation | capacity-block
-    gpu_type: str  # e.g. "H100", "L4"
-    gpus_per_node: int
-    min_nodes: int
-    max_nodes: int
-    zone: str  # "" when the pool spans the region's zones
-    node_selector: Mapping[str, str]  # selects exactly this pool's nodes
-    tolerations: Sequence[Mapping[str, str]]  # tolerate the GPU taint (and any pool taints)
-    fabric: Fabric
-    # How nodes appear: "karpenter" (AWS NodePool, created on demand), "node-group" (AWS managed
-    # node group) or "node-pool" (GKE node pool with the cluster autoscaler).
-    provisioner: Literal["karpenter", "node-group", "node-pool"]
+    fabric: str  # nodes labelled gpu-train.io/fabric=<fabric>
+    name: str  # DaemonSet name
+    image: str
+    script: str  # shell run in the installer's container
+    host_dirs: Mapping[str, tuple[str, str]]  # volume name -> (directory on the host, where the installer sees it)
+    host_script: str = ""  # run afterwards in the host's mount namespace (nsenter), "" = none
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricProbe:
+    """What the pre-flight check counts on a new node of a pool: the fabric's devices."""
+
+    probe: Literal["none", "efa", "gvnic", "mlx"]  # how to count them (infra/k8s/gpu-preflight.sh)
+    devices: int  # how many a healthy node has
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeAddons:
+    """What a cloud's GPU nodes need beyond the platform's own agents; the Kubernetes layer installs it as given."""
+
+    # NVIDIA's device plugin and GPU feature discovery; False where the cloud runs its own (GKE node pools).
+    device_plugin: bool
+    device_plugins: Sequence[DevicePlugin] = ()  # fabric device plugins (AWS EFA)
+    installers: Sequence[HostInstaller] = ()  # fabric plugin installers (GKE GPUDirect NCCL plugins)
+    # Cluster-scoped objects the fabric needs (GKE's Network and GKENetworkParamSet per fabric network); values may
+    # be Outputs of cloud resources.
+    cluster_objects: Sequence[Mapping[str, Any]] = ()
+    # Where the NVIDIA driver's libraries and tools are on the host, for agents that use the GPUs without holding
+    # them through the device plugin (DCGM exporter, pre-flight); "" = the container runtime injects them (EKS).
+    driver_host_path: str = ""
+    # Raw local NVMe devices the Kubernetes layer assembles into a RAID0 at nvme_host_path ("" = the node's own
+    # bootstrap has mounted them there: nvme_setup "bootstrap").
+    nvme_device_glob: str = ""
+    fabric_probes: Mapping[str, FabricProbe] = field(default_factory=dict)  # pool name -> its pre-flight probe
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +181,7 @@ class LogStore:
 class ClusterPlatform:
     """Everything the Kubernetes layer needs from a cloud."""
 
-    cloud: Literal["aws", "gcp"]
+    cloud: Literal["aws", "gcp"]  # for the stack outputs and the contract document only: no component asks it
     region: str
     cluster_name: pulumi.Output[str]
     kubernetes_version: str
@@ -154,11 +189,10 @@ class ClusterPlatform:
     kubeconfig: pulumi.Output[str]  # secret
     gpu_pools: Sequence[GpuPool]
     system_node_selector: Mapping[str, str]  # where controllers (Prometheus, Kueue, cache masters) run
-    # Local NVMe of GPU nodes, mounted as one filesystem at this host path. "bootstrap": the node's
-    # own bootstrap mounts it (AWS nodeadm RAID0); "daemonset": the disks arrive as raw block
-    # devices and the Kubernetes layer runs a privileged DaemonSet that RAID0s and mounts them (GKE).
+    # Local NVMe of GPU nodes, mounted as one filesystem at this host path: by the node's own bootstrap (AWS
+    # nodeadm RAID0), or by the Kubernetes layer's DaemonSet when the cloud leaves raw devices
+    # (node_addons.nvme_device_glob; GKE).
     nvme_host_path: str
-    nvme_setup: Literal["bootstrap", "daemonset"]
     buckets: Buckets
     object_store_endpoint: str  # S3 API endpoint (AWS) or the GCS endpoint, for the trainer and cache
     # CIDRs NetworkPolicies must allow for egress to the object store and cloud APIs over 443.
@@ -181,6 +215,12 @@ class ClusterPlatform:
     mlflow_database: ManagedDatabase | None = None
     # Where container logs outlive their pods; None: the cloud ships them itself (GKE's Cloud Logging).
     log_store: LogStore | None = None
+    # Where `gpu-train logs` reads a rank's log once its pod is gone (the contract's `logs`): CloudWatch Logs groups
+    # (the log store above) or the cloud's own logging.
+    logs: Mapping[str, Any] = field(default_factory=dict)
+    node_addons: NodeAddons = field(default_factory=lambda: NodeAddons(device_plugin=True))
+    # Environment every training container gets from the cloud (e.g. AWS_REGION for the S3 and STS clients).
+    pod_env: Mapping[str, str] = field(default_factory=dict)
 
     def pool(self, name: str) -> GpuPool:
         for pool in self.gpu_pools:

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from infra.aws.catalog import CATALOG as EC2_CATALOG
-from infra.gcp.catalog import CATALOG as GCE_CATALOG
+from gpu_train.spec.catalog.aws import CATALOG as EC2_CATALOG
+from gpu_train.spec.catalog.gcp import CATALOG as GCE_CATALOG
 from policies.core import Context, Resource, as_int, dig, items, json_value, truthy
 
 KARPENTER_NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"

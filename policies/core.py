@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from infra import naming
+from gpu_train.spec import naming
 
 Level = Literal["mandatory", "advisory"]
 Scope = Literal["resource", "stack"]

@@ -42,136 +42,27 @@ running another image, gets no exemption. docs/policies.md explains each one.
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from infra import naming
-from policies.core import Resource, dig, falsy, items, truthy
-
-TEAM_NAMESPACE_PREFIX = naming.team_namespace("")
-
-# kind -> paths from the object to its pod spec(s); "*" fans out over a list.
-POD_SPEC_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "Pod": (("spec",),),
-    "PodTemplate": (("template", "spec"),),
-    "Deployment": (("spec", "template", "spec"),),
-    "StatefulSet": (("spec", "template", "spec"),),
-    "DaemonSet": (("spec", "template", "spec"),),
-    "ReplicaSet": (("spec", "template", "spec"),),
-    "ReplicationController": (("spec", "template", "spec"),),
-    "Job": (("spec", "template", "spec"),),
-    "CronJob": (("spec", "jobTemplate", "spec", "template", "spec"),),
-    "JobSet": (("spec", "replicatedJobs", "*", "template", "spec", "template", "spec"),),
-    "LeaderWorkerSet": (("spec", "leaderWorkerTemplate", "leaderTemplate", "spec"),
-                        ("spec", "leaderWorkerTemplate", "workerTemplate", "spec")),
-}
-CONTAINER_KINDS = ("initContainers", "containers", "ephemeralContainers")
-# Pod Security Standards, restricted: the one capability a container may add.
-RESTRICTED_ADDABLE = frozenset({"NET_BIND_SERVICE"})
-SECCOMP_OK = ("RuntimeDefault", "Localhost")
-
-# Where the GPU nodes' NVMe array is mounted: infra/aws/gpu_nodes.py NVME_HOST_PATH (nodeadm's RAID0
-# of the instance store) and infra/gcp/__init__.py NVME_HOST_PATH (the nvme-raid0 DaemonSet's mount).
-NVME_ROOTS = ("/mnt/k8s-disks/0", "/mnt/stateful_partition/gpu-train/nvme-raid")
-WORKDIR_ROOT = "gpu-train"  # infra/k8s/nvme.py WORKDIR_ROOT
-# GKE's driver install (also where the TCPX/TCPXO installers put NCCL's plugin) and the RDMA gIB
-# plugin directory (infra/gcp/fabric.py NVIDIA_HOST_LIB, GIB_HOST_DIR).
-NVIDIA_HOST_LIB = "/home/kubernetes/bin/nvidia/lib64"
-GIB_HOST_DIR = "/home/kubernetes/bin/gib"
-READ_ONLY_HOST_PATHS = frozenset({NVIDIA_HOST_LIB, GIB_HOST_DIR})
-DEVICE_HOST_PATHS = frozenset({"/dev/aperture_devices"})
-
-UBUNTU = "docker.io/library/ubuntu"
-GOOGLE_GPUDIRECT = "us-docker.pkg.dev/gce-ai-infra"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ContainerGrant:
-    """What one exempt container may do beyond the usual checks."""
-
-    image: str  # image repository (normalised: registry/path, no tag or digest)
-    privileged: bool = False  # privileged; implies running as root with escalation and every capability
-    root: bool = False  # may run as UID 0 (not privileged)
-    capabilities: frozenset[str] = frozenset()  # may add these capabilities
-    host_paths: frozenset[str] = frozenset()  # host paths it may mount (writable, or besides the usual list)
-
-
-@dataclass(frozen=True, kw_only=True)
-class HostAgent:
-    """One of the platform's own host agents: an object matched by kind, namespace and name."""
-
-    kind: str
-    namespace: str
-    name: str
-    why: str  # why it needs the host (one sentence, repeated in docs/policies.md)
-    host_network: bool = False
-    host_pid: bool = False
-    host_paths: frozenset[str] = frozenset()  # hostPath volumes the pod may declare
-    containers: Mapping[str, ContainerGrant]  # container name -> grant
-
-
-# The GPU pre-flight check of infra/k8s/health.py (PREFLIGHT_NAME, DCGM_IMAGE, GKE_NVIDIA_DIR), in the GPU
-# agents' namespace.
-PREFLIGHT_DCGM = "nvcr.io/nvidia/cloud-native/dcgm"
-GKE_NVIDIA_DIR = "/home/kubernetes/bin/nvidia"
-_NCCL_INSTALLER_WHY = ("Google's NCCL fabric plugin installer copies the plugin onto the host and configures the "
-                       "GPU NICs in the host network namespace, from the host's mount namespace (nsenter).")
-HOST_AGENTS: tuple[HostAgent, ...] = (
-    HostAgent(kind="DaemonSet", namespace="gpu-system", name="nvme-raid0", host_pid=True,
-              why="Builds a RAID0 array over GKE's raw local NVMe SSDs and mounts it on the host (mdadm, mkfs, "
-                  "mount through nsenter into the host's namespaces), then creates each team's work directory.",
-              host_paths=frozenset({"/mnt/stateful_partition/gpu-train/nvme-raid"}),
-              containers={"raid0": ContainerGrant(image=UBUNTU, privileged=True),
-                          "workdirs": ContainerGrant(image=UBUNTU, root=True,
-                                                     capabilities=frozenset({"CHOWN", "FOWNER"}))}),
-    HostAgent(kind="DaemonSet", namespace="gpu-system", name="nvme-workdirs",
-              why="Creates each team's work directory on the node's NVMe array (mounted by nodeadm) and hands it "
-                  "to the trainer's UID, which needs root with CAP_CHOWN and CAP_FOWNER only.",
-              host_paths=frozenset({"/mnt/k8s-disks/0"}),
-              containers={"workdirs": ContainerGrant(image=UBUNTU, root=True,
-                                                     capabilities=frozenset({"CHOWN", "FOWNER"}))}),
-    HostAgent(kind="DaemonSet", namespace="gpu-system", name="gpu-preflight",
-              why="Checks a new GPU node before it takes work (GPU count, ECC state, DCGM diagnostics, fabric "
-                  "devices): it drives every GPU without holding them through the device plugin, so it is "
-                  "privileged, and on GKE it runs the driver's tools from the host, read-only.",
-              host_paths=frozenset({GKE_NVIDIA_DIR}),
-              containers={"check": ContainerGrant(image=PREFLIGHT_DCGM, privileged=True,
-                                                  host_paths=frozenset({GKE_NVIDIA_DIR}))}),
-    HostAgent(kind="DaemonSet", namespace="gpu-system", name="nccl-tcpx-installer", host_network=True,
-              host_pid=True, why=_NCCL_INSTALLER_WHY, host_paths=frozenset({"/var/lib"}),
-              containers={
-                  "install": ContainerGrant(image=f"{GOOGLE_GPUDIRECT}/gpudirect-tcpx/nccl-plugin-gpudirecttcpx-dev",
-                                            privileged=True),
-                  "host-mount": ContainerGrant(image=UBUNTU, privileged=True)}),
-    HostAgent(kind="DaemonSet", namespace="gpu-system", name="nccl-tcpxo-installer", host_network=True,
-              host_pid=True, why=_NCCL_INSTALLER_WHY, host_paths=frozenset({"/var/lib", "/home/kubernetes/bin"}),
-              containers={
-                  "install": ContainerGrant(image=f"{GOOGLE_GPUDIRECT}/gpudirect-tcpxo/nccl-plugin-gpudirecttcpx-dev",
-                                            privileged=True)}),
-    HostAgent(kind="DaemonSet", namespace="gpu-system", name="nccl-rdma-installer", host_network=True,
-              host_pid=True, why=_NCCL_INSTALLER_WHY, host_paths=frozenset({NVIDIA_HOST_LIB, GIB_HOST_DIR}),
-              containers={
-                  "install": ContainerGrant(image=f"{GOOGLE_GPUDIRECT}/gpudirect-gib/nccl-plugin-gib",
-                                            privileged=True)}),
+from gpu_train.spec.pod_rules import (
+    CONTAINER_KINDS,
+    DEVICE_HOST_PATHS,
+    HOST_AGENTS,
+    NVME_ROOTS,
+    POD_SPEC_PATHS,
+    READ_ONLY_HOST_PATHS,
+    RESTRICTED_ADDABLE,
+    RXDM_SIDECARS,
+    SECCOMP_OK,
+    TEAM_NAMESPACE_PREFIX,
+    WORKDIR_ROOT,
+    ContainerGrant,
+    HostAgent,
+    image_allowed,
+    image_repository,
 )
-
-# Google's GPUDirect receive-datapath managers, the native sidecars a TCPX/TCPXO training pod runs next
-# to the trainer (infra/gcp/fabric.py): they program flow steering on the GPU NICs and tune the host's
-# network sysctls through /sys and /proc/sys, so Google's manifests run them privileged and as root
-# (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx,
-# https://github.com/GoogleCloudPlatform/container-engine-accelerators/tree/master/gpudirect-tcpxo).
-_RXDM_PATHS = frozenset({"/sys", "/proc/sys", NVIDIA_HOST_LIB})
-RXDM_SIDECARS: dict[str, ContainerGrant] = {
-    "tcpx-daemon": ContainerGrant(image=f"{GOOGLE_GPUDIRECT}/gpudirect-tcpx/tcpgpudmarxd-dev", privileged=True,
-                                  host_paths=_RXDM_PATHS),
-    "tcpxo-daemon": ContainerGrant(image=f"{GOOGLE_GPUDIRECT}/gpudirect-tcpxo/tcpgpudmarxd-dev", privileged=True,
-                                   host_paths=_RXDM_PATHS),
-}
-
-_REGISTRY = re.compile(r"^([a-z0-9-]+\.[a-z0-9.-]+|localhost)(:[0-9]+)?$")
-
+from policies.core import Resource, dig, falsy, items, truthy
 
 # --------------------------------------------------------------------------------------------
 # Objects, pod templates, containers
@@ -253,20 +144,6 @@ def containers(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
 def is_training(obj: Mapping[str, Any]) -> bool:
     """Training pods: every JobSet, and any workload in a team namespace."""
     return obj.get("kind") == "JobSet" or (bool(pod_specs(obj)) and namespace(obj).startswith(TEAM_NAMESPACE_PREFIX))
-
-
-def image_repository(image: Any) -> str:
-    """`ubuntu:24.04` -> `docker.io/library/ubuntu`; `reg.io/a/b:t@sha256:..` -> `reg.io/a/b`."""
-    ref = str(image or "").split("@", 1)[0]
-    head, _, last = ref.rpartition("/")
-    if ":" in last:
-        last = last.split(":", 1)[0]
-    parts = [p for p in (head.split("/") if head else []) + [last] if p]
-    if not parts:
-        return ""
-    if len(parts) == 1 or not _REGISTRY.match(parts[0]):
-        parts = ["docker.io", *(["library"] if len(parts) == 1 else []), *parts]
-    return "/".join(parts)
 
 
 def host_agent(obj: Mapping[str, Any]) -> HostAgent | None:
@@ -410,4 +287,16 @@ def training_problems(obj: Mapping[str, Any]) -> list[str]:
             if seccomp not in SECCOMP_OK:
                 problems.append(f"{where} {label}: seccompProfile.type is {seccomp!r}; it must be RuntimeDefault "
                                 "or Localhost (pod or container securityContext).")
+    return problems
+
+
+def registry_problems(obj: Mapping[str, Any], registries: Sequence[str], repositories: Sequence[str] = ()) -> list[str]:
+    """The team namespaces' image-registry rule (infra/k8s/pod_admission.py) over one object: every container not
+    covered by a GPUDirect sidecar grant runs an image from the platform registry."""
+    problems = []
+    for where, spec in pod_specs(obj):
+        for label, c in containers(spec):
+            if grant(obj, c) is None and not image_allowed(c.get("image"), registries, repositories):
+                problems.append(f"{where} {label}: image {c.get('image')!r} is not from the platform registry "
+                                f"({', '.join([*registries, *repositories])}).")
     return problems

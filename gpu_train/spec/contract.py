@@ -18,7 +18,7 @@ authenticates through the cloud CLI's exec plugin.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
 from pydantic.alias_generators import to_camel
@@ -135,14 +135,24 @@ class Identity(Model):
     service_account: str
 
 
-class Logs(Model):
-    """Where container logs outlive their pods: CloudWatch Logs groups per team namespace, or Cloud Logging."""
+class CloudWatchLogs(Model):
+    """Container logs kept in CloudWatch Logs, one group per team namespace (written by the platform's shipper)."""
 
-    kind: Literal["cloudwatch", "cloud-logging"]
-    region: str = ""
-    groups: dict[str, str] = Field(default_factory=dict)  # team namespace -> log group (cloudwatch)
-    project: str = ""  # cloud-logging
-    cluster: str = ""  # cloud-logging
+    kind: Literal["cloudwatch"]
+    region: str
+    groups: dict[str, str] = Field(default_factory=dict)  # team namespace -> log group
+
+
+class CloudLoggingLogs(Model):
+    """Container logs kept by Cloud Logging, which GKE ships every container's log to."""
+
+    kind: Literal["cloud-logging"]
+    project: str
+    cluster: str
+
+
+# Where container logs outlive their pods, for `gpu-train logs`.
+Logs = Annotated[CloudWatchLogs | CloudLoggingLogs, Field(discriminator="kind")]
 
 
 class PlatformContract(Model):

@@ -96,10 +96,7 @@ def _strip_tags(loc: Sequence[str | int], raw: Any) -> tuple[tuple[str | int, ..
     out: list[str | int] = []
     node, tagged = raw, False
     for part in loc:
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-            out.append(part)
-        elif isinstance(node, list | tuple) and isinstance(part, int) and 0 <= part < len(node):
+        if isinstance(node, Mapping) and part in node or isinstance(node, list | tuple) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
             out.append(part)
         elif isinstance(part, str) and (not isinstance(node, Mapping) or "[" in part or part in _TYPE_WORDS

@@ -64,6 +64,11 @@ PLATFORM_CONFIGMAP_KEY = "platform.json"
 WORKDIR_ROOT = "gpu-train"
 
 
+def gpu_tolerations() -> list[dict[str, str]]:
+    """The toleration of the GPU taint, as every GPU pool's pods carry it."""
+    return [{"key": GPU_TAINT["key"], "operator": "Equal", "value": GPU_TAINT["value"], "effect": GPU_TAINT["effect"]}]
+
+
 def prefix(stack: str) -> str:
     """Common name prefix for the stack: gpu-train-<stack>."""
     return f"{PROJECT}-{stack}"

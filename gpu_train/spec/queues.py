@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpu_train.spec import naming
-from gpu_train.spec.contract import GpuPool, Team
+from gpu_train.spec.contract import GpuPool, Kueue, Team
 from gpu_train.spec.settings import TeamSettings, pool_quotas
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -119,3 +119,9 @@ def team_entries(teams: Sequence[TeamSettings], pools: Sequence[GpuPool], nvme_h
             nvme_workdir=naming.workdir_path(nvme_host_path, ns), submitters=list(team.submitters),
             viewers=list(team.viewers)))
     return out
+
+
+def kueue_objects(teams: Sequence[TeamSettings], pools: Sequence[GpuPool]) -> Kueue:
+    """The queue objects a job is admitted against, as the platform contract carries them."""
+    return Kueue(cluster_queues=cluster_queues(teams, pools), resource_flavors=[resource_flavor(p) for p in pools],
+                 limit_range=limit_range(), excluded_resource_prefixes=list(EXCLUDED_RESOURCE_PREFIXES))

@@ -2,7 +2,9 @@
 
 Usage (from infra/__main__.py):
     from infra.aws import build_platform
-    platform = build_platform(cfg, naming.common_tags(cfg))
+    pools = describe_pools(cfg)               # pure: the pools as jobs see them, for the checks
+    problems = check(cfg)                     # the settings only AWS has rules for
+    platform = build_platform(cfg, naming.common_tags(cfg.stack, cfg.environment, cfg.tags))
 
 Every AWS resource and data source goes through one explicit provider in `gpu-train:region`
 (`aws_provider`), so nothing depends on the caller's AWS_REGION or profile. Order: service-linked roles
@@ -18,8 +20,11 @@ from collections.abc import Mapping
 import pulumi
 import pulumi_aws as aws
 
-from infra import naming
-from infra.aws.catalog import instance_spec
+from gpu_train.spec import naming
+from gpu_train.spec.catalog.aws import instance_spec
+from gpu_train.spec.contract import GpuPool
+from gpu_train.spec.settings import StackSettings
+from infra.aws import node_addons, settings_checks
 from infra.aws.cluster import Cluster, ClusterArgs
 from infra.aws.database import Database, DatabaseArgs
 from infra.aws.deploy_runner import DeployRunner, DeployRunnerArgs
@@ -32,9 +37,9 @@ from infra.aws.log_shipping import LogShipping, LogShippingArgs
 from infra.aws.network import Network, NetworkArgs
 from infra.aws.registry import ContainerRegistry, RegistryArgs
 from infra.aws.service_roles import AUTOSCALING, SPOT, ServiceLinkedRoles, ServiceLinkedRolesArgs
+from infra.aws.settings_checks import log_retention_days, team_access_entries
 from infra.aws.storage import Storage, StorageArgs
-from infra.config import StackConfig, log_retention_days, team_access_entries
-from infra.platform import Buckets, ClusterPlatform, EgressTarget, GpuPool, ManagedDatabase, StorageClassSpec
+from infra.platform import Buckets, ClusterPlatform, EgressTarget, ManagedDatabase, StorageClassSpec
 
 # The S3 gateway endpoint routes to S3's public address ranges (via the prefix list), so pods'
 # NetworkPolicies must allow 443 to them; S3 publishes no small fixed range to name instead.
@@ -52,11 +57,6 @@ INTERNAL_LB_ANNOTATIONS = {
 POD_IDENTITY_AGENT = EgressTarget("169.254.170.23/32", 80)
 
 
-def gpu_tolerations() -> list[dict[str, str]]:
-    t = naming.GPU_TAINT
-    return [{"key": t["key"], "operator": "Equal", "value": t["value"], "effect": t["effect"]}]
-
-
 def storage_class_parameters(key_arn: pulumi.Input[str]) -> Mapping[str, pulumi.Input[str]]:
     return {"type": "gp3", "encrypted": "true", "kmsKeyId": key_arn, "csi.storage.k8s.io/fstype": "ext4"}
 
@@ -66,7 +66,17 @@ def aws_provider(region: str) -> aws.Provider:
     return aws.Provider("aws", region=region)
 
 
-def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
+def describe_pools(cfg: StackSettings) -> list[GpuPool]:
+    """The GPU pools as jobs see them, from the settings alone (infra/aws/node_addons.py)."""
+    return node_addons.gpu_pools(cfg)
+
+
+def check(cfg: StackSettings) -> list[str]:
+    """Problems of the settings on AWS, before anything is created (infra/aws/settings_checks.py)."""
+    return settings_checks.problems(cfg)
+
+
+def build_platform(cfg: StackSettings, tags: dict[str, str]) -> ClusterPlatform:
     if cfg.cloud != "aws":
         raise ValueError(f"infra.aws.build_platform needs gpu-train:cloud aws (got {cfg.cloud!r})")
     region = cfg.region
@@ -74,7 +84,7 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
     # Components hand the provider down to their children (and invokes that name a parent).
     on_aws = pulumi.ResourceOptions(providers=[provider])
     account_id = aws.get_caller_identity(opts=pulumi.InvokeOptions(provider=provider)).account_id
-    cluster_name = naming.prefix(cfg)
+    cluster_name = naming.prefix(cfg.stack)
     karpenter_role = f"{cluster_name}-karpenter"
     ebs_csi_role = f"{cluster_name}-ebs-csi"
     managed_db = cfg.mlflow.enabled and cfg.mlflow.database == "managed"
@@ -160,19 +170,12 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
             opts=on_aws)
         mlflow_database = database.contract
 
-    pools = []
-    for p in cfg.gpu_pools:
-        spec = instance_spec(p.instance_type)
-        pools.append(GpuPool(
-            name=p.name, instance_type=p.instance_type, capacity=p.capacity, gpu_type=spec.gpu_type,
-            gpus_per_node=spec.gpus, min_nodes=p.min_nodes, max_nodes=p.max_nodes, zone=p.zone,
-            node_selector={naming.POOL_LABEL: p.name}, tolerations=gpu_tolerations(), fabric=karpenter.fabrics[p.name],
-            provisioner="karpenter"))
+    pools = node_addons.gpu_pools(cfg, karpenter.fabrics)
 
     return ClusterPlatform(
         cloud="aws", region=region, cluster_name=cluster.cluster_name,
         kubernetes_version=cfg.cluster.kubernetes_version, provider=cluster.provider, kubeconfig=cluster.kubeconfig,
-        gpu_pools=pools, system_node_selector=system_labels, nvme_host_path=NVME_HOST_PATH, nvme_setup="bootstrap",
+        gpu_pools=pools, system_node_selector=system_labels, nvme_host_path=NVME_HOST_PATH,
         buckets=Buckets(datasets=storage.uris["datasets"], checkpoints=storage.uris["checkpoints"],
                         artifacts=storage.uris["artifacts"]),
         object_store_endpoint=f"https://s3.{region}.amazonaws.com", object_store_cidrs=list(OBJECT_STORE_CIDRS),
@@ -183,4 +186,6 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
         identities=identities.identities, registry=registry.registry,
         internal_lb_annotations=dict(INTERNAL_LB_ANNOTATIONS), ready=ready,
         workload_identity_egress=[POD_IDENTITY_AGENT], mlflow_database=mlflow_database,
-        log_store=log_shipping.store)
+        log_store=log_shipping.store,
+        logs={"kind": "cloudwatch", "region": region, "groups": dict(log_shipping.store.groups)},
+        node_addons=node_addons.node_addons(pools), pod_env={"AWS_REGION": region})

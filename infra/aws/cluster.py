@@ -30,8 +30,8 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from gpu_train.spec.settings import HealthSettings
 from infra.aws import iam
-from infra.config import HealthConfig
 
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # vpc-cni >= 1.18.4 is required for efa-only network interfaces
@@ -97,7 +97,7 @@ def node_monitoring_agent_configuration() -> dict:
     return {"dcgmAgent": {"tolerations": [{"operator": "Exists"}]}}
 
 
-def node_repair_config(health: HealthConfig) -> aws.eks.NodeGroupNodeRepairConfigArgs:
+def node_repair_config(health: HealthSettings) -> aws.eks.NodeGroupNodeRepairConfigArgs:
     """EKS node auto repair of a managed node group: on when `health.nodeRepair`, at most
     `health.maxConcurrentRepairs` nodes repaired in parallel."""
     if not health.node_repair:
@@ -168,7 +168,7 @@ class ClusterArgs:
     system_labels: Mapping[str, str]  # labels on system nodes
     ebs_csi_role_name: str  # role name the EBS CSI driver's Pod Identity uses
     tags: Mapping[str, str]  # common tags
-    health: HealthConfig = field(default_factory=HealthConfig)  # node repair of the system node group (cfg.health)
+    health: HealthSettings = field(default_factory=HealthSettings)  # node repair of the system node group (cfg.health)
     # IAM principal ARN -> Kubernetes groups (config.team_access_entries): one STANDARD access entry each,
     # with no access policy, so only the team RoleBindings that name those groups grant anything.
     access_entries: Mapping[str, Sequence[str]] = field(default_factory=dict)

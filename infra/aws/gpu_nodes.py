@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra import naming
-from infra.aws.catalog import InstanceSpec
-from infra.config import GpuPoolConfig
-from infra.platform import Fabric
+from gpu_train.spec import naming
+from gpu_train.spec.catalog.aws import InstanceSpec
+from gpu_train.spec.contract import Fabric
+from gpu_train.spec.settings import GpuPoolSettings
 
 # Where nodeadm's RAID0 local-storage strategy mounts the instance-store array; Karpenter asks for it
 # with the EC2NodeClass's instanceStorePolicy RAID0.
@@ -90,14 +90,14 @@ def nccl_env(instance_type: str) -> dict[str, str]:
     return env
 
 
-def fabric_for(pool: GpuPoolConfig, cards: int) -> Fabric:
+def fabric_for(pool: GpuPoolSettings, cards: int) -> Fabric:
     if not pool.fabric:
         return Fabric(kind="none")
     devices = efa_devices(efa_interfaces(cards))
     return Fabric(kind="efa", resources={EFA_RESOURCE: devices}, nccl_env=nccl_env(pool.instance_type))
 
 
-def node_labels(pool: GpuPoolConfig, spec: InstanceSpec) -> dict[str, str]:
+def node_labels(pool: GpuPoolSettings, spec: InstanceSpec) -> dict[str, str]:
     return {**dict(pool.labels),
             **naming.pool_node_labels(pool.name, pool.capacity, "efa" if pool.fabric else "none", spec.gpu_type)}
 

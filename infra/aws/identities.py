@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra import naming
+from gpu_train.spec import naming
 from infra.aws import iam
 from infra.platform import WorkloadIdentity
 

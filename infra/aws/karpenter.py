@@ -50,9 +50,11 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra import naming
+from gpu_train.spec import naming
+from gpu_train.spec.catalog.aws import InstanceSpec
+from gpu_train.spec.contract import Fabric
+from gpu_train.spec.settings import GpuPoolSettings, HealthSettings
 from infra.aws import iam
-from infra.aws.catalog import InstanceSpec
 from infra.aws.gpu_nodes import (
     GPU_ROOT_GB,
     Interface,
@@ -63,8 +65,6 @@ from infra.aws.gpu_nodes import (
     node_labels,
     nvidia_ami_parameter,
 )
-from infra.config import GpuPoolConfig, HealthConfig
-from infra.platform import Fabric
 
 CHART = "oci://public.ecr.aws/karpenter/karpenter"
 CRD_CHART = "oci://public.ecr.aws/karpenter/karpenter-crd"
@@ -122,11 +122,11 @@ def helm_values(*, cluster_name: str, endpoint: str, queue_name: str, system_sel
     }
 
 
-def placement_group_name(cluster_name: str, pool: GpuPoolConfig) -> str:
+def placement_group_name(cluster_name: str, pool: GpuPoolSettings) -> str:
     return f"{cluster_name}-{pool.name}"
 
 
-def wants_placement_group(pool: GpuPoolConfig) -> bool:
+def wants_placement_group(pool: GpuPoolSettings) -> bool:
     """Fabric pools on spot / on-demand capacity get a cluster placement group; a reservation already
     decides where its instances land (and launching it into another group would fail)."""
     return pool.fabric and pool.placement_group and pool.capacity in ("spot", "on-demand")
@@ -167,7 +167,7 @@ def node_class_spec(*, cluster_name: str, node_role_name: str, ami_id: str, ebs_
     return spec
 
 
-def _template(pool: GpuPoolConfig, spec: InstanceSpec, node_class: str, zones: Sequence[str]) -> dict:
+def _template(pool: GpuPoolSettings, spec: InstanceSpec, node_class: str, zones: Sequence[str]) -> dict:
     taint = naming.GPU_TAINT
     return {
         "metadata": {"labels": node_labels(pool, spec)},
@@ -185,7 +185,7 @@ def _template(pool: GpuPoolConfig, spec: InstanceSpec, node_class: str, zones: S
     }
 
 
-def node_pools(pool: GpuPoolConfig, spec: InstanceSpec, *, node_class: str, zones: Sequence[str],
+def node_pools(pool: GpuPoolSettings, spec: InstanceSpec, *, node_class: str, zones: Sequence[str],
                max_disrupted: int | None = None) -> dict[str, dict]:
     """NodePool (karpenter.sh/v1) specs for one pool, by NodePool name (pure).
 
@@ -242,10 +242,10 @@ class KarpenterArgs:
     kubernetes_version: str  # selects the NVIDIA AMI
     provider: k8s.Provider  # the cluster's Kubernetes provider
     system_selector: Mapping[str, str]  # where the controller runs
-    pools: Sequence[tuple[GpuPoolConfig, InstanceSpec]]  # every GPU pool of the stack
+    pools: Sequence[tuple[GpuPoolSettings, InstanceSpec]]  # every GPU pool of the stack
     depends_on: Sequence[pulumi.Resource]  # add-ons and system nodes that must exist first
     tags: Mapping[str, str]  # common tags
-    health: HealthConfig = field(default_factory=HealthConfig)  # node repair and repair budget (cfg.health)
+    health: HealthSettings = field(default_factory=HealthSettings)  # node repair and repair budget (cfg.health)
 
 
 class Karpenter(pulumi.ComponentResource):

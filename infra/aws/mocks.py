@@ -11,8 +11,8 @@ import base64
 import hashlib
 from typing import Any
 
+from gpu_train.spec.catalog.aws import CATALOG
 from infra.aws import service_roles
-from infra.aws.catalog import CATALOG
 
 # Offline stand-ins, shaped like `aws eks describe-addon-versions` output for Kubernetes 1.33.
 _ADDON_VERSIONS = {

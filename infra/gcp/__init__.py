@@ -1,6 +1,9 @@
 """GCP cloud layer: `build_platform(cfg, tags)` creates the GKE platform and returns its contract.
 
-Usage (infra/__main__.py does this): `platform = infra.gcp.build_platform(cfg, naming.common_tags(cfg))`.
+Usage (infra/__main__.py does this, before and after its checks):
+    pools = infra.gcp.describe_pools(cfg)      # pure: the pools as jobs see them
+    problems = infra.gcp.check(cfg)            # the settings only GCP has rules for
+    platform = infra.gcp.build_platform(cfg, tags)
 
 Every resource gets its project (and region where it has one) passed explicitly and its labels
 passed explicitly, so the program never depends on ambient `gcp:project` / `gcp:region` settings
@@ -15,8 +18,10 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import naming
-from infra.config import StackConfig
+from gpu_train.spec import naming
+from gpu_train.spec.contract import GpuPool
+from gpu_train.spec.settings import StackSettings
+from infra.gcp import node_addons, settings_checks
 from infra.gcp.cluster import GkeCluster, GkeClusterArgs
 from infra.gcp.database import Database, DatabaseArgs
 from infra.gcp.gpu_pools import GpuNodePool, GpuNodePoolArgs
@@ -41,7 +46,18 @@ INTERNAL_LB = {"networking.gke.io/load-balancer-type": "Internal"}
 METADATA_SERVER_EGRESS = (EgressTarget("169.254.169.254/32", 80), EgressTarget("169.254.169.252/32", 988))
 
 
-def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
+def describe_pools(cfg: StackSettings) -> list[GpuPool]:
+    """The GPU pools as jobs see them, from the settings alone (infra/gcp/node_addons.py)."""
+    return node_addons.gpu_pools(cfg)
+
+
+def check(cfg: StackSettings) -> list[str]:
+    """Problems of the settings on GCP, before anything is created (infra/gcp/settings_checks.py)."""
+    return settings_checks.problems(cfg)
+
+
+def build_platform(cfg: StackSettings, tags: dict[str, str]) -> ClusterPlatform:
+    """The GKE platform and its contract."""
     labels = dict(tags)
     apis = ProjectServices("apis", ProjectServicesArgs(cfg=cfg))
 
@@ -103,10 +119,9 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
         kubernetes_version=cfg.cluster.kubernetes_version,
         provider=cluster.provider,
         kubeconfig=cluster.kubeconfig,
-        gpu_pools=[p.contract for p in pools],
+        gpu_pools=node_addons.gpu_pools(cfg),
         system_node_selector={naming.SYSTEM_LABEL: "true"},
         nvme_host_path=NVME_HOST_PATH,
-        nvme_setup="daemonset",
         buckets=Buckets(datasets=storage.uris["datasets"], checkpoints=storage.uris["checkpoints"],
                         artifacts=storage.uris["artifacts"]),
         object_store_endpoint=OBJECT_STORE_ENDPOINT,
@@ -124,4 +139,7 @@ def build_platform(cfg: StackConfig, tags: dict[str, str]) -> ClusterPlatform:
         ready=[cluster.system_pool, *[p.node_pool for p in pools]],
         workload_identity_egress=list(METADATA_SERVER_EGRESS),
         mlflow_database=mlflow_database,
+        # GKE ships every container's log to Cloud Logging itself.
+        logs={"kind": "cloud-logging", "project": cfg.project, "cluster": cluster.cluster.name},
+        node_addons=node_addons.node_addons(cfg, names),
     )

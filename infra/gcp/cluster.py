@@ -33,9 +33,10 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra import naming
-from infra.config import StackConfig, gke_security_group
+from gpu_train.spec import naming
+from gpu_train.spec.settings import StackSettings
 from infra.gcp.network import POD_RANGE, SERVICE_RANGE
+from infra.gcp.settings_checks import gke_security_group
 
 # Only what a node needs: ship logs and metrics, read images
 # (https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa).
@@ -57,7 +58,7 @@ WINDOW_START, WINDOW_END, WINDOW_RECURRENCE = ("2025-01-04T02:00:00Z", "2025-01-
                                                "FREQ=WEEKLY;BYDAY=SA,SU")
 
 
-def location(cfg: StackConfig) -> str:
+def location(cfg: StackSettings) -> str:
     """Regional control plane (three replicas) or zonal (zones[0]) per cluster.regional."""
     return cfg.region if cfg.cluster.regional else cfg.zones[0]
 
@@ -66,7 +67,7 @@ def workload_pool(project: str) -> str:
     return f"{project}.svc.id.goog"
 
 
-def authorized_networks(cfg: StackConfig) -> list[dict[str, str]]:
+def authorized_networks(cfg: StackSettings) -> list[dict[str, str]]:
     """Who may reach the API server: the node network always, plus the configured CIDRs when
     the public endpoint is on (config validation already refuses 0.0.0.0/0)."""
     nets = [{"cidr_block": cfg.network.vpc_cidr, "display_name": "nodes"}]
@@ -82,7 +83,7 @@ def maintenance_exclusion() -> dict[str, object]:
                                   "end_time_behavior": "UNTIL_END_OF_SUPPORT"}}
 
 
-def rbac_security_group(cfg: StackConfig) -> str | None:
+def rbac_security_group(cfg: StackSettings) -> str | None:
     """The Google Groups for RBAC security group of the teams' groups (checked with the settings:
     infra.config.gke_group_problems); None when no team names a group."""
     return gke_security_group(cfg.teams)
@@ -115,7 +116,7 @@ def shielded_config() -> gcp.container.NodePoolNodeConfigShieldedInstanceConfigA
 
 @dataclass(frozen=True, kw_only=True)
 class GkeClusterArgs:
-    cfg: StackConfig  # cluster settings
+    cfg: StackSettings  # cluster settings
     labels: dict[str, str]  # common labels (GCE resource labels on the cluster and its nodes)
     network: gcp.compute.Network  # the cluster VPC
     subnet: gcp.compute.Subnetwork  # the node subnet with the pods/services secondary ranges
@@ -134,7 +135,7 @@ class GkeCluster(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
 
         self.node_service_account = gcp.serviceaccount.Account(
-            f"{name}-nodes", account_id=naming.resource_name(cfg, "nodes", max_len=30), project=cfg.project,
+            f"{name}-nodes", account_id=naming.resource_name(cfg.stack, "nodes", max_len=30), project=cfg.project,
             display_name=f"GKE nodes of {cfg.stack}", opts=child)
         node_member = self.node_service_account.email.apply(lambda e: f"serviceAccount:{e}")
         self.node_roles = [gcp.projects.IAMMember(f"{name}-nodes-{role.split('/')[1]}", project=cfg.project,
@@ -146,7 +147,7 @@ class GkeCluster(pulumi.ComponentResource):
 
         security_group = rbac_security_group(cfg)
         self.cluster = gcp.container.Cluster(
-            f"{name}-gke", name=naming.resource_name(cfg, "gke", max_len=40), project=cfg.project,
+            f"{name}-gke", name=naming.resource_name(cfg.stack, "gke", max_len=40), project=cfg.project,
             location=location(cfg), node_locations=list(cfg.zones) if c.regional else None,
             network=args.network.id, subnetwork=args.subnet.id,
             ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import naming
-from infra.config import StackConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import StackSettings
 from infra.gcp.network import psa_range
 from infra.platform import ManagedDatabase
 
@@ -68,7 +68,7 @@ def psa_address(cidr: str) -> tuple[str, int]:
 
 @dataclass(frozen=True, kw_only=True)
 class DatabaseArgs:
-    cfg: StackConfig  # project, region, environment, mlflow settings and the ranges PSA must avoid
+    cfg: StackSettings  # project, region, environment, mlflow settings and the ranges PSA must avoid
     labels: dict[str, str]  # common labels (user_labels on the instance)
     network: gcp.compute.Network  # the cluster VPC the instance is peered into
     kms_key: pulumi.Input[str]  # the "sql" Cloud KMS key id
@@ -85,7 +85,7 @@ class Database(pulumi.ComponentResource):
         address, prefix = psa_address(self.psa_cidr)
 
         psa = gcp.compute.GlobalAddress(
-            f"{name}-psa", name=naming.resource_name(cfg, "psa"), project=cfg.project, purpose="VPC_PEERING",
+            f"{name}-psa", name=naming.resource_name(cfg.stack, "psa"), project=cfg.project, purpose="VPC_PEERING",
             address_type="INTERNAL", address=address, prefix_length=prefix, network=args.network.id,
             description="Private Service Access range (Cloud SQL private IP)", labels=args.labels, opts=child)
         # ABANDON on delete: the peering cannot be removed while the producer still holds addresses
@@ -95,7 +95,7 @@ class Database(pulumi.ComponentResource):
             reserved_peering_ranges=[psa.name], deletion_policy="ABANDON", opts=child)
 
         self.instance = gcp.sql.DatabaseInstance(
-            name, name=naming.resource_name(cfg, "mlflow"), project=cfg.project, region=cfg.region,
+            name, name=naming.resource_name(cfg.stack, "mlflow"), project=cfg.project, region=cfg.region,
             database_version=DATABASE_VERSION, encryption_key_name=args.kms_key,
             deletion_protection=s.deletion_protection,
             settings=gcp.sql.DatabaseInstanceSettingsArgs(

@@ -1,10 +1,9 @@
 """How pods use the GPU fabric on GKE: the `Fabric` part of the platform contract.
 
-Usage: `fabric_contract(fset, networks)` -> infra.platform.Fabric for one pool; pure (apart from
-the Output names of the VPCs it passes through) and tested without mocks.
+Usage: `fabric_contract(fset, machine_type)` -> the contract's Fabric for one pool; pure and tested without mocks.
 
 The node pools attach the fabric NICs; pods reach them through GKE multi-networking (Network and
-GKENetworkParamSet objects, created by the Kubernetes layer from `Fabric.networks`). The NCCL
+GKENetworkParamSet objects, which infra/gcp/node_addons.py hands the Kubernetes layer to create). The NCCL
 network plugins are installed on the nodes by Google's installer DaemonSets (nccl-tcpx-installer,
 nccl-tcpxo-installer, nccl-rdma-installer, also deployed by the Kubernetes layer) into
 /home/kubernetes/bin/nvidia/lib64 (TCPX, TCPXO) and /home/kubernetes/bin/gib (RDMA).
@@ -17,11 +16,10 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
 from typing import Any
 
+from gpu_train.spec.contract import Fabric
 from infra.gcp.network import FabricSetPlan
-from infra.platform import Fabric
 
 NVIDIA_HOST_LIB = "/home/kubernetes/bin/nvidia/lib64"  # GKE's driver install (and TCPX/TCPXO plugins)
 NVIDIA_LIB = "/usr/local/nvidia/lib64"
@@ -187,17 +185,10 @@ def sidecars(kind: str, nic_count: int) -> list[dict[str, Any]]:
     return []
 
 
-def fabric_contract(fset: FabricSetPlan | None, machine_type: str,
-                    networks: Mapping[str, Any] | None = None) -> Fabric:
-    """The platform's Fabric for a pool. `networks` maps GCE network/subnet names to the
-    Outputs of those resources (so consumers depend on them); plain names are used otherwise."""
+def fabric_contract(fset: FabricSetPlan | None, machine_type: str) -> Fabric:
+    """The platform's Fabric for a pool: how its pods reach the fabric NICs and the NCCL plugin."""
     if fset is None:
         return Fabric(kind="none")
-    networks = networks or {}
-    nets = [{"name": sub.k8s_network, "vpc": networks.get(vpc.name, vpc.name),
-             "subnet": networks.get(sub.name, sub.name),
-             "deviceMode": "RDMA" if vpc.rdma else "NetDevice"}
-            for vpc, sub in fset.nics()]
     vols, mounts = volumes(fset.kind)
     return Fabric(
         kind=fset.kind,  # type: ignore[arg-type]
@@ -207,5 +198,4 @@ def fabric_contract(fset: FabricSetPlan | None, machine_type: str,
         nccl_env=nccl_env(fset, machine_type),
         volumes=vols, volume_mounts=mounts,
         sidecars=sidecars(fset.kind, len(fset.nics())),
-        networks=nets,
     )

@@ -3,7 +3,7 @@
 Usage (inside the Pulumi program; `build_platform` does this):
     pool = GpuNodePool(f"gpu-{p.name}", GpuNodePoolArgs(cfg=cfg, pool=p, labels=tags, cluster=...,
                        service_account=..., disk_key=..., fabric=net.fabric.get(key), networks=...), opts)
-    pool.contract   # infra.platform.GpuPool
+    pool.node_pool  # the GKE node pool (the pool as jobs see it: infra/gcp/node_addons.py gpu_pools)
 
 The GPU driver version (DEFAULT or LATEST driver of the node's GKE version) is part of the node
 template: changing gpuPools[].gpuDriverVersion replaces the pool, which drains and recreates
@@ -19,18 +19,16 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import naming
-from infra.config import GpuPoolConfig, StackConfig
-from infra.gcp.catalog import machine_spec
+from gpu_train.spec import naming
+from gpu_train.spec.catalog.gcp import machine_spec
+from gpu_train.spec.settings import GpuPoolSettings, StackSettings
 from infra.gcp.cluster import location, shielded_config
-from infra.gcp.fabric import fabric_contract
 from infra.gcp.network import FabricSetPlan
-from infra.platform import GpuPool
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 
 
-def capacity_settings(pool: GpuPoolConfig) -> dict[str, Any]:
+def capacity_settings(pool: GpuPoolSettings) -> dict[str, Any]:
     """Node-config fields for spot, on-demand or a specific reservation."""
     if pool.capacity == "spot":
         return {"spot": True}
@@ -42,26 +40,26 @@ def capacity_settings(pool: GpuPoolConfig) -> dict[str, Any]:
     raise ValueError(f"gpuPools {pool.name!r}: capacity {pool.capacity!r} is not available on GCP")
 
 
-def autoscaling_settings(pool: GpuPoolConfig) -> dict[str, Any]:
+def autoscaling_settings(pool: GpuPoolSettings) -> dict[str, Any]:
     """Totals across zones; spot takes capacity wherever it is (ANY), others spread (BALANCED)."""
     return {"total_min_node_count": pool.min_nodes, "total_max_node_count": pool.max_nodes,
             "location_policy": "ANY" if pool.capacity == "spot" else "BALANCED"}
 
 
-def node_locations(cfg: StackConfig, pool: GpuPoolConfig) -> list[str]:
+def node_locations(cfg: StackSettings, pool: GpuPoolSettings) -> list[str]:
     """Fabric pools (compact placement) and pinned pools live in one zone; others in all."""
     return [pool.zone] if pool.zone else list(cfg.zones)
 
 
-def node_labels(pool: GpuPoolConfig, fabric_kind: str) -> dict[str, str]:
+def node_labels(pool: GpuPoolSettings, fabric_kind: str) -> dict[str, str]:
     spec = machine_spec(pool.instance_type)
     return {**pool.labels, **naming.pool_node_labels(pool.name, pool.capacity, fabric_kind, spec.gpu_type)}
 
 
 @dataclass(frozen=True, kw_only=True)
 class GpuNodePoolArgs:
-    cfg: StackConfig  # stack settings (location, zones)
-    pool: GpuPoolConfig  # this pool's settings
+    cfg: StackSettings  # stack settings (location, zones)
+    pool: GpuPoolSettings  # this pool's settings
     labels: dict[str, str]  # common labels (GCE resource labels on the nodes)
     cluster: gcp.container.Cluster  # the cluster the pool belongs to
     service_account: pulumi.Input[str]  # least-privilege node service account email
@@ -71,7 +69,7 @@ class GpuNodePoolArgs:
 
 
 class GpuNodePool(pulumi.ComponentResource):
-    """One GPU node pool and its contract entry."""
+    """One GPU node pool."""
 
     def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:GpuNodePool", name, None, opts)
@@ -133,14 +131,4 @@ class GpuNodePool(pulumi.ComponentResource):
                 gvnic=gcp.container.NodePoolNodeConfigGvnicArgs(enabled=True)),
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["initialNodeCount"]))
 
-        self.contract = GpuPool(
-            name=pool.name, instance_type=pool.instance_type, capacity=pool.capacity,
-            gpu_type=spec.gpu_type, gpus_per_node=spec.gpus, min_nodes=pool.min_nodes,
-            max_nodes=pool.max_nodes, zone=pool.zone,
-            node_selector={naming.POOL_LABEL: pool.name},
-            tolerations=[{"key": naming.GPU_TAINT["key"], "operator": "Equal",
-                          "value": naming.GPU_TAINT["value"], "effect": naming.GPU_TAINT["effect"]}],
-            fabric=fabric_contract(fset, pool.instance_type, args.networks),
-            provisioner="node-pool",
-        )
         self.register_outputs({"name": self.node_pool.name})

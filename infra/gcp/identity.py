@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import naming
-from infra.config import StackConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import StackSettings
 from infra.gcp.cluster import workload_pool
 from infra.platform import WorkloadIdentity
 
@@ -42,7 +42,7 @@ class BucketGrant:
     prefix: str = ""  # "" = whole bucket; else objects under <prefix>/ only
 
 
-def identities(cfg: StackConfig) -> dict[str, tuple[str, str]]:
+def identities(cfg: StackSettings) -> dict[str, tuple[str, str]]:
     """Identity key -> (namespace, Kubernetes service account)."""
     ids = {"cache": (naming.CACHE_NAMESPACE, naming.CACHE_SERVICE_ACCOUNT),
            "mlflow": (naming.MLFLOW_NAMESPACE, naming.MLFLOW_SERVICE_ACCOUNT)}
@@ -76,14 +76,14 @@ def wi_member(project: str, namespace: str, ksa: str) -> str:
     return f"serviceAccount:{workload_pool(project)}[{namespace}/{ksa}]"
 
 
-def account_id(cfg: StackConfig, key: str) -> str:
+def account_id(cfg: StackSettings, key: str) -> str:
     """A 6-30 character service account id, unique per stack and identity."""
-    return naming.resource_name(cfg, key.replace("/", "-"), max_len=30)
+    return naming.resource_name(cfg.stack, key.replace("/", "-"), max_len=30)
 
 
 @dataclass(frozen=True, kw_only=True)
 class IdentitiesArgs:
-    cfg: StackConfig  # project and teams
+    cfg: StackSettings  # project and teams
     buckets: dict[str, gcp.storage.Bucket]  # purpose -> bucket
 
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import naming
-from infra.config import StackConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import StackSettings
 
 ROTATION_PERIOD = "7776000s"  # 90 days
 ENCRYPTER_DECRYPTER = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
@@ -72,7 +72,7 @@ def key_id(project: str, region: str, ring: str, key: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class KeysArgs:
-    cfg: StackConfig  # project and region of the key ring
+    cfg: StackSettings  # project and region of the key ring
     labels: dict[str, str]  # common labels for every key
     project_number: pulumi.Input[str]  # names the service agents
     optional: tuple[str, ...] = ()  # which OPTIONAL_USES to create as well, e.g. ("sql",)
@@ -88,7 +88,7 @@ class Keys(pulumi.ComponentResource):
         cfg = args.cfg
         # Prod keys are protected; dev keys may go with the stack (their data is disposable).
         protected = pulumi.ResourceOptions(parent=self, protect=cfg.is_prod)
-        ring_name = naming.resource_name(cfg, "keys")
+        ring_name = naming.resource_name(cfg.stack, "keys")
         self.ring = gcp.kms.KeyRing(f"{name}-ring", name=ring_name, project=cfg.project,
                                     location=cfg.region, opts=protected)
         ring_id = pulumi.Output.concat("projects/", cfg.project, "/locations/", cfg.region,

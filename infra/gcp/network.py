@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import naming
-from infra.config import GpuPoolConfig, StackConfig
-from infra.gcp.catalog import FABRIC_BLOCK, fabric_vpcs, machine_spec
+from gpu_train.spec import naming
+from gpu_train.spec.catalog.gcp import machine_spec
+from gpu_train.spec.settings import GpuPoolSettings, StackSettings
 
 # Google's load-balancer and health-check probers
 # (https://cloud.google.com/load-balancing/docs/health-check-concepts#ip-ranges).
@@ -37,6 +37,57 @@ SERVICE_RANGE = "services"
 # --------------------------------------------------------------------------------------------
 # Pure planning
 # --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# GPU fabric networks per machine type.
+# --------------------------------------------------------------------------------------------
+
+# GPU NICs run with jumbo frames. The GPUDirect-TCPX/TCPXO guide creates its gVNIC VPCs with MTU
+# 8244 (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx#create-vpcs-subnets);
+# A3 Ultra and A4 use 8896 on both their gVNIC and their RoCE VPC, the RDMA profile's default and
+# the value Google recommends for RDMA networks
+# (https://cloud.google.com/vpc/docs/rdma-network-profiles#specifications,
+# https://cloud.google.com/ai-hypercomputer/docs/create/gke-ai-hypercompute-custom).
+GPUDIRECT_MTU = 8244
+RDMA_MTU = 8896
+FABRIC_MTU = {"tcpx": GPUDIRECT_MTU, "tcpxo": GPUDIRECT_MTU, "rdma": RDMA_MTU}
+# The guides number fabric subnets 192.168.<N>.0/24; each fabric subnet is one /24 from this block.
+FABRIC_BLOCK = "192.168.0.0/16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricVpc:
+    """One extra VPC that GPU nodes of a fabric machine type attach to."""
+
+    suffix: str  # name part: "gvnic-1".."gvnic-8" or "rdma"
+    rdma: bool  # RoCE VPC (network profile <zone>-vpc-roce) rather than a gVNIC one
+    subnets: int  # subnets in this VPC; each subnet is one NIC on the node
+    mtu: int  # FABRIC_MTU of the machine's fabric kind
+
+
+def fabric_vpcs(machine_type: str) -> tuple[FabricVpc, ...]:
+    """The extra VPCs a machine type's GPU NICs need, in NIC order (eth1, eth2, ...).
+
+    A3 High (TCPX) has 4 and A3 Mega (TCPXO) 8 GPU NICs, each on its own gVNIC VPC with one
+    subnet. A3 Ultra and A4 have one more gVNIC NIC (eth1) plus 8 RDMA NICs, which all sit on a
+    single RoCE VPC with one subnet per NIC
+    (https://cloud.google.com/ai-hypercomputer/docs/create/gke-ai-hypercompute-custom).
+    """
+    spec = machine_spec(machine_type)
+    if spec.fabric == "none":
+        return ()
+    mtu = FABRIC_MTU[spec.fabric]
+    gvnic = tuple(FabricVpc(suffix=f"gvnic-{i + 1}", rdma=False, subnets=1, mtu=mtu)
+                  for i in range(spec.extra_gvnic_networks))
+    if spec.rdma_nics:
+        return (*gvnic, FabricVpc(suffix="rdma", rdma=True, subnets=spec.rdma_nics, mtu=mtu))
+    return gvnic
+
+
+def fabric_nic_count(machine_type: str) -> int:
+    """How many additional NICs (one per fabric subnet) a node of this machine type gets."""
+    return sum(v.subnets for v in fabric_vpcs(machine_type))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +120,7 @@ class FabricSetPlan:
         return tuple((vpc, sub) for vpc in self.vpcs for sub in vpc.subnets)
 
 
-def pool_fabric_key(pool: GpuPoolConfig) -> str | None:
+def pool_fabric_key(pool: GpuPoolSettings) -> str | None:
     """Which fabric set a pool attaches to; None for pools without a fabric."""
     if not pool.fabric:
         return None
@@ -79,7 +130,7 @@ def pool_fabric_key(pool: GpuPoolConfig) -> str | None:
     return f"rdma-{pool.zone}" if kind == "rdma" else kind
 
 
-def fabric_sets(cfg: StackConfig) -> dict[str, FabricSetPlan]:
+def fabric_sets(cfg: StackSettings) -> dict[str, FabricSetPlan]:
     """Plan every fabric VPC and subnet of the stack, with disjoint /24s from FABRIC_BLOCK.
 
     Pools of the same fabric kind share one set of VPCs (A3 Ultra and A4 share the RoCE layout);
@@ -100,7 +151,7 @@ def fabric_sets(cfg: StackConfig) -> dict[str, FabricSetPlan]:
         zone = key[len("rdma-"):] if kind == "rdma" else ""
         vpcs = []
         for vpc in fabric_vpcs(machine_type):
-            name = naming.resource_name(cfg, key, vpc.suffix)
+            name = naming.resource_name(cfg.stack, key, vpc.suffix)
             subnets = []
             for j in range(vpc.subnets):
                 try:
@@ -109,7 +160,7 @@ def fabric_sets(cfg: StackConfig) -> dict[str, FabricSetPlan]:
                     raise ValueError(f"{FABRIC_BLOCK} has no free /24 left for fabric subnet {name} "
                                      f"(gpu-train:network ranges overlap it)") from None
                 sub_suffix = f"{vpc.suffix}-{j}" if vpc.rdma else vpc.suffix
-                subnets.append(FabricSubnetPlan(name=naming.resource_name(cfg, key, sub_suffix, "sub"),
+                subnets.append(FabricSubnetPlan(name=naming.resource_name(cfg.stack, key, sub_suffix, "sub"),
                                                 cidr=cidr, k8s_network=f"{key}-{sub_suffix}"))
             vpcs.append(FabricVpcPlan(suffix=vpc.suffix, name=name, mtu=vpc.mtu, rdma=vpc.rdma,
                                       zone=zone if vpc.rdma else "", subnets=tuple(subnets)))
@@ -124,7 +175,7 @@ PSA_PREFIX = 20
 PSA_BLOCK = "10.0.0.0/8"
 
 
-def psa_range(cfg: StackConfig) -> str:
+def psa_range(cfg: StackSettings) -> str:
     """The Private Service Access range: the highest /20 of 10.0.0.0/8 that overlaps nothing of the stack.
 
     Searching from the top of 10/8 keeps clear of the low 10.x ranges networks usually start at; every
@@ -144,7 +195,7 @@ def roce_network_profile(project: str, zone: str) -> str:
     return f"projects/{project}/global/networkProfiles/{zone}-vpc-roce"
 
 
-def nat_log_filter(cfg: StackConfig) -> str:
+def nat_log_filter(cfg: StackSettings) -> str:
     """Cloud NAT logging: every translation in prod (audit), errors only elsewhere (cost)."""
     return "ALL" if cfg.is_prod else "ERRORS_ONLY"
 
@@ -156,7 +207,7 @@ def nat_log_filter(cfg: StackConfig) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class NetworkArgs:
-    cfg: StackConfig  # the stack settings (network ranges, region, fabric pools)
+    cfg: StackSettings  # the stack settings (network ranges, region, fabric pools)
     labels: dict[str, str]  # common labels (only the DNS zones take labels here)
 
 
@@ -170,10 +221,10 @@ class Network(pulumi.ComponentResource):
         project, region = cfg.project, cfg.region
 
         self.network = gcp.compute.Network(
-            f"{name}-vpc", name=naming.resource_name(cfg, "vpc"), project=project,
+            f"{name}-vpc", name=naming.resource_name(cfg.stack, "vpc"), project=project,
             auto_create_subnetworks=False, routing_mode="REGIONAL", opts=child)
         self.subnet = gcp.compute.Subnetwork(
-            f"{name}-nodes", name=naming.resource_name(cfg, "nodes"), project=project, region=region,
+            f"{name}-nodes", name=naming.resource_name(cfg.stack, "nodes"), project=project, region=region,
             network=self.network.id, ip_cidr_range=cfg.network.vpc_cidr,
             secondary_ip_ranges=[
                 gcp.compute.SubnetworkSecondaryIpRangeArgs(range_name=POD_RANGE,
@@ -189,10 +240,10 @@ class Network(pulumi.ComponentResource):
 
         # Nodes have no external addresses; Cloud NAT gives them (and pods) egress for image pulls.
         self.router = gcp.compute.Router(
-            f"{name}-router", name=naming.resource_name(cfg, "router"), project=project, region=region,
+            f"{name}-router", name=naming.resource_name(cfg.stack, "router"), project=project, region=region,
             network=self.network.id, opts=child)
         self.nat = gcp.compute.RouterNat(
-            f"{name}-nat", name=naming.resource_name(cfg, "nat"), project=project, region=region,
+            f"{name}-nat", name=naming.resource_name(cfg.stack, "nat"), project=project, region=region,
             router=self.router.name, nat_ip_allocate_option="AUTO_ONLY",
             source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
             subnetworks=[gcp.compute.RouterNatSubnetworkArgs(
@@ -205,7 +256,7 @@ class Network(pulumi.ComponentResource):
                     cfg.cluster.master_cidr]
         self.firewalls = [
             gcp.compute.Firewall(
-                f"{name}-allow-internal", name=naming.resource_name(cfg, "allow-internal"),
+                f"{name}-allow-internal", name=naming.resource_name(cfg.stack, "allow-internal"),
                 project=project, network=self.network.id, direction="INGRESS", priority=1000,
                 source_ranges=internal,
                 allows=[gcp.compute.FirewallAllowArgs(protocol="tcp"),
@@ -214,7 +265,7 @@ class Network(pulumi.ComponentResource):
                 log_config=gcp.compute.FirewallLogConfigArgs(metadata="INCLUDE_ALL_METADATA"),
                 opts=child),
             gcp.compute.Firewall(
-                f"{name}-allow-health-checks", name=naming.resource_name(cfg, "allow-health-checks"),
+                f"{name}-allow-health-checks", name=naming.resource_name(cfg.stack, "allow-health-checks"),
                 project=project, network=self.network.id, direction="INGRESS", priority=1000,
                 source_ranges=list(HEALTH_CHECK_RANGES),
                 allows=[gcp.compute.FirewallAllowArgs(protocol="tcp")],
@@ -226,14 +277,14 @@ class Network(pulumi.ComponentResource):
         # that answer *.googleapis.com / *.pkg.dev / *.gcr.io with it, so egress to Google APIs
         # (GCS above all) stays on 199.36.153.8/30 and NetworkPolicies can allow exactly that.
         self.private_api_route = gcp.compute.Route(
-            f"{name}-private-apis", name=naming.resource_name(cfg, "private-apis"), project=project,
+            f"{name}-private-apis", name=naming.resource_name(cfg.stack, "private-apis"), project=project,
             network=self.network.id, dest_range=PRIVATE_GOOGLE_APIS,
             next_hop_gateway="default-internet-gateway", priority=100, opts=child)
         self.dns_zones = []
         for domain in PRIVATE_API_DOMAINS:
             slug = domain.rstrip(".").replace(".", "-")
             zone = gcp.dns.ManagedZone(
-                f"{name}-{slug}", name=naming.resource_name(cfg, slug), project=project,
+                f"{name}-{slug}", name=naming.resource_name(cfg.stack, slug), project=project,
                 dns_name=domain, visibility="private", labels=args.labels,
                 description=f"Private Google Access for {domain}",
                 private_visibility_config=gcp.dns.ManagedZonePrivateVisibilityConfigArgs(
@@ -270,7 +321,7 @@ class Network(pulumi.ComponentResource):
                     # Fabric traffic is node-to-node only: allow it from the fabric subnets themselves.
                     self.fabric_firewalls.append(gcp.compute.Firewall(
                         f"{name}-{key}-{vpc.suffix}-internal",
-                        name=naming.resource_name(cfg, key, vpc.suffix, "internal"), project=project,
+                        name=naming.resource_name(cfg.stack, key, vpc.suffix, "internal"), project=project,
                         network=net.id, direction="INGRESS", priority=1000,
                         source_ranges=[s.cidr for s in vpc.subnets],
                         allows=[gcp.compute.FirewallAllowArgs(protocol="tcp"),

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import naming
-from infra.config import StackConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import StackSettings
 from infra.platform import Registry
 
 IMAGE = "trainer"
@@ -73,7 +73,7 @@ def _policy_args(policies: list[dict]) -> list[gcp.artifactregistry.RepositoryCl
 
 @dataclass(frozen=True, kw_only=True)
 class ArtifactRegistryArgs:
-    cfg: StackConfig  # project and region (the repository is regional, next to the cluster)
+    cfg: StackSettings  # project and region (the repository is regional, next to the cluster)
     labels: dict[str, str]  # common labels
     kms_key: pulumi.Input[str]  # CMEK for image layers
 
@@ -85,14 +85,14 @@ class ArtifactRegistry(pulumi.ComponentResource):
         super().__init__("gpu-train:gcp:ArtifactRegistry", name, None, opts)
         cfg = args.cfg
         self.repository = gcp.artifactregistry.Repository(
-            f"{name}-docker", repository_id=naming.resource_name(cfg, "images"), project=cfg.project,
+            f"{name}-docker", repository_id=naming.resource_name(cfg.stack, "images"), project=cfg.project,
             location=cfg.region, format="DOCKER", kms_key_name=args.kms_key,
             docker_config=gcp.artifactregistry.RepositoryDockerConfigArgs(immutable_tags=True),
             cleanup_policies=_policy_args(cleanup_policies()), cleanup_policy_dry_run=False, labels=args.labels,
             description=f"Trainer images for {cfg.stack}",
             opts=pulumi.ResourceOptions(parent=self))
         self.cache_repository = gcp.artifactregistry.Repository(
-            f"{name}-cache", repository_id=naming.resource_name(cfg, "buildcache"), project=cfg.project,
+            f"{name}-cache", repository_id=naming.resource_name(cfg.stack, "buildcache"), project=cfg.project,
             location=cfg.region, format="DOCKER", kms_key_name=args.kms_key,
             docker_config=gcp.artifactregistry.RepositoryDockerConfigArgs(immutable_tags=False),
             cleanup_policies=_policy_args(cache_cleanup_policies()), cleanup_policy_dry_run=False,

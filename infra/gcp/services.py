@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra.config import StackConfig
+from gpu_train.spec.settings import StackSettings
 from infra.gcp.plan_graph import PlanGraph, Record
 
 SERVICE = "gcp:projects/service:Service"
@@ -64,7 +64,7 @@ BASE_APIS = (
 MANAGED_DATABASE_APIS = ("servicenetworking.googleapis.com", "sqladmin.googleapis.com")
 
 
-def required_apis(cfg: StackConfig) -> tuple[str, ...]:
+def required_apis(cfg: StackSettings) -> tuple[str, ...]:
     """Every API this stack's resources and service agents need, sorted."""
     apis = set(BASE_APIS)
     if cfg.mlflow.enabled and cfg.mlflow.database == "managed":
@@ -118,7 +118,7 @@ def api_problems(records: Iterable[Record], project: str, *, check_order: bool) 
 
 @dataclass(frozen=True, kw_only=True)
 class ProjectServicesArgs:
-    cfg: StackConfig  # project, and which features (managed database) need extra APIs
+    cfg: StackSettings  # project, and which features (managed database) need extra APIs
 
 
 class ProjectServices(pulumi.ComponentResource):

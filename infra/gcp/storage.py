@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-from infra import naming
-from infra.config import StackConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import StackSettings
 
 PURPOSES = ("datasets", "checkpoints", "artifacts")
 # Deleted objects stay restorable this long (GCS soft delete; 7 days is the service default and
@@ -29,12 +29,12 @@ NONCURRENT_DAYS = {"dev": 3, "staging": 7, "prod": 14}
 ABORT_MULTIPART_DAYS = 1
 
 
-def bucket_name(cfg: StackConfig, purpose: str) -> str:
+def bucket_name(cfg: StackSettings, purpose: str) -> str:
     """Globally unique bucket name: the stack prefix, the purpose and the project id."""
-    return naming.resource_name(cfg, purpose, cfg.project)
+    return naming.resource_name(cfg.stack, purpose, cfg.project)
 
 
-def lifecycle_rules(purpose: str, cfg: StackConfig) -> list[dict]:
+def lifecycle_rules(purpose: str, cfg: StackSettings) -> list[dict]:
     """Lifecycle rules as plain dicts (action, condition) for one bucket."""
     rules = [{"action": {"type": "AbortIncompleteMultipartUpload"},
               "condition": {"age": ABORT_MULTIPART_DAYS}}]
@@ -47,7 +47,7 @@ def lifecycle_rules(purpose: str, cfg: StackConfig) -> list[dict]:
 
 @dataclass(frozen=True, kw_only=True)
 class StorageArgs:
-    cfg: StackConfig  # project, region, environment
+    cfg: StackSettings  # project, region, environment
     labels: dict[str, str]  # common labels for every bucket
     kms_key: pulumi.Input[str]  # default CMEK for every object written
 

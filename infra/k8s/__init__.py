@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import naming
-from infra.config import StackConfig
+from gpu_train.spec import naming
+from gpu_train.spec.pod_rules import repository_of
+from gpu_train.spec.settings import StackSettings
 from infra.k8s import common
 from infra.k8s.cache import Cache, CacheArgs
 from infra.k8s.gpu import GpuStack, GpuStackArgs
@@ -29,7 +30,7 @@ from infra.k8s.health import Health, HealthArgs
 from infra.k8s.log_shipping import LogShipper, LogShipperArgs
 from infra.k8s.monitoring import Monitoring, MonitoringArgs, release_labels
 from infra.k8s.nvme import NvmeSetup, NvmeSetupArgs
-from infra.k8s.pod_admission import PodAdmission, PodAdmissionArgs, repository_of
+from infra.k8s.pod_admission import PodAdmission, PodAdmissionArgs
 from infra.k8s.storage import EncryptedStorage, StorageArgs
 from infra.k8s.tenancy import Tenancy, TenancyArgs
 from infra.platform import ClusterPlatform
@@ -57,7 +58,7 @@ class KubernetesLayer:
     health: Health | None = None  # GPU node fault detection, quarantine and pre-flight (docs/operations.md)
 
 
-def build_kubernetes(platform: ClusterPlatform, cfg: StackConfig) -> KubernetesLayer:
+def build_kubernetes(platform: ClusterPlatform, cfg: StackSettings) -> KubernetesLayer:
     """Build every Kubernetes-side component for one stack."""
     if not platform.gpu_pools:
         raise ValueError("platform.gpu_pools is empty: the Kubernetes layer needs at least one GPU pool")

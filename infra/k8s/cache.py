@@ -28,8 +28,8 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import naming
-from infra.config import CacheConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import CacheSettings
 from infra.k8s import common
 from infra.platform import ClusterPlatform, GpuPool
 
@@ -97,7 +97,7 @@ def ufs_uri(datasets_bucket: str) -> str:
     return datasets_bucket.rstrip("/") + "/"
 
 
-def alluxio_values(*, settings: CacheConfig, nvme_host_path: str, datasets_bucket: str, region: str,
+def alluxio_values(*, settings: CacheSettings, nvme_host_path: str, datasets_bucket: str, region: str,
                    storage_class: str, gpu_pools: list[GpuPool], system_selector: dict[str, str],
                    service_account: str = naming.CACHE_SERVICE_ACCOUNT) -> dict[str, Any]:
     """Helm values for the Alluxio chart. No credentials appear anywhere: the under-storage is read
@@ -219,7 +219,7 @@ def cache_network_policies(platform: ClusterPlatform) -> list[common.Policy]:
 @dataclass(frozen=True, kw_only=True)
 class CacheArgs:
     platform: ClusterPlatform  # contract: NVMe path, datasets bucket, cache identity, pools
-    settings: CacheConfig  # cfg.cache
+    settings: CacheSettings  # cfg.cache
     storage_class: str  # encrypted StorageClass for the masters' journals
     monitoring_labels: dict[str, str]  # labels Prometheus selects monitors by
     depends_on: tuple[pulumi.Resource, ...] = ()  # StorageClass, monitoring CRDs

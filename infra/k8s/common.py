@@ -15,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra import naming
+from gpu_train.spec import naming
 from infra.platform import ClusterPlatform, EgressTarget, GpuPool
 
 # Namespaces this layer creates besides the team namespaces.
@@ -70,6 +70,11 @@ def gpu_tolerations(pools: Iterable[GpuPool]) -> list[dict[str, str]]:
         if tol not in out:
             out.append(tol)
     return out
+
+
+def fabric_pools(pools: Iterable[GpuPool], fabric: str) -> list[GpuPool]:
+    """The pools whose nodes are on the named fabric (their nodes carry gpu-train.io/fabric=<fabric>)."""
+    return [pool for pool in pools if pool.fabric.kind in (fabric,)]
 
 
 def pool_affinity(pools: Iterable[GpuPool], extra: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""GPU node software: NVIDIA device plugin + GPU feature discovery, the fabric device plugins (AWS EFA)
-or NCCL fabric plugin installers (GKE GPUDirect TCPX / TCPXO / RDMA) with their multi-network
-objects, all confined to GPU nodes.
+"""GPU node software, as the cloud layer describes it (platform.node_addons): NVIDIA's device plugin and GPU
+feature discovery where the cloud runs none of its own, each fabric's device plugin chart, its host installers
+and its cluster objects, all confined to GPU nodes.
 
-Usage: `GpuStack("gpu", GpuStackArgs(platform=platform, namespace=ns))`. Values and manifests are
-pure functions (`device_plugin_values`, `efa_plugin_values`, `nccl_installer`, `gke_network_objects`)
-tested without mocks. Why the device plugin chart and not the GPU operator: docs/kubernetes.md.
+Usage: `GpuStack("gpu", GpuStackArgs(platform=platform, namespace=ns))`. Values and manifests are pure functions
+(`device_plugin_values`, `fabric_plugin_values`, `host_installer`) tested without mocks. Which plugins a cloud
+needs is the cloud layer's knowledge (infra/aws/node_addons.py, infra/gcp/node_addons.py); this module installs
+what it is given. Why the device plugin chart and not the GPU operator: docs/kubernetes.md.
 """
 
 from __future__ import annotations
@@ -15,60 +16,19 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import naming
+from gpu_train.spec import naming
+from gpu_train.spec.contract import GpuPool
 from infra.k8s import common
-from infra.platform import ClusterPlatform, GpuPool
+from infra.platform import ClusterPlatform, DevicePlugin, HostInstaller
 
 # https://github.com/NVIDIA/k8s-device-plugin/releases (chart and image share the version).
 DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
 DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
 DEVICE_PLUGIN_VERSION = "0.20.0"
-# https://github.com/aws/eks-charts/tree/master/stable/aws-efa-k8s-device-plugin
-EFA_CHART = "aws-efa-k8s-device-plugin"
-EFA_REPO = "https://aws.github.io/eks-charts"
-EFA_VERSION = "v0.5.30"
-
-# GKE's NCCL fabric plugins, pinned as in Google's installer manifests
-# (https://github.com/GoogleCloudPlatform/container-engine-accelerators: gpudirect-tcpx/,
-# gpudirect-tcpxo/, gpudirect-rdma/). Each copies the plugin libraries onto the host, where the
-# job's pods mount them (platform.gpu_pools[*].fabric.volumes).
-HOST_TOOLS_IMAGE = "ubuntu:24.04"  # util-linux's nsenter, to run a command in the host's mount namespace
+# Images of the host installers' helper containers: util-linux's nsenter to run a command in the host's mount
+# namespace, and a pause container to idle in once the work is done (also used by infra/k8s/nvme.py).
+HOST_TOOLS_IMAGE = "ubuntu:24.04"
 PAUSE_IMAGE = "gke.gcr.io/pause:3.8@sha256:880e63f94b145e46f1b1082bb71b85e21f16b99b180b9996407d61240ceb9830"
-NCCL_INSTALLERS: dict[str, dict[str, Any]] = {
-    "tcpx": {
-        "name": "nccl-tcpx-installer",
-        "image": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpx/nccl-plugin-gpudirecttcpx-dev:v3.1.9",
-        "script": "/scripts/container_entry.sh install --install-nccl\n",
-        "host_dirs": {"var-lib": ("/var/lib", "/var/lib")},
-        # COS mounts /var/lib noexec; the plugin's directory must be executable on the host.
-        "host_script": "mount --bind /var/lib/tcpx /var/lib/tcpx && mount -o remount,exec /var/lib/tcpx",
-    },
-    "tcpxo": {
-        "name": "nccl-tcpxo-installer",
-        "image": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/nccl-plugin-gpudirecttcpx-dev:v1.0.3",
-        "script": "/scripts/container_entry.sh install --install-nccl\n"
-                  "mkdir -p /usr/local/nvidia/lib64\n"
-                  "cp -r /var/lib/tcpxo/lib64/. /usr/local/nvidia/lib64\n",
-        "host_dirs": {"var-lib": ("/var/lib", "/var/lib"), "library-dir-host": ("/home/kubernetes/bin", "/usr/local")},
-    },
-    "rdma": {
-        "name": "nccl-rdma-installer",
-        "image": "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.0.6",
-        "script": "/scripts/container_entry.sh install --install-nccl\n"
-                  "cp -r /var/lib/gib/lib64/. /usr/local/home/kubernetes/bin/nvidia/lib64\n"
-                  "cp -r /var/lib/gib/. /usr/local/home/kubernetes/bin/gib\n",
-        "host_dirs": {
-            "library-dir-host": ("/home/kubernetes/bin/nvidia/lib64", "/usr/local/home/kubernetes/bin/nvidia/lib64"),
-            "gib": ("/home/kubernetes/bin/gib", "/usr/local/home/kubernetes/bin/gib"),
-        },
-    },
-}
-
-
-def managed_device_plugin(pool: GpuPool) -> bool:
-    """GKE node pools run Google's own device plugin (with the driver installer); a second plugin
-    would register nvidia.com/gpu twice. Everywhere else we install NVIDIA's."""
-    return pool.provisioner == "node-pool"
 
 
 def device_plugin_values(pools: list[GpuPool], system_selector: dict[str, str]) -> dict[str, Any]:
@@ -97,40 +57,36 @@ def device_plugin_values(pools: list[GpuPool], system_selector: dict[str, str]) 
     }
 
 
-def efa_plugin_values(pools: list[GpuPool]) -> dict[str, Any]:
-    """Values for the EFA device plugin: only on nodes labelled with the EFA fabric."""
+def fabric_plugin_values(plugin: DevicePlugin, pools: list[GpuPool]) -> dict[str, Any]:
+    """Values for a fabric's device-plugin chart: only on the nodes labelled with that fabric."""
     return {
-        "nodeSelector": {naming.FABRIC_LABEL: "efa"},
+        "nodeSelector": {naming.FABRIC_LABEL: plugin.fabric},
         "tolerations": common.gpu_tolerations(pools),
         "resources": common.resources("10m", "20Mi", "100m", "64Mi"),
     }
 
 
-def nccl_installer(kind: str, pools: list[GpuPool], namespace: str) -> dict[str, Any]:
-    """The DaemonSet manifest (metadata + spec) that installs GKE's NCCL plugin for one fabric kind
-    on the nodes labelled with that fabric. It must be privileged: it writes libraries and
-    bind-mounts into the host (see infra/k8s/checkov-skips.yaml)."""
-    if kind not in NCCL_INSTALLERS:
-        raise ValueError(f"no NCCL plugin installer for fabric kind {kind!r} (known: {sorted(NCCL_INSTALLERS)})")
-    spec = NCCL_INSTALLERS[kind]
-    labels = {"app.kubernetes.io/name": spec["name"], "app.kubernetes.io/part-of": "gpu-train"}
+def host_installer(installer: HostInstaller, pools: list[GpuPool], namespace: str) -> dict[str, Any]:
+    """The DaemonSet manifest (metadata + spec) of a host installer on the nodes labelled with its fabric. It must be
+    privileged: it writes libraries and bind-mounts into the host (see infra/k8s/checkov-skips.yaml)."""
+    labels = {"app.kubernetes.io/name": installer.name, "app.kubernetes.io/part-of": "gpu-train"}
     # host_dirs: volume name -> (directory on the host, where the installer sees it).
     volumes = [{"name": v, "hostPath": {"path": host, "type": "DirectoryOrCreate"}}
-               for v, (host, _) in spec["host_dirs"].items()]
-    mounts = [{"name": v, "mountPath": inside} for v, (_, inside) in spec["host_dirs"].items()]
+               for v, (host, _) in installer.host_dirs.items()]
+    mounts = [{"name": v, "mountPath": inside} for v, (_, inside) in installer.host_dirs.items()]
     privileged = {"privileged": True, "readOnlyRootFilesystem": False}
     pause_security = {**common.restricted_container_security()}
     return {
-        "metadata": {"name": spec["name"], "namespace": namespace, "labels": labels,
-                     "annotations": common.checkov_skip_annotations(spec["name"])},
+        "metadata": {"name": installer.name, "namespace": namespace, "labels": labels,
+                     "annotations": common.checkov_skip_annotations(installer.name)},
         "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": spec["name"]}},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": installer.name}},
             "updateStrategy": {"type": "RollingUpdate"},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
                     "affinity": common.pool_affinity(
-                        pools, [{"key": naming.FABRIC_LABEL, "operator": "In", "values": [kind]}]),
+                        pools, [{"key": naming.FABRIC_LABEL, "operator": "In", "values": [installer.fabric]}]),
                     "tolerations": common.gpu_tolerations(pools),
                     "hostPID": True,
                     "hostNetwork": True,
@@ -139,10 +95,10 @@ def nccl_installer(kind: str, pools: list[GpuPool], namespace: str) -> dict[str,
                     "volumes": volumes,
                     "initContainers": [{
                         "name": "install",
-                        "image": spec["image"],
+                        "image": installer.image,
                         "imagePullPolicy": "Always",
                         "command": ["/bin/sh", "-c"],
-                        "args": ["set -ex\n" + spec["script"] + "echo installed\n"],
+                        "args": ["set -ex\n" + installer.script + "echo installed\n"],
                         "resources": common.resources("150m", "256Mi", "1", "1Gi"),
                         "securityContext": privileged,
                         "volumeMounts": mounts,
@@ -150,10 +106,10 @@ def nccl_installer(kind: str, pools: list[GpuPool], namespace: str) -> dict[str,
                         "name": "host-mount",
                         "image": HOST_TOOLS_IMAGE,
                         "imagePullPolicy": "Always",
-                        "command": ["nsenter", "--target", "1", "--mount", "--", "sh", "-c", spec["host_script"]],
+                        "command": ["nsenter", "--target", "1", "--mount", "--", "sh", "-c", installer.host_script],
                         "resources": common.resources("10m", "32Mi", "100m", "64Mi"),
                         "securityContext": privileged,
-                    }] if "host_script" in spec else [])],
+                    }] if installer.host_script else [])],
                     "containers": [{
                         "name": "pause",
                         "image": PAUSE_IMAGE,
@@ -165,35 +121,6 @@ def nccl_installer(kind: str, pools: list[GpuPool], namespace: str) -> dict[str,
             },
         },
     }
-
-
-def gke_network_objects(pools: list[GpuPool]) -> list[dict[str, Any]]:
-    """GKENetworkParamSet + Network (networking.gke.io/v1) per fabric network of the pools; each
-    pool's pod annotations (fabric.annotations) refer to the Network objects by name.
-    See https://cloud.google.com/kubernetes-engine/docs/how-to/setup-multinetwork-support-for-pods."""
-    objects: dict[str, list[dict[str, Any]]] = {}
-    for pool in pools:
-        for net in pool.fabric.networks:
-            name = net.get("name")
-            mode = net.get("deviceMode")
-            if not name or mode not in ("NetDevice", "RDMA"):
-                raise ValueError(f"gpu pool {pool.name!r}: fabric network {net!r} needs a name and "
-                                 f"deviceMode NetDevice or RDMA")
-            if "vpc" not in net or "subnet" not in net:
-                raise ValueError(f"gpu pool {pool.name!r}: fabric network {name!r} needs vpc and subnet")
-            if name in objects:
-                continue  # pools in the same zone share their fabric networks
-            objects[name] = [
-                {"apiVersion": "networking.gke.io/v1", "kind": "GKENetworkParamSet",
-                 "metadata": {"name": name},
-                 "spec": {"vpc": net["vpc"], "vpcSubnet": net["subnet"], "deviceMode": mode}},
-                {"apiVersion": "networking.gke.io/v1", "kind": "Network",
-                 "metadata": {"name": name},
-                 "spec": {"type": "Device",
-                          "parametersRef": {"group": "networking.gke.io", "kind": "GKENetworkParamSet",
-                                            "name": name}}},
-            ]
-    return [o for pair in objects.values() for o in pair]
 
 
 def gpu_network_policies(platform: ClusterPlatform) -> list[common.Policy]:
@@ -230,8 +157,8 @@ class GpuStack(pulumi.ComponentResource):
         self.daemonsets: list[k8s.apps.v1.DaemonSet] = []
         self.networks: list[k8s.apiextensions.CustomResource] = []
 
-        plugin_pools = [pool for pool in p.gpu_pools if not managed_device_plugin(pool)]
-        if plugin_pools:
+        addons = p.node_addons
+        if addons.device_plugin:
             self.releases.append(k8s.helm.v3.Release(
                 f"{name}-device-plugin",
                 name="nvidia-device-plugin",
@@ -239,29 +166,29 @@ class GpuStack(pulumi.ComponentResource):
                 version=DEVICE_PLUGIN_VERSION,
                 repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=DEVICE_PLUGIN_REPO),
                 namespace=args.namespace,
-                values=device_plugin_values(plugin_pools, dict(p.system_node_selector)),
+                values=device_plugin_values(list(p.gpu_pools), dict(p.system_node_selector)),
                 opts=common.k8s_opts(p, self, deps)))
 
-        efa_pools = [pool for pool in p.gpu_pools if pool.fabric.kind == "efa"]
-        if efa_pools:
+        for plugin in addons.device_plugins:
+            pools = common.fabric_pools(p.gpu_pools, plugin.fabric)
             self.releases.append(k8s.helm.v3.Release(
-                f"{name}-efa-plugin",
-                name="aws-efa-k8s-device-plugin",
-                chart=EFA_CHART,
-                version=EFA_VERSION,
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=EFA_REPO),
+                f"{name}-{plugin.fabric}-plugin",
+                name=plugin.release,
+                chart=plugin.chart,
+                version=plugin.version,
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=plugin.repo),
                 namespace=args.namespace,
-                values=efa_plugin_values(efa_pools),
+                values=fabric_plugin_values(plugin, pools),
                 opts=common.k8s_opts(p, self, deps)))
 
-        for kind in sorted({pool.fabric.kind for pool in p.gpu_pools} & set(NCCL_INSTALLERS)):
-            pools = [pool for pool in p.gpu_pools if pool.fabric.kind == kind]
-            manifest = nccl_installer(kind, pools, args.namespace)
+        for installer in addons.installers:
+            pools = common.fabric_pools(p.gpu_pools, installer.fabric)
+            manifest = host_installer(installer, pools, args.namespace)
             self.daemonsets.append(k8s.apps.v1.DaemonSet(
                 f"{name}-{manifest['metadata']['name']}", metadata=manifest["metadata"], spec=manifest["spec"],
                 opts=common.k8s_opts(p, self, deps)))
 
-        for obj in gke_network_objects(list(p.gpu_pools)):
+        for obj in addons.cluster_objects:
             self.networks.append(k8s.apiextensions.CustomResource(
                 f"{name}-{obj['kind'].lower()}-{obj['metadata']['name']}",
                 api_version=obj["apiVersion"], kind=obj["kind"], metadata=obj["metadata"], spec=obj["spec"],

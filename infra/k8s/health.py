@@ -44,10 +44,11 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import naming
-from infra.config import HealthConfig
+from gpu_train.spec import naming
+from gpu_train.spec.contract import GpuPool
+from gpu_train.spec.settings import HealthSettings
 from infra.k8s import common
-from infra.platform import ClusterPlatform, Fabric, GpuPool
+from infra.platform import ClusterPlatform, FabricProbe
 
 HERE = Path(__file__).resolve().parent
 PREFLIGHT_SCRIPT = HERE / "gpu-preflight.sh"
@@ -93,9 +94,6 @@ RESULTS_MOUNT = "/results"
 # node-problem-detector reads the whole kernel log since boot when it (re)starts, so a fault found before
 # a restart of its pod is found again: lookback covers a node's life (Karpenter's expireAfter is 720h).
 XID_LOOKBACK = "720h"
-# GKE's driver installer puts the NVIDIA binaries and libraries under this host directory
-# (https://cloud.google.com/kubernetes-engine/docs/how-to/gpus#cuda); the policy pack allows it read-only.
-GKE_NVIDIA_DIR = "/home/kubernetes/bin/nvidia"
 
 
 def preflight_condition(check: str) -> str:
@@ -247,37 +245,15 @@ def preflight_rules(pools: Sequence[GpuPool]) -> list[dict[str, Any]]:
     return out
 
 
-def fabric_expectation(fabric: Fabric) -> tuple[str, int]:
-    """(probe, device count) the pre-flight check expects for a pool's fabric, from the contract:
-    EFA: the `vpc.amazonaws.com/efa` devices a worker requests (one per EFA interface); GPUDirect-TCPX/TCPXO:
-    one gVNIC per fabric network (deviceMode NetDevice) plus the node's primary gVNIC; RDMA (A3 Ultra, A4):
-    one ConnectX NIC per RDMA fabric network (their extra gVNIC network is not GPU traffic)."""
-    if fabric.kind == "none":
-        return "none", 0
-    if fabric.kind == "efa":
-        count = int(fabric.resources.get("vpc.amazonaws.com/efa", 0))
-        if count < 1:
-            raise ValueError("an EFA fabric without vpc.amazonaws.com/efa devices in the contract")
-        return "efa", count
-    modes = [net.get("deviceMode") for net in fabric.networks]
-    if fabric.kind in ("tcpx", "tcpxo"):
-        if not modes or any(m != "NetDevice" for m in modes):
-            raise ValueError(f"a {fabric.kind} fabric needs NetDevice fabric networks in the contract (got {modes})")
-        return "gvnic", len(modes) + 1
-    if fabric.kind == "rdma":
-        rdma = modes.count("RDMA")
-        if rdma < 1:
-            raise ValueError(f"an rdma fabric without RDMA fabric networks in the contract (got {modes})")
-        return "mlx", rdma
-    raise ValueError(f"no pre-flight probe for fabric kind {fabric.kind!r}")
-
-
-def pool_expectations(pools: Sequence[GpuPool]) -> dict[str, dict[str, Any]]:
-    """pool -> what its nodes should have (the server hands the node's entry to the check script)."""
+def pool_expectations(pools: Sequence[GpuPool], probes: Mapping[str, FabricProbe]) -> dict[str, dict[str, Any]]:
+    """pool -> what its nodes should have (the server hands the node's entry to the check script): its GPUs and
+    the fabric devices the cloud layer says a healthy node has (platform.node_addons.fabric_probes)."""
     out = {}
     for pool in pools:
-        probe, count = fabric_expectation(pool.fabric)
-        out[pool.name] = {"gpus": pool.gpus_per_node, "fabricProbe": probe, "fabricDevices": count}
+        probe = probes.get(pool.name, FabricProbe(probe="none", devices=0))
+        if probe.probe != "none" and probe.devices < 1:
+            raise ValueError(f"pool {pool.name!r}: a {probe.probe} fabric probe expects no devices")
+        out[pool.name] = {"gpus": pool.gpus_per_node, "fabricProbe": probe.probe, "fabricDevices": probe.devices}
     return out
 
 
@@ -297,16 +273,16 @@ def _reporter(check: str) -> dict[str, Any]:
     }
 
 
-def preflight_daemonset(pools: Sequence[GpuPool], namespace: str, *, diag_level: int,
+def preflight_daemonset(pools: Sequence[GpuPool], namespace: str, *, diag_level: int, driver_host_path: str = "",
                         service_account: str = PREFLIGHT_NAME) -> dict[str, Any]:
     """The gpu-preflight DaemonSet (metadata + spec): the check (privileged: it needs every GPU and the
     host's devices without holding them through the device plugin), the results server, one reporter per
-    check. Nodes of GKE node pools get the driver's binaries from the host, read-only."""
+    check. Where the cloud keeps the driver's binaries on the host (`driver_host_path`, platform.node_addons),
+    the check mounts them read-only."""
     if not pools:
         raise ValueError("preflight_daemonset needs at least one GPU pool")
     if diag_level not in (1, 2):
         raise ValueError(f"DCGM diagnostics level {diag_level} is not 1 or 2")
-    gke = any(p.provisioner == "node-pool" for p in pools)
     check_env = [
         {"name": "RESULTS_DIR", "value": RESULTS_MOUNT},
         {"name": "DCGM_DIAG_LEVEL", "value": str(diag_level)},
@@ -325,8 +301,8 @@ def preflight_daemonset(pools: Sequence[GpuPool], namespace: str, *, diag_level:
         {"name": "scripts", "configMap": {"name": PREFLIGHT_NAME, "defaultMode": 0o555}},
         *({"name": v, "emptyDir": {"sizeLimit": "256Mi"}} for v in scratch),
     ]
-    if gke:
-        volumes.append({"name": "nvidia", "hostPath": {"path": GKE_NVIDIA_DIR, "type": "Directory"}})
+    if driver_host_path:
+        volumes.append({"name": "nvidia", "hostPath": {"path": driver_host_path, "type": "Directory"}})
         check_mounts.append({"name": "nvidia", "mountPath": "/usr/local/nvidia", "readOnly": True})
         check_env += [{"name": "PATH", "value": "/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
                                                   "/usr/bin:/sbin:/bin"},
@@ -436,7 +412,7 @@ def nrc_service_monitor_spec() -> dict[str, Any]:
 @dataclass(frozen=True, kw_only=True)
 class HealthArgs:
     platform: ClusterPlatform  # GPU pools, system nodes, provider
-    settings: HealthConfig  # cfg.health
+    settings: HealthSettings  # cfg.health
     is_prod: bool  # controller replicas
     monitoring_labels: Mapping[str, str] = field(default_factory=dict)  # labels the Prometheus selects monitors by
     # Where the gpu-preflight DaemonSet runs: the GPU node agents' namespace (privileged, API-server egress).
@@ -503,9 +479,11 @@ class Health(pulumi.ComponentResource):
                 f"{name}-preflight-scripts", metadata={"name": PREFLIGHT_NAME, "namespace": agents_ns},
                 data={"gpu-preflight.sh": PREFLIGHT_SCRIPT.read_text(),
                       "preflight_server.py": PREFLIGHT_SERVER.read_text(),
-                      "pools.json": json.dumps(pool_expectations(pools), indent=2, sort_keys=True)},
+                      "pools.json": json.dumps(pool_expectations(pools, p.node_addons.fabric_probes), indent=2,
+                                            sort_keys=True)},
                 opts=common.k8s_opts(p, self, agent_deps))
-            manifest = preflight_daemonset(pools, agents_ns, diag_level=s.dcgm_diag_level)
+            manifest = preflight_daemonset(pools, agents_ns, diag_level=s.dcgm_diag_level,
+                                           driver_host_path=p.node_addons.driver_host_path)
             self.preflight = k8s.apps.v1.DaemonSet(
                 f"{name}-preflight", metadata=manifest["metadata"], spec=manifest["spec"],
                 opts=common.k8s_opts(p, self, [binding, scripts, *self.rules]))

@@ -29,7 +29,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import naming
+from gpu_train.spec import naming
 from infra.k8s import common
 from infra.platform import ClusterPlatform, LogStore
 

@@ -8,7 +8,7 @@ Usage (in the Kubernetes layer, see docs/tracking.md):
         artifacts_bucket=platform.buckets.artifacts, storage_class=platform.storage_class.name,
         object_store_cidrs=platform.object_store_cidrs, api_server_cidrs=platform.api_server_cidrs,
         cluster_cidrs=(platform.pod_cidr, platform.vpc_cidr), node_selector=platform.system_node_selector,
-        storage_gb=cfg.mlflow.storage_gb, labels=naming.common_tags(cfg), depends_on=platform.ready,
+        storage_gb=cfg.mlflow.storage_gb, labels=naming.common_tags(cfg.stack, cfg.environment, cfg.tags), depends_on=platform.ready,
     ))
     pulumi.export("mlflowTrackingUri", mlflow.tracking_uri)   # MLFLOW_TRACKING_URI for the job
 
@@ -40,7 +40,7 @@ from urllib.parse import quote
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import naming
+from gpu_train.spec import naming
 from infra.k8s.common import checkov_skip_annotations
 from infra.platform import EgressTarget, WorkloadIdentity
 from infra.platform import ManagedDatabase as ExternalDatabase
@@ -83,7 +83,7 @@ class MlflowServerArgs:
     api_server_cidrs: Sequence[str]  # platform.api_server_cidrs: CNPG instances talk to the API server
     cluster_cidrs: Sequence[str] = ()  # platform.pod_cidr, platform.vpc_cidr: Host headers of in-cluster scrapes
     node_selector: Mapping[str, str] = field(default_factory=dict)  # platform.system_node_selector
-    labels: Mapping[str, str] = field(default_factory=dict)  # naming.common_tags(cfg), added to every object
+    labels: Mapping[str, str] = field(default_factory=dict)  # naming.common_tags(cfg.stack, cfg.environment, cfg.tags), added to every object
     database: Literal["in-cluster", "managed"] = "in-cluster"  # cfg.mlflow.database
     external_database: ExternalDatabase | None = None  # required when database == "managed"
     storage_gb: int = 20  # cfg.mlflow.storageGb: PostgreSQL volume

@@ -20,8 +20,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra import naming
-from infra.config import HealthConfig, MonitoringConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import HealthSettings, MonitoringSettings
 from infra.k8s import common, health
 from infra.platform import ClusterPlatform, GpuPool
 
@@ -99,7 +99,7 @@ def _storage(storage_class: str, gb: int) -> dict[str, Any]:
         "resources": {"requests": {"storage": f"{gb}Gi"}}}}}
 
 
-def prometheus_stack_values(*, settings: MonitoringConfig, storage_class: str, system_selector: dict[str, str],
+def prometheus_stack_values(*, settings: MonitoringSettings, storage_class: str, system_selector: dict[str, str],
                             internal_lb_annotations: dict[str, str], is_prod: bool) -> dict[str, Any]:
     """Values for kube-prometheus-stack. Selectors for monitors and rules are explicit: the
     release label, in every namespace."""
@@ -171,7 +171,7 @@ def prometheus_stack_values(*, settings: MonitoringConfig, storage_class: str, s
     }
 
 
-def grafana_url(settings: MonitoringConfig) -> str | None:
+def grafana_url(settings: MonitoringSettings) -> str | None:
     """The port-forward command when Grafana is not exposed; None when the LB hostname is needed."""
     if settings.grafana_exposed:
         return None
@@ -193,10 +193,11 @@ def read_counters_csv(path: Path = COUNTERS_CSV) -> list[tuple[str, str, str]]:
     return rows
 
 
-def dcgm_values(gpu_pools: list[GpuPool]) -> dict[str, Any]:
+def dcgm_values(gpu_pools: list[GpuPool], driver_host_path: str = "") -> dict[str, Any]:
     """Values for dcgm-exporter: GPU nodes only, our counters CSV from a ConfigMap; the chart's
     own ServiceMonitor is off because we create one labelled for the release. The release is installed
-    in AGENTS_NAMESPACE."""
+    in AGENTS_NAMESPACE. `driver_host_path`: where the NVIDIA libraries live on the host, when the container
+    runtime does not inject them."""
     if not gpu_pools:
         raise ValueError("dcgm_values needs at least one GPU pool")
     values: dict[str, Any] = {
@@ -210,10 +211,9 @@ def dcgm_values(gpu_pools: list[GpuPool]) -> dict[str, Any]:
         "resources": common.resources("100m", "256Mi", "500m", "512Mi"),
         "service": {"port": DCGM_PORT},
     }
-    if any(p.provisioner == "node-pool" for p in gpu_pools):
-        # GKE's driver installer puts the NVIDIA libraries under /home/kubernetes/bin/nvidia
-        # (https://cloud.google.com/kubernetes-engine/docs/how-to/gpus#cuda).
-        values["extraHostVolumes"] = [{"name": "nvidia-install-dir-host", "hostPath": "/home/kubernetes/bin/nvidia"}]
+    if driver_host_path:
+        # The cloud's driver installer keeps the NVIDIA libraries on the host (platform.node_addons).
+        values["extraHostVolumes"] = [{"name": "nvidia-install-dir-host", "hostPath": driver_host_path}]
         values["extraVolumeMounts"].append({"name": "nvidia-install-dir-host", "mountPath": "/usr/local/nvidia",
                                             "readOnly": True})
         values["extraEnv"] = [{"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}]
@@ -256,9 +256,9 @@ def trainer_pod_monitor_spec(team_namespaces: list[str], max_local_ranks: int) -
     }
 
 
-def rule_parameters(settings: MonitoringConfig, health_settings: HealthConfig | None = None) -> dict[str, str]:
+def rule_parameters(settings: MonitoringSettings, health_settings: HealthSettings | None = None) -> dict[str, str]:
     """The values substituted for __NAME__ placeholders in infra/k8s/rules/*.yaml."""
-    h = health_settings or HealthConfig()
+    h = health_settings or HealthSettings()
     return {
         "MAX_CONCURRENT_REPAIRS": str(h.max_concurrent_repairs),
         "XID_CONDITION": health.XID_CONDITION,
@@ -285,8 +285,8 @@ def render_rules_text(text: str, params: dict[str, str], source: str) -> str:
     return _PLACEHOLDER.sub(sub, text)
 
 
-def load_rule_groups(settings: MonitoringConfig, rules_dir: Path = RULES_DIR,
-                     health_settings: HealthConfig | None = None) -> list[dict[str, Any]]:
+def load_rule_groups(settings: MonitoringSettings, rules_dir: Path = RULES_DIR,
+                     health_settings: HealthSettings | None = None) -> list[dict[str, Any]]:
     """All rule groups from rules_dir/*.yaml, rendered for these settings."""
     groups: list[dict[str, Any]] = []
     files = sorted(rules_dir.glob("*.yaml"))
@@ -358,12 +358,12 @@ def agents_network_policies() -> list[common.Policy]:
 @dataclass(frozen=True, kw_only=True)
 class MonitoringArgs:
     platform: ClusterPlatform  # contract: system nodes, GPU pools, LB annotations
-    settings: MonitoringConfig  # cfg.monitoring
+    settings: MonitoringSettings  # cfg.monitoring
     storage_class: str  # encrypted StorageClass for Prometheus, Alertmanager and Grafana
     team_namespaces: tuple[str, ...]  # namespaces where training jobs run (for the trainer PodMonitor)
     is_prod: bool  # replicas
     depends_on: tuple[pulumi.Resource, ...] = ()
-    health: HealthConfig = field(default_factory=HealthConfig)  # cfg.health: thresholds of the health alerts
+    health: HealthSettings = field(default_factory=HealthSettings)  # cfg.health: thresholds of the health alerts
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -410,7 +410,7 @@ class Monitoring(pulumi.ComponentResource):
             version=DCGM_VERSION,
             repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=DCGM_REPO),
             namespace=agents,
-            values=dcgm_values(list(p.gpu_pools)),
+            values=dcgm_values(list(p.gpu_pools), p.node_addons.driver_host_path),
             # GPU pools may be scaled to zero; PlatformWorkloadUnavailable (rules/workloads.yaml) watches it.
             skip_await=True,
             opts=common.k8s_opts(p, self, [*agent_deps, self.counters]))

@@ -4,8 +4,8 @@ Usage: `NvmeSetup("nvme", NvmeSetupArgs(platform=platform, namespace="gpu-system
 team_namespaces=("team-research", ...)))`. The manifest is the pure function `nvme_daemonset(...)`.
 
 One DaemonSet on all GPU pools, with up to two init steps and a pause container:
-1. `raid0` (only when `platform.nvme_setup == "daemonset"`, i.e. GKE `localNvmeSsdBlockConfig`, which
-   leaves the local SSDs as raw block devices): RAID0 + format + mount at `nvme_host_path`. It runs
+1. `raid0` (only when the cloud hands over raw local NVMe devices, `platform.node_addons.nvme_device_glob`, as
+   GKE's `localNvmeSsdBlockConfig` does): RAID0 + format + mount at `nvme_host_path`. It runs
    mdadm/mkfs/mount in the host's mount namespace, so it is privileged with the host PID namespace.
    On EKS, nodeadm already assembles and mounts the instance store, so this step is absent.
 2. `workdirs` (always): creates `<nvme_host_path>/gpu-train/<team namespace>` for every team, owned by
@@ -32,22 +32,17 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import naming
+from gpu_train.spec import naming
+from gpu_train.spec.contract import GpuPool
 from infra.k8s import cache, common
 from infra.k8s.gpu import HOST_TOOLS_IMAGE, PAUSE_IMAGE
-from infra.platform import ClusterPlatform, GpuPool
+from infra.platform import ClusterPlatform
 
 # Object names: the RAID variant (GKE) holds a privileged container, the other (EKS) does not, so each
 # carries only the checkov skips it needs.
 RAID_NAME = "nvme-raid0"
 WORKDIRS_NAME = "nvme-workdirs"
-# GKE names raw local SSDs /dev/disk/by-id/google-local-nvme-ssd-N
-# (https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-volumes/local-ssd-raw).
-DEVICE_GLOB = "/dev/disk/by-id/google-local-nvme-ssd-*"
 MD_DEVICE = "/dev/md/gpu-train-nvme"
-# Directory under the NVMe root that holds one directory per team namespace; training pods mount
-# `<nvme_host_path>/WORKDIR_ROOT/<namespace>` (infra/k8s/training.py).
-WORKDIR_ROOT = "gpu-train"
 # Where the workdirs step sees the node's NVMe root.
 NVME_MOUNT = "/nvme"
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -60,13 +55,7 @@ def _check_host_path(host_path: str) -> None:
         raise ValueError(f"platform.nvme_host_path must be an absolute directory, not {host_path!r}")
 
 
-def workdir_path(host_path: str, namespace: str) -> str:
-    """The host directory a team namespace's training pods mount: <nvme>/gpu-train/<namespace>."""
-    _check_host_path(host_path)
-    return f"{host_path.rstrip('/')}/{WORKDIR_ROOT}/{namespace}"
-
-
-def raid_script(host_path: str, device_glob: str = DEVICE_GLOB) -> str:
+def raid_script(host_path: str, device_glob: str) -> str:
     """Idempotent shell script run in the host's mount namespace: assemble or create the RAID0,
     format it once, mount it at host_path. Safe to re-run after a pod restart or node reboot."""
     _check_host_path(host_path)
@@ -95,7 +84,7 @@ def workdirs_script(uid: int = naming.TRAINER_UID, gid: int | None = None, root:
     one team's pods cannot reach another team's directory through it. Each service directory
     <root>/<name> is made owned by its uid:gid, mode 0700 (ownership is re-applied on every run, so
     a directory the kubelet created first is fixed too)."""
-    base = shlex.quote(f"{root.rstrip('/')}/{WORKDIR_ROOT}")
+    base = shlex.quote(f"{root.rstrip('/')}/{naming.WORKDIR_ROOT}")
     lines = [
         "set -eu",
         f"mkdir -p {base}",
@@ -149,29 +138,31 @@ def workdirs_container(namespaces: Sequence[str], uid: int = naming.TRAINER_UID)
     }
 
 
-def raid_container(host_path: str) -> dict[str, Any]:
+def raid_container(host_path: str, device_glob: str) -> dict[str, Any]:
     """The privileged init container that builds and mounts the RAID0 in the host's mount namespace."""
     return {
         "name": "raid0",
         "image": HOST_TOOLS_IMAGE,
         "imagePullPolicy": "Always",
         "command": ["nsenter", "--target", "1", "--mount", "--uts", "--ipc", "--net", "--",
-                    "sh", "-c", raid_script(host_path)],
+                    "sh", "-c", raid_script(host_path, device_glob)],
         "resources": common.resources("50m", "64Mi", "1", "256Mi"),
         "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
     }
 
 
-def nvme_daemonset(host_path: str, pools: Sequence[GpuPool], namespace: str, *, raid: bool,
+def nvme_daemonset(host_path: str, pools: Sequence[GpuPool], namespace: str, *, device_glob: str,
                    team_namespaces: Sequence[str]) -> dict[str, Any]:
-    """The DaemonSet (metadata + spec): init steps prepare the disks (raid) and the team directories
-    on every GPU node, then a pause container keeps the pod (and the node's readiness for it) visible."""
+    """The DaemonSet (metadata + spec): init steps prepare the disks (a RAID0 of `device_glob`, when the cloud
+    leaves raw devices) and the team directories on every GPU node, then a pause container keeps the pod (and the
+    node's readiness for it) visible."""
+    raid = bool(device_glob)
     if not pools:
         raise ValueError("nvme_daemonset needs at least one GPU pool")
     _check_host_path(host_path)
     name = RAID_NAME if raid else WORKDIRS_NAME
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "gpu-train"}
-    init = [raid_container(host_path)] if raid else []
+    init = [raid_container(host_path, device_glob)] if raid else []
     init.append(workdirs_container(team_namespaces))
     pod: dict[str, Any] = {
         "affinity": common.pool_affinity(pools),
@@ -188,9 +179,9 @@ def nvme_daemonset(host_path: str, pools: Sequence[GpuPool], namespace: str, *, 
         }],
         "volumes": [{"name": "nvme", "hostPath": {
             "path": host_path,
-            # EKS: nodeadm mounted the instance store before the kubelet started, so the directory
-            # must exist. GKE: the raid0 step mounts the array over this path, after the kubelet set
-            # up the pod's volumes; the workdirs container is created after raid0 finished, so its
+            # Without raw devices the node's bootstrap mounted the array before the kubelet started, so the
+            # directory must exist. With them the raid0 step mounts the array over this path, after the kubelet
+            # set up the pod's volumes; the workdirs container is created after raid0 finished, so its
             # bind mount of the path shows the RAID filesystem.
             "type": "DirectoryOrCreate" if raid else "Directory",
         }}],
@@ -210,7 +201,7 @@ def nvme_daemonset(host_path: str, pools: Sequence[GpuPool], namespace: str, *, 
 
 @dataclass(frozen=True, kw_only=True)
 class NvmeSetupArgs:
-    platform: ClusterPlatform  # nvme_host_path, nvme_setup, GPU pools, provider
+    platform: ClusterPlatform  # nvme_host_path, node_addons.nvme_device_glob, GPU pools, provider
     namespace: str  # where the DaemonSet runs
     team_namespaces: tuple[str, ...]  # one work directory per team namespace on every GPU node
     depends_on: tuple[pulumi.Resource, ...] = ()
@@ -224,7 +215,7 @@ class NvmeSetup(pulumi.ComponentResource):
         super().__init__("gpu-train:k8s:NvmeSetup", name, None, opts)
         p = args.platform
         manifest = nvme_daemonset(p.nvme_host_path, list(p.gpu_pools), args.namespace,
-                                  raid=p.nvme_setup == "daemonset", team_namespaces=args.team_namespaces)
+                                  device_glob=p.node_addons.nvme_device_glob, team_namespaces=args.team_namespaces)
         self.daemonset = k8s.apps.v1.DaemonSet(
             f"{name}-daemonset", metadata=manifest["metadata"], spec=manifest["spec"],
             opts=common.k8s_opts(p, self, [*p.ready, *args.depends_on]))

@@ -39,17 +39,17 @@ https://kubernetes.io/docs/reference/access-authn-authz/validating-admission-pol
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra import naming
-from infra.k8s import nvme
+from gpu_train.spec import naming
+from gpu_train.spec import pod_rules as pods
+from gpu_train.spec.pod_rules import registry_prefix
 from infra.platform import ClusterPlatform
-from policies import pods
 
 VAP_API = "admissionregistration.k8s.io/v1"
 POLICY_PREFIX = "gpu-train-team"
@@ -149,9 +149,9 @@ def rules(*, nvme_host_path: str, registries: Sequence[str], repositories: Seque
     """The pod rules of a team namespace as CEL over one pod spec `s`.
 
     nvme_host_path: the cluster's NVMe root (ClusterPlatform.nvme_host_path); the namespace's work directory
-    is nvme.workdir_path(root, request.namespace). registries: image prefixes ("<registry>/"); repositories:
+    is naming.workdir_path(root, request.namespace). registries: image prefixes ("<registry>/"); repositories:
     single repositories allowed besides (the stack's prebuilt trainer image)."""
-    workdir = _q(nvme.workdir_path(nvme_host_path, ""))  # "<root>/gpu-train/": the namespace follows
+    workdir = _q(naming.workdir_path(nvme_host_path, ""))  # "<root>/gpu-train/": the namespace follows
     addable = _caps_regex(sorted(pods.RESTRICTED_ADDABLE))
 
     def host_path_ok(v: str) -> str:
@@ -203,7 +203,7 @@ def rules(*, nvme_host_path: str, registries: Sequence[str], repositories: Seque
         Rule("host-paths",
              f"!has(s.volumes) || s.volumes.all(v, !has(v.hostPath) || {host_path_ok('v')})",
              "host-paths: a pod in a team namespace may mount from the node only its own namespace's NVMe work "
-             f"directory ({nvme.workdir_path(nvme_host_path, '<namespace>')}), the GPU driver and NCCL plugin "
+             f"directory ({naming.workdir_path(nvme_host_path, '<namespace>')}), the GPU driver and NCCL plugin "
              "directories read-only and /dev/aperture_devices; the GPUDirect sidecars also /sys and /proc/sys"),
         Rule("privileged",
              each_container("s", unless_privileged_sidecar(
@@ -241,37 +241,6 @@ def rules(*, nvme_host_path: str, registries: Sequence[str], repositories: Seque
              "image-registry: images in a team namespace must come from the platform's registry ("
              + ", ".join([*registries, *repositories]) + ")"),
     ]
-
-
-def registry_prefix(repository: str) -> str:
-    """The platform registry as an image prefix: the trainer repository's parent, with a slash
-    (<account>.dkr.ecr.<region>.amazonaws.com/ on ECR; <region>-docker.pkg.dev/<project>/<repository>/ on
-    Artifact Registry)."""
-    parent = repository.rsplit("/", 1)[0] if "/" in repository else ""
-    if not parent:
-        raise ValueError(f"registry repository {repository!r} has no registry part")
-    return parent + "/"
-
-
-def image_allowed(image: Any, registries: Sequence[str], repositories: Sequence[str] = ()) -> bool:
-    """Whether an image reference comes from the platform registry (a prefix) or is one of the allowed
-    repositories at any tag or digest."""
-    if not isinstance(image, str):
-        return False
-    return (any(image.startswith(p) for p in registries)
-            or any(image == r or image.startswith((r + ":", r + "@")) for r in repositories))
-
-
-def registry_problems(obj: Mapping[str, Any], registries: Sequence[str], repositories: Sequence[str] = ()) -> list[str]:
-    """The image-registry rule in Python, over one object as policies.pods reads it: every container not
-    covered by a GPUDirect sidecar grant runs an image from the platform registry."""
-    problems = []
-    for where, spec in pods.pod_specs(obj):
-        for label, c in pods.containers(spec):
-            if pods.grant(obj, c) is None and not image_allowed(c.get("image"), registries, repositories):
-                problems.append(f"{where} {label}: image {c.get('image')!r} is not from the platform registry "
-                                f"({', '.join([*registries, *repositories])}).")
-    return problems
 
 
 def policy_name(kind: str) -> str:
@@ -313,14 +282,6 @@ def admission_policies(*, nvme_host_path: str, registries: Sequence[str],
                      "matchResources": {"namespaceSelector": team_namespace_selector()}},
         })
     return out
-
-
-def repository_of(ref: str) -> str:
-    """An image reference without its digest and tag, as written (no registry defaults added)."""
-    name = ref.split("@", 1)[0]
-    head, _, last = name.rpartition("/")
-    last = last.split(":", 1)[0]
-    return f"{head}/{last}" if head else last
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,9 +5,10 @@ ServiceAccount bound to the team's cloud identity, and default-deny NetworkPolic
 needed holes.
 
 Usage: `Tenancy("tenancy", TenancyArgs(platform=..., teams=cfg.teams, ...))`; `tenancy.local_queue`
-maps team -> LocalQueue name. Quota arithmetic, Kueue config and every manifest are pure functions;
-infra/k8s/admission.py checks the stack's job against exactly these objects, and the platform contract
-(infra/k8s/contract.py) carries them to `gpu-train submit`, which checks a team's job the same way.
+maps team -> LocalQueue name. The Kueue queue objects come from gpu_train/spec/queues.py, against which every
+job is checked (gpu_train/jobs/check.py: the stack's job at plan time, a team's at `gpu-train submit`, through
+the platform contract that carries them); Kueue's configuration and every other manifest here are pure
+functions.
 The team roles also grant what `gpu-train list / status / logs` read: the contract's ConfigMap (by
 name), Kueue's visibility API (queue positions) and the pod proxy (the trainer's metrics, which the
 team NetworkPolicies let the control plane reach).
@@ -28,11 +29,22 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from infra import naming
-from infra.config import TeamConfig, pool_quotas
+from gpu_train.spec import naming
+from gpu_train.spec.contract import GpuPool
+from gpu_train.spec.job import PODS_READY_TIMEOUT_S
+from gpu_train.spec.queues import (
+    CPU_PER_GPU,
+    EXCLUDED_RESOURCE_PREFIXES,
+    MEMORY_GIB_PER_GPU,
+    cluster_queues,
+    limit_range,
+    local_queue,
+    resource_flavor,
+    team_pool_quotas,
+)
+from gpu_train.spec.settings import TeamSettings
 from infra.k8s import common
-from infra.k8s.admission import PODS_READY_TIMEOUT_S
-from infra.platform import ClusterPlatform, GpuPool
+from infra.platform import ClusterPlatform
 
 # https://kueue.sigs.k8s.io/docs/installation/#install-a-released-version (Helm, OCI)
 KUEUE_CHART = "oci://registry.k8s.io/kueue/charts/kueue"
@@ -40,106 +52,12 @@ KUEUE_VERSION = "0.19.2"
 # https://jobset.sigs.k8s.io/docs/installation/ (Helm, OCI)
 JOBSET_CHART = "oci://registry.k8s.io/jobset/charts/jobset"
 JOBSET_VERSION = "0.12.0"
-KUEUE_API = "kueue.x-k8s.io/v1beta2"
 KUEUE_CONFIG_API = "config.kueue.x-k8s.io/v1beta2"
-COHORT = "gpu-train"
-GPU_RESOURCE = "nvidia.com/gpu"
-KUEUE_MANAGED_LABEL = "gpu-train.io/kueue-managed"
-# CPU and memory quota that comes with each GPU of quota: above the largest per-GPU share of any
-# supported machine (a4-highgpu-8g: 28 vCPU and 496 GiB per GPU),
-# so GPU quota, not CPU or memory, is what limits a team.
-CPU_PER_GPU = 32
-MEMORY_GIB_PER_GPU = 512
-# Fabric devices requested next to GPUs are not quota'd by Kueue (they come with the node).
-EXCLUDED_RESOURCE_PREFIXES = ("vpc.amazonaws.com/", "networking.gke.io")
 # Kueue's visibility API server (pending workloads and their queue positions), served by the controller on
 # this port behind the APIService v1beta2.visibility.kueue.x-k8s.io (charts/kueue/templates/visibility at
 # v0.19.2; on by default since the VisibilityOnDemand feature went beta in 0.9).
 KUEUE_VISIBILITY_PORT = 8082
 VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
-# The platform contract every team member's `gpu-train` reads (infra/k8s/contract.py): one ConfigMap per
-# team namespace, readable by the team's roles by name only.
-PLATFORM_CONFIGMAP = "gpu-train-platform"
-PLATFORM_CONFIGMAP_KEY = "platform.json"
-
-
-def local_queue_name(team: str) -> str:
-    return f"{team}-queue"
-
-
-def cluster_queue_name(team: str) -> str:
-    return naming.team_namespace(team)
-
-
-def pool_capacity(pool: GpuPool) -> int:
-    return pool.max_nodes * pool.gpus_per_node
-
-
-def team_pool_quotas(team: TeamConfig, pools: Sequence[GpuPool]) -> dict[str, int]:
-    """The team's nominal GPUs on every pool, from its `gpuQuota` setting (infra.config.pool_quotas)."""
-    return pool_quotas(team.gpu_quota, {p.name: pool_capacity(p) for p in pools})
-
-
-def namespace_labels(team: str) -> dict[str, str]:
-    """Labels of a team's namespace: its ClusterQueue selects it by the team label, and Kueue manages
-    every job in it (managedJobsNamespaceSelector)."""
-    return {naming.TEAM_LABEL: team, KUEUE_MANAGED_LABEL: "true"}
-
-
-def resource_flavor(pool: GpuPool) -> dict[str, Any]:
-    """ResourceFlavor for a pool: its node labels (pool + capacity type) and taints' tolerations."""
-    labels = {**pool.node_selector, naming.POOL_LABEL: pool.name, naming.CAPACITY_LABEL: pool.capacity}
-    return {
-        "apiVersion": KUEUE_API, "kind": "ResourceFlavor",
-        "metadata": {"name": pool.name, "labels": {naming.CAPACITY_LABEL: pool.capacity}},
-        "spec": {"nodeLabels": labels, "tolerations": [dict(t) for t in pool.tolerations]},
-    }
-
-
-def cluster_queues(teams: Sequence[TeamConfig], pools: Sequence[GpuPool]) -> list[dict[str, Any]]:
-    """One ClusterQueue per team in one cohort. Per pool flavor: the team's nominal GPUs on that pool;
-    it may lend all of them while idle and borrow what the other teams have there (reclaimed by
-    preemption). CPU and memory quota come with each GPU."""
-    if not pools:
-        raise ValueError("cluster queues need at least one GPU pool")
-    shares = {t.name: team_pool_quotas(t, pools) for t in teams}
-    queues = []
-    for team in teams:
-        flavors = []
-        for pool in pools:
-            gpus = shares[team.name][pool.name]
-            others = sum(shares[o.name][pool.name] for o in teams if o.name != team.name)
-
-            def quota(name: str, nominal: int | str, borrow: int | str, lend: int | str) -> dict[str, Any]:
-                return {"name": name, "nominalQuota": nominal, "borrowingLimit": borrow, "lendingLimit": lend}
-
-            flavors.append({"name": pool.name, "resources": [
-                quota("cpu", gpus * CPU_PER_GPU, others * CPU_PER_GPU, gpus * CPU_PER_GPU),
-                quota("memory", f"{gpus * MEMORY_GIB_PER_GPU}Gi", f"{others * MEMORY_GIB_PER_GPU}Gi",
-                      f"{gpus * MEMORY_GIB_PER_GPU}Gi"),
-                quota(GPU_RESOURCE, gpus, others, gpus),
-            ]})
-        queues.append({
-            "apiVersion": KUEUE_API, "kind": "ClusterQueue",
-            "metadata": {"name": cluster_queue_name(team.name), "labels": {naming.TEAM_LABEL: team.name}},
-            "spec": {
-                "cohortName": COHORT,
-                "namespaceSelector": {"matchLabels": {naming.TEAM_LABEL: team.name}},
-                "queueingStrategy": "BestEffortFIFO",
-                "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU_RESOURCE], "flavors": flavors}],
-                "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority",
-                               "borrowWithinCohort": {"policy": "Never"}},
-            },
-        })
-    return queues
-
-
-def local_queue(team: str) -> dict[str, Any]:
-    return {
-        "apiVersion": KUEUE_API, "kind": "LocalQueue",
-        "metadata": {"name": local_queue_name(team), "namespace": naming.team_namespace(team)},
-        "spec": {"clusterQueue": cluster_queue_name(team)},
-    }
 
 
 def kueue_configuration() -> dict[str, Any]:
@@ -158,7 +76,7 @@ def kueue_configuration() -> dict[str, Any]:
                                                 "ClusterQueue.kueue.x-k8s.io": 1,
                                                 "ResourceFlavor.kueue.x-k8s.io": 1}},
         "manageJobsWithoutQueueName": True,
-        "managedJobsNamespaceSelector": {"matchLabels": {KUEUE_MANAGED_LABEL: "true"}},
+        "managedJobsNamespaceSelector": {"matchLabels": {naming.KUEUE_MANAGED_LABEL: "true"}},
         # All MAX pods must be ready within the timeout after admission, or the job is evicted and
         # requeued (at most backoffLimitCount times, then deactivated). recoveryTimeout 0s turns off
         # the same rule for a running job that lost a pod (pkg/controller/core/core.go applies it only
@@ -197,7 +115,7 @@ def jobset_values(system_selector: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def team_quota(team: TeamConfig, teams: Sequence[TeamConfig], pools: Sequence[GpuPool]) -> dict[str, str]:
+def team_quota(team: TeamSettings, teams: Sequence[TeamSettings], pools: Sequence[GpuPool]) -> dict[str, str]:
     """ResourceQuota hard limits for a team namespace: the most its ClusterQueue can ever admit, its
     nominal GPUs plus what it may borrow on every pool (Kueue is the real arbiter; this is the
     backstop for pods that bypass it), and no Services that open the namespace to the network."""
@@ -206,7 +124,7 @@ def team_quota(team: TeamConfig, teams: Sequence[TeamConfig], pools: Sequence[Gp
     gpus = sum(q for t in teams for q in team_pool_quotas(t, pools).values())
     gpus = max(gpus, sum(team_pool_quotas(team, pools).values()))
     return {
-        f"requests.{GPU_RESOURCE}": str(gpus),
+        f"requests.{naming.GPU_RESOURCE}": str(gpus),
         "requests.cpu": str(gpus * CPU_PER_GPU + 16),
         "requests.memory": f"{gpus * MEMORY_GIB_PER_GPU + 64}Gi",
         "limits.memory": f"{gpus * MEMORY_GIB_PER_GPU + 64}Gi",
@@ -217,23 +135,12 @@ def team_quota(team: TeamConfig, teams: Sequence[TeamConfig], pools: Sequence[Gp
     }
 
 
-def limit_range() -> dict[str, Any]:
-    """Defaults for containers that name no resources (the trainer sets its own). No default CPU limit:
-    the LimitRanger would give it to the trainer, which sets no CPU limit on purpose, and its CPU
-    request above that default would make the API server refuse the pods."""
-    return {"limits": [{
-        "type": "Container",
-        "default": {"memory": "4Gi"},
-        "defaultRequest": {"cpu": "500m", "memory": "1Gi"},
-    }]}
-
-
 def _team_read_rules() -> list[dict[str, Any]]:
     """What every team member may read, as `gpu-train list / status / logs` does: the platform contract
     (by name), queue positions from Kueue's visibility API, and the trainer's metrics through the API
     server's pod proxy (GET only; the trainer serves nothing else)."""
     return [
-        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [PLATFORM_CONFIGMAP], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [naming.PLATFORM_CONFIGMAP], "verbs": ["get"]},
         {"apiGroups": [VISIBILITY_GROUP], "resources": ["localqueues/pendingworkloads"], "verbs": ["get"]},
         {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]},
     ]
@@ -324,7 +231,7 @@ def controller_network_policies(platform: ClusterPlatform, webhook_port: int, me
 @dataclass(frozen=True, kw_only=True)
 class TenancyArgs:
     platform: ClusterPlatform  # contract: pools, identities, provider, CIDRs
-    teams: tuple[TeamConfig, ...]  # cfg.teams
+    teams: tuple[TeamSettings, ...]  # cfg.teams
     cache_enabled: bool  # open egress to the cache proxy from team namespaces
     depends_on: tuple[pulumi.Resource, ...] = ()
 
@@ -378,7 +285,7 @@ class Tenancy(pulumi.ComponentResource):
         for team in args.teams:
             ns_name = naming.team_namespace(team.name)
             ns = common.namespace(ns_name, p, self, enforce=level, depends_on=base,
-                                  labels=namespace_labels(team.name))
+                                  labels=naming.namespace_labels(team.name))
             deps = [ns]
             self.team_namespaces[team.name] = ns
             common.network_policies(ns_name, team_network_policies(p, args.cache_enabled), p, self, deps)
@@ -416,7 +323,7 @@ class Tenancy(pulumi.ComponentResource):
             k8s.apiextensions.CustomResource(
                 f"{name}-{team.name}-localqueue", api_version=lq["apiVersion"], kind=lq["kind"],
                 metadata=lq["metadata"], spec=lq["spec"], opts=common.k8s_opts(p, self, [*deps, *self.cluster_queues]))
-            self.local_queue[team.name] = local_queue_name(team.name)
+            self.local_queue[team.name] = naming.local_queue_name(team.name)
 
         self.register_outputs({"local_queue": self.local_queue,
                                "team_namespaces": {t: naming.team_namespace(t) for t in self.team_namespaces}})
