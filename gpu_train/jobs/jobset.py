@@ -38,7 +38,7 @@ from gpu_train.spec.job import JobSpec, gpus_per_node, trainer_settings
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-REPLICATED_JOB = "worker"
+REPLICATED_JOB = naming.REPLICATED_JOB
 CONTAINER = "trainer"
 NVME_MOUNT = "/mnt/nvme"
 APP_LABELS = {"app.kubernetes.io/name": "gpu-train-trainer", "app.kubernetes.io/part-of": "gpu-train"}

@@ -20,7 +20,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from gpu_train.spec.errors import validation_problems
@@ -177,6 +185,12 @@ class PlatformContract(Model):
     logs: Logs
     # Environment every training container gets from the cloud (e.g. AWS_REGION for the S3 and STS clients).
     pod_env: dict[str, str] = Field(default_factory=dict)
+    _source: str = PrivateAttr("")
+
+    @property
+    def source(self) -> str:
+        """Where this contract was read from (a file, or configmap <namespace>/gpu-train-platform)."""
+        return self._source
 
     @classmethod
     def from_document(cls, doc: Any, source: str) -> PlatformContract:
@@ -186,10 +200,12 @@ class PlatformContract(Model):
             raise ContractError(f"{source}: apiVersion/kind are {doc.get('apiVersion')!r}/{doc.get('kind')!r}, this "
                                 f"gpu-train reads {API_VERSION}/{KIND}")
         try:
-            return cls.model_validate(doc)
+            contract = cls.model_validate(doc)
         except ValidationError as exc:
             problems = validation_problems(exc, prefix="", root=cls, raw=doc)
             raise ContractError("\n".join(f"{source}: {p}" for p in problems)) from None
+        contract._source = source
+        return contract
 
     @classmethod
     def from_json(cls, text: str, source: str) -> PlatformContract:

@@ -176,9 +176,11 @@ def timeout_problems(*, rendezvous_s: int, key: str, node_startup_s: int = GPU_N
     return problems
 
 
-def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[TeamFacts], scheme: str,
+def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[TeamFacts], scheme: str | None,
                  key: str = f"{PROJECT}:job") -> list[str]:
-    """Everything wrong with a job on a platform with these pools and teams, each problem naming its setting."""
+    """Everything wrong with a job on a platform with these pools and teams, each problem naming its setting.
+    `scheme` is the object store's ("s3://", "gs://"), which dataset and checkpoint URIs must use; None on a
+    machine without one."""
     p: list[str] = []
     if not DNS_LABEL.match(job.name):
         p.append(f"{key}.name {job.name!r} must be a lowercase DNS label of at most 32 characters")
@@ -205,7 +207,7 @@ def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[Te
     p.extend(timeout_problems(rendezvous_s=job.rendezvous_timeout_minutes * 60, key=f"{key}.rendezvousTimeoutMinutes"))
     for name, camel in (("dataset_uri", "datasetUri"), ("checkpoint_uri", "checkpointUri")):
         uri = getattr(job, name)
-        if uri and not re.fullmatch(re.escape(scheme) + r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?", uri):
+        if scheme is not None and uri and not re.fullmatch(re.escape(scheme) + r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?", uri):
             p.append(f"{key}.{camel} must be {scheme}<bucket>/<path> (got {uri!r})")
     shape_ok = _override_shape_problems(job, key, p)
     gpus = gpus_per_node(job, pool)

@@ -62,6 +62,14 @@ PLATFORM_CONFIGMAP = "gpu-train-platform"
 PLATFORM_CONFIGMAP_KEY = "platform.json"
 # Directory under a GPU node's NVMe root that holds one directory per team namespace.
 WORKDIR_ROOT = "gpu-train"
+# Log streams of the team namespaces' container logs in CloudWatch Logs: the shipper (infra/k8s/log_shipping.py)
+# names each stream STREAM_PREFIX + its tail input's tag, which is TAIL_TAG_PREFIX + the log file's path with "/"
+# as "."; `gpu-train logs` finds a rank's streams by that name.
+TAIL_TAG_PREFIX = "kube."
+STREAM_PREFIX = "containers."
+# The JobSet's one replicated job, and the pod label JobSet puts on every pod of a JobSet.
+REPLICATED_JOB = "worker"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 
 def gpu_tolerations() -> list[dict[str, str]]:
@@ -146,3 +154,9 @@ def proxy_dataset_uri(dataset_uri: str, datasets_bucket: str) -> str | None:
     if "/" not in rest:
         return None
     return f"s3://{rest}"
+
+
+def rank_stream_prefix(job: str, rank: int) -> str:
+    """The start of the log streams of every pod a job has run for one rank: the JobSet's worker Job is
+    <job>-<replicated job>-0, and the Job controller names an Indexed Job's pods <job name>-<index>-<random>."""
+    return f"{STREAM_PREFIX}{TAIL_TAG_PREFIX}var.log.containers.{job}-{REPLICATED_JOB}-0-{rank}-"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpu_train_cli.cluster import CliError
+from gpu_train.cli.cluster import CliError
 
 PROG = "gpu-train"
 
@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _session(args):
-    from gpu_train_cli.cluster import connect
+    from gpu_train.cli.cluster import connect
 
     return connect(args.kubeconfig, args.context)
 
@@ -98,19 +98,19 @@ def run(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     cmd = args.command
     if cmd == "kubeconfig":
-        from gpu_train_cli.cluster import load_contract
-        from gpu_train_cli.kubeconfig import write_kubeconfig
+        from gpu_train.cli.cluster import load_contract
+        from gpu_train.cli.kubeconfig import write_kubeconfig
 
         contract = load_contract(None, args.team, args.platform)
         return write_kubeconfig(contract, args.team, output=args.output, aws_profile=args.aws_profile,
                                 role_arn=args.role_arn)
     if cmd == "run":
-        from gpu_train_cli.local import run_local
+        from gpu_train.cli.local import run_local
 
         return run_local(args.spec, nproc=args.nproc, data=args.data, runs=args.runs)
     if cmd == "submit":
-        from gpu_train_cli.cluster import load_contract
-        from gpu_train_cli.jobs import read_spec, submit
+        from gpu_train.cli.cluster import load_contract
+        from gpu_train.cli.jobs import read_spec, submit
 
         team = str(read_spec(args.spec).get("team") or "")
         if not team:
@@ -119,8 +119,8 @@ def run(argv: list[str] | None = None) -> int:
         contract = load_contract(session, team, args.platform)
         return submit(session, contract, args.spec, dry_run=args.dry_run, image=args.image)
 
-    from gpu_train_cli import jobs
-    from gpu_train_cli.cluster import resolve_team
+    from gpu_train.cli import jobs
+    from gpu_train.cli.cluster import resolve_team
 
     session = _session(args)
     team = resolve_team(args.team, session)
@@ -134,8 +134,8 @@ def run(argv: list[str] | None = None) -> int:
     if cmd == "cancel":
         return jobs.cancel(session, team, name)
     if cmd == "logs":
-        from gpu_train_cli.cluster import load_contract
-        from gpu_train_cli.logs import logs
+        from gpu_train.cli.cluster import load_contract
+        from gpu_train.cli.logs import logs
 
         return logs(session, lambda: load_contract(session, team, args.platform), team, name, rank=args.rank,
                     follow=args.follow, container=args.container, since=args.since, tail=args.tail)
@@ -143,7 +143,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpu_train_cli.cluster import quiet_client_logs
+    from gpu_train.cli.cluster import quiet_client_logs
 
     quiet_client_logs()
     try:

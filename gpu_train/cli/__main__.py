@@ -1,5 +1,5 @@
 """python -m gpu_train_cli: the same as the `gpu-train` console script."""
 
-from gpu_train_cli.main import main
+from gpu_train.cli.main import main
 
 raise SystemExit(main())

@@ -5,7 +5,7 @@ Usage:
     export KUBECONFIG=~/.kube/gpu-train-<cluster>-research.yaml
 
 The cluster entry and the user's exec plugin are the stack's own kubeconfig (the contract carries it:
-infra.aws.cluster.kubeconfig runs `aws eks get-token`, infra.gcp.cluster.kubeconfig runs
+the AWS layer's runs `aws eks get-token`, the GCP layer's runs
 gke-gcloud-auth-plugin), so the file holds no credential: each request authenticates as the person running
 it, and the cluster maps that identity to the team's groups (an EKS access entry, or Google Groups for
 RBAC). What this adds: one context named gpu-train-<cluster>-<team> whose namespace is the team's, so
@@ -23,16 +23,15 @@ from typing import Any
 
 import yaml
 
-from gpu_train_cli.cluster import CliError, team_namespace
+from gpu_train.cli.cluster import CliError, team_namespace
+from gpu_train.spec.contract import ContractError
 
 
 def team_kubeconfig(contract, team: str, *, aws_profile: str = "", role_arn: str = "") -> dict[str, Any]:
     """The contract's kubeconfig with one context: the team's namespace, the member's AWS profile or role."""
-    from infra.k8s.contract import ContractError
-
     try:
         info = contract.team(team)
-        base = copy.deepcopy(dict(contract.kubeconfig))
+        base = copy.deepcopy(dict(contract.cluster.kubeconfig))
     except ContractError as exc:
         raise CliError(str(exc)) from None
     clusters, users = base.get("clusters") or [], base.get("users") or []
@@ -46,7 +45,7 @@ def team_kubeconfig(contract, team: str, *, aws_profile: str = "", role_arn: str
         exec_["args"] = [*exec_.get("args", []), "--role-arn", role_arn]
     if aws_profile:
         exec_["env"] = [*(exec_.get("env") or []), {"name": "AWS_PROFILE", "value": aws_profile}]
-    name = f"gpu-train-{contract.cluster_name or clusters[0]['name']}-{team}"
+    name = f"gpu-train-{contract.cluster.name or clusters[0]['name']}-{team}"
     clusters[0]["name"] = users[0]["name"] = name
     base["contexts"] = [{"name": name, "context": {"cluster": name, "user": name, "namespace": info.namespace}}]
     base["current-context"] = name
@@ -54,7 +53,7 @@ def team_kubeconfig(contract, team: str, *, aws_profile: str = "", role_arn: str
 
 
 def default_output(contract, team: str) -> Path:
-    return Path.home() / ".kube" / f"gpu-train-{contract.cluster_name}-{team}.yaml"
+    return Path.home() / ".kube" / f"gpu-train-{contract.cluster.name}-{team}.yaml"
 
 
 def write_kubeconfig(contract, team: str, *, output: str = "", aws_profile: str = "", role_arn: str = "",

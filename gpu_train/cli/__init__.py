@@ -6,7 +6,8 @@ Usage:
     gpu-train list | status JOB | logs JOB [--rank N] [--follow] | pause JOB | resume JOB | cancel JOB
     gpu-train run --local [job.yaml]                                  # the same job under local torchrun
 
-It talks to the cluster only through the user's kubeconfig (the official `kubernetes` client), and renders
-and checks jobs with the stack's own functions (infra.config.read_job, infra.k8s.training.jobset_manifest),
-fed by the platform contract the stack publishes (infra/k8s/contract.py). It never imports Pulumi itself.
+It talks to the cluster only through the user's kubeconfig (the official `kubernetes` client), and reads, checks
+and renders jobs with the platform's one job model and renderer (gpu_train.spec.job, gpu_train.jobs), fed by the
+platform contract the stack publishes (gpu_train.spec.contract). It imports neither Pulumi nor the Pulumi program,
+and torch only for `run --local`, through the trainer.
 """

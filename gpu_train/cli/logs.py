@@ -8,7 +8,7 @@ Where the log comes from:
   followed live with --follow;
 - with no pod left, the log store named by the platform contract:
   - EKS, CloudWatch Logs: the team's log group, the streams Fluent Bit named after the container's log file
-    (infra.k8s.log_shipping.rank_stream_prefix), found with DescribeLogStreams and read with FilterLogEvents
+    (gpu_train.spec.naming.rank_stream_prefix), found with DescribeLogStreams and read with FilterLogEvents
     (boto3, the caller's AWS credentials; the team's reader policy, docs/teams.md);
   - GKE, Cloud Logging: the cluster's k8s_container entries of the team namespace, container and the rank's
     pods (google-cloud-logging, the caller's gcloud application-default credentials).
@@ -25,8 +25,10 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpu_train_cli.cluster import CliError, Session, call, team_namespace
-from gpu_train_cli.jobs import INDEX_LABEL
+from gpu_train.cli.cluster import CliError, Session, call, team_namespace
+from gpu_train.cli.jobs import INDEX_LABEL
+from gpu_train.jobs import jobset as jobset_api
+from gpu_train.spec import naming
 
 DEFAULT_SINCE = dt.timedelta(days=7)
 
@@ -42,10 +44,8 @@ def _since(text: str | None) -> dt.timedelta:
 
 
 def rank_pods(session: Session, ns: str, team: str, job: str, rank: int) -> list[Any]:
-    from infra.k8s import common
-
     pods = call(session, session.core.list_namespaced_pod, ns,
-                label_selector=f"{common.JOBSET_NAME_LABEL}={job},{INDEX_LABEL}={rank}", doing="list pods",
+                label_selector=f"{naming.JOBSET_NAME_LABEL}={job},{INDEX_LABEL}={rank}", doing="list pods",
                 namespace=ns, team=team).items
     return sorted(pods, key=lambda p: p.metadata.creation_timestamp or dt.datetime.min.replace(tzinfo=dt.UTC))
 
@@ -100,16 +100,14 @@ def from_cloudwatch(contract, team, job: str, rank: int, container: str, since: 
     import boto3
     import botocore.exceptions
 
-    from infra.k8s.log_shipping import rank_stream_prefix
-
     logs = contract.logs
-    group = (logs.get("groups") or {}).get(team.namespace)
+    group = logs.groups.get(team.namespace)
     if not group:
         raise CliError(f"the platform contract names no log group for {team.namespace}", code=1)
     start = int((dt.datetime.now(dt.UTC) - since).timestamp() * 1000)
-    client = boto3.client("logs", region_name=logs.get("region") or contract.region)
+    client = boto3.client("logs", region_name=logs.region or contract.region)
     try:
-        events = list(cloudwatch_events(client, group, rank_stream_prefix(job, rank), f"_{team.namespace}_{container}-",
+        events = list(cloudwatch_events(client, group, naming.rank_stream_prefix(job, rank), f"_{team.namespace}_{container}-",
                                         start))
     except botocore.exceptions.NoCredentialsError:
         raise CliError("no AWS credentials to read CloudWatch Logs: sign in (aws sso login, or AWS_PROFILE)", code=1) \
@@ -147,9 +145,7 @@ def cloud_logging_client(project: str) -> Any:
 
 def cloud_logging_filter(cluster: str, namespace: str, container: str, job: str, rank: int, since_iso: str) -> str:
     """The Logging query language filter for one rank's container log (its pods' names: <job>-worker-0-<rank>-<5>)."""
-    from infra.k8s.training import REPLICATED_JOB
-
-    pods = f"^{re.escape(job)}-{REPLICATED_JOB}-0-{rank}-[a-z0-9]{{5}}$"
+    pods = f"^{re.escape(job)}-{naming.REPLICATED_JOB}-0-{rank}-[a-z0-9]{{5}}$"
     return (f'resource.type="k8s_container" AND resource.labels.cluster_name="{cluster}" AND '
             f'resource.labels.namespace_name="{namespace}" AND resource.labels.container_name="{container}" AND '
             f'resource.labels.pod_name=~"{pods}" AND timestamp>="{since_iso}"')
@@ -159,9 +155,9 @@ def from_cloud_logging(contract, team, job: str, rank: int, container: str, sinc
                        client: Any = None) -> int:
     out = out or sys.stdout
     logs = contract.logs
-    project = logs.get("project") or ""
+    project = logs.project
     start = (dt.datetime.now(dt.UTC) - since).strftime("%Y-%m-%dT%H:%M:%SZ")
-    query = cloud_logging_filter(logs.get("cluster") or contract.cluster_name, team.namespace, container, job, rank,
+    query = cloud_logging_filter(logs.cluster or contract.cluster.name, team.namespace, container, job, rank,
                                  start)
     try:
         from google.api_core import exceptions as gexc
@@ -196,11 +192,9 @@ def logs(session: Session, contract_loader: Callable[[], Any], team: str, job: s
          out=None) -> int:
     """`contract_loader()` gives the platform contract, read only when the log must come from the store."""
     out = out or sys.stdout
-    from infra.k8s.training import CONTAINER
-
     if rank < 0:
         raise CliError(f"--rank {rank} must be >= 0")
-    container = container or CONTAINER
+    container = container or jobset_api.CONTAINER
     ns = team_namespace(team)
     pods = rank_pods(session, ns, team, job, rank)
     if pods and pods[-1].status.phase == "Pending" and not any(
@@ -213,7 +207,7 @@ def logs(session: Session, contract_loader: Callable[[], Any], team: str, job: s
     contract = contract_loader()
     info = contract.team(team)
     out.write(f"# rank {rank} of job {job!r} has no pod now; its log from the platform's log store:\n")
-    kind = contract.logs.get("kind")
+    kind = contract.logs.kind
     if kind == "cloudwatch":
         return from_cloudwatch(contract, info, job, rank, container, window, out)
     if kind == "cloud-logging":

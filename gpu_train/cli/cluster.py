@@ -26,6 +26,8 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from gpu_train.spec import naming
+
 DOCS = "docs/teams.md"
 
 
@@ -93,8 +95,6 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Sessio
 
 
 def team_namespace(team: str) -> str:
-    from infra import naming
-
     return naming.team_namespace(team)
 
 
@@ -178,34 +178,33 @@ def api_error(exc: Exception, *, doing: str, namespace: str = "", team: str = ""
 
 def load_contract(session: Session | None, team: str, platform_file: str | None = None):
     """The platform contract: the file given with --platform, or the team namespace's ConfigMap."""
-    from infra.k8s import tenancy
-    from infra.k8s.contract import Contract, ContractError
+    from gpu_train.spec.contract import ContractError, PlatformContract
 
     try:
         if platform_file:
             path = Path(platform_file).expanduser()
             if not path.is_file():
                 raise CliError(f"--platform {platform_file}: no such file")
-            return Contract.from_json(path.read_text(), str(path))
+            return PlatformContract.from_json(path.read_text(), str(path))
         if session is None:
             raise CliError("no cluster to read the platform contract from: pass --platform FILE")
         ns = team_namespace(team)
         try:
-            cm = session.core.read_namespaced_config_map(tenancy.PLATFORM_CONFIGMAP, ns)
+            cm = session.core.read_namespaced_config_map(naming.PLATFORM_CONFIGMAP, ns)
         except ApiException as exc:
             if exc.status == 404:
-                raise CliError(f"no platform contract in namespace {ns} (ConfigMap {tenancy.PLATFORM_CONFIGMAP}): team "
+                raise CliError(f"no platform contract in namespace {ns} (ConfigMap {naming.PLATFORM_CONFIGMAP}): team "
                                f"{team!r} is not on this cluster, or the kubeconfig points at another cluster "
                                f"({session.server})", code=2) from None
-            raise api_error(exc, doing=f"read the platform contract (configmap {tenancy.PLATFORM_CONFIGMAP})",
+            raise api_error(exc, doing=f"read the platform contract (configmap {naming.PLATFORM_CONFIGMAP})",
                             namespace=ns, team=team, server=session.server) from None
         except Exception as exc:  # urllib3 connection errors, exec plugin failures
             raise api_error(exc, doing="read the platform contract", server=session.server) from None
-        text = (cm.data or {}).get(tenancy.PLATFORM_CONFIGMAP_KEY)
+        text = (cm.data or {}).get(naming.PLATFORM_CONFIGMAP_KEY)
         if not text:
-            raise CliError(f"configmap {ns}/{tenancy.PLATFORM_CONFIGMAP} has no {tenancy.PLATFORM_CONFIGMAP_KEY}",
+            raise CliError(f"configmap {ns}/{naming.PLATFORM_CONFIGMAP} has no {naming.PLATFORM_CONFIGMAP_KEY}",
                            code=1)
-        return Contract.from_json(text, f"configmap {ns}/{tenancy.PLATFORM_CONFIGMAP}")
+        return PlatformContract.from_json(text, f"configmap {ns}/{naming.PLATFORM_CONFIGMAP}")
     except ContractError as exc:
         raise CliError(str(exc)) from None
 

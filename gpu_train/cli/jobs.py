@@ -1,14 +1,13 @@
 """A team's jobs: submit (render, check, create), list, status, pause, resume, cancel.
 
 Usage: the `gpu-train` subcommands call `submit(...)`, `list_jobs(...)`, `status(...)`, `set_active(...)` and
-`cancel(...)` with a Session (gpu_train_cli/cluster.py) and a platform contract.
+`cancel(...)` with a Session (gpu_train/cli/cluster.py) and a platform contract.
 
-A job spec file holds the stack's `job` settings (docs/configuration.md, "job"), read and checked by the
-same code as the stack's (infra.config.read_job) against the contract's pools and teams, and rendered by the
-same function as the stack's JobSet (infra.k8s.training.jobset_manifest). The one difference from the
-stack's job: a submitted job waits in its team's LocalQueue, where the stack's job has a LocalQueue of its
-own so that `pulumi up` can pause it. Before anything is sent, Kueue's admission arithmetic
-(infra.k8s.training.kueue_problems) says whether the team's queue could ever admit the job.
+A job spec file holds the stack's `job` settings (docs/configuration.md, "job"), read by the one job model
+(gpu_train.spec.job), checked as the plan checks the stack's job (gpu_train.jobs.check: against the contract's
+pools and teams, then whether the team's queue could ever admit it and its pods fit their nodes) and rendered by
+the one JobSet renderer (gpu_train.jobs.jobset). The one difference from the stack's job: a submitted job waits
+in its team's LocalQueue, where the stack's job has a LocalQueue of its own so that `pulumi up` can pause it.
 
 Pause and resume go through what Kueue supports for a single workload: its Workload's `spec.active`
 (false: Kueue evicts it, the pods get SIGTERM and checkpoint, the quota is released; true: it queues
@@ -31,7 +30,15 @@ from typing import Any
 
 import yaml
 
-from gpu_train_cli.cluster import CliError, Session, call, team_namespace
+from gpu_train.cli.cluster import CliError, Session, call, team_namespace
+from gpu_train.jobs.check import check_job
+from gpu_train.jobs.jobset import CONTAINER, JOBSET_API, JobSpecError, Placement, image_digest, jobset
+from gpu_train.spec import naming
+from gpu_train.spec.contract import ContractError, PlatformContract
+from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.job import JobSpec, read_job
+from gpu_train.spec.pod_rules import image_allowed
+from gpu_train.spec.settings_checks import BUCKET_SCHEME
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
@@ -41,8 +48,6 @@ INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
 def _jobset_api() -> tuple[str, str]:
-    from infra.k8s.training import JOBSET_API
-
     group, version = JOBSET_API.split("/")
     return group, version
 
@@ -66,63 +71,33 @@ def read_spec(path: str) -> Mapping[str, Any]:
     return raw
 
 
-def check_spec(raw: Mapping[str, Any], contract, source: str):
-    """The spec as a JobConfig, through the stack's own reader and plan-time job checks."""
-    from infra.config import ConfigError, read_job
-
+def check_spec(raw: Mapping[str, Any], contract: PlatformContract, source: str) -> JobSpec:
+    """The spec as a JobSpec, with every check the stack's plan runs on its own job: the settings against the
+    platform's pools and teams, then the rendered JobSet against the team's queue and the pool's nodes
+    (gpu_train.jobs.check)."""
     try:
-        return read_job(dict(raw), cfg=contract.stack_config(), key="job")
-    except ConfigError as exc:
+        job = read_job(dict(raw), key="job")
+    except SettingsError as exc:
         raise CliError("\n".join(f"{source}: {p}" for p in exc.problems)) from None
+    problems = check_job(job, pools=contract.pools, teams=contract.teams, kueue=contract.kueue,
+                         nvme_host_path=contract.nvme_host_path, scheme=BUCKET_SCHEME[contract.cloud],
+                         pod_env=contract.pod_env, key="job")
+    if problems:
+        raise CliError("\n".join(f"{source}: {p}" for p in problems))
+    return job
 
 
-def render(contract, job, image: str = "") -> dict[str, Any]:
-    """The JobSet of a submitted job: the stack's renderer fed by the contract, in the team's queue."""
-    from infra.k8s import training
-    from infra.k8s.contract import ContractError
-
+def render(contract: PlatformContract, job: JobSpec, image: str = "") -> dict[str, Any]:
+    """The JobSet of a submitted job: the one renderer fed by the contract, in the team's queue."""
     try:
-        pool = contract.pool(job.pool)
-        team = contract.team(job.team)
+        return jobset(job, Placement.from_contract(contract, job, image=image))
     except ContractError as exc:
         raise CliError(str(exc)) from None
-    datasets, checkpoints = contract.bucket("datasets"), contract.bucket("checkpoints")
-    dataset_uri, checkpoint_uri = training.default_uris(job, datasets, checkpoints)
-    try:
-        return training.jobset_manifest(
-            job=job, pool=pool, cloud=contract.cloud, region=contract.region, image=image or contract.image,
-            local_queue=team.local_queue, dataset_uri=dataset_uri, checkpoint_uri=checkpoint_uri,
-            nvme_host_path=contract.nvme_host_path, datasets_bucket=datasets,
-            cache_endpoint=contract.endpoint("cache"), tracking_uri=contract.endpoint("tracking"))
-    except training.JobSpecError as exc:
+    except JobSpecError as exc:
         raise CliError(f"job {job.name!r}: {exc}") from None
 
 
-def admission_problems(contract, job, jobset: Mapping[str, Any]) -> list[str]:
-    """Why Kueue could never admit this job from its team's queue, or its pods not fit a node of the pool."""
-    from infra.k8s import training
-
-    team, pool = contract.team(job.team), contract.pool(job.pool)
-    kueue = contract.kueue
-    lq = {"apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}", "kind": "LocalQueue",
-          "metadata": {"name": team.local_queue, "namespace": team.namespace},
-          "spec": {"clusterQueue": team.cluster_queue}}
-    queue, fit = training.kueue_problems(
-        jobset, pool=pool, cloud=contract.cloud, namespace_labels=team.namespace_labels, local_queues=[lq],
-        queue_name=team.local_queue, cluster_queues=kueue.get("clusterQueues") or [],
-        flavors=kueue.get("resourceFlavors") or [], limit_range=kueue.get("limitRange") or {},
-        excluded_prefixes=kueue.get("excludedResourcePrefixes") or [])
-    out = [f"queue {team.local_queue} of team {team.name!r} could never admit job {job.name!r} (Kueue admits its "
-           f"pods all at once): {p}" for p in queue]
-    out += [f"a pod of job {job.name!r} does not fit a {pool.instance_type} node of pool {pool.name!r}: {p}"
-            for p in fit]
-    return out
-
-
-def check_image(contract, image: str) -> None:
-    from infra.k8s.pod_admission import image_allowed
-    from infra.k8s.training import JobSpecError, image_digest
-
+def check_image(contract: PlatformContract, image: str) -> None:
     try:
         image_digest(image)
     except JobSpecError as exc:
@@ -139,19 +114,16 @@ def submit(session: Session | None, contract, spec_path: str, *, dry_run: bool, 
     job = check_spec(raw, contract, spec_path)
     if image:
         check_image(contract, image)
-    jobset = render(contract, job, image)
-    problems = admission_problems(contract, job, jobset)
-    if problems:
-        raise CliError("\n".join(f"{spec_path}: {p}" for p in problems))
+    manifest = render(contract, job, image)
     if dry_run:
-        out.write(yaml.safe_dump(jobset, sort_keys=False))
+        out.write(yaml.safe_dump(manifest, sort_keys=False))
         return 0
     if session is None:
         raise CliError("no cluster to submit to (pass --dry-run to only print the JobSet)")
-    ns = jobset["metadata"]["namespace"]
+    ns = manifest["metadata"]["namespace"]
     group, version = _jobset_api()
     try:
-        call(session, session.custom.create_namespaced_custom_object, group, version, ns, "jobsets", jobset,
+        call(session, session.custom.create_namespaced_custom_object, group, version, ns, "jobsets", manifest,
              doing="create jobsets", namespace=ns, team=job.team)
     except CliError as exc:
         if "(409)" in str(exc):
@@ -248,8 +220,6 @@ def _worker_job(jobset: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def list_jobs(session: Session, team: str, out=None) -> int:
-    from infra import naming
-
     out = out or sys.stdout
     ns = team_namespace(team)
     group, version = _jobset_api()
@@ -273,8 +243,6 @@ def list_jobs(session: Session, team: str, out=None) -> int:
 
 def _setting(jobset: Mapping[str, Any], key: str) -> float | None:
     """A trainer override (section.key=value) from the JobSet's trainer arguments."""
-    from infra.k8s.training import CONTAINER
-
     pod = (_worker_job(jobset).get("template") or {}).get("spec") or {}
     trainer = next((c for c in pod.get("containers") or [] if c.get("name") == CONTAINER), {})
     for arg in trainer.get("args") or []:
@@ -335,9 +303,6 @@ def _queue_position(session: Session, ns: str, queue: str, workload: str) -> str
 
 def status(session: Session, team: str, name: str, out=None) -> int:
     out = out or sys.stdout
-    from infra import naming
-    from infra.k8s import common
-
     ns = team_namespace(team)
     jobset = _get_jobset(session, ns, name, team)
     workload = _find_workload(session, ns, team, jobset)
@@ -360,7 +325,7 @@ def status(session: Session, team: str, name: str, out=None) -> int:
             out.write(f"  evicted: {evicted.get('reason')}: {evicted.get('message', '')}\n")
     else:
         out.write("  Kueue has not taken the job in yet (no Workload owned by it)\n")
-    pods = call(session, session.core.list_namespaced_pod, ns, label_selector=f"{common.JOBSET_NAME_LABEL}={name}",
+    pods = call(session, session.core.list_namespaced_pod, ns, label_selector=f"{naming.JOBSET_NAME_LABEL}={name}",
                 doing="list pods", namespace=ns, team=team).items
     rank0 = None
     for pod in sorted(pods, key=lambda p: (int((p.metadata.labels or {}).get(INDEX_LABEL, "0")), p.metadata.name)):
