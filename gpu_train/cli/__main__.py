@@ -1,4 +1,4 @@
-"""python -m gpu_train_cli: the same as the `gpu-train` console script."""
+"""python -m gpu_train.cli: the same as the `gpu-train` console script."""
 
 from gpu_train.cli.main import main
 

@@ -23,7 +23,7 @@ GPU_NAMESPACE = "gpu-system"
 KUEUE_NAMESPACE = "kueue-system"
 JOBSET_NAMESPACE = "jobset-system"
 # Label JobSet puts on every pod of a JobSet (https://jobset.sigs.k8s.io/docs/concepts/).
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_NAME_LABEL = naming.JOBSET_NAME_LABEL
 # Namespace label the API server sets on every namespace (Kubernetes >= 1.22).
 NS_NAME_LABEL = "kubernetes.io/metadata.name"
 CHECKOV_SKIPS = Path(__file__).resolve().parent / "checkov-skips.yaml"

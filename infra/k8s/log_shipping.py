@@ -18,7 +18,7 @@ image carries Fluent Bit with the cloudwatch_logs output and EKS Pod Identity cr
   STREAM_PREFIX + the tail tag, sending only the log line (log_key log);
 - no Kubernetes metadata filter: routing needs only the file name, so the shipper never calls the API
   server; the chart's own CloudWatch outputs are off.
-`gpu-train logs` finds a rank's streams by that name after its pod is gone (gpu_train_cli/logs.py).
+`gpu-train logs` finds a rank's streams by that name after its pod is gone (gpu_train/cli/logs.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from gpu_train.spec import naming
+from gpu_train.spec.naming import STREAM_PREFIX, TAIL_TAG_PREFIX
 from infra.k8s import common
 from infra.platform import ClusterPlatform, LogStore
 
@@ -38,10 +39,8 @@ CHART_REPO = "https://aws.github.io/eks-charts"
 # Chart 0.2.0 runs AWS for Fluent Bit 3.2.1 (Chart.yaml appVersion, February 2026).
 CHART_VERSION = "0.2.0"
 RELEASE = "fluent-bit"
-TAIL_TAG_PREFIX = "kube."  # the tail input's tag is this + the file path with "/" as "."
 TEAM_LOG_FILES = f"/var/log/containers/*_{naming.team_namespace('')}*_*.log"
 POSITIONS_DB = "/var/log/gpu-train-fluent-bit.db"
-STREAM_PREFIX = "containers."
 HEALTH_PORT = 2020  # the chart's HTTP server (its liveness probe)
 
 
@@ -134,11 +133,3 @@ class LogShipper(pulumi.ComponentResource):
             repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CHART_REPO), namespace=namespace, values=values,
             opts=common.k8s_opts(p, self, [self.namespace]))
         self.register_outputs({"namespace": namespace, "release": RELEASE})
-
-
-def rank_stream_prefix(job: str, rank: int) -> str:
-    """The start of the streams of every pod a job has run for one rank: the JobSet's worker Job is
-    <job>-<replicated job>-0, and the Job controller names an Indexed Job's pods <job name>-<index>-<random>."""
-    from infra.k8s.training import REPLICATED_JOB
-
-    return f"{STREAM_PREFIX}{TAIL_TAG_PREFIX}var.log.containers.{job}-{REPLICATED_JOB}-0-{rank}-"

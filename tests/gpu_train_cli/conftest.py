@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_train_cli.main import main
+from gpu_train.cli.main import main
 from infra import config, naming
 from infra.aws import cluster as aws_cluster
 from infra.aws.catalog import CATALOG as EC2
@@ -38,8 +38,8 @@ def pools() -> list[GpuPool]:
     return out
 
 
-TEAMS = (config.TeamConfig(name="research", gpu_quota={"l4-spot": 4}, submitters=("ml-research",)),
-         config.TeamConfig(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
+TEAMS = (config.TeamSettings(name="research", gpu_quota={"l4-spot": 4}, submitters=("ml-research",)),
+         config.TeamSettings(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
 
 
 def contract_doc(teams=TEAMS, server: str = "https://ABC.gr7.us-east-1.eks.amazonaws.com") -> dict[str, Any]:

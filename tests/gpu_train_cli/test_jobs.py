@@ -2,14 +2,14 @@
 merge patch checked against the Workload CRD, a JobSet delete), what it reads (Kueue's Workload found by its
 owner, its visibility API, rank 0's metrics through the pod proxy), and the error paths.
 
-Run: .venv/bin/pytest tests/gpu_train_cli/test_jobs.py -q
+Run: .venv/bin/pytest tests/gpu_train/cli/test_jobs.py -q
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gpu_train_cli import jobs
+from gpu_train.cli import jobs
 from tests.gpu_train_cli.conftest import ALICE, BOB, VIEWER, only_error_lines, requests_of, spec
 from tests.gpu_train_cli.fake_api import pod
 

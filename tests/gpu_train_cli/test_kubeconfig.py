@@ -2,7 +2,7 @@
 used end to end: its exec plugin (a stand-in `aws` on PATH that answers like `aws eks get-token`) gets the token
 the fake API server knows, and `gpu-train list` then works with no --team.
 
-Run: .venv/bin/pytest tests/gpu_train_cli/test_kubeconfig.py -q
+Run: .venv/bin/pytest tests/gpu_train/cli/test_kubeconfig.py -q
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`gpu-train run --local`: a job spec under local torchrun through the image's launcher, checked by the stack's
 own job reader first.
 
-Run: .venv/bin/pytest tests/gpu_train_cli/test_local.py -q   (the slow test trains the embedded default: ~1 min)
+Run: .venv/bin/pytest tests/gpu_train/cli/test_local.py -q   (the slow test trains the embedded default: ~1 min)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch.distributed.run as torchrun
 
-from gpu_train_cli import local
+from gpu_train.cli import local
 from infra import config
 from tests.gpu_train_cli.conftest import only_error_lines, spec
 from trainer.__main__ import parser as trainer_parser

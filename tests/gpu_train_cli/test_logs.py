@@ -2,7 +2,7 @@
 store: CloudWatch Logs on a local moto server, holding the streams the Fluent Bit configuration of
 infra/k8s/log_shipping.py names, and Cloud Logging from recorded entries.list responses served locally.
 
-Run: .venv/bin/pytest tests/gpu_train_cli/test_logs.py -q
+Run: .venv/bin/pytest tests/gpu_train/cli/test_logs.py -q
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from gpu_train_cli import logs as cli_logs
-from infra import naming
+from gpu_train.cli import logs as cli_logs
+from gpu_train.spec import naming
 from infra.k8s import log_shipping
 from infra.platform import LogStore, WorkloadIdentity
 from tests.gpu_train_cli.conftest import ALICE, VIEWER, only_error_lines, requests_of, spec

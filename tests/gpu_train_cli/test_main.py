@@ -1,7 +1,7 @@
 """`gpu-train` as installed: the console script from a wheel of this project installed fresh, its help and every
 subcommand's help, one-line errors, and what the command imports.
 
-Run: .venv/bin/pytest tests/gpu_train_cli/test_main.py -q
+Run: .venv/bin/pytest tests/gpu_train/cli/test_main.py -q
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def installed(tmp_path_factory) -> Path:
                     str(wheels)], check=True, cwd=src, capture_output=True, timeout=300)
     (wheel,) = wheels.glob("gpu_train-*.whl")
     entry_points = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("entry_points.txt"))
-    assert "gpu-train = gpu_train_cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "gpu-train = gpu_train.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     site = base / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site),
                     str(wheel)], check=True, capture_output=True, timeout=300)
@@ -67,7 +67,7 @@ def test_the_installed_command_runs_from_the_wheel_not_the_checkout(installed, t
     proc = _run(installed, "list", cwd=tmp_path)  # no kubeconfig in this HOME
     assert proc.returncode == 2
     assert proc.stderr.startswith("gpu-train: error: no kubeconfig:") and "Traceback" not in proc.stderr
-    where = subprocess.run([sys.executable, "-c", "import gpu_train_cli; print(gpu_train_cli.__file__)"], cwd=tmp_path,
+    where = subprocess.run([sys.executable, "-c", "import gpu_train.cli; print(gpu_train_cli.__file__)"], cwd=tmp_path,
                            env={**os.environ, "PYTHONPATH": str(installed)}, capture_output=True, text=True, timeout=60)
     assert Path(where.stdout.strip()).is_relative_to(installed)
 
@@ -80,7 +80,7 @@ def test_usage_errors_come_from_argparse_with_status_2(installed, tmp_path):
 
 
 def test_help_imports_neither_pulumi_nor_the_stacks_modules():
-    code = ("import sys\nfrom gpu_train_cli.main import parser\n"
+    code = ("import sys\nfrom gpu_train.cli.main import parser\n"
             "try:\n    parser().parse_args(['submit', '--help'])\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in ('pulumi', 'pulumi_kubernetes', 'infra') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -101,5 +101,5 @@ def test_changing_the_command_never_rebuilds_the_trainer_image():
     from infra import image
 
     inputs = image.image_inputs()
-    assert inputs and not any(p.startswith("gpu_train_cli/") for p in inputs)
+    assert inputs and not any(p.startswith("gpu_train/cli/") for p in inputs)
     assert any(p.startswith("trainer/") for p in inputs)

@@ -2,7 +2,7 @@
 admission arithmetic before sending, and the API calls against a fake API server that validates what it gets
 (the JobSet CRD, the platform's Roles, its admission policies) and answers like the real one on errors.
 
-Run: .venv/bin/pytest tests/gpu_train_cli/test_submit.py -q
+Run: .venv/bin/pytest tests/gpu_train/cli/test_submit.py -q
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _platform_file(tmp_path, doc) -> str:
     return str(path)
 
 
-def _stack_spec(tmp_path, job: config.JobConfig):
+def _stack_spec(tmp_path, job: config.JobSpec):
     """The stack's job settings written as a job spec file (camelCase keys, as in the stack file)."""
     raw = {config._camel(k): v for k, v in job.__dict__.items()}
     raw["overrides"] = dict(job.overrides)
@@ -161,8 +161,8 @@ def test_checks_after_reading(tmp_path, cli, doc):
 def test_a_job_its_teams_quota_can_never_admit_is_refused_before_sending(api, tmp_path, cli):
     """The team's nominal quota covers MIN nodes (the stack's check passes), but Kueue admits a JobSet whole, MAX
     pods at once, and the cluster queue can never hold 4 GPUs: the command says so and sends nothing."""
-    small = (config.TeamConfig(name="research", gpu_quota={"l4-spot": 2}, submitters=("ml-research",)),
-             config.TeamConfig(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
+    small = (config.TeamSettings(name="research", gpu_quota={"l4-spot": 2}, submitters=("ml-research",)),
+             config.TeamSettings(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
     platform = _platform_file(tmp_path, contract_doc(teams=small))
     code, _, err = cli("submit", spec(tmp_path, nodes="1:4", globalBatchTokens=98304), "--platform", platform, "--kubeconfig",
                        api.kubeconfig(tmp_path, ALICE, "team-research"))

@@ -443,10 +443,10 @@ def test_every_setting_is_documented():
     import dataclasses
 
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    classes = [config.StackConfig, config.NetworkConfig, config.ClusterConfig, config.GpuPoolConfig,
-               config.CacheConfig, config.MonitoringConfig, config.HealthConfig, config.TeamConfig, config.JobConfig,
-               config.ImageConfig, config.MlflowConfig, config.LimitsConfig, config.DeployRunnerConfig,
-               config.TeamMemberConfig, config.LogsConfig]
+    classes = [config.StackSettings, config.NetworkSettings, config.ClusterSettings, config.GpuPoolSettings,
+               config.CacheSettings, config.MonitoringSettings, config.HealthSettings, config.TeamSettings, config.JobSpec,
+               config.ImageSettings, config.MlflowSettings, config.LimitsSettings, config.DeployRunnerSettings,
+               config.TeamMemberSettings, config.LogsSettings]
     for cls in classes:
         for f in dataclasses.fields(cls):
             if f.name != "stack":
@@ -464,8 +464,8 @@ def test_kubernetes_versions_and_regions_are_documented_with_their_source():
 def test_health_settings_default_to_the_listed_xids_and_read_from_a_stack():
     """The default XIDs are the GPU faults the platform quarantines on (docs/operations.md); none is an
     application XID, so the defaults pass the check that refuses those."""
-    assert config.HealthConfig().xid_codes == (48, 63, 64, 74, 79, 94, 95)
-    assert not set(config.HealthConfig().xid_codes) & config.APPLICATION_XIDS
+    assert config.HealthSettings().xid_codes == (48, 63, 64, 74, 79, 94, 95)
+    assert not set(config.HealthSettings().xid_codes) & config.APPLICATION_XIDS
     raw = copy.deepcopy(raw_stack("gcp-prod"))
     raw["gpu-train:health"] = {"remediation": False, "xidCodes": [79, 48], "maxConcurrentRepairs": 2}
     cfg = config.parse(raw, "gcp-prod")

@@ -214,7 +214,7 @@ GPU_NODE_RELEASES = {
 
 
 def _tolerates_gpu_taint(pod_spec: dict) -> bool:
-    from infra import naming
+    from gpu_train.spec import naming
 
     return any(t.get("key") == naming.GPU_TAINT["key"] or (not t.get("key") and t.get("operator") == "Exists")
                for t in pod_spec.get("tolerations") or [])

@@ -39,7 +39,7 @@ def _runs_where_the_api_server_is_reachable(job: dict) -> None:
     # AWS: the stack's own CodeBuild-hosted runner in its VPC, whose label is
     # codebuild-<project>-<run id>-<run attempt> with project <naming.prefix>-deploy (infra/aws/deploy_runner.py);
     # GCP: a GitHub-hosted runner, through GKE's DNS-based endpoint.
-    from infra import naming
+    from gpu_train.spec import naming
     from infra.aws.deploy_runner import runner_label
 
     project = f"{naming.prefix(SimpleNamespace(stack='STACK'))}-deploy"
@@ -51,7 +51,7 @@ def _runs_where_the_api_server_is_reachable(job: dict) -> None:
 
 def _lists_marked_stacks(doc: dict) -> dict:
     stacks = doc["jobs"]["stacks"]
-    assert any("python -m infra.config deploy-matrix stacks" in r for r in _runs(stacks))
+    assert any("python tools/deploy_matrix.py stacks" in r for r in _runs(stacks))
     return stacks
 
 

@@ -1,7 +1,7 @@
 """Fixtures for the AWS layer tests.
 
 `plans` is the session's plans of the aws-* stacks (each planned once per session, by tests/conftest.py).
-`stack_cfg(pools)` builds a validated AWS StackConfig for component tests.
+`stack_cfg(pools)` builds a validated AWS StackSettings for component tests.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def plans(plans) -> dict[str, dict]:
     return {s: p for s, p in plans.items() if s in AWS_STACKS}
 
 
-def stack_cfg(pools: list[dict], environment: str = "prod", nat: str = "per-zone") -> config.StackConfig:
+def stack_cfg(pools: list[dict], environment: str = "prod", nat: str = "per-zone") -> config.StackSettings:
     raw = {
         "gpu-train:cloud": "aws", "gpu-train:environment": environment, "gpu-train:region": "us-west-2",
         "gpu-train:zones": ["us-west-2a", "us-west-2b"],

@@ -15,8 +15,8 @@ import pulumi
 import yaml
 from pulumi.runtime import mocks as runtime_mocks
 
-from infra import naming
-from infra.config import DeployRunnerConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import DeployRunnerSettings
 from infra.mocks import MockContext, PlanMocks
 from tests.infra.aws.conftest import stack_cfg
 
@@ -41,7 +41,7 @@ def _run(cfg, **ctx):
     monitor = Recorder(mocks)
     pulumi.runtime.set_mocks(mocks, project="gpu-train", stack=cfg.stack, preview=False, monitor=monitor)
     from infra.aws import build_platform
-    return build_platform(cfg, naming.common_tags(cfg)), monitor
+    return build_platform(cfg, naming.common_tags(cfg.stack, cfg.environment, cfg.tags)), monitor
 
 
 POOLS = [
@@ -161,7 +161,7 @@ def test_existing_service_linked_roles_are_looked_up_not_created():
 def test_deploy_runner_sits_in_the_vpc_and_alone_reaches_the_api_server():
     base = stack_cfg([{"name": "l4", "instanceType": "g6.xlarge", "capacity": "spot", "maxNodes": 2}],
                      environment="dev", nat="single")
-    runner = DeployRunnerConfig(kind="codebuild", repository="acme/gpu-train",
+    runner = DeployRunnerSettings(kind="codebuild", repository="acme/gpu-train",
                                 connection_arn="arn:aws:codeconnections:us-west-2:123456789012:connection/abc")
     cfg = dataclasses.replace(base, deploy_runner=runner)
     platform, monitor = _run(cfg)

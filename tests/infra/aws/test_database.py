@@ -14,7 +14,7 @@ import pulumi
 import pytest
 
 from infra.aws import database, iam, keys, load_balancer, network
-from infra.config import MlflowConfig
+from gpu_train.spec.settings import MlflowSettings
 from tests.conftest import resources_of
 from tests.infra.aws.conftest import stack_cfg
 from tests.infra.aws.test_components import _run
@@ -137,7 +137,7 @@ POOL = [{"name": "l4", "instanceType": "g6.2xlarge", "capacity": "spot", "maxNod
 @pulumi.runtime.test
 def test_build_platform_contract_with_managed_database():
     base = stack_cfg(POOL)
-    platform, monitor = _run(replace(base, mlflow=MlflowConfig(database="managed")))
+    platform, monitor = _run(replace(base, mlflow=MlflowSettings(database="managed")))
     assert [(t.cidr, t.port) for t in platform.workload_identity_egress] == [("169.254.170.23/32", 80)]
     assert platform.internal_lb_annotations["service.beta.kubernetes.io/aws-load-balancer-type"] == "external"
     assert "lb-controller" in [r._name for r in platform.ready]

@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 import yaml
 
-from infra import naming
+from gpu_train.spec import naming
 from infra.aws import (
     catalog,
     cluster,
@@ -19,7 +19,7 @@ from infra.aws import (
     service_roles,
     storage,
 )
-from infra.config import GpuPoolConfig
+from gpu_train.spec.settings import GpuPoolSettings
 
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 
@@ -105,9 +105,9 @@ def test_unknown_instance_type_names_it():
         catalog.instance_spec("p9.huge")
 
 
-def _pool(**kw) -> GpuPoolConfig:
+def _pool(**kw) -> GpuPoolSettings:
     base = {"name": "p", "instance_type": "p5.48xlarge", "capacity": "spot", "max_nodes": 2}
-    return GpuPoolConfig(**{**base, **kw})
+    return GpuPoolSettings(**{**base, **kw})
 
 
 def test_nccl_env_and_fabric():

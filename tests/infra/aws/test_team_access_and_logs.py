@@ -81,11 +81,11 @@ def test_an_entry_keeps_its_name_when_other_members_come_and_go():
 
 
 def test_team_access_entries_merge_a_principal_of_several_teams():
-    teams = (config.TeamConfig(name="a", gpu_quota=1, submitters=("ga",), viewers=("va",),
-                               members=(config.TeamMemberConfig(principal="p1"),
-                                        config.TeamMemberConfig(principal="p2", role="viewer"))),
-             config.TeamConfig(name="b", gpu_quota=1, submitters=("gb",),
-                               members=(config.TeamMemberConfig(principal="p2"),)))
+    teams = (config.TeamSettings(name="a", gpu_quota=1, submitters=("ga",), viewers=("va",),
+                               members=(config.TeamMemberSettings(principal="p1"),
+                                        config.TeamMemberSettings(principal="p2", role="viewer"))),
+             config.TeamSettings(name="b", gpu_quota=1, submitters=("gb",),
+                               members=(config.TeamMemberSettings(principal="p2"),)))
     assert config.team_access_entries(teams) == {"p1": ("ga",), "p2": ("gb", "va")}
 
 

@@ -1,7 +1,7 @@
 """Fixtures for the GCP layer tests.
 
 `plans` is the session's plans of the gcp-* stacks (each planned once per session, by tests/conftest.py).
-`stack_cfg(...)` builds a validated StackConfig with chosen GPU pools for component tests.
+`stack_cfg(...)` builds a validated StackSettings with chosen GPU pools for component tests.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def plans(plans) -> dict[str, dict]:
     return {s: p for s, p in plans.items() if s in GCP_STACKS}
 
 
-def stack_cfg(pools: list[dict], environment: str = "prod", regional: bool = True) -> config.StackConfig:
+def stack_cfg(pools: list[dict], environment: str = "prod", regional: bool = True) -> config.StackSettings:
     raw = {
         "gpu-train:cloud": "gcp", "gpu-train:environment": environment, "gpu-train:project": "acme-ml-test",
         "gpu-train:region": "us-central1", "gpu-train:zones": ["us-central1-a", "us-central1-b"],

@@ -50,9 +50,9 @@ def _run(cfg):
     mocks = PlanMocks(MockContext(region=cfg.region, project=cfg.project))
     monitor = Recorder(mocks)
     pulumi.runtime.set_mocks(mocks, project="gpu-train", stack=cfg.stack, preview=False, monitor=monitor)
-    from infra import naming
+    from gpu_train.spec import naming
     from infra.gcp import build_platform
-    return build_platform(cfg, naming.common_tags(cfg)), monitor
+    return build_platform(cfg, naming.common_tags(cfg.stack, cfg.environment, cfg.tags)), monitor
 
 
 def _cfg():
@@ -152,7 +152,7 @@ def test_workload_identity_bindings_wait_for_the_cluster():
     from pulumi.runtime.stack import run_pulumi_func
     from pulumi.runtime.sync_await import _sync_await
 
-    from infra import naming
+    from gpu_train.spec import naming
     from infra.gcp import build_platform
     from infra.gcp.plan_graph import PlanGraph
 
@@ -163,7 +163,7 @@ def test_workload_identity_bindings_wait_for_the_cluster():
     pulumi.runtime.set_mocks(mocks, project="gpu-train", stack=cfg.stack, preview=False, monitor=monitor)
     # run_pulumi_func returns once every registration has reached the monitor, so no binding can be
     # missed by checking too early.
-    _sync_await(run_pulumi_func(lambda: build_platform(cfg, naming.common_tags(cfg))))
+    _sync_await(run_pulumi_func(lambda: build_platform(cfg, naming.common_tags(cfg.stack, cfg.environment, cfg.tags))))
     graph = PlanGraph(monitor.records)
     (cluster,) = [r for r in monitor.records if r["type"] == "gcp:container/cluster:Cluster"]
     bindings = [r for r in monitor.records if r["type"] == "gcp:serviceaccount/iAMMember:IAMMember"]

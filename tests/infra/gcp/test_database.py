@@ -13,8 +13,8 @@ from dataclasses import replace
 import pulumi
 import pytest
 
-from infra import naming
-from infra.config import MlflowConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import MlflowSettings
 from infra.gcp import database, keys, network
 from infra.mocks import MockContext, PlanMocks
 from tests.conftest import resources_of
@@ -85,12 +85,12 @@ def _run(cfg):
     pulumi.runtime.set_mocks(PlanMocks(MockContext(region=cfg.region, project=cfg.project)), project="gpu-train",
                              stack=cfg.stack, preview=False)
     from infra.gcp import build_platform
-    return build_platform(cfg, naming.common_tags(cfg))
+    return build_platform(cfg, naming.common_tags(cfg.stack, cfg.environment, cfg.tags))
 
 
 @pulumi.runtime.test
 def test_build_platform_contract_with_managed_database():
-    cfg = replace(stack_cfg(POOL), mlflow=MlflowConfig(database="managed"))
+    cfg = replace(stack_cfg(POOL), mlflow=MlflowSettings(database="managed"))
     platform = _run(cfg)
     assert [(t.cidr, t.port) for t in platform.workload_identity_egress] == [
         ("169.254.169.254/32", 80), ("169.254.169.252/32", 988)]

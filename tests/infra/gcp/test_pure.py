@@ -150,15 +150,15 @@ def _with_teams(cfg, *teams):
 def test_rbac_security_group_comes_from_the_team_groups_domain():
     cfg = stack_cfg([L4])
     assert cluster.rbac_security_group(cfg) is None  # the test stack's team names no group
-    team = config.TeamConfig(name="research", gpu_quota=1, submitters=("ml-research@corp.example.org",),
+    team = config.TeamSettings(name="research", gpu_quota=1, submitters=("ml-research@corp.example.org",),
                              viewers=("ML-Platform@Corp.Example.Org",))
     # https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac: one
     # gke-security-groups@<domain> group per cluster.
     assert cluster.rbac_security_group(_with_teams(cfg, team)) == "gke-security-groups@corp.example.org"
-    other = config.TeamConfig(name="applied", gpu_quota=1, viewers=("ml@other.example.net",))
+    other = config.TeamSettings(name="applied", gpu_quota=1, viewers=("ml@other.example.net",))
     with pytest.raises(config.ConfigError, match=r"several domains.*teams\[1\]\.viewers\[0\]"):
         cluster.rbac_security_group(_with_teams(cfg, team, other))
-    bare = config.TeamConfig(name="x", gpu_quota=1, submitters=("ml-research",))
+    bare = config.TeamSettings(name="x", gpu_quota=1, submitters=("ml-research",))
     with pytest.raises(config.ConfigError, match=r"gpu-train:teams\[0\]\.submitters\[0\] must be a Google group"):
         cluster.rbac_security_group(_with_teams(cfg, bare))
 

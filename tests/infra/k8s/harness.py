@@ -36,12 +36,12 @@ ROOT = Path(__file__).resolve().parents[3]
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
 
 
-def load_stack(stack: str) -> config.StackConfig:
+def load_stack(stack: str) -> config.StackSettings:
     raw = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
     return config.parse(raw, stack)
 
 
-def _fabric(cfg: config.StackConfig, pool: config.GpuPoolConfig) -> Fabric:
+def _fabric(cfg: config.StackSettings, pool: config.GpuPoolSettings) -> Fabric:
     if not pool.fabric:
         return Fabric(kind="none")
     if cfg.cloud == "aws":
@@ -54,7 +54,7 @@ def _fabric(cfg: config.StackConfig, pool: config.GpuPoolConfig) -> Fabric:
     return Fabric(kind=kind, networks=networks)
 
 
-def fake_platform(cfg: config.StackConfig) -> ClusterPlatform:
+def fake_platform(cfg: config.StackSettings) -> ClusterPlatform:
     """A platform like the cloud layers build (must run with mocks set)."""
     aws = cfg.cloud == "aws"
     provider = k8s.Provider("k8s", kubeconfig="apiVersion: v1\nkind: Config\n")

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from infra import naming
+from gpu_train.spec import naming
 from infra.k8s import contract, nvme, pod_admission, tenancy
 from infra.plan import kubernetes_objects
 from tests.conftest import STACKS

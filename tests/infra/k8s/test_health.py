@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from infra import naming
-from infra.config import HealthConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import HealthSettings
 from infra.k8s import common, health, monitoring
 from infra.platform import Fabric, GpuPool
 from infra.validation import crd, helm
@@ -265,13 +265,13 @@ def test_every_stack_gets_the_health_components(layers, stack):
 
 def test_settings_reach_the_layer_and_off_means_nothing():
     off = dataclasses.replace
-    records, _ = build_layer("aws-dev", lambda cfg: off(cfg, health=HealthConfig(
+    records, _ = build_layer("aws-dev", lambda cfg: off(cfg, health=HealthSettings(
         remediation=False, preflight=False, xid_codes=(79,))))
     rules = of_kind(records, "NodeReadinessRule")
     assert [r["metadata"]["name"] for r in rules] == [health.FAULT_RULE]
     assert rules[0]["spec"]["dryRun"] is True
     assert not [o for o in of_kind(records, "DaemonSet") if o["metadata"]["name"] == health.PREFLIGHT_NAME]
-    records, _ = build_layer("gcp-dev", lambda cfg: off(cfg, health=HealthConfig(enabled=False)))
+    records, _ = build_layer("gcp-dev", lambda cfg: off(cfg, health=HealthSettings(enabled=False)))
     assert not of_kind(records, "NodeReadinessRule")
     assert health.NPD_RELEASE not in releases(records) and health.NRC_RELEASE not in releases(records)
     assert health.NAMESPACE not in {o["metadata"]["name"] for o in of_kind(records, "Namespace")}

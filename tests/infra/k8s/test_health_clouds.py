@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from infra.aws import catalog, cluster, karpenter
-from infra.config import GpuPoolConfig, HealthConfig
+from gpu_train.spec.settings import GpuPoolSettings, HealthSettings
 from infra.validation import crd
 from tests.conftest import ROOT
 
@@ -44,7 +44,7 @@ def test_aws_turns_on_karpenter_node_repair_and_bounds_removals(plans, stack):
         if "replicas" in spec:  # static NodePools are never consolidated
             assert "budgets" not in spec["disruption"], name
         else:
-            assert spec["disruption"]["budgets"] == [{"nodes": str(HealthConfig().max_concurrent_repairs)}], name
+            assert spec["disruption"]["budgets"] == [{"nodes": str(HealthSettings().max_concurrent_repairs)}], name
         assert crd.validate({"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
                              "spec": spec}).problems == []
 
@@ -85,16 +85,16 @@ def test_pure_parts_follow_the_settings():
     assert karpenter.helm_values(**base, static_capacity=False, node_repair=True)["settings"]["featureGates"][
         "nodeRepair"] is True
     assert "nodeRepair" not in karpenter.helm_values(**base, static_capacity=False)["settings"]["featureGates"]
-    pool = GpuPoolConfig(name="p", instance_type="g6.xlarge", capacity="spot", max_nodes=4)
+    pool = GpuPoolSettings(name="p", instance_type="g6.xlarge", capacity="spot", max_nodes=4)
     spec = karpenter.node_pools(pool, catalog.instance_spec("g6.xlarge"), node_class="c", zones=["us-east-1a"],
                                 max_disrupted=3)["p"]
     assert spec["disruption"]["budgets"] == [{"nodes": "3"}]
     with pytest.raises(ValueError, match="at least one node"):
         karpenter.node_pools(pool, catalog.instance_spec("g6.xlarge"), node_class="c", zones=["us-east-1a"],
                              max_disrupted=0)
-    off = cluster.node_repair_config(HealthConfig(node_repair=False))
+    off = cluster.node_repair_config(HealthSettings(node_repair=False))
     assert off.enabled is False and off.max_parallel_nodes_repaired_count is None
-    on = cluster.node_repair_config(HealthConfig(max_concurrent_repairs=2))
+    on = cluster.node_repair_config(HealthSettings(max_concurrent_repairs=2))
     assert (on.enabled, on.max_parallel_nodes_repaired_count) == (True, 2)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import naming
+from gpu_train.spec import naming
 from infra.k8s import health, preflight_server
 from tests.infra.k8s.test_health import _pool
 

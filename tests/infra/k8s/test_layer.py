@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from infra import naming
+from gpu_train.spec import naming
 from infra.k8s import cache, common, gpu, health, monitoring, tenancy
 from tests.infra.k8s.checks import containers_without_resources, cr_problems
 from tests.infra.k8s.harness import STACKS, build_layer, load_stack, objects, of_kind, releases

@@ -11,7 +11,7 @@ import fnmatch
 
 import pytest
 
-from infra import naming
+from gpu_train.spec import naming
 from infra.k8s import log_shipping as ls
 from infra.plan import kubernetes_objects
 from infra.platform import EgressTarget, LogStore, WorkloadIdentity

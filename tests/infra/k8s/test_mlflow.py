@@ -21,12 +21,12 @@ from pulumi.runtime import mocks as runtime_mocks
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from infra import naming
-from infra.config import ClusterConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import ClusterSettings
 from infra.k8s import mlflow as m
 from infra.platform import WorkloadIdentity
 
-K8S_VERSION = ClusterConfig().kubernetes_version
+K8S_VERSION = ClusterSettings().kubernetes_version
 COMMON = {"project": "gpu-train", "stack": "test", "environment": "dev", "managed-by": "pulumi"}
 IRSA = {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/gpu-train-test-mlflow"}
 OBJECT_STORE = ("52.216.0.0/15", "3.5.0.0/19")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra import naming
+from gpu_train.spec import naming
 from infra.k8s import monitoring
 from infra.plan import kubernetes_objects
 from tests.conftest import STACKS, resources_of

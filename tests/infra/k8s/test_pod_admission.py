@@ -56,7 +56,7 @@ def _pool(kind: str) -> GpuPool:
 
 
 def base_jobset(kind: str) -> dict:
-    job = config.JobConfig(name="llm", team="research", pool="h100", preset="gpt2-124m", nodes="2:4")
+    job = config.JobSpec(name="llm", team="research", pool="h100", preset="gpt2-124m", nodes="2:4")
     aws = kind == "efa"
     bucket = "s3://b" if aws else "gs://b"
     return t.jobset_manifest(job=job, pool=_pool(kind), cloud="aws" if aws else "gcp", region="r",

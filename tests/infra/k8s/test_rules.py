@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import HealthConfig, MonitoringConfig
+from gpu_train.spec.settings import HealthSettings, MonitoringSettings
 from infra.k8s import monitoring
 from tests.infra.k8s.harness import STACKS, load_stack
 
@@ -25,7 +25,7 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 TESTS_DIR = monitoring.RULES_DIR / "tests"
 
 
-def render_to(directory: Path, settings: MonitoringConfig, health: HealthConfig | None = None) -> list[Path]:
+def render_to(directory: Path, settings: MonitoringSettings, health: HealthSettings | None = None) -> list[Path]:
     out = []
     for path in sorted(monitoring.RULES_DIR.glob("*.yaml")):
         target = directory / path.name
@@ -51,7 +51,7 @@ def test_rules_pass_promtool_check_for_every_stack(tmp_path):
 
 
 def test_thresholds_from_settings_are_rendered_in():
-    settings = MonitoringConfig(low_utilization_percent=37, checkpoint_max_age_minutes=45)
+    settings = MonitoringSettings(low_utilization_percent=37, checkpoint_max_age_minutes=45)
     rules = {r["alert"]: r for g in monitoring.load_rule_groups(settings) for r in g["rules"] if "alert" in r}
     assert rules["GpuLowUtilization"]["expr"].rstrip().endswith("< 37")
     assert rules["GpuLowUtilization"]["for"] == "30m"
@@ -62,7 +62,7 @@ def test_thresholds_from_settings_are_rendered_in():
 
 
 def test_every_alert_has_a_unit_test():
-    alerts = {r["alert"] for g in monitoring.load_rule_groups(MonitoringConfig()) for r in g["rules"] if "alert" in r}
+    alerts = {r["alert"] for g in monitoring.load_rule_groups(MonitoringSettings()) for r in g["rules"] if "alert" in r}
     assert alerts >= {"GpuXidError", "GpuEccDoubleBitErrors", "GpuRowRemapFailure", "GpuLowUtilization",
                       "TrainingStalled", "GpuTemperatureHigh", "DcgmExporterDown", "TrainerMetricsDown",
                       "TrainerRestarting", "CheckpointTooOld", "GpuFaultDetected", "GpuHardwareNotReady",
@@ -77,8 +77,8 @@ def test_every_alert_has_a_unit_test():
     assert alerts <= tested_quiet, f"no not-firing test for {alerts - tested_quiet}"
 
 
-def run_unit_tests(tmp_path: Path, settings: MonitoringConfig,
-                   health: HealthConfig | None = None) -> dict[str, subprocess.CompletedProcess]:
+def run_unit_tests(tmp_path: Path, settings: MonitoringSettings,
+                   health: HealthSettings | None = None) -> dict[str, subprocess.CompletedProcess]:
     render_to(tmp_path, settings, health)
     results = {}
     for test in sorted(TESTS_DIR.glob("*.test.yaml")):
@@ -89,7 +89,7 @@ def run_unit_tests(tmp_path: Path, settings: MonitoringConfig,
 
 
 def test_promtool_unit_tests_pass(tmp_path):
-    for name, proc in run_unit_tests(tmp_path, MonitoringConfig()).items():
+    for name, proc in run_unit_tests(tmp_path, MonitoringSettings()).items():
         assert proc.returncode == 0, f"{name}:\n{proc.stdout}{proc.stderr}"
 
 
@@ -97,7 +97,7 @@ def test_promtool_unit_tests_pass(tmp_path):
 def test_unit_tests_notice_a_different_threshold(tmp_path, change):
     """The unit tests pin the default thresholds: rendering other values must make them fail, which
     shows the settings really reach the rules."""
-    results = run_unit_tests(tmp_path, dataclasses.replace(MonitoringConfig(), **change))
+    results = run_unit_tests(tmp_path, dataclasses.replace(MonitoringSettings(), **change))
     assert any(proc.returncode != 0 for proc in results.values())
 
 
@@ -132,7 +132,7 @@ def test_dashboard_job_wide_panels_do_not_multiply_by_the_number_of_ranks(tmp_pa
     series = [{"series": f'{m}{{namespace="team-a", jobset="job", pod="job-worker-0-{p}", endpoint="metrics-{r}"}}',
                "values": values}
               for m, (values, _) in JOB_WIDE.items() for p in range(2) for r in range(2)]
-    render_to(tmp_path, MonitoringConfig())
+    render_to(tmp_path, MonitoringSettings())
     test = {"rule_files": ["training.yaml"], "evaluation_interval": "1m",
             "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": cases}]}
     path = tmp_path / "dashboard.test.yaml"
@@ -150,14 +150,14 @@ def test_the_quarantine_storm_threshold_comes_from_the_health_settings(tmp_path)
     """health.maxConcurrentRepairs is the storm alert's threshold: with 3, two quarantined nodes are no storm,
     so the unit test (written for the default 1) fails, and only that test file."""
     rules = {r["alert"]: r for g in monitoring.load_rule_groups(
-        MonitoringConfig(), health_settings=HealthConfig(max_concurrent_repairs=3)) for r in g["rules"] if "alert" in r}
+        MonitoringSettings(), health_settings=HealthSettings(max_concurrent_repairs=3)) for r in g["rules"] if "alert" in r}
     assert rules["GpuQuarantineStorm"]["expr"].rstrip().endswith("> 3")
-    results = run_unit_tests(tmp_path, MonitoringConfig(), HealthConfig(max_concurrent_repairs=3))
+    results = run_unit_tests(tmp_path, MonitoringSettings(), HealthSettings(max_concurrent_repairs=3))
     assert {name for name, proc in results.items() if proc.returncode != 0} == {"health.test.yaml"}
 
 
 def _straggler_case(tmp_path: Path, mutate) -> subprocess.CompletedProcess:
-    render_to(tmp_path, MonitoringConfig())
+    render_to(tmp_path, MonitoringSettings())
     doc = yaml.safe_load((TESTS_DIR / "straggler.test.yaml").read_text())
     mutate(doc["tests"][0])
     path = tmp_path / "straggler-control.test.yaml"
@@ -187,7 +187,7 @@ def test_a_rank_slow_on_input_is_a_straggler_too(tmp_path):
 
 
 def test_straggler_rules_keep_rank_pod_and_node_and_the_monitor_adds_node():
-    groups = {g["name"]: g for g in monitoring.load_rule_groups(MonitoringConfig())}
+    groups = {g["name"]: g for g in monitoring.load_rule_groups(MonitoringSettings())}
     rules = {r.get("record") or r.get("alert"): r for r in groups["gpu-train.straggler"]["rules"]}
     assert set(rules) == {"trainer:rank_busy_seconds:avg5m", "trainer:rank_busy_over_median:ratio",
                           "jobset:trainer_slowest_rank_over_median:ratio", "TrainingStraggler"}
@@ -215,7 +215,7 @@ def test_every_dashboard_query_parses_and_evaluates(tmp_path):
                 cases.append({"expr": expr, "eval_time": "1m",
                               "exp_samples": [{"labels": "{}", "value": 0}] if "or vector(0)" in expr else []})
     assert len(cases) > 30
-    render_to(tmp_path, MonitoringConfig())
+    render_to(tmp_path, MonitoringSettings())
     path = tmp_path / "dashboards.test.yaml"
     path.write_text(yaml.safe_dump({"rule_files": ["gpu.yaml"], "evaluation_interval": "1m",
                                     "tests": [{"interval": "1m", "input_series": [], "promql_expr_test": cases}]}))
@@ -234,7 +234,7 @@ def test_the_straggler_table_names_the_slowed_ranks_node(tmp_path):
     (panel,) = [p for p in board["panels"] if p["title"] == "Slowest ranks and their nodes"]
     assert panel["type"] == "table"
     expr = _grafana_to_promql(panel["targets"][0]["expr"], jobset="llm")
-    render_to(tmp_path, MonitoringConfig())
+    render_to(tmp_path, MonitoringSettings())
     straggler = yaml.safe_load((TESTS_DIR / "straggler.test.yaml").read_text())["tests"][0]
     base = 'trainer:rank_busy_over_median:ratio{namespace="team-research", jobset="llm", '
     expected = [

@@ -12,8 +12,8 @@ import re
 import pytest
 import yaml
 
-from infra import naming
-from infra.config import TeamConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import TeamSettings
 from infra.k8s import admission, tenancy
 from infra.platform import Fabric, GpuPool
 
@@ -66,8 +66,8 @@ def test_charts_and_api_versions_are_the_pinned_releases():
 
 
 def test_cluster_queues_carry_each_teams_quota_per_pool_and_borrow_in_one_cohort():
-    teams = (TeamConfig(name="research", gpu_quota={"reserved": 32, "spot": 16}),
-             TeamConfig(name="applied", gpu_quota={"spot": 16}))
+    teams = (TeamSettings(name="research", gpu_quota={"reserved": 32, "spot": 16}),
+             TeamSettings(name="applied", gpu_quota={"spot": 16}))
     pools = [pool("reserved"), pool("spot")]
     queues = {q["metadata"]["name"]: q for q in tenancy.cluster_queues(teams, pools)}
     assert set(queues) == {"team-research", "team-applied"}
@@ -91,7 +91,7 @@ def test_cluster_queues_carry_each_teams_quota_per_pool_and_borrow_in_one_cohort
 
 
 def test_one_number_of_gpus_applies_to_every_pool_up_to_its_size():
-    teams = (TeamConfig(name="a", gpu_quota=12),)
+    teams = (TeamSettings(name="a", gpu_quota=12),)
     # reserved holds 4 x 8 = 32 GPUs, small 1 x 8 = 8: 12 and 8.
     assert tenancy.team_pool_quotas(teams[0], [pool("reserved"), pool("small", max_nodes=1)]) == \
         {"reserved": 12, "small": 8}
@@ -100,7 +100,7 @@ def test_one_number_of_gpus_applies_to_every_pool_up_to_its_size():
 def test_a_team_may_use_its_nominal_quota_plus_what_the_others_lend():
     # research 32 + applied 16 on one pool: Kueue's potential capacity for research is
     # min(32 + 16, 0 + (32 + 16)) = 48, for applied min(16 + 32, 48) = 48.
-    teams = (TeamConfig(name="research", gpu_quota={"p": 32}), TeamConfig(name="applied", gpu_quota={"p": 16}))
+    teams = (TeamSettings(name="research", gpu_quota={"p": 32}), TeamSettings(name="applied", gpu_quota={"p": 16}))
     queues = tenancy.cluster_queues(teams, [pool("p", max_nodes=6)])
     for q in queues:
         assert admission.potential_capacity(q, queues, "p", "nvidia.com/gpu") == 48
@@ -150,7 +150,7 @@ def test_limit_range_gives_no_cpu_limit_that_the_trainer_would_exceed():
 
 def test_namespaces_are_selected_by_their_cluster_queue_and_managed_by_kueue():
     labels = tenancy.namespace_labels("research")
-    (q,) = tenancy.cluster_queues((TeamConfig(name="research", gpu_quota=8),), [pool("p")])
+    (q,) = tenancy.cluster_queues((TeamSettings(name="research", gpu_quota=8),), [pool("p")])
     assert q["spec"]["namespaceSelector"]["matchLabels"].items() <= labels.items()
     assert labels[tenancy.KUEUE_MANAGED_LABEL] == "true"
 

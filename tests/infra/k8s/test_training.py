@@ -23,8 +23,9 @@ import yaml
 from pulumi.runtime.mocks import MockMonitor
 
 from infra import config as stack_config
-from infra import naming
-from infra.config import JobConfig, TeamConfig
+from gpu_train.spec import naming
+from gpu_train.spec.job import JobSpec
+from gpu_train.spec.settings import TeamSettings
 from infra.k8s import admission, nvme, tenancy
 from infra.k8s import training as t
 from infra.mocks import MockContext, PlanMocks
@@ -97,23 +98,23 @@ def l4_pool(instance_type: str = "g6.2xlarge") -> GpuPool:
     )
 
 
-def prod_job(**kw) -> JobConfig:
+def prod_job(**kw) -> JobSpec:
     base = dict(name="gpt2-350m-pretrain", team="research", pool="h100-reserved", preset="gpt2-350m",
                 nodes="2:4", gpus_per_node=8, steps=50000, global_batch_tokens=786432, checkpoint_every=500,
                 max_restarts=10, overrides={"train.micro_batch_size": 8, "train.compile": True})
     base.update(kw)
-    return JobConfig(**base)
+    return JobSpec(**base)
 
 
-def dev_job(**kw) -> JobConfig:
+def dev_job(**kw) -> JobSpec:
     base = dict(name="gpt2-smoke", team="research", pool="l4-spot", preset="gpt2-124m", nodes="1:2",
                 gpus_per_node=1, steps=200, global_batch_tokens=65536, checkpoint_every=50, max_restarts=5,
                 overrides={"train.micro_batch_size": 8})
     base.update(kw)
-    return JobConfig(**base)
+    return JobSpec(**base)
 
 
-def build(job: JobConfig, pool: GpuPool, cloud: str = "aws", **kw) -> dict:
+def build(job: JobSpec, pool: GpuPool, cloud: str = "aws", **kw) -> dict:
     bucket = "s3://" if cloud == "aws" else "gs://"
     dataset, ckpt = t.default_uris(job, f"{bucket}ds-bucket", f"{bucket}ck-bucket")
     args = dict(job=job, pool=pool, cloud=cloud, region="us-east-1" if cloud == "aws" else "us-central1",
@@ -381,8 +382,8 @@ def test_a_fabric_sidecar_comes_out_of_the_trainers_share():
         t.pod_resources("aws", "g6.xlarge", 1)  # 4 vCPUs: 3.92 allocatable, less 4 for the agents
 
 
-def _teams(research: dict, applied: dict) -> tuple[TeamConfig, ...]:
-    return (TeamConfig(name="research", gpu_quota=research), TeamConfig(name="applied", gpu_quota=applied))
+def _teams(research: dict, applied: dict) -> tuple[TeamSettings, ...]:
+    return (TeamSettings(name="research", gpu_quota=research), TeamSettings(name="applied", gpu_quota=applied))
 
 
 def _spot(pool: GpuPool) -> GpuPool:

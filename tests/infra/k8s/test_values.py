@@ -14,8 +14,8 @@ import subprocess
 
 import pytest
 
-from infra import naming
-from infra.config import CacheConfig, MonitoringConfig
+from gpu_train.spec import naming
+from gpu_train.spec.settings import CacheSettings, MonitoringSettings
 from infra.k8s import cache, common, gpu, monitoring, nvme, storage, tenancy
 from infra.platform import EgressTarget, Fabric, GpuPool, StorageClassSpec
 
@@ -44,7 +44,7 @@ def walk(value, path=""):
 
 
 def alluxio(nvme_path="/mnt/k8s-disks/0", bucket="s3://ds-bucket", **settings):
-    return cache.alluxio_values(settings=CacheConfig(**settings), nvme_host_path=nvme_path, datasets_bucket=bucket,
+    return cache.alluxio_values(settings=CacheSettings(**settings), nvme_host_path=nvme_path, datasets_bucket=bucket,
                                 region="us-east-1", storage_class="enc", gpu_pools=[pool()], system_selector=SYSTEM)
 
 
@@ -124,7 +124,7 @@ def test_cache_endpoint_is_the_proxy_service_s3_path():
 
 
 def test_monitors_and_rules_carry_the_labels_prometheus_selects():
-    values = monitoring.prometheus_stack_values(settings=MonitoringConfig(), storage_class="enc",
+    values = monitoring.prometheus_stack_values(settings=MonitoringSettings(), storage_class="enc",
                                                 system_selector=SYSTEM, internal_lb_annotations={}, is_prod=False)
     spec = values["prometheus"]["prometheusSpec"]
     for key in ("serviceMonitorSelector", "podMonitorSelector", "ruleSelector"):
@@ -146,7 +146,7 @@ def test_selector_semantics():
 
 
 def test_prometheus_retention_storage_and_placement_come_from_settings():
-    s = MonitoringConfig(retention="30d", storage_gb=200, grafana_storage_gb=7)
+    s = MonitoringSettings(retention="30d", storage_gb=200, grafana_storage_gb=7)
     values = monitoring.prometheus_stack_values(settings=s, storage_class="enc", system_selector=SYSTEM,
                                                 internal_lb_annotations={}, is_prod=True)
     spec = values["prometheus"]["prometheusSpec"]
@@ -161,13 +161,13 @@ def test_prometheus_retention_storage_and_placement_come_from_settings():
 
 
 def test_grafana_exposure():
-    hidden = monitoring.prometheus_stack_values(settings=MonitoringConfig(), storage_class="enc",
+    hidden = monitoring.prometheus_stack_values(settings=MonitoringSettings(), storage_class="enc",
                                                 system_selector=SYSTEM, internal_lb_annotations={"a": "b"},
                                                 is_prod=False)
     assert hidden["grafana"]["service"]["type"] == "ClusterIP"
-    assert monitoring.grafana_url(MonitoringConfig()).startswith(
+    assert monitoring.grafana_url(MonitoringSettings()).startswith(
         f"kubectl -n {naming.MONITORING_NAMESPACE} port-forward svc/{monitoring.GRAFANA_SERVICE}")
-    exposed_cfg = MonitoringConfig(grafana_exposed=True)
+    exposed_cfg = MonitoringSettings(grafana_exposed=True)
     lb = {"networking.gke.io/load-balancer-type": "Internal"}
     exposed = monitoring.prometheus_stack_values(settings=exposed_cfg, storage_class="enc", system_selector=SYSTEM,
                                                  internal_lb_annotations=lb, is_prod=False)
