@@ -15,7 +15,9 @@ inputs: the provider reference each resource was registered with ("<provider urn
 the default provider), its (mocked) id and provider-computed outputs (ARNs, names), and the URNs it
 depends on; `invokes` lists every data-source call with the provider it went to. Prints resources
 by type and the stack outputs. A bad configuration prints the error (every bad key) and exits with
-status 2.
+status 2. What reads the plan documents lives outside the program: the policy pack's offline check
+(`python -m policies.check`), the graph checks of `policies/plan/` and the chart and CRD checks of
+`tools/validation/`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import runpy
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,37 +227,6 @@ def summary(plan: dict[str, Any]) -> str:
         text = value if isinstance(value, str) else json.dumps(value)
         lines.append(f"  {name}: {text if len(text) < 120 else text[:117] + '...'}")
     return "\n".join(lines)
-
-
-def read_plan_document(path: Path) -> dict[str, Any] | None:
-    """A plan document written by this tool, or None after one line on stderr naming the file that is not one."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"error: {path}: not a plan document ({exc})", file=sys.stderr)
-        return None
-
-
-def check_plans_main(argv: list[str] | None, *, prog: str, description: str,
-                     check: Callable[[dict[str, Any]], list[str]],
-                     summarize: Callable[[dict[str, Any], list[str]], str]) -> int:
-    """The command line of a check over plan documents (`python -m infra.aws.iam_lint build/plan/*.json`):
-    one summary line per plan, then one indented line per finding. Exit 0 when nothing is found, 1 when
-    something is, 2 when a file is not a plan document (named, no traceback)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("plans", nargs="+", type=Path, help="plan documents written by python -m infra.plan")
-    args = parser.parse_args(argv)
-    found = 0
-    for path in args.plans:
-        plan = read_plan_document(path)
-        if plan is None:
-            return 2
-        lines = check(plan)
-        found += len(lines)
-        print(f"{path}: {summarize(plan, lines)}")
-        for line in lines:
-            print(f"  {line}")
-    return 1 if found else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ Registry and Cloud SQL agents are generated with `gcp.projects.ServiceIdentity` 
 `generateServiceIdentity`) after their API is enabled; the Cloud Storage agent is created by the
 Storage API's `projects.serviceAccount.get`, which `gcp.storage.get_project_service_account`
 calls (https://cloud.google.com/storage/docs/projects#service-agents). Each grant waits for its
-agent. `infra/gcp/kms_access.py` checks the result from the plan graph.
+agent. `policies/plan/gcp_kms.py` checks the result from the plan graph.
 
 KMS keys cannot be deleted (only their versions destroyed), so in prod stacks the ring and every key carry
 `protect=True` (Pulumi's prevent_destroy): removing them from the program, or `pulumi destroy`,

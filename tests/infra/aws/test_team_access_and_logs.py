@@ -15,9 +15,10 @@ import json
 import pytest
 
 from infra import config
-from infra.aws import cluster, iam_lint, log_shipping
+from infra.aws import cluster, log_shipping
 from infra.validation import helm
 from infra.validation.refresh import vpc_cni_tag
+from policies.plan import aws_iam_lint
 from tests.conftest import resources_of
 from tests.infra.k8s.harness import load_stack
 
@@ -100,7 +101,7 @@ def test_the_shippers_policy_writes_only_the_teams_groups():
     assert set(stmt["Action"]) == {"logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents"}
     assert stmt["Resource"] == [arns[0], f"{arns[0]}:log-stream:*", arns[1], f"{arns[1]}:log-stream:*"]
     assert not any("*" in r.split(":log-stream:")[0] for r in stmt["Resource"])
-    assert [f for f in iam_lint.lint(doc, "identity") if not f.excused] == []
+    assert [f for f in aws_iam_lint.lint(doc, "identity") if not f.excused] == []
     with pytest.raises(ValueError, match="at least one log group"):
         log_shipping.shipper_policy([])
 
@@ -111,7 +112,7 @@ def test_a_teams_reader_policy_reads_only_its_group():
     (stmt,) = doc["Statement"]
     assert set(stmt["Action"]) == {"logs:DescribeLogStreams", "logs:FilterLogEvents", "logs:GetLogEvents"}
     assert stmt["Resource"] == [arn, f"{arn}:log-stream:*"]
-    assert [f for f in iam_lint.lint(doc, "identity") if not f.excused] == []
+    assert [f for f in aws_iam_lint.lint(doc, "identity") if not f.excused] == []
 
 
 @pytest.mark.parametrize("stack", ["aws-dev", "aws-prod"])
@@ -138,4 +139,4 @@ def test_every_team_namespace_has_an_encrypted_group_with_the_settings_retention
                   if r["name"] == "log-shipping-shipper"]
     written = {res.split(":log-group:")[1].split(":log-stream:")[0] for res in shipper["Statement"][0]["Resource"]}
     assert written == {log_shipping.log_group_name(f"gpu-train-{stack}", f"team-{t.name}") for t in cfg.teams}
-    assert iam_lint.failures(plan) == []
+    assert aws_iam_lint.failures(plan) == []

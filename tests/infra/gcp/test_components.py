@@ -14,9 +14,9 @@ import dataclasses
 import pulumi
 from pulumi.runtime import mocks as runtime_mocks
 
-from infra.gcp import gpu_rules, kms_access, services
 from infra.gcp.mocks import PROJECT_NUMBER
 from infra.mocks import MockContext, PlanMocks
+from policies.plan import gcp_gpu, gcp_kms, gcp_services
 from tests.infra.gcp.conftest import fabric_pool, stack_cfg
 
 
@@ -123,10 +123,10 @@ def test_a3_high_and_ultra_pools_under_mocks():
         assert set(platform.identities) == {"cache", "mlflow", "trainer/research"}
         # The plan-graph checks, with the order each registration declared.
         records = monitor.records
-        assert kms_access.key_access_problems(records, PROJECT_NUMBER) == []
-        assert kms_access.ordering_problems(records, PROJECT_NUMBER) == []
-        assert services.api_problems(records, cfg.project, check_order=True) == []
-        assert gpu_rules.gpu_problems(records) == []
+        assert gcp_kms.key_access_problems(records, PROJECT_NUMBER) == []
+        assert gcp_kms.ordering_problems(records, PROJECT_NUMBER) == []
+        assert gcp_services.api_problems(records, cfg.project, check_order=True) == []
+        assert gcp_gpu.gpu_problems(records) == []
 
     return pulumi.Output.all(*_waits(platform)).apply(check)
 
@@ -154,7 +154,7 @@ def test_workload_identity_bindings_wait_for_the_cluster():
 
     from gpu_train.spec import naming
     from infra.gcp import build_platform
-    from infra.gcp.plan_graph import PlanGraph
+    from policies.plan.graph import PlanGraph
 
     cfg = _cfg()
     asyncio.set_event_loop(asyncio.new_event_loop())

@@ -1,7 +1,7 @@
 """Lint every IAM policy document of an offline plan with parliament (https://github.com/duo-labs/parliament).
 
 Usage:
-    python -m infra.aws.iam_lint build/plan/aws-prod.json [more plans...]   # exit 1 on any finding
+    python -m policies.plan.aws_iam_lint build/plan/aws-prod.json [more plans...]   # exit 1 on any finding
     documents(plan)         # every IAM-shaped document in a plan, with its kind and where it sits
     lint(doc, kind)         # parliament's findings for one document, each marked excused or not
 
@@ -27,6 +27,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from policies.plan import check_plans_main
 
 # Resource type -> (input holding a policy document, document kind).
 DOCUMENT_FIELDS: Mapping[str, tuple[str, str]] = {
@@ -173,7 +175,7 @@ def documents(plan: Mapping[str, Any]) -> list[PolicyDocument]:
             if not _looks_like_policy(doc):
                 continue
             if known is None or key != known[0]:
-                raise ValueError(f"{res['urn']}: input {key!r} holds a policy document that infra.aws.iam_lint "
+                raise ValueError(f"{res['urn']}: input {key!r} holds a policy document that policies.plan.aws_iam_lint "
                                  "does not know; add its type to DOCUMENT_FIELDS")
             out.append(PolicyDocument(urn=res["urn"], field=key, kind=known[1], document=doc))
     return out
@@ -206,9 +208,8 @@ def failures(plan: Mapping[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from infra.plan import check_plans_main
-
-    return check_plans_main(argv, prog="python -m infra.aws.iam_lint", description=__doc__.split("\n\n")[0], check=failures,
+    return check_plans_main(argv, prog="python -m policies.plan.aws_iam_lint", description=__doc__.split("\n\n")[0],
+                            check=failures,
                             summarize=lambda plan, lines: f"{len(documents(plan))} IAM documents, {len(lines)} findings")
 
 

@@ -1,4 +1,4 @@
-"""Every consumer of every customer-managed key may use it: `pytest tests/infra/aws/test_kms_access.py`.
+"""Every consumer of every customer-managed key may use it: `pytest tests/policies/plan/test_aws_kms.py`.
 
 The evaluator against hand-worked cases (each written from AWS's evaluation rules, not from the
 program's policies); then every AWS plan of the session (`all_plans`), whose consumers are derived
@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from infra.aws import kms_access
-from infra.aws.kms_access import Principal, Request, evaluate
-from tests.infra.aws.plan_edits import edit_policy
+from policies.plan import aws_kms
+from policies.plan.aws_kms import Principal, Request, evaluate
+from tests.policies.plan.plan_edits import edit_policy
 
 ACCOUNT = "111122223333"
 REGION = "eu-west-1"
@@ -141,7 +141,7 @@ def test_unmodelled_constructs_are_refused_not_guessed():
 @pytest.mark.parametrize("stack", AWS_PLANS)
 def test_every_consumer_of_every_key_may_use_it(all_plans, stack):
     plan = all_plans[stack]
-    found = kms_access.consumers(plan)
+    found = aws_kms.consumers(plan)
     whys = {c.why for c in found}
     assert {"managed node group volumes (EC2 Auto Scaling)", "Karpenter node volumes", "EBS CSI persistent volumes",
             "log group encryption", "EventBridge sends to the encrypted queue", "receives from the encrypted queue",
@@ -150,8 +150,8 @@ def test_every_consumer_of_every_key_may_use_it(all_plans, stack):
     if stack.startswith("aws-prod"):
         assert "database kmsKeyId" in whys and "database performanceInsightsKmsKeyId" in whys
     # Every customer key in the plan has a consumer.
-    assert {c.key_arn for c in found} == set(kms_access._key_policies(plan))
-    assert kms_access.problems(plan) == []
+    assert {c.key_arn for c in found} == set(aws_kms._key_policies(plan))
+    assert aws_kms.problems(plan) == []
 
 
 def _drop_sids(*sids):
@@ -181,8 +181,8 @@ ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 ])
 def test_a_broken_copy_is_caught(all_plans, what, typ, name, edit, expect):
     plan = all_plans["aws-prod"]
-    assert kms_access.problems(plan) == []
-    lines = kms_access.problems(edit_policy(plan, typ, name, edit))
+    assert aws_kms.problems(plan) == []
+    lines = aws_kms.problems(edit_policy(plan, typ, name, edit))
     assert lines and any(expect in line for line in lines), (what, lines[:3])
 
 
@@ -191,24 +191,24 @@ def test_wrong_via_service_is_caught(all_plans):
         for s in doc["Statement"]:
             if s.get("Sid", "").startswith("EbsKey"):
                 s["Condition"]["StringEquals"]["kms:ViaService"] = "s3.us-east-1.amazonaws.com"
-    lines = kms_access.problems(edit_policy(all_plans["aws-dev"], ROLE_POLICY, "karpenter-controller", via_s3))
+    lines = aws_kms.problems(edit_policy(all_plans["aws-dev"], ROLE_POLICY, "karpenter-controller", via_s3))
     assert lines and all("Karpenter node volumes" in line for line in lines)
-    assert {line.split(" may not ")[1].split(" ")[0] for line in lines} == set(kms_access.EBS.actions)
+    assert {line.split(" may not ")[1].split(" ")[0] for line in lines} == set(aws_kms.EBS.actions)
 
 
 def test_a_named_principal_must_exist_before_the_key(all_plans):
     plan = copy.deepcopy(all_plans["aws-prod"])
     plan["resources"] = [r for r in plan["resources"] if r["type"] != "aws:iam/serviceLinkedRole:ServiceLinkedRole"]
     plan["invokes"] = [i for i in plan["invokes"] if i["token"] != "aws:iam/getRoles:getRoles"]
-    lines = kms_access.named_principals_exist(plan)
+    lines = aws_kms.named_principals_exist(plan)
     assert len(lines) == 1 and "AWSServiceRoleForAutoScaling" in lines[0] and "keys-ebs" in lines[0]
 
 
 def test_cli_reports_and_fails(all_plans, tmp_path, capsys):
     good = tmp_path / "good.json"
     good.write_text(json.dumps(all_plans["aws-dev"]))
-    assert kms_access.main([str(good)]) == 0
+    assert aws_kms.main([str(good)]) == 0
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(edit_policy(all_plans["aws-dev"], KEY_TYPE, "keys-logs", _drop_sids("CloudWatchLogs"))))
-    assert kms_access.main([str(bad)]) == 1
+    assert aws_kms.main([str(bad)]) == 1
     assert "denied" in capsys.readouterr().out

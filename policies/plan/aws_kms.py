@@ -1,7 +1,7 @@
 """Can every consumer of every customer-managed KMS key use it? Derived from the plan graph, decided by policy.
 
 Usage:
-    python -m infra.aws.kms_access build/plan/aws-prod.json     # exit 1 when a consumer is denied
+    python -m policies.plan.aws_kms build/plan/aws-prod.json     # exit 1 when a consumer is denied
     consumers(plan)                      # every (principal, action, key, context) the deployed platform needs
     evaluate(request, key_policy, identity_policies) -> Decision
     problems(plan)                       # one line per consumer the policies do not allow
@@ -43,10 +43,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.aws.service_roles import AUTOSCALING, ROLE_NAMES, role_path
+from policies.plan import check_plans_main
 
 ADMIN_POLICY = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
 DEPLOYER = "deployer"  # the identity running `pulumi up`; its ARN is not in the plan
+# EC2 Auto Scaling's service-linked role, which launches the managed node groups' instances: the path
+# and name AWS gives it in every account
+# (https://docs.aws.amazon.com/autoscaling/ec2/userguide/autoscaling-service-linked-role.html). Written
+# here, not read from the program (infra/aws/service_roles.py), so that a wrong name there fails here.
+AUTOSCALING_ROLE = "aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -392,8 +397,7 @@ def consumers(plan: Mapping[str, Any]) -> list[Consumer]:
     out: list[Consumer] = []
 
     # EBS through EC2 Auto Scaling: managed node groups launch with their launch template's volumes.
-    asg = Principal(arn=f"arn:aws:iam::{account}:role{role_path(AUTOSCALING)}{ROLE_NAMES[AUTOSCALING]}",
-                    account=account)
+    asg = Principal(arn=f"arn:aws:iam::{account}:role/{AUTOSCALING_ROLE}", account=account)
     for ng in g.of("aws:eks/nodeGroup:NodeGroup"):
         template = ng["inputs"].get("launchTemplate") or {}
         lt = g.find("aws:ec2/launchTemplate:LaunchTemplate", template.get("id") or template.get("name"), "name")
@@ -570,9 +574,8 @@ def problems(plan: Mapping[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from infra.plan import check_plans_main
-
-    return check_plans_main(argv, prog="python -m infra.aws.kms_access", description=__doc__.split("\n\n")[0], check=problems,
+    return check_plans_main(argv, prog="python -m policies.plan.aws_kms", description=__doc__.split("\n\n")[0],
+                            check=problems,
                             summarize=lambda plan, lines: f"{len(consumers(plan))} key consumers, {len(lines)} denied")
 
 

@@ -1,4 +1,4 @@
-"""APIs enabled before use, and the plan-graph reader: `pytest tests/infra/gcp/test_services.py`."""
+"""APIs enabled before use: `pytest tests/policies/plan/test_gcp_services.py`."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from infra.gcp import services
-from infra.gcp.plan_graph import PlanGraph, identifiers, plan_records
+from policies.plan import gcp_services
+from policies.plan.graph import plan_records
 
 
 def rec(typ, name, inputs=None, deps=(), parent=None):
@@ -32,48 +32,29 @@ def rec(typ, name, inputs=None, deps=(), parent=None):
     ("kubernetes:core/v1:Namespace", {}, None),
 ])
 def test_api_of_each_resource_type(typ, inputs, api):
-    assert services.api_for(rec(typ, "r", inputs)) == api
+    assert gcp_services.api_for(rec(typ, "r", inputs)) == api
 
 
 def test_unmapped_module_is_an_error_naming_the_type():
     with pytest.raises(KeyError, match="gcp:pubsub/topic:Topic"):
-        services.api_for(rec("gcp:pubsub/topic:Topic", "t"))
-    assert "gcp:pubsub/topic:Topic" in services.api_problems([rec("gcp:pubsub/topic:Topic", "t")], "p",
+        gcp_services.api_for(rec("gcp:pubsub/topic:Topic", "t"))
+    assert "gcp:pubsub/topic:Topic" in gcp_services.api_problems([rec("gcp:pubsub/topic:Topic", "t")], "p",
                                                              check_order=False)[0]
 
 
 def test_resources_wait_for_their_api():
-    svc = rec(services.SERVICE, "apis-compute", {"project": "p", "service": "compute.googleapis.com"})
+    svc = rec(gcp_services.SERVICE, "apis-compute", {"project": "p", "service": "compute.googleapis.com"})
     comp = rec("gpu-train:gcp:Network", "network", deps=[svc["urn"]])
     vpc = rec("gcp:compute/network:Network", "vpc", {"project": "p"}, parent=comp["urn"])
-    assert services.api_problems([svc, comp, vpc], "p", check_order=True) == []
+    assert gcp_services.api_problems([svc, comp, vpc], "p", check_order=True) == []
     loose = dict(comp, dependencies=[])
-    assert services.api_problems([svc, loose, vpc], "p", check_order=True) == [
+    assert gcp_services.api_problems([svc, loose, vpc], "p", check_order=True) == [
         "vpc (gcp:compute/network:Network) does not wait for compute.googleapis.com to be enabled"]
-    assert services.api_problems([loose, vpc], "p", check_order=False) == [
+    assert gcp_services.api_problems([loose, vpc], "p", check_order=False) == [
         "vpc (gcp:compute/network:Network) needs compute.googleapis.com, which no gcp.projects.Service "
         "enables in project 'p'"]
-    other = rec(services.SERVICE, "apis-compute", {"project": "q", "service": "compute.googleapis.com"})
-    assert services.api_problems([other, comp, vpc], "p", check_order=False)  # enabled in another project
-
-
-def test_waits_for_is_transitive_and_covers_ancestors():
-    a = rec("gcp:x/a:A", "a")
-    b = rec("gcp:x/b:B", "b", deps=[a["urn"]])
-    parent = rec("gpu-train:x:C", "c", deps=[b["urn"]])
-    child = rec("gcp:x/d:D", "d", parent=parent["urn"])
-    graph = PlanGraph([a, b, parent, child])
-    assert graph.waits_for(child["urn"]) == {a["urn"], b["urn"]}
-    assert graph.waits_for(a["urn"]) == frozenset()
-    with pytest.raises(ValueError, match="no 'dependencies'"):
-        PlanGraph([{k: v for k, v in a.items() if k != "dependencies"}]).waits_for(a["urn"])
-
-
-def test_identifiers_cover_names_ids_and_api_paths():
-    vpc = rec("gcp:compute/network:Network", "network-vpc", {"name": "v", "project": "p"})
-    ids = identifiers(vpc)
-    assert {"v", "network-vpc-id", "projects/p/global/networks/v",
-            "https://www.googleapis.com/compute/v1/projects/p/global/networks/v"} <= ids
+    other = rec(gcp_services.SERVICE, "apis-compute", {"project": "q", "service": "compute.googleapis.com"})
+    assert gcp_services.api_problems([other, comp, vpc], "p", check_order=False)  # enabled in another project
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,30 +67,21 @@ def test_gcp_plans_enable_every_api_before_use(all_plans):
     assert len(gcp) >= 4, sorted(gcp)
     for stack, plan in gcp.items():
         records = plan_records(plan)
-        project = next(r["inputs"]["project"] for r in records if r["type"] == services.SERVICE)
-        assert services.api_problems(records, project, check_order=True) == [], stack
-        enabled = {r["inputs"]["service"] for r in records if r["type"] == services.SERVICE}
-        assert all(r["inputs"].get("disableOnDestroy") is False for r in records if r["type"] == services.SERVICE)
+        project = next(r["inputs"]["project"] for r in records if r["type"] == gcp_services.SERVICE)
+        assert gcp_services.api_problems(records, project, check_order=True) == [], stack
+        enabled = {r["inputs"]["service"] for r in records if r["type"] == gcp_services.SERVICE}
+        assert all(r["inputs"].get("disableOnDestroy") is False for r in records if r["type"] == gcp_services.SERVICE)
         # A broken copy: the KMS API is no longer enabled, then no longer waited for.
-        without = [r for r in records if not (r["type"] == services.SERVICE
+        without = [r for r in records if not (r["type"] == gcp_services.SERVICE
                                               and r["inputs"]["service"] == "cloudkms.googleapis.com")]
-        problems = services.api_problems(without, project, check_order=False)
+        problems = gcp_services.api_problems(without, project, check_order=False)
         assert problems and all("cloudkms.googleapis.com" in p for p in problems), stack
         assert any(p.startswith("keys-ring (gcp:kms/keyRing:KeyRing)") for p in problems)
         broken = copy.deepcopy(records)
-        kms = next(r["urn"] for r in broken if r["type"] == services.SERVICE
+        kms = next(r["urn"] for r in broken if r["type"] == gcp_services.SERVICE
                    and r["inputs"]["service"] == "cloudkms.googleapis.com")
         for r in broken:
             r["dependencies"] = [d for d in r["dependencies"] if d != kms]
         assert any("does not wait for cloudkms.googleapis.com" in p
-                   for p in services.api_problems(broken, project, check_order=True)), stack
+                   for p in gcp_services.api_problems(broken, project, check_order=True)), stack
         assert "sqladmin.googleapis.com" in enabled or not any(r["type"].startswith("gcp:sql/") for r in records)
-
-
-def test_plan_records_carry_each_registrations_dependencies():
-    plan = {"resources": [{"urn": "u1", "type": "gcp:x/a:A", "name": "a", "parent": None, "inputs": {}},
-                          {"urn": "u2", "type": "gcp:x/b:B", "name": "b", "parent": None, "inputs": {}}],
-            "registrations": {"u2": {"dependencies": ["u1"]}}}
-    records = plan_records(plan)
-    assert records[1]["dependencies"] == ["u1"] and "dependencies" not in records[0]
-    assert "dependencies" not in plan["resources"][1]  # the plan itself is left as it was

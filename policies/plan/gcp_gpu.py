@@ -27,7 +27,7 @@ The rules, per machine type, and where they come from:
   Networks, one per additional NIC of the node pool it is scheduled to
   (https://cloud.google.com/kubernetes-engine/docs/how-to/setup-multinetwork-support-for-pods).
 
-The table is written from those pages, independently of infra/gcp/catalog.py, so a plan built
+The table is written from those pages, independently of gpu_train/spec/catalog/gcp.py, so a plan built
 from a wrong catalog entry fails here. Pure; tested without mocks.
 """
 
@@ -39,7 +39,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra.gcp.plan_graph import PlanGraph, Record, identifiers
+from gpu_train.spec.naming import POOL_LABEL  # selects one node pool's nodes
+from policies.plan.graph import PlanGraph, Record, identifiers
 
 NETWORK = "gcp:compute/network:Network"
 SUBNETWORK = "gcp:compute/subnetwork:Subnetwork"
@@ -49,7 +50,6 @@ GLOBAL_POLICY_ASSOCIATION = "gcp:compute/networkFirewallPolicyAssociation:Networ
 PARAM_SET = "kubernetes:networking.gke.io/v1:GKENetworkParamSet"
 GKE_NETWORK = "kubernetes:networking.gke.io/v1:Network"
 INTERFACES = "networking.gke.io/interfaces"
-POOL_LABEL = "gpu-train.io/pool"  # infra/naming.py POOL_LABEL: selects one node pool's nodes
 ROCE_PROFILE = re.compile(r"(?:^|/)networkProfiles/([a-z]+-[a-z]+[0-9]+-[a-z])-vpc-roce$")
 ROCE_MTU = 8896
 

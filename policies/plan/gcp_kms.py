@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra.gcp.plan_graph import PlanGraph, Record
+from policies.plan.graph import PlanGraph, Record
 
 ENCRYPTER_DECRYPTER = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
 KEY_RING = "gcp:kms/keyRing:KeyRing"
@@ -273,7 +273,7 @@ def key_access_problems(records: Iterable[Record], project_number: str) -> list[
         where = f"{use.consumer_name} ({use.field})"
         if use.agent is None:
             problems.append(f"{where} names key {use.key_id}, but no Google service agent is known for "
-                            "that field (add it to infra/gcp/kms_access.py CONSUMERS)")
+                            "that field (add it to policies/plan/gcp_kms.py CONSUMERS)")
             continue
         if use.key is None:
             problems.append(f"{where} names key {use.key_id}, which this plan does not create")
