@@ -6,8 +6,10 @@ Usage: `.venv/bin/pytest tests/policies/test_workflows.py -q`.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import yaml
 
@@ -42,7 +44,7 @@ def _runs_where_the_api_server_is_reachable(job: dict) -> None:
     from gpu_train.spec import naming
     from infra.aws.deploy_runner import runner_label
 
-    project = f"{naming.prefix(SimpleNamespace(stack='STACK'))}-deploy"
+    project = f"{naming.prefix('STACK')}-deploy"
     expected = runner_label(project).replace("STACK", "{0}").replace("${{ github.run_id }}", "{1}") \
         .replace("${{ github.run_attempt }}", "{2}")
     assert job["runs-on"] == (f"${{{{ matrix.cloud == 'aws' && format('{expected}', matrix.stack, github.run_id, "
@@ -87,6 +89,28 @@ def test_ci_runs_make_test_then_policy_previews_of_every_stack():
     assert "--policy-pack-config policies/policy-config.json" in cmd
     assert (ROOT / "policies" / "PulumiPolicy.yaml").exists() and (ROOT / "policies" / "policy-config.json").exists()
     _cloud_steps_use_oidc(preview)
+
+
+def test_the_policy_pack_runs_from_the_installed_project():
+    # The pack imports policies and gpu_train from the project installed in the virtualenv its
+    # PulumiPolicy.yaml names (the Makefile's .venv), with no path of its own and no second pin list.
+    pack = yaml.safe_load((ROOT / "policies" / "PulumiPolicy.yaml").read_text())
+    assert pack["runtime"]["options"]["virtualenv"] == "../.venv"
+    assert "\nVENV := .venv\n" in (ROOT / "Makefile").read_text()
+    assert "sys.path" not in (ROOT / "policies" / "__main__.py").read_text()
+    assert not (ROOT / "policies" / "requirements.txt").exists()
+    for name, job in (("ci.yml", "preview"), ("deploy.yml", "dev"), ("deploy.yml", "prod")):
+        runs = [r.strip() for r in _runs(_load(name)["jobs"][job])]
+        pulumi = next(i for i, r in enumerate(runs) if r.startswith(("pulumi preview", "pulumi up")))
+        assert "make setup" in runs[:pulumi], (name, job)
+    # The CLI runs `python policies/`, so the pack's own directory comes first on sys.path: none of its
+    # modules may stand in for a top-level module of the same name.
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from policies.crossguard import build_policies; "
+              "build_policies(); print(sorted(n for n, m in sys.modules.items() if not n.startswith('policies') "
+              "and str(getattr(m, '__file__', '') or '').startswith(sys.argv[1])))")
+    out = subprocess.run([sys.executable, "-c", script, str(ROOT / "policies")], cwd=ROOT, capture_output=True,
+                         text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "[]"
 
 
 def test_deploy_updates_dev_then_prod_behind_an_approval_environment():
