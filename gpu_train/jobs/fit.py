@@ -24,19 +24,23 @@ Quantities are Kubernetes' own grammar, read with the `kubernetes` client's pars
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
 GIB = 2**30
+# Kubernetes' quantity grammar (k8s.io/apimachinery/pkg/api/resource/quantity.go): the client's parse_quantity
+# alone also takes what the API server refuses, such as "4 Gi", "NaN" or "1_000".
+_QUANTITY = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?")
 
 
 def quantity(value: Any) -> Fraction:
     """A Kubernetes resource quantity ("500m", "4Gi", 8) as an exact number of units."""
     from kubernetes.utils.quantity import parse_quantity
 
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, str) and not _QUANTITY.fullmatch(value)):
         raise ValueError(f"not a resource quantity: {value!r}")
     if isinstance(value, Fraction):
         return value
