@@ -6,21 +6,14 @@ Usage:
 
 This file only wires components together and exports outputs. Data flows down: settings -> cloud layer (returns
 the ClusterPlatform contract) -> Kubernetes layer -> the training job. Every check runs before the first resource:
-the settings' types and cloud-neutral rules (infra/settings.py), the cloud's own rules, and whether Kueue could
-ever admit the stack's job and its pods fit their nodes (gpu_train/jobs/check.py, against the pools as the cloud
-describes them).
+the settings' types and cloud-neutral rules (infra/settings.py), then the cloud's own rules and whether Kueue
+could ever admit the stack's job and its pods fit their nodes (infra/clouds.py).
 """
-
-import importlib
 
 import pulumi
 
-from gpu_train.jobs.check import check_job
 from gpu_train.spec import naming
-from gpu_train.spec import queues as kueue
-from gpu_train.spec.errors import SettingsError
-from gpu_train.spec.settings_checks import BUCKET_SCHEME
-from infra import settings
+from infra import clouds, settings
 from infra.image import TrainerImage, TrainerImageArgs
 from infra.k8s import build_kubernetes
 from infra.k8s.contract import PlatformContract, PlatformContractArgs
@@ -28,21 +21,8 @@ from infra.k8s.mlflow import MlflowServer, MlflowServerArgs
 from infra.k8s.training import TrainingJob, TrainingJobArgs
 
 cfg = settings.load()
-# infra.aws or infra.gcp: each has check(), describe_pools(), NVME_HOST_PATH and build_platform().
-cloud = importlib.import_module(f"infra.{cfg.cloud}")
-
-problems = cloud.check(cfg)
-if cfg.job is not None and not problems:
-    # Kueue admits a JobSet whole or not at all: refuse a job it could never admit, or whose pods cannot fit their
-    # nodes, naming the setting, before anything exists.
-    pools = cloud.describe_pools(cfg)
-    nvme = cloud.NVME_HOST_PATH
-    problems = check_job(
-        cfg.job, pools=pools, teams=kueue.team_entries(cfg.teams, pools, nvme),
-        kueue=kueue.kueue_objects(cfg.teams, pools),
-        nvme_host_path=nvme, scheme=BUCKET_SCHEME[cfg.cloud], queue=naming.job_queue_name(cfg.job.name))
-if problems:
-    raise SettingsError(problems)
+clouds.require_valid(cfg)  # every check, before the first resource
+cloud = clouds.layer(cfg.cloud)
 
 tags = naming.common_tags(cfg.stack, cfg.environment, cfg.tags)
 platform = cloud.build_platform(cfg, tags)

@@ -36,10 +36,6 @@ Capacity = Literal["spot", "on-demand", "reservation", "capacity-block"]
 # A whole number that fits the int32 fields of Kubernetes objects.
 Int = Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)]
 
-# XIDs the NVIDIA driver raises for faults of an application, not of the GPU: the device plugin ignores them for
-# its own health checks (internal/rm/health.go of NVIDIA/k8s-device-plugin v0.20.0), and a node must not be
-# quarantined because a user's kernel faulted.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 class Settings(BaseModel):

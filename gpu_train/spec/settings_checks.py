@@ -16,16 +16,22 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from gpu_train.spec import catalog
 from gpu_train.spec.job import DNS_LABEL, job_problems
 from gpu_train.spec.naming import PROJECT
-from gpu_train.spec.settings import APPLICATION_XIDS, HealthSettings, StackSettings, TeamSettings
+
+if TYPE_CHECKING:  # the models are only annotations here; gpu_train.spec.settings.parse runs these checks
+    from gpu_train.spec.settings import HealthSettings, StackSettings, TeamSettings
 
 K = f"{PROJECT}:"
+# XIDs the NVIDIA driver raises for faults of an application, not of the GPU: the device plugin ignores them for
+# its own health checks (internal/rm/health.go of NVIDIA/k8s-device-plugin v0.20.0), and a node must not be
+# quarantined because a user's kernel faulted.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d|w|y)$")
 IMAGE_DIGEST = re.compile(r"^[a-z0-9.\-/:_]+@sha256:[0-9a-f]{64}$")
 # The object store's URI scheme on each cloud: job URIs must name a bucket there.

@@ -31,8 +31,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-POOL_LABEL = "gpu-train.io/pool"  # infra/naming.py POOL_LABEL (this file runs without the project installed)
+POOL_LABEL = "gpu-train.io/pool"  # gpu_train.spec.naming.POOL_LABEL (this file runs without the project installed)
 CHECKS = ("gpus", "ecc", "dcgm", "fabric")
+# How gpu-preflight.sh counts a fabric's devices (infra.platform.FabricProbe.probe).
+PROBES = ("none", "efa", "mlx", "gvnic")
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain
 
@@ -46,7 +48,7 @@ def expectations_env(pools: dict[str, Any], pool: str | None, node: str) -> str:
         return f"EXPECTATION_ERROR={shlex.quote(f'pool {pool} of node {node} is not in the pre-flight table')}\n"
     gpus, probe, fabric = spec.get("gpus"), spec.get("fabricProbe", "none"), spec.get("fabricDevices", 0)
     if not isinstance(gpus, int) or gpus < 1 or not isinstance(fabric, int) or fabric < 0 or \
-            probe not in ("none", "efa", "mlx", "gvnic"):
+            probe not in PROBES:
         return f"EXPECTATION_ERROR={shlex.quote(f'pool {pool} has a malformed pre-flight entry: {spec!r}')}\n"
     return f"EXPECTED_GPUS={gpus}\nFABRIC_PROBE={probe}\nEXPECTED_FABRIC={fabric}\n"
 

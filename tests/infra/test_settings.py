@@ -1,6 +1,8 @@
-"""Stack settings: the four stacks load, and every kind of bad value fails with its full key.
+"""Stack settings: the four stacks load, and every kind of bad value fails with its full key, whether the core's
+checks (gpu_train.spec.settings) or the cloud layer's (infra/aws, infra/gcp settings_checks) find it; both run before
+any resource, as infra/__main__.py runs them.
 
-Usage: .venv/bin/pytest tests/infra/test_config.py -q
+Usage: .venv/bin/pytest tests/infra/test_settings.py -q
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import config
+from pydantic import ValidationError
+
+from gpu_train.spec import settings as config
+from gpu_train.spec import settings_checks
+from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.job import JobSpec, job_problems, read_job
+from infra import clouds
+from infra.aws import settings_checks as aws_checks
+from infra.gcp import settings_checks as gcp_checks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,9 +31,16 @@ def raw_stack(name: str) -> dict:
     return yaml.safe_load((ROOT / "stacks" / f"Pulumi.{name}.yaml").read_text())["config"]
 
 
+def check(raw: dict, stack: str) -> config.StackSettings:
+    """Every check a stack's settings get before the program creates anything."""
+    settings = config.parse(raw, stack)
+    clouds.require_valid(settings)
+    return settings
+
+
 @pytest.mark.parametrize("stack", ["aws-dev", "aws-prod", "gcp-dev", "gcp-prod"])
 def test_every_stack_file_loads(stack):
-    cfg = config.parse(raw_stack(stack), stack)
+    cfg = check(raw_stack(stack), stack)
     assert cfg.stack == stack
     assert cfg.cloud == stack.split("-")[0]
     assert cfg.environment == stack.split("-")[1]
@@ -33,7 +50,7 @@ def test_every_stack_file_loads(stack):
 
 def test_dev_stacks_are_small_spot_and_scale_to_zero():
     for stack in ("aws-dev", "gcp-dev"):
-        cfg = config.parse(raw_stack(stack), stack)
+        cfg = check(raw_stack(stack), stack)
         for pool in cfg.gpu_pools:
             assert pool.capacity == "spot" and pool.min_nodes == 0 and not pool.fabric
             assert any(g in pool.instance_type for g in ("g6", "g2")), pool.instance_type
@@ -42,7 +59,7 @@ def test_dev_stacks_are_small_spot_and_scale_to_zero():
 def test_prod_stacks_use_fabric_h100_with_reserved_and_spot_pools():
     expected = {"aws-prod": "p5.48xlarge", "gcp-prod": "a3-megagpu-8g"}
     for stack, machine in expected.items():
-        cfg = config.parse(raw_stack(stack), stack)
+        cfg = check(raw_stack(stack), stack)
         assert {p.instance_type for p in cfg.gpu_pools} == {machine}
         assert all(p.fabric and p.zone for p in cfg.gpu_pools)
         assert {p.capacity for p in cfg.gpu_pools} >= {"spot"}
@@ -53,7 +70,7 @@ def test_prod_jobs_have_their_whole_max_on_nominal_quota():
     # Hand-computed: nodes "2:4" on 8-GPU machines needs 32 GPUs admitted at once; the research team's
     # nominal quota on h100-reserved is 32 in both prod stacks.
     for stack in ("aws-prod", "gcp-prod"):
-        cfg = config.parse(raw_stack(stack), stack)
+        cfg = check(raw_stack(stack), stack)
         research = cfg.team("research")
         assert cfg.team_quota(research) == {"h100-reserved": 32, "h100-spot": 16}
         assert cfg.team_quota(cfg.team("applied")) == {"h100-reserved": 0, "h100-spot": 16}
@@ -63,7 +80,7 @@ def test_structured_values_as_json_strings_like_the_engine_passes_them():
     raw = raw_stack("aws-dev") | {"gpu-train:deploy": True, "gpu-train:deployRunner": RUNNER}
     engine_style = {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
     assert isinstance(engine_style["gpu-train:gpuPools"], str) and engine_style["gpu-train:deploy"] == "true"
-    cfg = config.parse(engine_style, "aws-dev")
+    cfg = check(engine_style, "aws-dev")
     assert cfg.gpu_pools[0].name == "l4-spot"
     assert cfg.gpu_pools[1].instance_type == "g6e.2xlarge"
     assert cfg.deploy is True
@@ -71,17 +88,17 @@ def test_structured_values_as_json_strings_like_the_engine_passes_them():
 
 def test_settings_of_other_namespaces_are_ignored():
     raw = raw_stack("aws-dev") | {"aws:region": "eu-west-1", "pulumi:template": "x"}
-    assert config.parse(raw, "aws-dev").region == "us-east-1"
+    assert check(raw, "aws-dev").region == "us-east-1"
 
 
 def test_gpu_quota_is_one_number_for_every_pool_or_a_mapping():
     raw = copy.deepcopy(raw_stack("aws-dev"))  # pools: l4-spot 4 x 1 GPU, l40s-spot 2 x 1 GPU
     raw["gpu-train:teams"][0]["gpuQuota"] = 3
-    cfg = config.parse(raw, "aws-dev")
+    cfg = check(raw, "aws-dev")
     # One number: that many on every pool, never more than a pool holds (l40s-spot holds 2).
     assert cfg.team_quota(cfg.teams[0]) == {"l4-spot": 3, "l40s-spot": 2}
     raw["gpu-train:teams"][0]["gpuQuota"] = {"l40s-spot": 1, "l4-spot": 2}
-    cfg = config.parse(raw, "aws-dev")
+    cfg = check(raw, "aws-dev")
     assert cfg.team_quota(cfg.teams[0]) == {"l4-spot": 2, "l40s-spot": 1}
     assert cfg.team_quota(cfg.teams[1]) == {"l4-spot": 0, "l40s-spot": 2}
 
@@ -324,8 +341,8 @@ BAD = [
 def test_bad_settings_fail_with_the_full_key(stack, mutate, message):
     raw = copy.deepcopy(raw_stack(stack))
     mutate(raw)
-    with pytest.raises(config.ConfigError) as err:
-        config.parse(raw, stack)
+    with pytest.raises(SettingsError) as err:
+        check(raw, stack)
     assert message in str(err.value), str(err.value)
     for problem in err.value.problems:
         assert "\n" not in problem and problem.startswith(("gpu-train:", "stack name")), problem
@@ -335,21 +352,21 @@ def test_every_problem_is_reported_at_once():
     raw = copy.deepcopy(raw_stack("aws-dev"))
     raw["gpu-train:gpuPools"][0]["maxNodes"] = "x"
     raw["gpu-train:network"]["natt"] = "single"
-    with pytest.raises(config.ConfigError) as err:
-        config.parse(raw, "aws-dev")
+    with pytest.raises(SettingsError) as err:
+        check(raw, "aws-dev")
     assert len(err.value.problems) == 2
     assert "did you mean 'nat'" in str(err.value)
 
 
 def test_malformed_json_names_the_key():
     raw = raw_stack("aws-dev") | {"gpu-train:network": '{"vpcCidr": '}
-    with pytest.raises(config.ConfigError, match="gpu-train:network is not valid JSON"):
-        config.parse(raw, "aws-dev")
+    with pytest.raises(SettingsError, match="gpu-train:network is not valid JSON"):
+        check(raw, "aws-dev")
 
 
 def test_settings_are_frozen():
-    cfg = config.parse(raw_stack("aws-dev"), "aws-dev")
-    with pytest.raises(AttributeError):
+    cfg = check(raw_stack("aws-dev"), "aws-dev")
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.region = "eu-west-1"  # type: ignore[misc]
 
 
@@ -361,7 +378,7 @@ def test_real_regions_pass(cloud, region):
     raw = copy.deepcopy(raw_stack(base))
     raw["gpu-train:region"] = region
     raw["gpu-train:zones"] = [f"{region}a", f"{region}b"] if cloud == "aws" else [f"{region}-a"]
-    assert config.parse(raw, base).region == region
+    assert check(raw, base).region == region
 
 
 @pytest.mark.parametrize(("stack", "channel", "version"), [
@@ -372,7 +389,7 @@ def test_offered_kubernetes_versions_pass(stack, channel, version):
     raw["gpu-train:cluster"]["kubernetesVersion"] = version
     if channel:
         raw["gpu-train:cluster"]["releaseChannel"] = channel
-    assert config.parse(raw, stack).cluster.kubernetes_version == version
+    assert check(raw, stack).cluster.kubernetes_version == version
 
 
 @pytest.mark.parametrize("value", [
@@ -382,7 +399,7 @@ def test_offered_kubernetes_versions_pass(stack, channel, version):
 ])
 def test_placeholder_values_are_recognised(value):
     key = "gpu-train:gpuPools[0].reservationId" if value.startswith(("cr-", "my-")) else "gpu-train:tags.x"
-    assert config._placeholder(key, value), value
+    assert settings_checks.placeholder(key, value), value
 
 
 @pytest.mark.parametrize("value", [
@@ -390,74 +407,37 @@ def test_placeholder_values_are_recognised(value):
     "cr-0f3c9e1d27a8b4c65", "a3mega-reservation-1", "cost-center", "macme", "acmenet", "arn:aws:iam::731204958136:role/x",
 ])
 def test_real_looking_values_are_not_placeholders(value):
-    assert config._placeholder("gpu-train:gpuPools[0].reservationId", value) is None, value
+    assert settings_checks.placeholder("gpu-train:gpuPools[0].reservationId", value) is None, value
 
 
 def test_trainer_overrides_are_not_names_to_police():
-    assert config._placeholder("gpu-train:job.overrides.tracking.experiment", "sample-efficiency") is None
-    assert config._placeholder("gpu-train:tags.owner", "sample-efficiency")
-
-
-def test_deploy_matrix_lists_only_stacks_marked_for_deployment(tmp_path):
-    assert config.deploy_matrix(ROOT / "stacks") == {"nonprod": [], "prod": []}  # the shipped ones are examples
-    for name, cloud, env, deploy in (("a-dev", "aws", "dev", True), ("g-prod", "gcp", "prod", True),
-                                     ("x-prod", "aws", "prod", False), ("s-stg", "gcp", "staging", True)):
-        doc = {"config": {"gpu-train:cloud": cloud, "gpu-train:environment": env, "gpu-train:deploy": deploy,
-                          "gpu-train:region": "eu-west-1" if cloud == "aws" else "europe-west4"}}
-        if cloud == "aws":
-            doc["config"]["gpu-train:deployRunner"] = RUNNER
-        (tmp_path / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump(doc))
-    (tmp_path / "Pulumi.notes.yaml").write_text("config:\n  gpu-train:deploy: 'true'\n")  # a string is not a marker
-    assert config.deploy_matrix(tmp_path) == {
-        "nonprod": [{"stack": "a-dev", "cloud": "aws", "region": "eu-west-1"},
-                    {"stack": "s-stg", "cloud": "gcp", "region": "europe-west4"}],
-        "prod": [{"stack": "g-prod", "cloud": "gcp", "region": "europe-west4"}]}
-
-
-def test_deploy_matrix_cli_prints_github_outputs(tmp_path, capsys):
-    doc = {"config": {"gpu-train:cloud": "gcp", "gpu-train:environment": "prod", "gpu-train:deploy": True,
-                      "gpu-train:region": "us-central1"}}
-    (tmp_path / "Pulumi.g-prod.yaml").write_text(yaml.safe_dump(doc))
-    assert config.main(["deploy-matrix", str(tmp_path)]) == 0
-    lines = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
-    assert json.loads(lines["prod"]) == [{"stack": "g-prod", "cloud": "gcp", "region": "us-central1"}]
-    assert json.loads(lines["nonprod"]) == [] and lines["aws"] == "false"
-    assert json.loads(lines["all"]) == json.loads(lines["prod"])
-    (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump({"config": {"gpu-train:deploy": True}}))
-    assert config.main(["deploy-matrix", str(tmp_path)]) == 2
-    assert "Pulumi.bad.yaml: a stack marked deploy: true needs gpu-train:cloud" in capsys.readouterr().err
-    (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump({"config": {
-        "gpu-train:deploy": True, "gpu-train:cloud": "aws", "gpu-train:environment": "dev",
-        "gpu-train:region": "us-east-1"}}))
-    assert config.main(["deploy-matrix", str(tmp_path)]) == 2
-    assert "an AWS stack marked deploy: true needs gpu-train:deployRunner.kind codebuild" in capsys.readouterr().err
+    assert settings_checks.placeholder("gpu-train:job.overrides.tracking.experiment", "sample-efficiency") is None
+    assert settings_checks.placeholder("gpu-train:tags.owner", "sample-efficiency")
 
 
 def test_a_real_deploy_runner_passes():
     raw = copy.deepcopy(raw_stack("aws-dev")) | {"gpu-train:deploy": True, "gpu-train:deployRunner": RUNNER}
-    cfg = config.parse(raw, "aws-dev")
+    cfg = check(raw, "aws-dev")
     assert cfg.deploy_runner.kind == "codebuild" and cfg.deploy_runner.repository == "corp/gpu-train"
 
 
 def test_every_setting_is_documented():
-    import dataclasses
-
     doc = (ROOT / "docs" / "configuration.md").read_text()
     classes = [config.StackSettings, config.NetworkSettings, config.ClusterSettings, config.GpuPoolSettings,
-               config.CacheSettings, config.MonitoringSettings, config.HealthSettings, config.TeamSettings, config.JobSpec,
-               config.ImageSettings, config.MlflowSettings, config.LimitsSettings, config.DeployRunnerSettings,
-               config.TeamMemberSettings, config.LogsSettings]
+               config.CacheSettings, config.MonitoringSettings, config.HealthSettings, config.TeamSettings,
+               JobSpec, config.ImageSettings, config.MlflowSettings, config.LimitsSettings,
+               config.DeployRunnerSettings, config.TeamMemberSettings, config.LogsSettings]
     for cls in classes:
-        for f in dataclasses.fields(cls):
-            if f.name != "stack":
-                assert f"| `{config._camel(f.name)}` |" in doc, f"{cls.__name__}.{f.name} missing from docs"
+        for name, field in cls.model_fields.items():
+            if not field.exclude:
+                assert f"| `{field.alias}` |" in doc, f"{cls.__name__}.{name} missing from docs"
 
 
 def test_kubernetes_versions_and_regions_are_documented_with_their_source():
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    for cloud, channels in config.KUBERNETES_VERSIONS.items():
-        for versions in channels.values():
-            assert all(v in doc for v in versions), cloud
+    assert all(v in doc for v in aws_checks.KUBERNETES_VERSIONS)
+    for versions in gcp_checks.KUBERNETES_VERSIONS.values():
+        assert all(v in doc for v in versions)
     assert "docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html" in doc
 
 
@@ -465,36 +445,38 @@ def test_health_settings_default_to_the_listed_xids_and_read_from_a_stack():
     """The default XIDs are the GPU faults the platform quarantines on (docs/operations.md); none is an
     application XID, so the defaults pass the check that refuses those."""
     assert config.HealthSettings().xid_codes == (48, 63, 64, 74, 79, 94, 95)
-    assert not set(config.HealthSettings().xid_codes) & config.APPLICATION_XIDS
+    assert not set(config.HealthSettings().xid_codes) & settings_checks.APPLICATION_XIDS
     raw = copy.deepcopy(raw_stack("gcp-prod"))
     raw["gpu-train:health"] = {"remediation": False, "xidCodes": [79, 48], "maxConcurrentRepairs": 2}
-    cfg = config.parse(raw, "gcp-prod")
+    cfg = check(raw, "gcp-prod")
     assert (cfg.health.remediation, cfg.health.xid_codes, cfg.health.max_concurrent_repairs) == (False, (79, 48), 2)
     assert cfg.health.enabled and cfg.health.preflight and cfg.health.node_repair
 
 
 def test_members_become_access_entries_with_their_teams_groups():
-    cfg = config.parse(raw_stack("aws-prod"), "aws-prod")
-    assert config.team_access_entries(cfg.teams) == {
+    cfg = check(raw_stack("aws-prod"), "aws-prod")
+    assert aws_checks.team_access_entries(cfg.teams) == {
         "arn:aws:iam::123456789012:role/ml-applied-engineers": ("ml-applied",),
         "arn:aws:iam::123456789012:role/ml-platform-engineers": ("ml-platform",),
         "arn:aws:iam::123456789012:role/ml-research-engineers": ("ml-research",)}
-    assert config.log_retention_days(cfg) == 30  # unset: 30 days
+    assert aws_checks.log_retention_days(cfg) == 30  # unset: 30 days
     raw = copy.deepcopy(raw_stack("aws-dev"))
     raw["gpu-train:logs"] = {"retentionDays": 365}
-    assert config.log_retention_days(config.parse(raw, "aws-dev")) == 365
+    assert aws_checks.log_retention_days(check(raw, "aws-dev")) == 365
 
 
-def test_read_job_is_the_stacks_job_check_under_another_name():
-    """A job spec file (gpu-train submit) goes through the same reader and checks as the stack's job."""
-    cfg = config.parse(raw_stack("aws-dev"), "aws-dev")
+def test_a_job_spec_is_the_stacks_job_under_another_key():
+    """A job spec file (gpu-train submit) is read by the same model and checked by the same checks as the stack's
+    job, against the platform's pools and teams."""
+    cfg = check(raw_stack("aws-dev"), "aws-dev")
     raw = raw_stack("aws-dev")["gpu-train:job"]
-    assert config.read_job(raw, cfg=cfg, key="job") == cfg.job
-    with pytest.raises(config.ConfigError) as err:
-        config.read_job({**raw, "steps": 0, "pool": "h100", "stepz": 1}, cfg=cfg, key="job")
+    assert read_job(raw, key="job") == cfg.job
+    with pytest.raises(SettingsError) as err:
+        read_job({**raw, "steps": 0, "pool": "h100", "stepz": 1}, key="job")
     assert err.value.problems == ["job.stepz is not a known setting (did you mean 'steps'?)"]
-    with pytest.raises(config.ConfigError) as err:
-        config.read_job({**raw, "steps": 0, "pool": "h100"}, cfg=cfg, key="job")
-    assert "job.steps must be >= 1 (got 0)" in err.value.problems
-    assert "job.pool 'h100' is not one of gpuPools[].name (l4-spot, l40s-spot)" in err.value.problems
-    assert all(p.startswith("job.") for p in err.value.problems)
+    problems = job_problems(read_job({**raw, "steps": 0, "pool": "h100"}, key="job"),
+                            pools=settings_checks.pool_facts(cfg), teams=settings_checks.team_facts(cfg),
+                            scheme="s3://", key="job")
+    assert "job.steps must be >= 1 (got 0)" in problems
+    assert "job.pool 'h100' is not one of gpuPools[].name (l4-spot, l40s-spot)" in problems
+    assert all(p.startswith("job.") for p in problems)

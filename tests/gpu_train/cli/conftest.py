@@ -1,6 +1,6 @@
-"""Fixtures for the `gpu-train` tests: a platform contract like an EKS stack publishes (built by the stack's
-own contract_document from pools and teams of a dev stack), the fake API server that serves it, and a helper
-that runs the command in-process and returns (exit status, stdout, stderr).
+"""Fixtures for the `gpu-train` tests: a platform contract like an EKS stack publishes (the core's contract model
+filled as the AWS layer fills it, from the pools and teams of a dev stack), the fake API server that serves it,
+and a helper that runs the command in-process and returns (exit status, stdout, stderr).
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ import pytest
 import yaml
 
 from gpu_train.cli.main import main
-from infra import config, naming
+from gpu_train.spec import naming, queues
+from gpu_train.spec.catalog.aws import CATALOG as EC2
+from gpu_train.spec.contract import Fabric, GpuPool, PlatformContract
+from gpu_train.spec.settings import TeamSettings
 from infra.aws import cluster as aws_cluster
-from infra.aws.catalog import CATALOG as EC2
-from infra.k8s import contract, pod_admission, tenancy
-from infra.platform import Fabric, GpuPool
-from tests.gpu_train_cli.fake_api import FakeApi
+from infra.aws.node_addons import allocatable
+from infra.k8s import pod_admission
+from tests.gpu_train.cli.fake_api import FakeApi
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-train-aws-dev-trainer@sha256:" + "c" * 64
 REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com/"
 ALICE, BOB, VIEWER = "alice-token", "bob-token", "vera-token"
@@ -33,28 +35,32 @@ def pools() -> list[GpuPool]:
         out.append(GpuPool(name=name, instance_type=instance, capacity="spot", gpu_type=EC2[instance].gpu_type,
                            gpus_per_node=EC2[instance].gpus, min_nodes=0, max_nodes=max_nodes, zone="",
                            node_selector={naming.POOL_LABEL: name},
-                           tolerations=[{**naming.GPU_TAINT, "operator": "Equal"}], fabric=Fabric(kind="none"),
-                           provisioner="karpenter"))
+                           tolerations=naming.gpu_tolerations(), fabric=Fabric(kind="none"),
+                           provisioner="karpenter", allocatable=allocatable(instance)))
     return out
 
 
-TEAMS = (config.TeamSettings(name="research", gpu_quota={"l4-spot": 4}, submitters=("ml-research",)),
-         config.TeamSettings(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
+TEAMS = (TeamSettings(name="research", gpu_quota={"l4-spot": 4}, submitters=("ml-research",)),
+         TeamSettings(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
 
 
 def contract_doc(teams=TEAMS, server: str = "https://ABC.gr7.us-east-1.eks.amazonaws.com") -> dict[str, Any]:
     kubeconfig = json.loads(aws_cluster.kubeconfig("gpu-train-aws-dev", server, "Q0E=", "us-east-1"))
-    return contract.contract_document(
+    nvme = "/mnt/k8s-disks/0"
+    return PlatformContract(
         stack="aws-dev", cloud="aws", region="us-east-1", project="", kubernetes_version="1.33",
-        cluster_name="gpu-train-aws-dev", kubeconfig=kubeconfig, image=IMAGE, registries=[REGISTRY], repositories=[],
-        pools=pools(), teams=teams, nvme_host_path="/mnt/k8s-disks/0",
+        cluster={"name": "gpu-train-aws-dev", "kubeconfig": kubeconfig}, image=IMAGE, registries=[REGISTRY],
+        repositories=[], nvme_host_path=nvme, pools=pools(), teams=queues.team_entries(teams, pools(), nvme),
+        kueue=queues.kueue_objects(teams, pools()),
         buckets={"datasets": "s3://gpu-train-aws-dev-datasets", "checkpoints": "s3://gpu-train-aws-dev-checkpoints",
                  "artifacts": "s3://gpu-train-aws-dev-artifacts"},
-        object_store_endpoint="https://s3.us-east-1.amazonaws.com",
-        cache_endpoint="http://alluxio-proxy.alluxio.svc.cluster.local:39999/api/v1/s3",
-        tracking_uri="http://mlflow.mlflow.svc.cluster.local:5000",
-        log_groups={naming.team_namespace(t.name): f"/gpu-train/gpu-train-aws-dev/{naming.team_namespace(t.name)}"
-                    for t in teams})
+        endpoints={"objectStore": "https://s3.us-east-1.amazonaws.com",
+                   "cache": "http://alluxio-proxy.alluxio.svc.cluster.local:39999/api/v1/s3",
+                   "tracking": "http://mlflow.mlflow.svc.cluster.local:5000"},
+        logs={"kind": "cloudwatch", "region": "us-east-1",
+              "groups": {naming.team_namespace(t.name): f"/gpu-train/gpu-train-aws-dev/{naming.team_namespace(t.name)}"
+                         for t in teams}},
+        pod_env={"AWS_REGION": "us-east-1"}).document()
 
 
 @pytest.fixture
@@ -71,8 +77,8 @@ def api(doc):
     policies = pod_admission.admission_policies(nvme_host_path="/mnt/k8s-disks/0", registries=[REGISTRY])
     with FakeApi(users, policies=policies) as server:
         for team in TEAMS:
-            server.put_configmap(naming.team_namespace(team.name), tenancy.PLATFORM_CONFIGMAP,
-                                 {tenancy.PLATFORM_CONFIGMAP_KEY: json.dumps(doc)})
+            server.put_configmap(naming.team_namespace(team.name), naming.PLATFORM_CONFIGMAP,
+                                 {naming.PLATFORM_CONFIGMAP_KEY: json.dumps(doc)})
         yield server
 
 

@@ -13,7 +13,7 @@ What makes it answer like the real API rather than like the CLI expects:
   RBAC authorizer sees it, and allowed only if the user's role in that namespace (the platform's own Role
   rules, infra.k8s.tenancy.submitter_rules / viewer_rules) grants it, else 403 with the API server's message;
 - what the CLI sends is checked like the API server does: a JobSet against the JobSet CRD at the pinned
-  version (infra.validation.crd, tests/schemas/crds), a Workload after a merge patch against the Workload
+  version (tools.validation.crd, tests/schemas/crds), a Workload after a merge patch against the Workload
   CRD, and both through the team namespaces' ValidatingAdmissionPolicies when given (422 Invalid on a denial,
   with the API server's wording);
 - errors are Status objects with the real reasons and codes (NotFound 404, AlreadyExists 409, Invalid 422);
@@ -39,8 +39,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import yaml
 
 from infra.k8s import tenancy
-from infra.validation import crd
 from tests.infra.k8s.vap import Admission
+from tools.validation import crd
 
 NOW = "2026-03-01T10:00:00Z"
 ROLES = {"submitter": tenancy.submitter_rules, "viewer": tenancy.viewer_rules}

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from gpu_train.cli import jobs
-from tests.gpu_train_cli.conftest import ALICE, BOB, VIEWER, only_error_lines, requests_of, spec
-from tests.gpu_train_cli.fake_api import pod
+from tests.gpu_train.cli.conftest import ALICE, BOB, VIEWER, only_error_lines, requests_of, spec
+from tests.gpu_train.cli.fake_api import pod
 
 METRICS = """# HELP trainer_step Last completed optimizer step
 # TYPE trainer_step gauge
@@ -184,7 +184,7 @@ def test_the_team_comes_from_the_context_or_team(api, submitted, tmp_path, cli):
 
 
 def test_an_unreachable_api_server(tmp_path, cli):
-    from tests.gpu_train_cli.fake_api import FakeApi
+    from tests.gpu_train.cli.fake_api import FakeApi
 
     with FakeApi({}) as gone:
         kubeconfig = gone.kubeconfig(tmp_path, ALICE, "team-research")

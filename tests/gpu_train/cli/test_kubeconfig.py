@@ -13,7 +13,7 @@ import stat
 
 import yaml
 
-from tests.gpu_train_cli.conftest import ALICE, contract_doc, only_error_lines
+from tests.gpu_train.cli.conftest import ALICE, contract_doc, only_error_lines
 
 
 def _fake_aws(tmp_path) -> tuple[str, object]:

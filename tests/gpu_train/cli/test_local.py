@@ -1,5 +1,5 @@
-"""`gpu-train run --local`: a job spec under local torchrun through the image's launcher, checked by the stack's
-own job reader first.
+"""`gpu-train run --local`: a job spec under local torchrun through the one launcher and the image's launcher, read
+and checked by the one job model first.
 
 Run: .venv/bin/pytest tests/gpu_train/cli/test_local.py -q   (the slow test trains the embedded default: ~1 min)
 """
@@ -16,20 +16,24 @@ import pytest
 import torch.distributed.run as torchrun
 
 from gpu_train.cli import local
-from infra import config
-from tests.gpu_train_cli.conftest import only_error_lines, spec
-from trainer.__main__ import parser as trainer_parser
+from gpu_train.jobs.launch import local_command, shutdown_timeout_s
+from gpu_train.spec.job import read_job, trainer_settings
 from gpu_train.spec.trainer_config import build_config
+from tests.gpu_train.cli.conftest import only_error_lines, spec
+from trainer.__main__ import parser as trainer_parser
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_command_line_is_torchruns_and_the_trainers_own(tmp_path):
-    job = config.read_job(local.DEFAULT_SPEC, cfg=local.local_config("local", "local"), key="job")
-    cmd = local.launch_command(job, nproc=2, run_dir=tmp_path / "run", data_uri="synthetic")
+    job = read_job(local.DEFAULT_SPEC, key="job")
+    assert local.local_problems(job, nproc=2) == []
+    cmd = local_command(job, nproc=2, run_dir=tmp_path / "run", settings=trainer_settings(job, {"data.uri": "synthetic"}))
     assert cmd[:3] == [sys.executable, "-m", "trainer.launch"]
     args = torchrun.get_args_parser().parse_args(cmd[3:])  # torch's own parser
-    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.max_restarts) == ("1", "2", "c10d", 3)
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.max_restarts) == ("1:1", "2", "c10d", 3)
+    # The same shutdown rule as a pod's: torchrun stops its workers within the grace period, less a margin.
+    assert args.shutdown_timeout == shutdown_timeout_s()
     assert args.module and args.training_script == "trainer"
     trainer_args = trainer_parser().parse_args(args.training_script_args)
     assert trainer_args.preset == "tiny" and trainer_args.run_dir == tmp_path / "run"
@@ -46,6 +50,11 @@ def test_a_spec_is_checked_before_anything_starts(tmp_path, cli):
     assert "job.overrides.train.lrr: the trainer refuses it" in err
     code, _, err = cli("run", "--local", "--nproc", "0")
     assert code == 2 and "--nproc 0 must be >= 1" in err
+    # The global batch must divide over this machine's workers: 4096 tokens / 64 = 64 sequences, micro batch 8,
+    # 3 workers x 8 = 24 does not divide 64.
+    code, _, err = cli("run", "--local", spec(tmp_path, preset="tiny", globalBatchTokens=4096, gpusPerNode=0,
+                                              overrides={}), "--nproc", "3")
+    assert code == 2 and only_error_lines(err) and "does not divide at world size 3" in err
 
 
 @pytest.mark.slow

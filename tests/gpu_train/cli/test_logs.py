@@ -24,8 +24,8 @@ from gpu_train.cli import logs as cli_logs
 from gpu_train.spec import naming
 from infra.k8s import log_shipping
 from infra.platform import LogStore, WorkloadIdentity
-from tests.gpu_train_cli.conftest import ALICE, VIEWER, only_error_lines, requests_of, spec
-from tests.gpu_train_cli.fake_api import pod
+from tests.gpu_train.cli.conftest import ALICE, VIEWER, only_error_lines, requests_of, spec
+from tests.gpu_train.cli.fake_api import pod
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = ("kubeconfig", "submit", "list", "status", "logs", "pause", "resume", "cancel", "run")
 
 
@@ -29,7 +29,7 @@ def installed(tmp_path_factory) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for package in ("gpu_train_cli", "infra", "trainer", "policies"):
+    for package in ("gpu_train", "infra", "trainer", "policies"):
         shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     wheels = base / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(src), "-w",
@@ -67,7 +67,7 @@ def test_the_installed_command_runs_from_the_wheel_not_the_checkout(installed, t
     proc = _run(installed, "list", cwd=tmp_path)  # no kubeconfig in this HOME
     assert proc.returncode == 2
     assert proc.stderr.startswith("gpu-train: error: no kubeconfig:") and "Traceback" not in proc.stderr
-    where = subprocess.run([sys.executable, "-c", "import gpu_train.cli; print(gpu_train_cli.__file__)"], cwd=tmp_path,
+    where = subprocess.run([sys.executable, "-c", "import gpu_train.cli; print(gpu_train.cli.__file__)"], cwd=tmp_path,
                            env={**os.environ, "PYTHONPATH": str(installed)}, capture_output=True, text=True, timeout=60)
     assert Path(where.stdout.strip()).is_relative_to(installed)
 
@@ -88,7 +88,7 @@ def test_help_imports_neither_pulumi_nor_the_stacks_modules():
 
 
 def test_no_module_of_the_command_imports_pulumi():
-    for path in sorted((ROOT / "gpu_train_cli").glob("*.py")):
+    for path in sorted((ROOT / "gpu_train" / "cli").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

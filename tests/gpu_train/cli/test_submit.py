@@ -18,9 +18,8 @@ from infra import config, naming
 from infra.k8s import contract as contract_mod
 from infra.k8s import training
 from infra.plan import kubernetes_objects
-from infra.validation import crd
 from tests.conftest import STACKS
-from tests.gpu_train_cli.conftest import (
+from tests.gpu_train.cli.conftest import (
     ALICE,
     BOB,
     IMAGE,
@@ -32,6 +31,7 @@ from tests.gpu_train_cli.conftest import (
 )
 from tests.infra.k8s.checks import cr_problems
 from tests.infra.k8s.harness import load_stack
+from tools.validation import crd
 
 
 def _platform_file(tmp_path, doc) -> str:

@@ -1,0 +1,52 @@
+"""The cloud layers behind one interface, and every check a stack's settings get before anything is created.
+
+Usage (infra/__main__.py):
+    layer = clouds.layer(settings.cloud)     # infra.aws or infra.gcp
+    clouds.require_valid(settings)           # SettingsError naming every problem, or nothing
+    platform = layer.build_platform(settings, tags)
+
+Each cloud layer offers the same four names: `check(settings)` (the rules only that cloud has),
+`describe_pools(settings)` (the GPU pools as jobs see them, from the settings alone), `NVME_HOST_PATH` and
+`build_platform(settings, tags)`. `problems` adds what only the pools make checkable: whether Kueue could ever admit
+the stack's job and its pods fit a node of their pool (gpu_train/jobs/check.py), against the same queue objects
+the Kubernetes layer creates and the platform contract publishes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from gpu_train.jobs.check import check_job
+from gpu_train.spec import naming, queues
+from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.settings import StackSettings
+from gpu_train.spec.settings_checks import BUCKET_SCHEME
+
+
+def layer(cloud: str) -> ModuleType:
+    """The cloud layer's module: infra.aws or infra.gcp."""
+    return importlib.import_module(f"infra.{cloud}")
+
+
+def problems(settings: StackSettings) -> list[str]:
+    """The cloud's own rules, then the stack's job against its pools, teams and queues."""
+    cloud = layer(settings.cloud)
+    found = cloud.check(settings)
+    job = settings.job
+    if job is None or found:
+        return found
+    pools = cloud.describe_pools(settings)
+    nvme = cloud.NVME_HOST_PATH
+    # Kueue admits a JobSet whole or not at all: refuse a job it could never admit, or whose pods cannot fit
+    # their nodes. The stack's job goes to a LocalQueue of its own, which feeds its team's ClusterQueue.
+    return check_job(job, pools=pools, teams=queues.team_entries(settings.teams, pools, nvme),
+                     kueue=queues.kueue_objects(settings.teams, pools), nvme_host_path=nvme,
+                     scheme=BUCKET_SCHEME[settings.cloud], queue=naming.job_queue_name(job.name))
+
+
+def require_valid(settings: StackSettings) -> None:
+    """Raise SettingsError with every problem `problems` finds."""
+    found = problems(settings)
+    if found:
+        raise SettingsError(found)

@@ -1,0 +1,196 @@
+"""The house's floor plan, read from the code's own imports: layers import one way, the core and the team command
+carry neither Pulumi nor torch, and the Kubernetes layer never learns which cloud it is on.
+
+Run: .venv/bin/pytest tests/test_layers.py -q
+
+Every `import` and `from ... import` of every module counts, including the ones inside functions. The rules:
+- gpu_train.spec (the vocabulary) imports only itself, the standard library, pydantic and yaml;
+  gpu_train.jobs (the renderer) adds itself and the kubernetes client; gpu_train.cli adds itself and the clients
+  it reads the cluster and the log stores with. None imports pulumi, torch, infra, policies, trainer or tools.
+- infra (the Pulumi program) imports the core, never policies, trainer, tools or the team command;
+  infra/settings.py imports nothing of infra/aws, infra/gcp, infra/k8s; infra/k8s imports no cloud layer and no
+  catalog, and its code compares nothing with a cloud's name.
+- policies import the core and themselves (and pulumi_policy), never infra or trainer.
+- trainer imports the core and itself, never infra, policies, tools or the team command.
+- No import cycle between modules of the project.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("gpu_train", "infra", "policies", "trainer", "tools")
+STDLIB = frozenset(__import__("sys").stdlib_module_names)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node, except the bodies of `if TYPE_CHECKING:` (imports for annotations only, never run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def imports_of(path: Path, name: str) -> Iterator[str]:
+    """Every module an import statement of this file names, absolute (relative imports resolved)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            yield base
+            # `from gpu_train.spec import naming` imports the module gpu_train.spec.naming.
+            yield from (f"{base}.{a.name}" for a in node.names)
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    out: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        found = set()
+        for target in imports_of(path, name):
+            found.add(target)
+        out[name] = found
+    return out
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def in_layer(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+GRAPH = graph()
+MODULES = set(GRAPH)
+
+# (layer, what it may import besides the standard library)
+ALLOWED = {
+    "gpu_train.spec": ("gpu_train.spec", "pydantic", "pydantic_core", "yaml"),
+    "gpu_train.jobs": ("gpu_train.spec", "gpu_train.jobs", "kubernetes"),
+    "gpu_train.cli": ("gpu_train", "kubernetes", "yaml", "boto3", "botocore", "google", "prometheus_client",
+                      "urllib3"),
+}
+FORBIDDEN = {
+    "infra": ("policies", "trainer", "tools", "gpu_train.cli"),
+    "policies": ("infra", "trainer", "tools", "gpu_train.cli"),
+    "trainer": ("infra", "policies", "tools", "pulumi", "gpu_train.cli"),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_the_core_and_the_command_import_only_what_they_may(layer):
+    bad = []
+    for mod, targets in GRAPH.items():
+        if not in_layer(mod, layer):
+            continue
+        for t in targets:
+            if top(t) in STDLIB or top(t) == "__future__":
+                continue
+            if not any(in_layer(t, allowed) for allowed in ALLOWED[layer]):
+                bad.append(f"{mod} imports {t}")
+    assert bad == [], "\n".join(sorted(bad))
+
+
+def test_neither_pulumi_nor_torch_in_the_core_or_the_command():
+    bad = [f"{m} imports {t}" for m, ts in GRAPH.items() if in_layer(m, "gpu_train") for t in ts
+           if top(t).startswith("pulumi") or top(t) == "torch"]
+    assert bad == []
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layers_never_import_upward(layer):
+    bad = [f"{m} imports {t}" for m, ts in GRAPH.items() if in_layer(m, layer) for t in ts
+           for f in FORBIDDEN[layer] if in_layer(t, f) or (f == "pulumi" and top(t).startswith("pulumi")
+                                                             and top(t) != "pulumi_policy")]
+    assert bad == [], "\n".join(sorted(bad))
+
+
+def test_the_settings_loader_imports_no_layer_below_it():
+    bad = [t for t in GRAPH["infra.settings"] if any(in_layer(t, p) for p in ("infra.aws", "infra.gcp", "infra.k8s"))]
+    assert bad == []
+
+
+def test_the_kubernetes_layer_imports_no_cloud_and_no_catalog():
+    bad = [f"{m} imports {t}" for m, ts in GRAPH.items() if in_layer(m, "infra.k8s") for t in ts
+           if in_layer(t, "infra.aws") or in_layer(t, "infra.gcp") or in_layer(t, "gpu_train.spec.catalog")
+           or top(t) in ("pulumi_aws", "pulumi_gcp")]
+    assert bad == [], "\n".join(sorted(bad))
+
+
+CLOUD_WORDS = ("aws", "gcp", "eks", "gke", "efa", "tcpx", "tcpxo", "rdma", "karpenter", "node-pool", "node-group")
+
+
+def test_the_kubernetes_layer_compares_nothing_with_a_cloud():
+    """No `x == "aws"`, `kind in ("efa", ...)` or `provisioner == "node-pool"` in infra/k8s: what differs between
+    clouds comes in the platform contract's fields (node add-ons, pod environment, log store)."""
+    bad = []
+    for name, path in modules().items():
+        if not in_layer(name, "infra.k8s"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                for side in [node.left, *node.comparators]:
+                    values = [side] + (list(side.elts) if isinstance(side, ast.Tuple | ast.List | ast.Set) else [])
+                    for v in values:
+                        if isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value.lower() in CLOUD_WORDS:
+                            bad.append(f"{name}:{node.lineno} compares with {v.value!r}")
+    assert bad == [], "\n".join(bad)
+
+
+def test_no_import_cycle_between_modules():
+    edges = {m: {t for t in ts if t in MODULES and t != m} for m, ts in GRAPH.items()}
+    # A package's __init__ importing its own submodules is how Python packages are built, not a cycle in the
+    # design: leave those edges out.
+    edges = {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in edges.items()}
+    seen: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        seen[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if seen.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in seen:
+                visit(nxt)
+        stack.pop()
+        seen[node] = 2
+
+    for node in sorted(edges):
+        if node not in seen:
+            visit(node)
+    assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_graph_is_read_from_the_code():
+    """The checks above would pass on an empty graph: prove the reader sees the project's imports."""
+    assert "gpu_train.spec.naming" in GRAPH["infra.k8s.tenancy"]
+    assert "gpu_train.jobs.jobset" in GRAPH["infra.k8s.training"]
+    assert any(top(t) == "torch" for t in GRAPH["trainer.model"])
+    assert any(top(t) == "pulumi" for t in GRAPH["infra.k8s.gpu"])
