@@ -1,14 +1,15 @@
 """Fixtures for the AWS layer tests.
 
 `plans` is the session's plans of the aws-* stacks (each planned once per session, by tests/conftest.py).
-`stack_cfg(pools)` builds a validated AWS StackSettings for component tests.
+`stack_cfg(pools)` builds an AWS StackSettings, checked as the program checks it, for component tests.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from infra import config
+from gpu_train.spec.settings import StackSettings, parse
+from infra import clouds
 from tests.conftest import STACKS
 
 AWS_STACKS = [s for s in STACKS if s.startswith("aws-")]
@@ -20,7 +21,7 @@ def plans(plans) -> dict[str, dict]:
     return {s: p for s, p in plans.items() if s in AWS_STACKS}
 
 
-def stack_cfg(pools: list[dict], environment: str = "prod", nat: str = "per-zone") -> config.StackSettings:
+def stack_cfg(pools: list[dict], environment: str = "prod", nat: str = "per-zone") -> StackSettings:
     raw = {
         "gpu-train:cloud": "aws", "gpu-train:environment": environment, "gpu-train:region": "us-west-2",
         "gpu-train:zones": ["us-west-2a", "us-west-2b"],
@@ -31,4 +32,6 @@ def stack_cfg(pools: list[dict], environment: str = "prod", nat: str = "per-zone
         "gpu-train:teams": [{"name": "vision", "gpuQuota": 8}],
         "gpu-train:limits": {"maxGpus": 512},
     }
-    return config.parse(raw, stack="aws-test")
+    cfg = parse(raw, stack="aws-test")
+    clouds.require_valid(cfg)  # and the cloud's own rules, as the program checks before any resource
+    return cfg

@@ -1,14 +1,15 @@
 """Fixtures for the GCP layer tests.
 
 `plans` is the session's plans of the gcp-* stacks (each planned once per session, by tests/conftest.py).
-`stack_cfg(...)` builds a validated StackSettings with chosen GPU pools for component tests.
+`stack_cfg(...)` builds a StackSettings, checked as the program checks it, with chosen GPU pools for component tests.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from infra import config
+from gpu_train.spec.settings import StackSettings, parse
+from infra import clouds
 from tests.conftest import STACKS
 
 GCP_STACKS = [s for s in STACKS if s.startswith("gcp-")]
@@ -20,7 +21,7 @@ def plans(plans) -> dict[str, dict]:
     return {s: p for s, p in plans.items() if s in GCP_STACKS}
 
 
-def stack_cfg(pools: list[dict], environment: str = "prod", regional: bool = True) -> config.StackSettings:
+def stack_cfg(pools: list[dict], environment: str = "prod", regional: bool = True) -> StackSettings:
     raw = {
         "gpu-train:cloud": "gcp", "gpu-train:environment": environment, "gpu-train:project": "acme-ml-test",
         "gpu-train:region": "us-central1", "gpu-train:zones": ["us-central1-a", "us-central1-b"],
@@ -31,7 +32,9 @@ def stack_cfg(pools: list[dict], environment: str = "prod", regional: bool = Tru
         "gpu-train:teams": [{"name": "research", "gpuQuota": 1}],
         "gpu-train:limits": {"maxGpus": 512},
     }
-    return config.parse(raw, stack="gcp-test")
+    cfg = parse(raw, stack="gcp-test")
+    clouds.require_valid(cfg)  # and the cloud's own rules, as the program checks before any resource
+    return cfg
 
 
 def fabric_pool(name: str, machine_type: str, capacity: str = "spot", zone: str = "us-central1-a") -> dict:

@@ -1,5 +1,6 @@
-"""Test harness: a hand-built ClusterPlatform per cloud and a runner that builds the Kubernetes layer
-under Pulumi mocks, recording every registered resource like the plan tool does.
+"""Test harness: a ClusterPlatform per cloud, its GPU nodes described by the cloud layer's own pure functions, and
+a runner that builds the Kubernetes layer under Pulumi mocks, recording every registered resource like the plan
+tool does.
 
 Usage: `records = build_layer("aws-prod")` -> list of {"type","name","parent","inputs"};
 `fake_platform(cfg)` for a platform that looks like what infra/aws or infra/gcp return.
@@ -16,17 +17,14 @@ import pulumi_kubernetes as k8s
 import yaml
 from pulumi.runtime import mocks as runtime_mocks
 
-from infra import config, naming
-from infra.aws.catalog import CATALOG as EC2
-from infra.gcp.catalog import CATALOG as GCE
+from gpu_train.spec import naming
+from gpu_train.spec.settings import StackSettings, parse
 from infra.mocks import MockContext, PlanMocks
 from infra.plan import _plain, kubernetes_objects, redact
 from infra.platform import (
     Buckets,
     ClusterPlatform,
     EgressTarget,
-    Fabric,
-    GpuPool,
     Registry,
     StorageClassSpec,
     WorkloadIdentity,
@@ -36,37 +34,44 @@ ROOT = Path(__file__).resolve().parents[3]
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
 
 
-def load_stack(stack: str) -> config.StackSettings:
+def load_stack(stack: str) -> StackSettings:
+    """A stack's settings, checked as the program checks them before any resource (infra/clouds.py)."""
+    from infra import clouds
+
     raw = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
-    return config.parse(raw, stack)
+    cfg = parse(raw, stack)
+    clouds.require_valid(cfg)
+    return cfg
 
 
-def _fabric(cfg: config.StackSettings, pool: config.GpuPoolSettings) -> Fabric:
-    if not pool.fabric:
-        return Fabric(kind="none")
+def cloud_parts(cfg: StackSettings) -> dict[str, Any]:
+    """What the cloud layer's pure functions say about the stack's GPU nodes, as build_platform hands it over:
+    the pools as jobs see them, the node add-ons, the NVMe root and the pods' environment. GKE's fabric network
+    objects name their VPCs and subnets by Outputs, as the real layer's do (must run with mocks set)."""
     if cfg.cloud == "aws":
-        return Fabric(kind="efa", resources={"vpc.amazonaws.com/efa": EC2[pool.instance_type].network_cards},
-                      nccl_env={"FI_PROVIDER": "efa"})
-    kind = GCE[pool.instance_type].fabric
-    networks = [{"name": f"{pool.zone}-gpu-nic-{i}", "vpc": pulumi.Output.from_input(f"fabric-vpc-{i}"),
-                 "subnet": pulumi.Output.from_input(f"fabric-subnet-{i}"),
-                 "deviceMode": "RDMA" if kind == "rdma" else "NetDevice"} for i in range(8)]
-    return Fabric(kind=kind, networks=networks)
+        from infra.aws import node_addons as aws
+        from infra.aws.gpu_nodes import NVME_HOST_PATH
+
+        pools = aws.gpu_pools(cfg)
+        return {"gpu_pools": pools, "node_addons": aws.node_addons(pools), "nvme_host_path": NVME_HOST_PATH,
+                "pod_env": {"AWS_REGION": cfg.region}}
+    from infra.gcp import NVME_HOST_PATH
+    from infra.gcp import node_addons as gcp
+    from infra.gcp.network import fabric_sets
+
+    sets = fabric_sets(cfg) if any(p.fabric for p in cfg.gpu_pools) else {}
+    names = {n: pulumi.Output.from_input(n) for fset in sets.values() for vpc, sub in fset.nics()
+             for n in (vpc.name, sub.name)}
+    return {"gpu_pools": gcp.gpu_pools(cfg), "node_addons": gcp.node_addons(cfg, names),
+            "nvme_host_path": NVME_HOST_PATH, "pod_env": {}}
 
 
-def fake_platform(cfg: config.StackSettings) -> ClusterPlatform:
-    """A platform like the cloud layers build (must run with mocks set)."""
+def fake_platform(cfg: StackSettings) -> ClusterPlatform:
+    """A platform like the cloud layers build (must run with mocks set): the GPU nodes from the cloud layer's own
+    pure functions (cloud_parts), the cloud resources' values made up."""
     aws = cfg.cloud == "aws"
     provider = k8s.Provider("k8s", kubeconfig="apiVersion: v1\nkind: Config\n")
-    pools = []
-    for pool in cfg.gpu_pools:
-        spec = (EC2 if aws else GCE)[pool.instance_type]
-        fabric = _fabric(cfg, pool)
-        pools.append(GpuPool(
-            name=pool.name, instance_type=pool.instance_type, capacity=pool.capacity, gpu_type=spec.gpu_type,
-            gpus_per_node=spec.gpus, min_nodes=pool.min_nodes, max_nodes=pool.max_nodes, zone=pool.zone,
-            node_selector={naming.POOL_LABEL: pool.name}, tolerations=[dict(naming.GPU_TAINT)],
-            fabric=fabric, provisioner="karpenter" if aws else "node-pool"))
+
     def bucket(p):
         return (pulumi.Output.from_input(f"{'s3' if aws else 'gs'}://gpu-train-{cfg.stack}-{p}"))
     identities: dict[str, WorkloadIdentity] = {
@@ -83,10 +88,8 @@ def fake_platform(cfg: config.StackSettings) -> ClusterPlatform:
     return ClusterPlatform(
         cloud=cfg.cloud, region=cfg.region, cluster_name=pulumi.Output.from_input(f"gpu-train-{cfg.stack}"),
         kubernetes_version=cfg.cluster.kubernetes_version, provider=provider,
-        kubeconfig=pulumi.Output.secret("kubeconfig"), gpu_pools=pools,
+        kubeconfig=pulumi.Output.secret("kubeconfig"),
         system_node_selector={naming.SYSTEM_LABEL: "true"},
-        nvme_host_path="/mnt/k8s-disks/0" if aws else "/mnt/stateful_partition/kube-ephemeral-ssd/nvme",
-        nvme_setup="bootstrap" if aws else "daemonset",
         buckets=Buckets(datasets=bucket("datasets"), checkpoints=bucket("checkpoints"), artifacts=bucket("artifacts")),
         object_store_endpoint="https://s3.us-east-1.amazonaws.com" if aws else "https://storage.googleapis.com",
         object_store_cidrs=["52.216.0.0/15", "3.5.0.0/19"] if aws else ["199.36.153.8/30"],
@@ -105,6 +108,7 @@ def fake_platform(cfg: config.StackSettings) -> ClusterPlatform:
         else {"networking.gke.io/load-balancer-type": "Internal"},
         workload_identity_egress=[EgressTarget("169.254.170.23/32", 80)] if aws
         else [EgressTarget("169.254.169.254/32", 80), EgressTarget("169.254.169.252/32", 988)],
+        **cloud_parts(cfg),
     )
 
 
@@ -123,9 +127,9 @@ class _Recorder(runtime_mocks.MockMonitor):
         return response
 
 
-def build_layer(stack: str, mutate=None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def build_layer(stack: str, mutate=None, edit_platform=None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Build the layer for a stack under mocks; returns (records, resolved layer fields).
-    `mutate(cfg) -> cfg` changes the settings first."""
+    `mutate(cfg) -> cfg` changes the settings first; `edit_platform(platform) -> platform` the platform."""
     from pulumi.runtime.sync_await import _sync_await
 
     from infra.k8s import build_kubernetes
@@ -142,7 +146,10 @@ def build_layer(stack: str, mutate=None) -> tuple[list[dict[str, Any]], dict[str
     fields: dict[str, Any] = {}
 
     def program():
-        layer = build_kubernetes(fake_platform(cfg), cfg)
+        platform = fake_platform(cfg)
+        if edit_platform is not None:
+            platform = edit_platform(platform)
+        layer = build_kubernetes(platform, cfg)
         fields["layer"] = layer
 
     from pulumi.runtime.stack import run_pulumi_func

@@ -16,26 +16,30 @@ import re
 import pytest
 
 from gpu_train.spec import naming
+from gpu_train.spec.contract import Fabric, GpuPool
 from gpu_train.spec.settings import HealthSettings
+from infra.aws import node_addons as aws_addons
+from infra.gcp import node_addons as gcp_addons
 from infra.k8s import common, health, monitoring
-from infra.platform import Fabric, GpuPool
-from infra.validation import crd, helm
+from infra.platform import FabricProbe
 from policies import pods
+from tests.infra.aws.conftest import stack_cfg as aws_stack
+from tests.infra.gcp.conftest import fabric_pool
+from tests.infra.gcp.conftest import stack_cfg as gcp_stack
 from tests.infra.k8s.harness import STACKS, build_layer, load_stack, objects, of_kind, releases
+from tools.validation import crd, helm
 
 
-def _pool(name="h100", gpus=8, fabric=Fabric(kind="none"), provisioner="karpenter") -> GpuPool:
+def _pool(name="h100", gpus=8, fabric=Fabric(kind="none")) -> GpuPool:
     return GpuPool(name=name, instance_type="p5.48xlarge", capacity="spot", gpu_type="H100", gpus_per_node=gpus,
                    min_nodes=0, max_nodes=2, zone="", node_selector={naming.POOL_LABEL: name},
-                   tolerations=[dict(naming.GPU_TAINT)], fabric=fabric, provisioner=provisioner)
+                   tolerations=naming.gpu_tolerations(), fabric=fabric, provisioner="karpenter")
 
 
 EFA = Fabric(kind="efa", resources={"vpc.amazonaws.com/efa": 32})
-TCPXO = Fabric(kind="tcpxo", networks=[{"name": f"n{i}", "vpc": "v", "subnet": "s", "deviceMode": "NetDevice"}
-                                       for i in range(8)])
-# A3 Ultra: one extra gVNIC network and eight RDMA networks (infra/gcp/catalog.py a3-ultragpu-8g).
-RDMA = Fabric(kind="rdma", networks=[{"name": "g", "vpc": "v", "subnet": "s", "deviceMode": "NetDevice"}] + [
-    {"name": f"r{i}", "vpc": "v", "subnet": "s", "deviceMode": "RDMA"} for i in range(8)])
+# Where GKE's driver installer puts the NVIDIA binaries and libraries on the host
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/gpus#cuda).
+GKE_DRIVER_DIR = "/home/kubernetes/bin/nvidia"
 
 
 def _npd_matches(pattern: str, lines: list[str]) -> bool:
@@ -157,20 +161,41 @@ def test_the_crd_refuses_broken_rules():
     assert len(keys) == len(set(keys))
 
 
-def test_fabric_expectations_come_from_the_contract():
-    assert health.fabric_expectation(Fabric(kind="none")) == ("none", 0)
-    assert health.fabric_expectation(EFA) == ("efa", 32)
-    assert health.fabric_expectation(TCPXO) == ("gvnic", 9)  # eight GPU NICs and the primary
-    assert health.fabric_expectation(RDMA) == ("mlx", 8)
-    for broken in (Fabric(kind="efa"), Fabric(kind="tcpx"), Fabric(kind="rdma", networks=TCPXO.networks)):
-        with pytest.raises(ValueError):
-            health.fabric_expectation(broken)
-    assert health.pool_expectations([_pool("x", gpus=4, fabric=EFA)]) == {
-        "x": {"gpus": 4, "fabricProbe": "efa", "fabricDevices": 32}}
+def _probe(pool: dict, stack) -> FabricProbe:
+    cfg = stack([pool])
+    if cfg.cloud == "aws":
+        return aws_addons.node_addons(aws_addons.gpu_pools(cfg)).fabric_probes[pool["name"]]
+    return gcp_addons.node_addons(cfg, {}).fabric_probes[pool["name"]]
 
 
-def _daemonset(pools) -> dict:
-    manifest = health.preflight_daemonset(pools, common.GPU_NAMESPACE, diag_level=1)
+def test_fabric_expectations_come_from_the_cloud_layer():
+    """What the pre-flight check counts on a healthy node, as each cloud layer describes its pools: EFA, the
+    `vpc.amazonaws.com/efa` devices of a p5.48xlarge (32, one per network card); GPUDirect-TCPXO (A3 Mega), one
+    gVNIC per fabric network (8) plus the node's primary; RDMA (A3 Ultra), one ConnectX NIC per RDMA network (8;
+    its extra gVNIC network is not GPU traffic); no fabric, nothing."""
+    p5 = {"name": "h100", "instanceType": "p5.48xlarge", "capacity": "on-demand", "maxNodes": 2}
+    assert _probe({**p5, "fabric": True, "zone": "us-west-2a"}, aws_stack) == FabricProbe(probe="efa", devices=32)
+    assert _probe(p5, aws_stack) == FabricProbe(probe="none", devices=0)
+    assert _probe(fabric_pool("mega", "a3-megagpu-8g"), gcp_stack) == FabricProbe(probe="gvnic", devices=9)
+    assert _probe(fabric_pool("ultra", "a3-ultragpu-8g", capacity="reservation"), gcp_stack) == FabricProbe(
+        probe="mlx", devices=8)
+    l4 = {"name": "l4", "instanceType": "g2-standard-8", "capacity": "spot", "maxNodes": 2}
+    assert _probe(l4, gcp_stack) == FabricProbe(probe="none", devices=0)
+
+
+def test_pool_expectations_hand_each_pool_its_probe():
+    probes = {"x": FabricProbe(probe="efa", devices=32)}
+    assert health.pool_expectations([_pool("x", gpus=4, fabric=EFA), _pool("y")], probes) == {
+        "x": {"gpus": 4, "fabricProbe": "efa", "fabricDevices": 32},
+        "y": {"gpus": 8, "fabricProbe": "none", "fabricDevices": 0}}
+    # A fabric probe that expects no devices would pass every node: refused.
+    with pytest.raises(ValueError, match="pool 'x'"):
+        health.pool_expectations([_pool("x", fabric=EFA)], {"x": FabricProbe(probe="efa", devices=0)})
+
+
+def _daemonset(pools, driver_host_path: str = "") -> dict:
+    manifest = health.preflight_daemonset(pools, common.GPU_NAMESPACE, diag_level=1,
+                                          driver_host_path=driver_host_path)
     return {"apiVersion": "apps/v1", "kind": "DaemonSet", **manifest}
 
 
@@ -195,9 +220,14 @@ def test_preflight_daemonset_reports_every_checked_condition_from_its_server():
 
 
 def test_gke_nodes_get_the_driver_tools_read_only():
-    ds = _daemonset([_pool(provisioner="node-pool")])
+    # The driver's host directory is the cloud layer's knowledge: GKE's, and none on EKS (the container runtime
+    # injects the driver there).
+    assert gcp_addons.node_addons(gcp_stack([fabric_pool("mega", "a3-megagpu-8g")]), {}).driver_host_path == \
+        GKE_DRIVER_DIR
+    assert aws_addons.node_addons([_pool()]).driver_host_path == ""
+    ds = _daemonset([_pool()], driver_host_path=GKE_DRIVER_DIR)
     spec = ds["spec"]["template"]["spec"]
-    assert {"name": "nvidia", "hostPath": {"path": "/home/kubernetes/bin/nvidia", "type": "Directory"}} in spec["volumes"]
+    assert {"name": "nvidia", "hostPath": {"path": GKE_DRIVER_DIR, "type": "Directory"}} in spec["volumes"]
     check = spec["containers"][0]
     assert {"name": "nvidia", "mountPath": "/usr/local/nvidia", "readOnly": True} in check["volumeMounts"]
     env = {e["name"]: e["value"] for e in check["env"]}
@@ -205,9 +235,9 @@ def test_gke_nodes_get_the_driver_tools_read_only():
     assert not any(v.get("hostPath") for v in _daemonset([_pool()])["spec"]["template"]["spec"]["volumes"])
 
 
-@pytest.mark.parametrize("provisioner", ["karpenter", "node-pool"])
-def test_the_policy_pack_exempts_exactly_this_daemonset(provisioner):
-    ds = _daemonset([_pool(provisioner=provisioner)])
+@pytest.mark.parametrize("driver_host_path", ["", GKE_DRIVER_DIR])
+def test_the_policy_pack_exempts_exactly_this_daemonset(driver_host_path):
+    ds = _daemonset([_pool()], driver_host_path)
     assert pods.host_isolation_problems(ds) == [] and pods.non_root_problems(ds) == []
     renamed = copy.deepcopy(ds)
     renamed["metadata"]["name"] = "other-agent"
@@ -264,7 +294,9 @@ def test_every_stack_gets_the_health_components(layers, stack):
 
 
 def test_settings_reach_the_layer_and_off_means_nothing():
-    off = dataclasses.replace
+    def off(cfg, health):
+        return cfg.model_copy(update={"health": health})
+
     records, _ = build_layer("aws-dev", lambda cfg: off(cfg, health=HealthSettings(
         remediation=False, preflight=False, xid_codes=(79,))))
     rules = of_kind(records, "NodeReadinessRule")

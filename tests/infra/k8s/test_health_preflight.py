@@ -196,7 +196,7 @@ def test_no_expectations_fails_every_check_with_the_reason(node):
 
 
 def test_expectations_name_the_problem_when_the_node_cannot_be_matched():
-    pools = health.pool_expectations([_pool("p")])
+    pools = health.pool_expectations([_pool("p")], {})
     assert preflight_server.expectations_env(pools, "p", "n1") == (
         "EXPECTED_GPUS=8\nFABRIC_PROBE=none\nEXPECTED_FABRIC=0\n")
     assert "has no gpu-train.io/pool label" in preflight_server.expectations_env(pools, None, "n1")

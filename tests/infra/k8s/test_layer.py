@@ -1,5 +1,5 @@
 """Component tests: the whole Kubernetes layer built under Pulumi mocks for every stack's settings on
-a hand-built platform (tests/infra/k8s/harness.py), checked resource by resource.
+a platform whose GPU nodes the cloud layer describes (tests/infra/k8s/harness.py), checked resource by resource.
 
 Usage: .venv/bin/pytest tests/infra/k8s/test_layer.py -q
 """
@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 
 from gpu_train.spec import naming
+from infra import clouds
 from infra.k8s import cache, common, gpu, health, monitoring, tenancy
 from tests.infra.k8s.checks import containers_without_resources, cr_problems
 from tests.infra.k8s.harness import STACKS, build_layer, load_stack, objects, of_kind, releases
@@ -126,7 +127,7 @@ def test_trainer_and_cache_service_accounts_carry_the_platform_identity(layers, 
 def test_page_store_uses_the_platform_nvme_path(layers, stack):
     records, _ = layers[stack]
     cfg = load_stack(stack)
-    path = "/mnt/k8s-disks/0" if cfg.cloud == "aws" else "/mnt/stateful_partition/kube-ephemeral-ssd/nvme"
+    path = clouds.layer(cfg.cloud).NVME_HOST_PATH
     values = releases(records)["alluxio"]["values"]
     assert values["properties"]["alluxio.worker.page.store.dirs"] == cache.page_store_path(path)
     (level,) = values["tieredstore"]["levels"]  # the chart's hostPath mount of the page store
@@ -187,8 +188,8 @@ def test_layer_outputs(layers, stack):
 
 
 def test_disabled_cache_leaves_no_alluxio_and_no_cache_egress():
-    records, fields = build_layer("aws-dev", lambda cfg: dataclasses.replace(
-        cfg, cache=dataclasses.replace(cfg.cache, enabled=False)))
+    records, fields = build_layer("aws-dev", lambda cfg: cfg.model_copy(
+        update={"cache": cfg.cache.model_copy(update={"enabled": False})}))
     assert fields["layer"].cache_endpoint == ""
     assert "alluxio" not in releases(records)
     assert not [o for o in of_kind(records, "NetworkPolicy") if o["metadata"]["name"] == "allow-cache"]
@@ -207,3 +208,17 @@ def test_missing_identity_is_an_error_naming_the_key(monkeypatch):
     monkeypatch.setattr(harness, "fake_platform", without_cache_identity)
     with pytest.raises(Exception, match="platform.identities has no 'cache' entry"):
         build_layer("gcp-dev")
+
+
+@pytest.mark.parametrize("stack", ["aws-prod", "gcp-prod"])
+def test_the_layer_installs_what_the_platform_describes_whatever_the_cloud(stack):
+    """The Kubernetes layer never asks which cloud it is on: given the same platform (pools, node add-ons, NVMe
+    root), a platform that names the other cloud builds exactly the same resources."""
+    other = "gcp" if stack.startswith("aws") else "aws"
+
+    def resources(records):
+        return {r["urn"]: (r["type"], r["inputs"]) for r in records if r["type"] != "pulumi:pulumi:Stack"}
+
+    same, _ = build_layer(stack)
+    swapped, _ = build_layer(stack, edit_platform=lambda p: dataclasses.replace(p, cloud=other))
+    assert resources(swapped) == resources(same)
