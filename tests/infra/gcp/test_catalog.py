@@ -1,10 +1,12 @@
-"""Catalog and fabric-layout tests (pure, no mocks): `pytest tests/infra/gcp/test_catalog.py`."""
+"""Fabric layouts of the catalog's machine types (infra/gcp/network.py; pure, no mocks):
+`pytest tests/infra/gcp/test_catalog.py`. The catalog's own entries: tests/gpu_train/spec/test_catalog.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from infra.gcp.catalog import CATALOG, fabric_nic_count, fabric_vpcs, machine_spec
+from gpu_train.spec.catalog.gcp import CATALOG, machine_spec
+from infra.gcp.network import fabric_nic_count, fabric_vpcs
 
 # Expected layouts as Google documents them: the GPUDirect-TCPX/TCPXO guide (4 / 8 gVNIC VPCs,
 # MTU 8244), the AI Hypercomputer custom GKE guide for A3 Ultra and A4 (1 gVNIC VPC + 1 RoCE VPC
@@ -35,17 +37,3 @@ def test_machines_without_fabric_have_no_fabric_vpcs():
         if spec.fabric == "none":
             assert fabric_vpcs(name) == ()
             assert spec.local_ssds >= 1
-
-
-@pytest.mark.parametrize(("machine", "disk"), [
-    # A3 Ultra and A4 take Hyperdisk only; the other GPU series boot from Persistent Disk.
-    ("a3-ultragpu-8g", "hyperdisk-balanced"), ("a4-highgpu-8g", "hyperdisk-balanced"),
-    ("a3-highgpu-8g", "pd-ssd"), ("a3-megagpu-8g", "pd-ssd"), ("g2-standard-8", "pd-balanced"),
-])
-def test_boot_disk_type_is_one_the_series_supports(machine, disk):
-    assert machine_spec(machine).boot_disk == disk
-
-
-def test_unknown_machine_type_names_it():
-    with pytest.raises(KeyError, match="a9-nope.*known: "):
-        machine_spec("a9-nope")

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import json
 
 import pytest
 
-from infra import config, naming
-from infra.gcp import cluster, fabric, gpu_pools, identity, keys, network, registry, services, storage
+from gpu_train.spec import naming
+from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.settings import NetworkSettings, TeamSettings
+from infra.gcp import (
+    cluster,
+    fabric,
+    gpu_pools,
+    identity,
+    keys,
+    network,
+    node_addons,
+    registry,
+    services,
+    storage,
+)
 from tests.infra.gcp.conftest import fabric_pool, stack_cfg
 
 L4 = {"name": "l4", "instanceType": "g2-standard-8", "capacity": "spot", "maxNodes": 2}
@@ -36,7 +48,7 @@ def test_fabric_sets_share_by_kind_and_split_rdma_by_zone():
 
 def test_fabric_subnets_skip_configured_ranges():
     cfg = stack_cfg([fabric_pool("mega", "a3-megagpu-8g")])
-    cfg = cfg.__class__(**{**cfg.__dict__, "network": cfg.network.__class__(
+    cfg = cfg.model_copy(update={"network": NetworkSettings(
         vpc_cidr="192.168.0.0/22", pod_cidr="10.12.0.0/14", service_cidr="10.16.0.0/20")})
     subnets = [ipaddress.IPv4Network(s.cidr) for _, s in network.fabric_sets(cfg)["tcpxo"].nics()]
     assert not any(s.overlaps(ipaddress.IPv4Network("192.168.0.0/22")) for s in subnets)
@@ -59,15 +71,21 @@ def test_roce_profile_and_nat_logging():
     ("a3-highgpu-8g", "tcpx", 4), ("a3-megagpu-8g", "tcpxo", 8), ("a3-ultragpu-8g", "rdma", 9)])
 def test_fabric_contract_per_machine(machine, kind, nics):
     cfg = stack_cfg([fabric_pool("p", machine)])
-    fset = network.fabric_sets(cfg)[network.pool_fabric_key(cfg.gpu_pools[0])]
+    sets = network.fabric_sets(cfg)
+    fset = sets[network.pool_fabric_key(cfg.gpu_pools[0])]
     fab = fabric.fabric_contract(fset, machine)
     assert fab.kind == kind and fab.resources == {}
     assert fab.annotations["networking.gke.io/default-interface"] == "eth0"
     interfaces = json.loads(fab.annotations["networking.gke.io/interfaces"])
     assert interfaces[0] == {"interfaceName": "eth0", "network": "default"}
-    assert [i["network"] for i in interfaces[1:]] == [n["name"] for n in fab.networks]
-    assert len(fab.networks) == nics
-    modes = [n["deviceMode"] for n in fab.networks]
+    # The pod's fabric interfaces name exactly the Network objects the layer hands the Kubernetes layer, one per
+    # fabric NIC, in NIC order.
+    objects = node_addons.network_objects(sets, {})
+    params = {o["metadata"]["name"]: o["spec"] for o in objects if o["kind"] == "GKENetworkParamSet"}
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Network"] == list(params)
+    assert [i["network"] for i in interfaces[1:]] == list(params)
+    assert [i["interfaceName"] for i in interfaces[1:]] == [f"eth{i}" for i in range(1, nics + 1)]
+    modes = [spec["deviceMode"] for spec in params.values()]
     if kind == "rdma":
         assert modes == ["NetDevice"] + ["RDMA"] * 8
         assert fab.nccl_env["NCCL_NET"] == "gIB" and fab.sidecars == []
@@ -144,22 +162,22 @@ def test_keys_storage_registry_cluster_helpers():
 
 
 def _with_teams(cfg, *teams):
-    return dataclasses.replace(cfg, teams=tuple(teams))
+    return cfg.model_copy(update={"teams": tuple(teams)})
 
 
 def test_rbac_security_group_comes_from_the_team_groups_domain():
     cfg = stack_cfg([L4])
     assert cluster.rbac_security_group(cfg) is None  # the test stack's team names no group
-    team = config.TeamSettings(name="research", gpu_quota=1, submitters=("ml-research@corp.example.org",),
+    team = TeamSettings(name="research", gpu_quota=1, submitters=("ml-research@corp.example.org",),
                              viewers=("ML-Platform@Corp.Example.Org",))
     # https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac: one
     # gke-security-groups@<domain> group per cluster.
     assert cluster.rbac_security_group(_with_teams(cfg, team)) == "gke-security-groups@corp.example.org"
-    other = config.TeamSettings(name="applied", gpu_quota=1, viewers=("ml@other.example.net",))
-    with pytest.raises(config.ConfigError, match=r"several domains.*teams\[1\]\.viewers\[0\]"):
+    other = TeamSettings(name="applied", gpu_quota=1, viewers=("ml@other.example.net",))
+    with pytest.raises(SettingsError, match=r"several domains.*teams\[1\]\.viewers\[0\]"):
         cluster.rbac_security_group(_with_teams(cfg, team, other))
-    bare = config.TeamSettings(name="x", gpu_quota=1, submitters=("ml-research",))
-    with pytest.raises(config.ConfigError, match=r"gpu-train:teams\[0\]\.submitters\[0\] must be a Google group"):
+    bare = TeamSettings(name="x", gpu_quota=1, submitters=("ml-research",))
+    with pytest.raises(SettingsError, match=r"gpu-train:teams\[0\]\.submitters\[0\] must be a Google group"):
         cluster.rbac_security_group(_with_teams(cfg, bare))
 
 
@@ -181,7 +199,7 @@ def test_required_apis_follow_the_features():
                 "iamcredentials.googleapis.com", "cloudresourcemanager.googleapis.com", "dns.googleapis.com"):
         assert api in apis
     assert "sqladmin.googleapis.com" not in apis
-    managed = dataclasses.replace(dev, mlflow=dataclasses.replace(dev.mlflow, enabled=True, database="managed"))
+    managed = dev.model_copy(update={"mlflow": dev.mlflow.model_copy(update={"enabled": True, "database": "managed"})})
     assert {"sqladmin.googleapis.com", "servicenetworking.googleapis.com"} <= set(services.required_apis(managed))
     assert list(apis) == sorted(set(apis))
 
