@@ -81,7 +81,7 @@ bench: setup
 # Chart and CRD snapshots the offline checks use (docs/validation.md): helm pull at every pinned version,
 # what each chart renders for every stack's plan, the repositories' indexes, the CRD files at their tags.
 schemas: plans
-	$(BIN)/python -m infra.validation.refresh
+	$(BIN)/python -m tools.validation.refresh
 
 clean:
 	rm -rf build runs .pytest_cache .ruff_cache

@@ -9,7 +9,7 @@ whose workers support the paged block store (`alluxio.worker.block.store.type=PA
 proxy serves the S3 REST API at /api/v1/s3 (https://docs.alluxio.io/os/user/2.9.5/en/api/S3-API.html).
 
 What this chart offers, and so how the values are shaped (checked against its snapshot in
-tests/schemas/charts by tests/infra/validation):
+tests/schemas/charts by tests/tools/validation):
 - The page store lives on the node's NVMe through the chart's only host-storage option, a
   `tieredstore.levels[]` entry of `type: hostPath` (the chart mounts `path` from the host at the same
   path; `extraVolumes` would silently become an emptyDir). The page-store properties point at it.

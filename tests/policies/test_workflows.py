@@ -147,11 +147,11 @@ def test_deploy_updates_dev_then_prod_behind_an_approval_environment():
 
 
 def test_only_stacks_marked_for_deployment_are_previewed_or_deployed():
-    from infra import config
+    from tools import deploy_matrix
 
     marked = sorted(s for s in STACKS if (yaml.safe_load((ROOT / "stacks" / f"Pulumi.{s}.yaml").read_text())
                                           ["config"].get("gpu-train:deploy") is True))
-    found = config.deploy_matrix(ROOT / "stacks")
+    found = deploy_matrix.deploy_matrix(ROOT / "stacks")
     assert sorted(e["stack"] for e in found["nonprod"] + found["prod"]) == marked
 
 

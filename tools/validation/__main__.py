@@ -1,12 +1,12 @@
 """Check plans against the charts and CRDs at the pinned versions, offline.
 
 Usage:
-    python -m infra.validation build/plan/*.json        # after `make plans`
-    python -m infra.validation build/plan/aws-dev.json --verbose
+    python -m tools.validation build/plan/*.json        # after `make plans`
+    python -m tools.validation build/plan/aws-dev.json --verbose
 
 Prints every problem (Helm values against the chart snapshot, custom resources against their CRD
 snapshot, pods their namespace's Pod Security level or the team namespaces' admission policies refuse:
-infra/validation/admission.py), then what was not checked offline (unverified chart repositories, CEL rules that need
+tools/validation/admission.py), then what was not checked offline (unverified chart repositories, CEL rules that need
 Kubernetes' own CEL libraries or an old object), and exits 1 when there is any problem.
 """
 
@@ -17,12 +17,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from infra.plan import read_plan_document
-from infra.validation import admission, crd, helm
+from policies.plan import read_plan_document
+from tools.validation import admission, crd, helm
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.validation", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.validation", description=__doc__.split("\n\n")[0])
     parser.add_argument("plans", type=Path, nargs="+", help="plan JSON files written by python -m infra.plan")
     parser.add_argument("--verbose", action="store_true", help="list every CEL rule not evaluated")
     args = parser.parse_args(argv)

@@ -2,23 +2,23 @@
 namespaces, the platform's own ValidatingAdmissionPolicies.
 
 Usage:
-    from infra.validation import admission
+    from tools.validation import admission
     result = admission.check_plan(plan)          # plan: the JSON `python -m infra.plan` writes
     result.problems                              # one line per refused pod: release/component, workload, field, level
     result.notes                                 # what was judged against a default (namespaces the plan does not create)
-    python -m infra.validation build/plan/*.json # runs it with the chart and CRD checks
+    python -m tools.validation build/plan/*.json # runs it with the chart and CRD checks
 
 Workloads come from two places. Those the program renders itself (typed DaemonSets, Deployments, Jobs, the
 JobSet, ... in the plan) are judged from the plan directly. A Helm release's workloads are read from its
 chart's snapshot (tests/schemas/charts/<chart>-<version>.json, `pods`: what `helm template` rendered for the
-same shape of values, recorded by `make schemas`, infra/validation/chart_pods.py); a release whose values'
+same shape of values, recorded by `make schemas`, tools/validation/chart_pods.py); a release whose values'
 shape has no recorded render fails, naming the keys that differ, until `make schemas` records it.
 
 A namespace's level is its `pod-security.kubernetes.io/enforce` label (and `enforce-version`, else the
 stack's Kubernetes version). A namespace the plan does not create (kube-system, one a release creates)
 carries no label, so the API server's default applies: `privileged` on EKS and GKE, which configure no
 cluster-wide Pod Security default (https://kubernetes.io/docs/concepts/security/pod-security-admission/).
-The pods are judged by infra.validation.pod_security (a port of k8s.io/pod-security-admission); the
+The pods are judged by tools.validation.pod_security (a port of k8s.io/pod-security-admission); the
 policies by evaluating their CEL with cel-python on each pod, as a Pod, and on each Job and JobSet as itself.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
-from infra.validation import chart_pods, helm, pod_security
+from tools.validation import chart_pods, helm, pod_security
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION = "pod-security.kubernetes.io/enforce-version"
@@ -70,7 +70,7 @@ class Result:
 
 
 def kube_version(stack: str, default: str = "1.33") -> str:
-    from infra.validation.releases import ROOT, stack_kube_version
+    from tools.validation.releases import ROOT, stack_kube_version
 
     if (ROOT / "stacks" / f"Pulumi.{stack}.yaml").is_file():
         return ".".join(stack_kube_version(stack).split(".")[:2])

@@ -1,16 +1,16 @@
 """Record what each pinned chart renders: its workloads, their namespaces and their pods' security needs.
 
 Usage (needs `helm`; `make schemas` runs it for every chart it pulls, with the plans `make plans` wrote):
-    python -m infra.validation.chart_pods CHART_DIR build/plan/*.json --snapshot tests/schemas/charts/<chart>-<version>.json
+    python -m tools.validation.chart_pods CHART_DIR build/plan/*.json --snapshot tests/schemas/charts/<chart>-<version>.json
 
 For every release of the plans that installs this chart at this version, it runs `helm template` on the
 unpacked chart (dependencies included) with exactly the values, release name and namespace the plan records,
 and keeps, per workload (Pod, Deployment, DaemonSet, StatefulSet, ReplicaSet, Job, CronJob), its kind, name,
 the template it came from, the namespace it is put in (null: the release's), the stacks it was rendered for
-and each pod's security skeleton (infra.validation.pod_security.skeleton: host namespaces, hostPath volumes, host ports,
+and each pod's security skeleton (tools.validation.pod_security.skeleton: host namespaces, hostPath volumes, host ports,
 capabilities, privileged, user, seccomp and the rest Pod Security reads). Renders are grouped by the shape
 of the values (`values_shape`) and written under `pods` in the chart's snapshot; the plan-time admission
-check (infra/validation/admission.py) reads them back for a release whose values have a recorded shape.
+check (tools/validation/admission.py) reads them back for a release whose values have a recorded shape.
 
 The shape of a values tree is every key path (list items as `[]`) with its value's type, except that
 booleans and the strings under keys in SHAPE_STRING_KEYS keep their value: those switch workloads and host
@@ -33,9 +33,9 @@ from typing import Any
 
 import yaml
 
-from infra.validation import helm, pod_security
+from tools.validation import helm, pod_security
 
-GENERATOR = "infra.validation.chart_pods/1"
+GENERATOR = "tools.validation.chart_pods/1"
 SHAPE_STRING_KEYS = frozenset({"namespace", "namespaceOverride", "type"})
 WORKLOAD_KINDS = frozenset(pod_security.TEMPLATE_PATHS) - {"JobSet"}
 
@@ -130,7 +130,7 @@ def record(chart_dir: Path, plans: Sequence[Mapping[str, Any]], kube_version: Ca
     """The `pods` section of a chart's snapshot: one entry per values shape, with the stacks that have it and
     the workloads the chart renders for them (`kube_version(stack)` gives the --kube-version). None when no
     plan installs this chart at this version."""
-    from infra.validation.releases import api_versions
+    from tools.validation.releases import api_versions
 
     meta = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
     found = plan_releases(plans, str(meta["name"]), str(meta["version"]))
@@ -155,7 +155,7 @@ def record(chart_dir: Path, plans: Sequence[Mapping[str, Any]], kube_version: Ca
 def kube_versions(default: str = "") -> Callable[[str], str]:
     """A stack's Kubernetes version from stacks/Pulumi.<stack>.yaml, or `default` for a stack without a file
     there (a variant planned from another file)."""
-    from infra.validation.releases import ROOT, stack_kube_version
+    from tools.validation.releases import ROOT, stack_kube_version
 
     def of(stack: str) -> str:
         if (ROOT / "stacks" / f"Pulumi.{stack}.yaml").is_file() or not default:
@@ -165,7 +165,7 @@ def kube_versions(default: str = "") -> Callable[[str], str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.validation.chart_pods", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.validation.chart_pods", description=__doc__.split("\n\n")[0])
     parser.add_argument("chart_dir", type=Path, help="an unpacked chart, dependencies under charts/")
     parser.add_argument("plans", type=Path, nargs="+", help="plan JSON files written by python -m infra.plan")
     parser.add_argument("--snapshot", type=Path, required=True, help="the chart's snapshot to write `pods` into")

@@ -1,7 +1,7 @@
 """Validate custom resources against their CRDs' structural schemas, the way the API server does.
 
 Usage:
-    from infra.validation import crd
+    from tools.validation import crd
     result = crd.validate(obj)            # one object (apiVersion, kind, metadata, spec, ...)
     result.problems                       # what the API server would reject or silently drop
     result.unevaluated                    # CEL rules this check could not evaluate, and why

@@ -1,7 +1,7 @@
 """Check every Helm release of a plan against the chart it installs, at the pinned version.
 
 Usage:
-    from infra.validation import helm
+    from tools.validation import helm
     results = helm.check_plan(plan)                       # plan: the JSON `python -m infra.plan` writes
     result = helm.check_release(helm.Release(...))        # one release
     result.problems, result.unverified
@@ -36,7 +36,7 @@ from typing import Any
 
 import jsonschema
 
-from infra.validation.snapshot import merge_tree
+from tools.validation.snapshot import merge_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "tests" / "schemas"

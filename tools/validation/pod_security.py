@@ -1,7 +1,7 @@
 """Pod Security admission, offline: the `baseline` and `restricted` checks the API server runs on every pod.
 
 Usage:
-    from infra.validation import pod_security
+    from tools.validation import pod_security
     pod_security.evaluate(pod, "baseline")            # -> [Violation(check, reason, fields), ...]; [] = admitted
     pod_security.evaluate(pod, "restricted", "1.33")  # the checks as of that Kubernetes minor
     pod_security.pod_templates(obj)                   # the pods a Deployment, DaemonSet, JobSet, ... would create
@@ -14,7 +14,7 @@ policy/check_*.go at tag v0.33.9, the library of Kubernetes 1.33): each function
 check it follows and keeps its rules, its versions (the newest version at or below the minor asked for
 applies) and its overrides (`restricted`'s capabilities, volumes and seccomp checks replace baseline's).
 No evaluator of these rules installs offline (the library is Go, run inside the API server), so they are
-written here; tests/infra/validation/test_pod_security.py runs them over the library's own fixtures
+written here; tests/tools/validation/test_pod_security.py runs them over the library's own fixtures
 (test/testdata/{baseline,restricted}/v1.32, the newest the tag has: no check changes after 1.32) and
 requires each `fail` fixture to fail the check it is named after and each `pass` fixture to pass.
 Not followed: the opt-in relaxation for user-namespace pods (RelaxPolicyForUserNamespacePods, off by

@@ -1,14 +1,14 @@
 """Regenerate every snapshot under tests/schemas from the network (`make schemas`).
 
 Usage (needs network and `helm` on PATH):
-    python -m infra.validation.refresh                 # all charts, indexes and CRDs
-    python -m infra.validation.refresh --only kueue    # the sources whose name contains "kueue"
-    python -m infra.validation.refresh --list          # print the table and exit (no network)
+    python -m tools.validation.refresh                 # all charts, indexes and CRDs
+    python -m tools.validation.refresh --only kueue    # the sources whose name contains "kueue"
+    python -m tools.validation.refresh --list          # print the table and exit (no network)
 
 For every chart the program installs it runs `helm pull` at the pinned version, snapshots the
-unpacked chart and its packaged dependencies with infra.validation.snapshot, records what the chart
+unpacked chart and its packaged dependencies with tools.validation.snapshot, records what the chart
 renders for each release of the plans (`--plans`, default build/plan/*.json: `make schemas` plans every
-stack first) with infra.validation.chart_pods (its workloads and their pods' security needs), records the versions
+stack first) with tools.validation.chart_pods (its workloads and their pods' security needs), records the versions
 the repository lists (index.yaml of a classic repository; the registry's tag list for an OCI
 chart), and downloads each CRD file from its repository at the tag matching the pinned component.
 Pins are read from the program's own constants, so moving a version and running this keeps the
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.validation import snapshot
+from tools.validation import snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "tests" / "schemas"
@@ -70,6 +70,7 @@ class CrdSource:
 def _pins() -> dict[str, Any]:
     """The versions the program pins, read from its own modules."""
     from infra.aws import cluster, karpenter, load_balancer
+    from infra.aws.node_addons import EFA_PLUGIN
     from infra.k8s import cache, gpu, health, log_shipping, mlflow, monitoring, tenancy
 
     return {
@@ -78,7 +79,7 @@ def _pins() -> dict[str, Any]:
                           karpenter.CHART_VERSION),
         "aws-load-balancer-controller": (load_balancer.CHART_REPO, load_balancer.CHART_VERSION),
         "nvidia-device-plugin": (gpu.DEVICE_PLUGIN_REPO, gpu.DEVICE_PLUGIN_VERSION),
-        "aws-efa-k8s-device-plugin": (gpu.EFA_REPO, gpu.EFA_VERSION),
+        "aws-efa-k8s-device-plugin": (EFA_PLUGIN.repo, EFA_PLUGIN.version),
         "kube-prometheus-stack": (monitoring.KPS_REPO, monitoring.KPS_VERSION),
         "dcgm-exporter": (monitoring.DCGM_REPO, monitoring.DCGM_VERSION),
         "alluxio": (cache.REPO, cache.CHART_VERSION),
@@ -260,7 +261,7 @@ def oci_tags(repo: str, chart: str) -> list[str]:
 
 
 def refresh(only: str = "", out: Path = SCHEMAS, plans: list[Path] | None = None) -> list[Path]:
-    from infra.validation import chart_pods
+    from tools.validation import chart_pods
 
     plan_docs = [json.loads(p.read_text()) for p in (plans if plans is not None else
                                                      sorted((ROOT / "build" / "plan").glob("*.json")))]
@@ -331,7 +332,7 @@ def refresh(only: str = "", out: Path = SCHEMAS, plans: list[Path] | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.validation.refresh", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.validation.refresh", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="refresh only sources whose name contains this")
     parser.add_argument("--list", action="store_true", help="print the table of sources and exit")
     parser.add_argument("--out", type=Path, default=SCHEMAS)

@@ -1,9 +1,9 @@
 """Render every Helm release of a plan with the real chart, and write kubeconform schemas for the CRDs.
 
 Usage (the `charts` job of .github/workflows/ci.yml; needs network and helm):
-    python -m infra.validation.releases template build/plan/*.json --out build/rendered
-    python -m infra.validation.releases schemas --out build/kubeconform-schemas
-    python -m infra.validation.releases kube-version aws-dev          # 1.33.0
+    python -m tools.validation.releases template build/plan/*.json --out build/rendered
+    python -m tools.validation.releases schemas --out build/kubeconform-schemas
+    python -m tools.validation.releases kube-version aws-dev          # 1.33.0
     kubeconform -strict -summary -kubernetes-version 1.33.0 -schema-location default \\
         -schema-location 'build/kubeconform-schemas/{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json' \\
         build/rendered/manifests/aws-dev
@@ -13,10 +13,10 @@ Usage (the `charts` job of .github/workflows/ci.yml; needs network and helm):
 pinned version, with the release's namespace, CRD and API-version context) and
 `custom-resources.yaml` (the plan's custom resources); then it evaluates every pod each release renders
 against its namespace's Pod Security level and the team namespaces' admission policies (the plan-time
-check, infra/validation/admission.py, on the real render instead of the snapshot's record), and fails
+check, tools/validation/admission.py, on the real render instead of the snapshot's record), and fails
 listing every release that did not render and every pod admission would refuse. `schemas` turns each CRD
 snapshot of tests/schemas/crds into the JSON schema kubeconform reads, with the same translation
-the offline check uses (infra.validation.crd.to_jsonschema: unknown fields rejected, int-or-string,
+the offline check uses (tools.validation.crd.to_jsonschema: unknown fields rejected, int-or-string,
 nullable, embedded resources). The pure parts (`template_command`, `values_yaml`, `api_versions`,
 `kubeconform_schemas`) are tested offline.
 """
@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from infra.validation import admission, chart_pods, crd, helm
+from tools.validation import admission, chart_pods, crd, helm
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON_SCHEMA_DRAFT4 = "http://json-schema.org/draft-04/schema#"
@@ -149,7 +149,7 @@ def template(plans: list[Path], out: Path, helm_bin: str = "helm") -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.validation.releases", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.validation.releases", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     t = sub.add_parser("template", help="render every release of the plans with helm template")
     t.add_argument("plans", type=Path, nargs="+")

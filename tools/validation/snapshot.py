@@ -1,9 +1,9 @@
 """Build structural snapshots of Helm charts, CRDs and chart repository indexes.
 
 Usage:
-    python -m infra.validation.snapshot chart DIR --out tests/schemas/charts [--source-repo R --source-ref T --source-path P]
-    python -m infra.validation.snapshot crd FILE.yaml [FILE.yaml ...] --out tests/schemas/crds [--source-...]
-    python -m infra.validation.snapshot index INDEX.yaml --repo URL --chart NAME [...] --out tests/schemas/charts/index.json
+    python -m tools.validation.snapshot chart DIR --out tests/schemas/charts [--source-repo R --source-ref T --source-path P]
+    python -m tools.validation.snapshot crd FILE.yaml [FILE.yaml ...] --out tests/schemas/crds [--source-...]
+    python -m tools.validation.snapshot index INDEX.yaml --repo URL --chart NAME [...] --out tests/schemas/charts/index.json
 
 `chart` reads an unpacked chart (what `helm pull --untar` writes): its values.yaml, values.schema.json
 and templates, and writes `<name>-<version>.json`; each dependency found under the chart's `charts/`
@@ -30,9 +30,9 @@ from typing import Any
 
 import yaml
 
-from infra.validation.gotemplate import ELEMENT, TemplateSyntaxError, scan_templates
+from tools.validation.gotemplate import ELEMENT, TemplateSyntaxError, scan_templates
 
-GENERATOR = "infra.validation.snapshot/1"
+GENERATOR = "tools.validation.snapshot/1"
 
 # JSON-schema keywords whose value maps names to schemas (their keys are names, not keywords).
 _SCHEMA_MAPS = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas")
@@ -464,7 +464,7 @@ def _source(args: argparse.Namespace) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.validation.snapshot", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.validation.snapshot", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     for name in ("chart", "crd", "index"):
         p = sub.add_parser(name)

@@ -1,6 +1,6 @@
 """Karpenter's EC2NodeClass and NodePool objects against the v1.14.1 CRDs: `pytest tests/infra/aws/test_karpenter_crds.py`.
 
-Uses the general CRD check (infra/validation/crd.py) over the snapshots of the CRDs at the chart
+Uses the general CRD check (tools/validation/crd.py) over the snapshots of the CRDs at the chart
 version the program pins (tests/schemas/crds, source ref v1.14.1): structural schema, unknown fields,
 enums, and the CEL rules, including the networkInterfaces, capacity-reservation and static NodePool
 rules. Broken copies (the primary interface typed "efa", two EFA devices on one card, a GPU limit on
@@ -14,7 +14,7 @@ import copy
 import pytest
 
 from infra.aws import karpenter
-from infra.validation import crd
+from tools.validation import crd
 
 AWS_PLANS = ("aws-dev", "aws-prod", "aws-prod-p4d", "aws-prod-p5en")
 KINDS = {"kubernetes:karpenter.k8s.aws/v1:EC2NodeClass", "kubernetes:karpenter.sh/v1:NodePool"}

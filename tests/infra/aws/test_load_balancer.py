@@ -14,8 +14,8 @@ from fnmatch import fnmatchcase
 import pytest
 
 from infra.aws import iam, load_balancer
-from infra.validation import helm, refresh
 from tests.conftest import ROOT
+from tools.validation import helm, refresh
 
 REGION, ACCOUNT = "eu-west-1", "111122223333"
 TAG = "elbv2.k8s.aws/cluster"

@@ -16,11 +16,11 @@ import pytest
 
 from infra import config
 from infra.aws import cluster, log_shipping
-from infra.validation import helm
-from infra.validation.refresh import vpc_cni_tag
 from policies.plan import aws_iam_lint
 from tests.conftest import resources_of
 from tests.infra.k8s.harness import load_stack
+from tools.validation import helm
+from tools.validation.refresh import vpc_cni_tag
 
 ACCOUNT, REGION = "123456789012", "us-east-1"
 

@@ -1,7 +1,7 @@
-"""Every pod the plans install is admitted: infra/validation/admission.py over the four stacks and the fabric
+"""Every pod the plans install is admitted: tools/validation/admission.py over the four stacks and the fabric
 variants, and broken copies that must fail naming the release or component, the workload, the field and the level.
 
-Usage: .venv/bin/pytest -q tests/infra/validation/test_admission.py   (plans every stack and variant once)
+Usage: .venv/bin/pytest -q tests/tools/validation/test_admission.py   (plans every stack and variant once)
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import copy
 import pytest
 
 from infra.k8s import monitoring
-from infra.validation import admission, chart_pods, helm
+from tools.validation import admission, chart_pods, helm
 
 ENFORCE = admission.ENFORCE
 

@@ -1,6 +1,6 @@
-"""`python -m infra.validation PLAN...`: problems, what was not checked, and the exit status.
+"""`python -m tools.validation PLAN...`: problems, what was not checked, and the exit status.
 
-Usage: .venv/bin/pytest tests/infra/validation/test_cli.py -q
+Usage: .venv/bin/pytest tests/tools/validation/test_cli.py -q
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import subprocess
 import sys
 
-from infra.validation import helm
 from tests.conftest import ROOT
+from tools.validation import helm
 
 MONITOR = {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
            "metadata": {"name": "m", "namespace": "monitoring"},
@@ -28,7 +28,7 @@ def _plan(values: dict | None, monitor: dict) -> dict:
 
 
 def _run(*paths) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "infra.validation", *map(str, paths)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tools.validation", *map(str, paths)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

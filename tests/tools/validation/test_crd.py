@@ -1,7 +1,7 @@
 """The CRD check on a CRD written for these tests (fixtures/widgets-crd.yaml): the API server's
 structural-schema rules, each shown passing on a good object and failing on a broken copy.
 
-Usage: .venv/bin/pytest tests/infra/validation/test_crd.py -q
+Usage: .venv/bin/pytest tests/tools/validation/test_crd.py -q
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.validation import crd, snapshot
+from tools.validation import crd, snapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -1,6 +1,6 @@
 """The Go-template scan: which `.Values` paths templates read, render whole or range over.
 
-Usage: .venv/bin/pytest tests/infra/validation/test_gotemplate.py -q
+Usage: .venv/bin/pytest tests/tools/validation/test_gotemplate.py -q
 
 Expected paths are read off the template text by hand (text/template semantics), not from the scanner.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.validation.gotemplate import ELEMENT, TemplateSyntaxError, actions, scan_templates, tokens
+from tools.validation.gotemplate import ELEMENT, TemplateSyntaxError, actions, scan_templates, tokens
 
 
 def scan(text: str, **helpers: str):

@@ -1,7 +1,7 @@
 """The Helm values check on the chart written for these tests (fixtures/demo-chart): each rule shown
 passing on good values and failing on a broken copy.
 
-Usage: .venv/bin/pytest tests/infra/validation/test_helm.py -q
+Usage: .venv/bin/pytest tests/tools/validation/test_helm.py -q
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.validation import helm, snapshot
-from tests.infra.validation.charts import demo_chart
+from tests.tools.validation.charts import demo_chart
+from tools.validation import helm, snapshot
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REPO = "https://charts.example.com"

@@ -2,7 +2,7 @@
 every Helm release's values pass the chart check, every custom resource passes its CRD; broken copies
 of the real objects fail.
 
-Usage: .venv/bin/pytest tests/infra/validation/test_plans.py -q
+Usage: .venv/bin/pytest tests/tools/validation/test_plans.py -q
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from infra.validation import crd, helm, refresh
 from tests.conftest import ROOT, STACKS
+from tools.validation import crd, helm, refresh
 
 DOCS = ROOT / "docs" / "validation.md"
 

@@ -1,6 +1,6 @@
-"""The Pod Security checks (infra/validation/pod_security.py) against the upstream library's own fixtures.
+"""The Pod Security checks (tools/validation/pod_security.py) against the upstream library's own fixtures.
 
-Usage: .venv/bin/pytest -q tests/infra/validation/test_pod_security.py
+Usage: .venv/bin/pytest -q tests/tools/validation/test_pod_security.py
 
 fixtures/pod-security-admission-v1.32.json holds every Pod of k8s.io/pod-security-admission's
 test/testdata/{baseline,restricted}/v1.32 (tag v0.33.9): each `fail` fixture is a passing pod with one field
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.validation import pod_security
+from tools.validation import pod_security
 
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "pod-security-admission-v1.32.json").read_text())
 CASES = FIXTURES["cases"]

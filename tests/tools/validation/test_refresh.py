@@ -1,8 +1,8 @@
-"""`make schemas` (infra/validation/refresh.py): the table of sources follows the program's pins, the
+"""`make schemas` (tools/validation/refresh.py): the table of sources follows the program's pins, the
 snapshots under tests/schemas are exactly what that table produces, and the network parts are built
 right. The refresh itself needs helm and the network, so only its pure parts run here.
 
-Usage: .venv/bin/pytest tests/infra/validation/test_refresh.py -q
+Usage: .venv/bin/pytest tests/tools/validation/test_refresh.py -q
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import sys
 import pytest
 
 from infra.aws import karpenter
+from infra.aws.node_addons import EFA_PLUGIN
 from infra.k8s import cache, gpu, mlflow, monitoring, tenancy
-from infra.validation import refresh, snapshot
 from tests.conftest import ROOT
+from tools.validation import refresh, snapshot
 
 SCHEMAS = ROOT / "tests" / "schemas"
 
@@ -28,7 +29,8 @@ def test_the_table_reads_the_program_pins():
         monitoring.KPS_VERSION, monitoring.KPS_REPO)
     assert table["dcgm-exporter"].version == monitoring.DCGM_VERSION
     assert table["nvidia-device-plugin"].version == gpu.DEVICE_PLUGIN_VERSION
-    assert table["aws-efa-k8s-device-plugin"].version == gpu.EFA_VERSION
+    assert (table["aws-efa-k8s-device-plugin"].version, table["aws-efa-k8s-device-plugin"].repo) == (
+        EFA_PLUGIN.version, EFA_PLUGIN.repo)
     assert (table["alluxio"].version, table["alluxio"].repo) == (cache.CHART_VERSION, cache.REPO)
     assert table["cloudnative-pg"].version == mlflow.CNPG_CHART_VERSION
     assert (table["kueue"].version, table["kueue"].repo) == (tenancy.KUEUE_VERSION, "oci://registry.k8s.io/kueue/charts")
@@ -118,7 +120,7 @@ def test_network_parts_are_built_right():
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "infra.validation.refresh", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tools.validation.refresh", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env=env)
 
 

@@ -1,8 +1,8 @@
-"""The CI job's extraction of releases and values from plan JSON (infra/validation/releases.py), and
+"""The CI job's extraction of releases and values from plan JSON (tools/validation/releases.py), and
 the kubeconform schemas it writes from the CRD snapshots. helm itself is replaced by a stand-in
 script here; the `charts` CI job runs the real one against the chart repositories.
 
-Usage: .venv/bin/pytest tests/infra/validation/test_releases.py -q
+Usage: .venv/bin/pytest tests/tools/validation/test_releases.py -q
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from infra.validation import crd, helm, releases
+from tools.validation import crd, helm, releases
 
 PLAN = {
     "stack": "aws-dev",
@@ -107,8 +107,8 @@ def test_the_ci_charts_job_renders_and_validates_with_pinned_checked_tools():
     runs = "\n".join(s.get("run", "") for s in job["steps"])
     assert runs.count("sha256sum -c -") == 2
     assert "make plans" in runs
-    assert "python -m infra.validation.releases template build/plan/*.json --out build/rendered" in runs
-    assert "python -m infra.validation.releases schemas --out build/kubeconform-schemas" in runs
+    assert "python -m tools.validation.releases template build/plan/*.json --out build/rendered" in runs
+    assert "python -m tools.validation.releases schemas --out build/kubeconform-schemas" in runs
     assert "kubeconform -strict" in runs and "-ignore-missing-schemas" not in runs
     assert "build/kubeconform-schemas/{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json" in runs
     # The schema layout the job names is the one `schemas` writes.

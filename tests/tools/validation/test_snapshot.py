@@ -1,6 +1,6 @@
-"""The snapshot generator on charts and CRDs written for these tests (tests/infra/validation/fixtures).
+"""The snapshot generator on charts and CRDs written for these tests (tests/tools/validation/fixtures).
 
-Usage: .venv/bin/pytest tests/infra/validation/test_snapshot.py -q
+Usage: .venv/bin/pytest tests/tools/validation/test_snapshot.py -q
 
 Expected structure is read off the fixture files by hand.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.validation import snapshot
-from infra.validation.gotemplate import ELEMENT
 from tests.conftest import ROOT
-from tests.infra.validation.charts import demo_chart
+from tests.tools.validation.charts import demo_chart
+from tools.validation import snapshot
+from tools.validation.gotemplate import ELEMENT
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DEMO = FIXTURES / "demo-chart"
@@ -128,7 +128,7 @@ def test_index_versions_and_merge():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "infra.validation.snapshot", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tools.validation.snapshot", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 
