@@ -15,8 +15,8 @@ from gpu_train.spec import naming
 from infra.k8s import log_shipping as ls
 from infra.plan import kubernetes_objects
 from infra.platform import EgressTarget, LogStore, WorkloadIdentity
-from infra.validation import helm
 from tests.conftest import STACKS, resources_of
+from tools.validation import helm
 
 STORE = LogStore(kind="cloudwatch", region="us-east-1",
                  groups={"team-research": "/gpu-train/c/team-research", "team-applied": "/gpu-train/c/team-applied"},
@@ -74,9 +74,9 @@ def test_a_ranks_stream_prefix_finds_its_pods_streams_only():
     outputs = _outputs(ls.outputs_config(STORE))
     prefix = outputs[0]["log_stream_prefix"]
     stream = prefix + _tag("/var/log/containers/llm-worker-0-1-abcde_team-research_trainer-0123abcd.log")
-    assert stream.startswith(ls.rank_stream_prefix("llm", 1))
+    assert stream.startswith(naming.rank_stream_prefix("llm", 1))
     other = prefix + _tag("/var/log/containers/llm-worker-0-12-abcde_team-research_trainer-0123abcd.log")
-    assert not other.startswith(ls.rank_stream_prefix("llm", 1))
+    assert not other.startswith(naming.rank_stream_prefix("llm", 1))
 
 
 def test_outputs_need_cloudwatch_and_resolved_groups():

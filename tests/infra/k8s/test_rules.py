@@ -7,7 +7,6 @@ Usage: .venv/bin/pytest tests/infra/k8s/test_rules.py -q   (needs /usr/bin/promt
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import re
 import shutil
@@ -97,7 +96,7 @@ def test_promtool_unit_tests_pass(tmp_path):
 def test_unit_tests_notice_a_different_threshold(tmp_path, change):
     """The unit tests pin the default thresholds: rendering other values must make them fail, which
     shows the settings really reach the rules."""
-    results = run_unit_tests(tmp_path, dataclasses.replace(MonitoringSettings(), **change))
+    results = run_unit_tests(tmp_path, MonitoringSettings(**change))
     assert any(proc.returncode != 0 for proc in results.values())
 
 
@@ -260,7 +259,7 @@ def test_unavailable_workloads_are_watched_in_every_namespace_the_platform_insta
         released = {r["inputs"]["namespace"] for r in plan["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release"}
         platform = {n for n in created | released if not n.startswith("team-") and n != "kube-system"}
         assert platform <= watched, f"{stack}: not watched: {sorted(platform - watched)}"
-    rule = next(r for g in monitoring.load_rule_groups(MonitoringConfig()) for r in g["rules"]
+    rule = next(r for g in monitoring.load_rule_groups(MonitoringSettings()) for r in g["rules"]
                 if r.get("alert") == "PlatformWorkloadUnavailable")
     regex = f'namespace=~"{"|".join(sorted(watched))}"'
     assert rule["expr"].count(regex) == 4, rule["expr"]
