@@ -70,7 +70,7 @@ class Result:
 
 
 def kube_version(stack: str, default: str = "1.33") -> str:
-    from tools.validation.releases import ROOT, stack_kube_version
+    from tools.validation.cluster import ROOT, stack_kube_version
 
     if (ROOT / "stacks" / f"Pulumi.{stack}.yaml").is_file():
         return ".".join(stack_kube_version(stack).split(".")[:2])

@@ -130,7 +130,7 @@ def record(chart_dir: Path, plans: Sequence[Mapping[str, Any]], kube_version: Ca
     """The `pods` section of a chart's snapshot: one entry per values shape, with the stacks that have it and
     the workloads the chart renders for them (`kube_version(stack)` gives the --kube-version). None when no
     plan installs this chart at this version."""
-    from tools.validation.releases import api_versions
+    from tools.validation.cluster import api_versions
 
     meta = yaml.safe_load((chart_dir / "Chart.yaml").read_text())
     found = plan_releases(plans, str(meta["name"]), str(meta["version"]))
@@ -155,7 +155,7 @@ def record(chart_dir: Path, plans: Sequence[Mapping[str, Any]], kube_version: Ca
 def kube_versions(default: str = "") -> Callable[[str], str]:
     """A stack's Kubernetes version from stacks/Pulumi.<stack>.yaml, or `default` for a stack without a file
     there (a variant planned from another file)."""
-    from tools.validation.releases import ROOT, stack_kube_version
+    from tools.validation.cluster import ROOT, stack_kube_version
 
     def of(stack: str) -> str:
         if (ROOT / "stacks" / f"Pulumi.{stack}.yaml").is_file() or not default:

@@ -34,32 +34,9 @@ from typing import Any
 import yaml
 
 from tools.validation import admission, chart_pods, crd, helm
+from tools.validation.cluster import api_versions, stack_kube_version
 
-ROOT = Path(__file__).resolve().parents[2]
 JSON_SCHEMA_DRAFT4 = "http://json-schema.org/draft-04/schema#"
-
-
-def stack_kube_version(stack: str, stacks_dir: Path = ROOT / "stacks") -> str:
-    """The stack's Kubernetes minor version (gpu-train:cluster.kubernetesVersion) as x.y.0."""
-    path = stacks_dir / f"Pulumi.{stack}.yaml"
-    doc = yaml.safe_load(path.read_text()) or {}
-    version = str(((doc.get("config") or {}).get("gpu-train:cluster") or {}).get("kubernetesVersion") or "")
-    if not version:
-        raise ValueError(f"{path}: gpu-train:cluster.kubernetesVersion is not set")
-    return version if version.count(".") >= 2 else f"{version}.0"
-
-
-def api_versions(snapshots: crd.Snapshots | None = None) -> list[str]:
-    """`group/version` and `group/version/Kind` of every served CRD version: the API versions a
-    chart may ask `.Capabilities.APIVersions.Has` for (the cluster serves them once the CRDs exist)."""
-    snaps = snapshots or crd.Snapshots()
-    out = set()
-    for (group, kind), doc in snaps.by_kind().items():
-        for version, data in doc["versions"].items():
-            if data.get("served"):
-                out.add(f"{group}/{version}")
-                out.add(f"{group}/{version}/{kind}")
-    return sorted(out)
 
 
 def values_yaml(values: Mapping[str, Any]) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from tools.validation import crd, helm, releases
+from tools.validation import cluster, crd, helm, releases
 
 PLAN = {
     "stack": "aws-dev",
@@ -53,7 +53,7 @@ def test_values_files_hold_exactly_the_recorded_values():
 
 
 def test_api_versions_cover_every_served_crd_version():
-    apis = releases.api_versions()
+    apis = cluster.api_versions()
     assert {"monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor", "karpenter.sh/v1/NodePool",
             "jobset.x-k8s.io/v1alpha2/JobSet"} <= set(apis)
 
@@ -72,7 +72,7 @@ def test_kubeconform_schemas_are_strict_and_laid_out_as_kubeconform_reads_them()
 
 
 def test_stack_kube_version_comes_from_the_stack_file(capsys):
-    assert releases.stack_kube_version("aws-dev") == "1.33.0"
+    assert cluster.stack_kube_version("aws-dev") == "1.33.0"
     assert releases.main(["kube-version", "gcp-prod"]) == 0 and capsys.readouterr().out.strip() == "1.33.0"
 
 
