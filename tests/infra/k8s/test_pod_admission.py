@@ -1,12 +1,12 @@
 """The team namespaces' ValidatingAdmissionPolicies (infra/k8s/pod_admission.py) against the policy pack's pod
 rules: one rule definition in spirit, two enforcement points, judged on the same objects.
 
-Every object here is a training pod the platform itself renders (infra.k8s.training.jobset_manifest, with the
-real GPUDirect fabric of infra/gcp/fabric.py or EFA) or a copy broken in one way, as a Pod, a Job and a JobSet,
+Every object here is a training pod the platform itself renders (gpu_train.jobs.jobset, on the pools the cloud
+layers describe: EFA, or the real GPUDirect fabric of infra/gcp/fabric.py) or a copy broken in one way, as a Pod, a Job and a JobSet,
 each checked to be a valid object for the API server first (kubernetes-validate strict, the JobSet CRD). The
 pack judges it with its own functions (policies.pods.host_isolation_problems with the cluster's NVMe root,
 policies.pods.training_problems, policies.kubernetes.training_image_digest, and the registry rule
-pod_admission.registry_problems); the admission policy's CEL is evaluated with cel-python (tests/infra/k8s/vap.py).
+policies.pods.registry_problems); the admission policy's CEL is evaluated with cel-python (tests/infra/k8s/vap.py).
 Both must agree with the expected verdict, and the policy must deny through the expected rule.
 
 Run: .venv/bin/pytest tests/infra/k8s/test_pod_admission.py -q
@@ -15,54 +15,65 @@ Run: .venv/bin/pytest tests/infra/k8s/test_pod_admission.py -q
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 
 import kubernetes_validate
 import pytest
 
-from infra import config, naming
-from infra.gcp import fabric as gcp_fabric
-from infra.k8s import nvme, pod_admission
-from infra.k8s import training as t
+from gpu_train.jobs import jobset as js
+from gpu_train.spec import naming, pod_rules
+from gpu_train.spec.job import JobSpec
+from infra.aws import node_addons as aws_addons
+from infra.aws import settings_checks as aws_checks
+from infra.aws.gpu_nodes import NVME_HOST_PATH as AWS_ROOT
+from infra.gcp import NVME_HOST_PATH as GCP_ROOT
+from infra.gcp import node_addons as gcp_addons
+from infra.gcp import settings_checks as gcp_checks
+from infra.k8s import pod_admission
 from infra.plan import kubernetes_objects
-from infra.platform import Fabric, GpuPool
-from infra.validation import crd
 from policies import kubernetes as pack_kubernetes
 from policies import pods
 from policies.core import Resource
 from tests.conftest import STACKS, VARIANTS
+from tests.infra.aws.conftest import stack_cfg as aws_stack
+from tests.infra.gcp.conftest import fabric_pool
+from tests.infra.gcp.conftest import stack_cfg as gcp_stack
 from tests.infra.k8s.vap import Admission
+from tools.validation import crd
 
 ECR = "123456789012.dkr.ecr.us-east-1.amazonaws.com/"
 AR = "us-central1-docker.pkg.dev/acme-ml/gpu-train-gcp-prod-images/"
-AWS_ROOT, GCP_ROOT = "/mnt/k8s-disks/0", "/mnt/stateful_partition/gpu-train/nvme-raid"
 DIGEST = "@sha256:" + "ab" * 32
 NS = "team-research"
 K8S = "1.33"
 
 
-def _pool(kind: str) -> GpuPool:
+@functools.cache
+def _pool(kind: str):
+    """A pool named h100 of the fabric kind, as its cloud layer describes it to jobs."""
     if kind == "efa":
-        fab = Fabric(kind="efa", resources={"vpc.amazonaws.com/efa": 32}, nccl_env={"FI_PROVIDER": "efa"})
-        instance, provisioner = "p5.48xlarge", "karpenter"
-    else:
-        vols, mounts = gcp_fabric.volumes(kind)
-        fab = Fabric(kind=kind, volumes=vols, volume_mounts=mounts, sidecars=gcp_fabric.sidecars(kind, 8))
-        instance = {"tcpx": "a3-highgpu-8g", "tcpxo": "a3-megagpu-8g", "rdma": "a3-ultragpu-8g"}[kind]
-        provisioner = "node-pool"
-    return GpuPool(name="h100", instance_type=instance, capacity="reservation", gpu_type="H100", gpus_per_node=8,
-                   min_nodes=0, max_nodes=4, zone="z", node_selector={naming.POOL_LABEL: "h100"},
-                   tolerations=[{**naming.GPU_TAINT, "operator": "Equal"}], fabric=fab, provisioner=provisioner)
+        (pool,) = aws_addons.gpu_pools(aws_stack([{
+            "name": "h100", "instanceType": "p5.48xlarge", "capacity": "reservation", "reservationId": "cr-0123456789abcdef0",
+            "maxNodes": 4, "fabric": True, "zone": "us-west-2a"}]))
+        return pool
+    machine = {"tcpx": "a3-highgpu-8g", "tcpxo": "a3-megagpu-8g", "rdma": "a3-ultragpu-8g"}[kind]
+    (pool,) = gcp_addons.gpu_pools(gcp_stack([{**fabric_pool("h100", machine, capacity="reservation"),
+                                               "maxNodes": 4}]))
+    assert pool.fabric.kind == kind
+    return pool
 
 
 def base_jobset(kind: str) -> dict:
-    job = config.JobSpec(name="llm", team="research", pool="h100", preset="gpt2-124m", nodes="2:4")
+    job = JobSpec.model_validate({"name": "llm", "team": "research", "pool": "h100", "preset": "gpt2-124m",
+                                  "nodes": "2:4"})
     aws = kind == "efa"
     bucket = "s3://b" if aws else "gs://b"
-    return t.jobset_manifest(job=job, pool=_pool(kind), cloud="aws" if aws else "gcp", region="r",
-                             image=(ECR if aws else AR) + "trainer" + DIGEST, local_queue="research-queue",
-                             dataset_uri=f"{bucket}/llm/manifest.json", checkpoint_uri=f"{bucket}/research/llm",
-                             nvme_host_path=AWS_ROOT if aws else GCP_ROOT)
+    # A copy: the cases below break it in place, and the manifest shares its fabric parts with the pool.
+    return copy.deepcopy(js.jobset(job, js.Placement(
+        pool=_pool(kind), image=(ECR if aws else AR) + "trainer" + DIGEST, queue="research-queue",
+        nvme_host_path=AWS_ROOT if aws else GCP_ROOT, datasets_bucket=bucket, checkpoints_bucket=bucket,
+        pod_env={"AWS_REGION": "r"} if aws else {})))
 
 
 def _template(jobset: dict) -> dict:
@@ -97,7 +108,7 @@ def pack_problems(obj: dict, root: str, registries: list[str]) -> list[str]:
     res = Resource(type=f"kubernetes:{obj['apiVersion'] if '/' in obj['apiVersion'] else 'core/v1'}:{obj['kind']}",
                    name="x", urn="urn:x", props=obj)
     return [*pods.host_isolation_problems(obj, nvme_roots=(root,)), *pods.training_problems(obj),
-            *pack_kubernetes.training_image_digest(res, None), *pod_admission.registry_problems(obj, registries)]
+            *pack_kubernetes.training_image_digest(res, None), *pods.registry_problems(obj, registries)]
 
 
 def policies_for(kind: str) -> tuple[Admission, str, list[str]]:
@@ -108,7 +119,7 @@ def policies_for(kind: str) -> tuple[Admission, str, list[str]]:
 # ------------------------------------------------------------------------------------------ mutations
 
 def trainer(spec: dict) -> dict:
-    return next(c for c in spec["containers"] if c["name"] == t.CONTAINER)
+    return next(c for c in spec["containers"] if c["name"] == js.CONTAINER)
 
 
 def sidecar(spec: dict) -> dict:
@@ -183,7 +194,7 @@ def sidecar_image(img: str):
 
 
 def own_workdir(root: str, suffix: str = "") -> str:
-    return nvme.workdir_path(root, NS) + suffix
+    return naming.workdir_path(root, NS) + suffix
 
 
 # (id, fabric kind, mutation, denied?, the policy rule that must deny)
@@ -200,14 +211,14 @@ CASES = [
     ("hostpath-root", "efa", host_vol("/"), True, "host-paths"),
     ("hostpath-kubelet", "efa", host_vol("/var/lib/kubelet"), True, "host-paths"),
     ("hostpath-nvme-root", "efa", host_vol(AWS_ROOT), True, "host-paths"),
-    ("hostpath-other-team", "efa", host_vol(nvme.workdir_path(AWS_ROOT, "team-applied")), True, "host-paths"),
+    ("hostpath-other-team", "efa", host_vol(naming.workdir_path(AWS_ROOT, "team-applied")), True, "host-paths"),
     ("hostpath-traversal", "efa", host_vol(own_workdir(AWS_ROOT, "/../team-applied")), True, "host-paths"),
     ("hostpath-own-workdir", "efa", host_vol(own_workdir(AWS_ROOT)), False, None),
     ("hostpath-own-workdir-slash", "efa", host_vol(own_workdir(AWS_ROOT, "/")), False, None),
     ("hostpath-other-cloud-root", "efa", host_vol(own_workdir(GCP_ROOT)), True, "host-paths"),
-    ("driver-lib-read-only", "rdma", host_vol(pods.NVIDIA_HOST_LIB, read_only=True), False, None),
-    ("driver-lib-writable", "rdma", host_vol(pods.NVIDIA_HOST_LIB), True, "host-paths"),
-    ("gib-writable", "rdma", host_vol(pods.GIB_HOST_DIR, name="gib2"), True, "host-paths"),
+    ("driver-lib-read-only", "rdma", host_vol(pod_rules.NVIDIA_HOST_LIB, read_only=True), False, None),
+    ("driver-lib-writable", "rdma", host_vol(pod_rules.NVIDIA_HOST_LIB), True, "host-paths"),
+    ("gib-writable", "rdma", host_vol(pod_rules.GIB_HOST_DIR, name="gib2"), True, "host-paths"),
     ("aperture-devices", "efa", host_vol("/dev/aperture_devices"), False, None),
     ("sys-in-trainer", "tcpxo", lambda s: trainer(s)["volumeMounts"].append({"name": "sys", "mountPath": "/s"}),
      True, "host-paths"),
@@ -275,7 +286,7 @@ def test_a_non_canonical_spelling_of_an_allowed_path_is_refused_by_admission_onl
     """The documented difference: the pack normalises a host path, the admission policy compares it as written,
     so it is the stricter of the two, never the more lenient."""
     jobset = base_jobset("efa")
-    host_vol(nvme.workdir_path(AWS_ROOT, "team-research").replace("/gpu-train/", "/gpu-train/./"))(
+    host_vol(naming.workdir_path(AWS_ROOT, "team-research").replace("/gpu-train/", "/gpu-train/./"))(
         _template(jobset)["spec"])
     admission, root, registries = policies_for("efa")
     assert pack_problems(jobset, root, registries) == []
@@ -288,24 +299,29 @@ def test_the_allowed_repositories_besides_the_registry_are_exact():
     extra = Admission(pod_admission.admission_policies(nvme_host_path=AWS_ROOT, registries=[ECR],
                                                        repositories=["docker.io/acme/trainer"]))
     assert extra.denials(jobset, NS) == []
-    assert pod_admission.registry_problems(jobset, [ECR], ["docker.io/acme/trainer"]) == []
+    assert pods.registry_problems(jobset, [ECR], ["docker.io/acme/trainer"]) == []
     image("docker.io/acme/trainer-evil" + DIGEST)(_template(jobset)["spec"])
     assert [m.split(":")[0] for m in extra.denials(jobset, NS)] == ["image-registry"]
-    assert pod_admission.registry_problems(jobset, [ECR], ["docker.io/acme/trainer"])
+    assert pods.registry_problems(jobset, [ECR], ["docker.io/acme/trainer"])
 
 
 def test_registry_prefix_and_repository_of():
-    assert pod_admission.registry_prefix(ECR + "gpu-train-aws-dev-trainer") == ECR
-    assert pod_admission.registry_prefix(AR + "trainer") == AR
+    assert pod_rules.registry_prefix(ECR + "gpu-train-aws-dev-trainer") == ECR
+    assert pod_rules.registry_prefix(AR + "trainer") == AR
     with pytest.raises(ValueError, match="no registry"):
-        pod_admission.registry_prefix("trainer")
-    assert pod_admission.repository_of("reg.io/a/b:1.0@sha256:" + "0" * 64) == "reg.io/a/b"
-    assert pod_admission.repository_of("localhost:5000/b@sha256:" + "0" * 64) == "localhost:5000/b"
-    assert pod_admission.repository_of("ubuntu:24.04") == "ubuntu"
+        pod_rules.registry_prefix("trainer")
+    assert pod_rules.repository_of("reg.io/a/b:1.0@sha256:" + "0" * 64) == "reg.io/a/b"
+    assert pod_rules.repository_of("localhost:5000/b@sha256:" + "0" * 64) == "localhost:5000/b"
+    assert pod_rules.repository_of("ubuntu:24.04") == "ubuntu"
 
 
-@pytest.mark.parametrize("version", sorted({v for ch in config.KUBERNETES_VERSIONS.values() for vs in ch.values()
-                                            for v in vs if tuple(map(int, v.split("."))) >= config.PLATFORM_MIN_KUBERNETES}))
+# Every Kubernetes version a stack may ask for: EKS's, and those of GKE's release channels.
+SUPPORTED = {v for v in (*aws_checks.KUBERNETES_VERSIONS, *(v for vs in gcp_checks.KUBERNETES_VERSIONS.values() for v in vs))
+             if tuple(map(int, v.split("."))) >= max(aws_checks.PLATFORM_MIN_KUBERNETES,
+                                                     gcp_checks.PLATFORM_MIN_KUBERNETES)}
+
+
+@pytest.mark.parametrize("version", sorted(SUPPORTED))
 def test_the_policies_are_valid_objects_for_every_supported_kubernetes(version):
     for obj in pod_admission.admission_policies(nvme_host_path=AWS_ROOT, registries=[ECR]):
         kubernetes_validate.validate(obj, version, strict=True)
@@ -350,4 +366,4 @@ def test_every_plan_enforces_the_rules_and_its_own_job_passes_them(all_plans, st
     # The policies name the stack's own registry and NVMe root.
     image = pod_spec_of(team_objects[0])["containers"][0]["image"]
     text = repr([p["spec"] for p in admission.policies])
-    assert pod_admission.registry_prefix(pod_admission.repository_of(image)) in text
+    assert pod_rules.registry_prefix(pod_rules.repository_of(image)) in text

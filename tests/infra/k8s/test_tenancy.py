@@ -1,6 +1,7 @@
-"""Kueue and JobSet objects of the tenancy layer (infra/k8s/tenancy.py): ClusterQueues from per-pool
-quotas, the v1beta2 Configuration Kueue 0.19.2 reads strictly, the namespace ResourceQuota and
-LimitRange, and the roles. Pure functions, no mocks.
+"""Kueue and JobSet in the tenancy layer (infra/k8s/tenancy.py): the v1beta2 Configuration Kueue 0.19.2 reads
+strictly, the namespace ResourceQuota, the roles and the NetworkPolicies. Pure functions, no mocks. The queue
+objects themselves (ClusterQueues, flavors, LimitRange) are gpu_train/spec/queues.py's:
+tests/gpu_train/spec/test_queues.py.
 
 Usage: .venv/bin/pytest tests/infra/k8s/test_tenancy.py -q
 """
@@ -12,10 +13,11 @@ import re
 import pytest
 import yaml
 
-from gpu_train.spec import naming
+from gpu_train.jobs import fit
+from gpu_train.spec import job, naming, queues
+from gpu_train.spec.contract import Fabric, GpuPool
 from gpu_train.spec.settings import TeamSettings
-from infra.k8s import admission, tenancy
-from infra.platform import Fabric, GpuPool
+from infra.k8s import tenancy
 
 # Field names of Kueue's Configuration at v0.19.2, from the json tags of apis/config/v1beta2
 # (configuration_types.go); Kueue decodes its configuration strictly (pkg/config/config.go,
@@ -50,7 +52,7 @@ FRAMEWORKS = {"batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/rayse
 def pool(name, gpus=8, max_nodes=4, capacity="spot"):
     return GpuPool(name=name, instance_type="p5.48xlarge", capacity=capacity, gpu_type="H100", gpus_per_node=gpus,
                    min_nodes=0, max_nodes=max_nodes, zone="", node_selector={naming.POOL_LABEL: name},
-                   tolerations=[dict(naming.GPU_TAINT)], fabric=Fabric(kind="none"), provisioner="karpenter")
+                   tolerations=naming.gpu_tolerations(), fabric=Fabric(kind="none"), provisioner="karpenter")
 
 
 def _duration_s(text: str) -> int:
@@ -61,49 +63,17 @@ def _duration_s(text: str) -> int:
 
 def test_charts_and_api_versions_are_the_pinned_releases():
     assert (tenancy.KUEUE_VERSION, tenancy.JOBSET_VERSION) == ("0.19.2", "0.12.0")
-    assert tenancy.KUEUE_API == "kueue.x-k8s.io/v1beta2"
+    assert queues.KUEUE_API == "kueue.x-k8s.io/v1beta2"
     assert tenancy.kueue_configuration()["apiVersion"] == "config.kueue.x-k8s.io/v1beta2"
 
 
-def test_cluster_queues_carry_each_teams_quota_per_pool_and_borrow_in_one_cohort():
-    teams = (TeamSettings(name="research", gpu_quota={"reserved": 32, "spot": 16}),
-             TeamSettings(name="applied", gpu_quota={"spot": 16}))
-    pools = [pool("reserved"), pool("spot")]
-    queues = {q["metadata"]["name"]: q for q in tenancy.cluster_queues(teams, pools)}
-    assert set(queues) == {"team-research", "team-applied"}
-    expected = {"team-research": {"reserved": (32, 0), "spot": (16, 16)},
-                "team-applied": {"reserved": (0, 32), "spot": (16, 16)}}  # (nominal, borrowing limit)
-    for name, want in expected.items():
-        q = queues[name]
-        assert q["apiVersion"] == "kueue.x-k8s.io/v1beta2"
-        spec = q["spec"]
-        assert spec["cohortName"] == tenancy.COHORT and "cohort" not in spec  # v1beta2 renamed the field
-        (group,) = spec["resourceGroups"]
-        assert group["coveredResources"] == ["cpu", "memory", "nvidia.com/gpu"]
-        for f in group["flavors"]:
-            by = {r["name"]: r for r in f["resources"]}
-            assert [r["name"] for r in f["resources"]] == group["coveredResources"]
-            nominal, borrow = want[f["name"]]
-            assert (by["nvidia.com/gpu"]["nominalQuota"], by["nvidia.com/gpu"]["borrowingLimit"]) == (nominal, borrow)
-            assert by["nvidia.com/gpu"]["lendingLimit"] == nominal
-            assert by["cpu"]["nominalQuota"] == nominal * tenancy.CPU_PER_GPU
-            assert by["memory"]["nominalQuota"] == f"{nominal * tenancy.MEMORY_GIB_PER_GPU}Gi"
-
-
-def test_one_number_of_gpus_applies_to_every_pool_up_to_its_size():
-    teams = (TeamSettings(name="a", gpu_quota=12),)
-    # reserved holds 4 x 8 = 32 GPUs, small 1 x 8 = 8: 12 and 8.
-    assert tenancy.team_pool_quotas(teams[0], [pool("reserved"), pool("small", max_nodes=1)]) == \
-        {"reserved": 12, "small": 8}
-
-
-def test_a_team_may_use_its_nominal_quota_plus_what_the_others_lend():
+def test_the_namespaces_quota_is_the_most_its_cluster_queue_can_admit():
     # research 32 + applied 16 on one pool: Kueue's potential capacity for research is
     # min(32 + 16, 0 + (32 + 16)) = 48, for applied min(16 + 32, 48) = 48.
     teams = (TeamSettings(name="research", gpu_quota={"p": 32}), TeamSettings(name="applied", gpu_quota={"p": 16}))
-    queues = tenancy.cluster_queues(teams, [pool("p", max_nodes=6)])
-    for q in queues:
-        assert admission.potential_capacity(q, queues, "p", "nvidia.com/gpu") == 48
+    cluster_queues = queues.cluster_queues(teams, [pool("p", max_nodes=6)])
+    for q in cluster_queues:
+        assert fit.potential_capacity(q, cluster_queues, "p", "nvidia.com/gpu") == 48
     # The namespace's ResourceQuota backstop is that ceiling.
     hard = tenancy.team_quota(teams[1], teams, [pool("p", max_nodes=6)])
     assert hard["requests.nvidia.com/gpu"] == "48"
@@ -120,8 +90,9 @@ def test_kueue_configuration_uses_only_fields_kueue_knows():
         assert set(node) <= allowed, (path, set(node) - allowed)
     assert set(config["integrations"]["frameworks"]) <= FRAMEWORKS
     assert "jobset.x-k8s.io/jobset" in config["integrations"]["frameworks"]
-    assert config["managedJobsNamespaceSelector"] == {"matchLabels": {tenancy.KUEUE_MANAGED_LABEL: "true"}}
-    assert config["resources"]["excludeResourcePrefixes"] == list(tenancy.EXCLUDED_RESOURCE_PREFIXES)
+    assert config["managedJobsNamespaceSelector"] == {"matchLabels": {naming.KUEUE_MANAGED_LABEL: "true"}}
+    # Kueue counts no fabric device: exactly the prefixes the job check leaves out.
+    assert config["resources"]["excludeResourcePrefixes"] == list(queues.EXCLUDED_RESOURCE_PREFIXES)
 
 
 def test_kueue_configuration_with_a_v1beta1_only_field_is_caught():
@@ -132,27 +103,11 @@ def test_kueue_configuration_with_a_v1beta1_only_field_is_caught():
 
 def test_pods_ready_waits_for_a_node_start_and_a_running_job_is_not_evicted_for_a_lost_pod():
     ready = tenancy.kueue_configuration()["waitForPodsReady"]
-    assert _duration_s(ready["timeout"]) == admission.PODS_READY_TIMEOUT_S >= admission.GPU_NODE_STARTUP_S
+    assert _duration_s(ready["timeout"]) == job.PODS_READY_TIMEOUT_S >= job.GPU_NODE_STARTUP_S
     # recoveryTimeout 0s: disabled (pkg/controller/core/core.go only applies a positive one), so a job
     # that lost a node keeps its remaining pods while the replacement waits for capacity.
     assert ready["recoveryTimeout"] == "0s"
     assert ready["requeuingStrategy"]["backoffLimitCount"] >= 1
-
-
-def test_limit_range_gives_no_cpu_limit_that_the_trainer_would_exceed():
-    trainer = {"containers": [{"name": "trainer", "resources": {
-        "requests": {"cpu": "187", "memory": "1880Gi", "nvidia.com/gpu": "8"},
-        "limits": {"memory": "1880Gi", "nvidia.com/gpu": "8"}}}]}
-    assert admission.request_limit_problems(trainer, [{"spec": tenancy.limit_range()}]) == []
-    (item,) = tenancy.limit_range()["limits"]
-    assert "cpu" not in item["default"] and item["defaultRequest"]["cpu"] == "500m"
-
-
-def test_namespaces_are_selected_by_their_cluster_queue_and_managed_by_kueue():
-    labels = tenancy.namespace_labels("research")
-    (q,) = tenancy.cluster_queues((TeamSettings(name="research", gpu_quota=8),), [pool("p")])
-    assert q["spec"]["namespaceSelector"]["matchLabels"].items() <= labels.items()
-    assert labels[tenancy.KUEUE_MANAGED_LABEL] == "true"
 
 
 def test_submitters_may_pause_their_workloads_but_not_edit_queues():
@@ -163,11 +118,11 @@ def test_submitters_may_pause_their_workloads_but_not_edit_queues():
 
 
 def test_team_members_read_exactly_what_gpu_train_needs():
-    """The team roles grant `gpu-train` its reads (tests/gpu_train_cli checks each call against these rules):
+    """The team roles grant `gpu-train` its reads (tests/gpu_train/cli checks each call against these rules):
     the platform contract by name only, Kueue's pending-workload positions, and the pod proxy for metrics."""
     for rules in (tenancy.submitter_rules(), tenancy.viewer_rules()):
         (cm,) = [r for r in rules if "configmaps" in r["resources"]]
-        assert cm == {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [tenancy.PLATFORM_CONFIGMAP],
+        assert cm == {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [naming.PLATFORM_CONFIGMAP],
                       "verbs": ["get"]}
         assert {"apiGroups": [tenancy.VISIBILITY_GROUP], "resources": ["localqueues/pendingworkloads"],
                 "verbs": ["get"]} in rules

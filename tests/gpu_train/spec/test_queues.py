@@ -1,0 +1,104 @@
+"""Kueue's objects for the teams' queues (gpu_train/spec/queues.py): ClusterQueues from per-pool quotas in one
+cohort, what Kueue lets a team use of them (worked out from Kueue's cohort rules, gpu_train.jobs.fit), the
+ResourceFlavors, the namespaces' LimitRange, and the CPU and memory quota that comes with each GPU. Pure, no
+mocks: `pytest tests/gpu_train/spec/test_queues.py`.
+"""
+
+from __future__ import annotations
+
+from gpu_train.jobs import fit
+from gpu_train.spec import naming, queues
+from gpu_train.spec.catalog import aws, gcp
+from gpu_train.spec.contract import Fabric, GpuPool
+from gpu_train.spec.settings import TeamSettings
+
+
+def pool(name, gpus=8, max_nodes=4, capacity="spot"):
+    return GpuPool(name=name, instance_type="p5.48xlarge", capacity=capacity, gpu_type="H100", gpus_per_node=gpus,
+                   min_nodes=0, max_nodes=max_nodes, zone="", node_selector={naming.POOL_LABEL: name},
+                   tolerations=naming.gpu_tolerations(), fabric=Fabric(kind="none"), provisioner="karpenter")
+
+
+def test_cluster_queues_carry_each_teams_quota_per_pool_and_borrow_in_one_cohort():
+    teams = (TeamSettings(name="research", gpu_quota={"reserved": 32, "spot": 16}),
+             TeamSettings(name="applied", gpu_quota={"spot": 16}))
+    pools = [pool("reserved"), pool("spot")]
+    by_name = {q["metadata"]["name"]: q for q in queues.cluster_queues(teams, pools)}
+    assert set(by_name) == {"team-research", "team-applied"}
+    expected = {"team-research": {"reserved": (32, 0), "spot": (16, 16)},
+                "team-applied": {"reserved": (0, 32), "spot": (16, 16)}}  # (nominal, borrowing limit)
+    for name, want in expected.items():
+        q = by_name[name]
+        assert q["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+        spec = q["spec"]
+        assert spec["cohortName"] == naming.COHORT and "cohort" not in spec  # v1beta2 renamed the field
+        (group,) = spec["resourceGroups"]
+        assert group["coveredResources"] == ["cpu", "memory", "nvidia.com/gpu"]
+        for f in group["flavors"]:
+            by = {r["name"]: r for r in f["resources"]}
+            assert [r["name"] for r in f["resources"]] == group["coveredResources"]
+            nominal, borrow = want[f["name"]]
+            assert (by["nvidia.com/gpu"]["nominalQuota"], by["nvidia.com/gpu"]["borrowingLimit"]) == (nominal, borrow)
+            assert by["nvidia.com/gpu"]["lendingLimit"] == nominal
+            assert by["cpu"]["nominalQuota"] == nominal * queues.CPU_PER_GPU
+            assert by["memory"]["nominalQuota"] == f"{nominal * queues.MEMORY_GIB_PER_GPU}Gi"
+
+
+def test_one_number_of_gpus_applies_to_every_pool_up_to_its_size():
+    team = TeamSettings(name="a", gpu_quota=12)
+    # reserved holds 4 x 8 = 32 GPUs, small 1 x 8 = 8: 12 and 8.
+    assert queues.team_pool_quotas(team, [pool("reserved"), pool("small", max_nodes=1)]) == \
+        {"reserved": 12, "small": 8}
+
+
+def test_a_team_may_use_its_nominal_quota_plus_what_the_others_lend():
+    # research 32 + applied 16 on one pool: Kueue's potential capacity for research is
+    # min(32 + 16, 0 + (32 + 16)) = 48, for applied min(16 + 32, 48) = 48.
+    teams = (TeamSettings(name="research", gpu_quota={"p": 32}), TeamSettings(name="applied", gpu_quota={"p": 16}))
+    cluster_queues = queues.cluster_queues(teams, [pool("p", max_nodes=6)])
+    for q in cluster_queues:
+        assert fit.potential_capacity(q, cluster_queues, "p", "nvidia.com/gpu") == 48
+        # CPU and memory follow the GPUs: 48 x 32 CPUs and 48 x 512 GiB.
+        assert fit.potential_capacity(q, cluster_queues, "p", "cpu") == 48 * 32
+        assert fit.potential_capacity(q, cluster_queues, "p", "memory") == 48 * 512 * 2**30
+
+
+def test_limit_range_gives_no_cpu_limit_that_the_trainer_would_exceed():
+    trainer = {"containers": [{"name": "trainer", "resources": {
+        "requests": {"cpu": "187", "memory": "1880Gi", "nvidia.com/gpu": "8"},
+        "limits": {"memory": "1880Gi", "nvidia.com/gpu": "8"}}}]}
+    assert fit.request_limit_problems(trainer, queues.limit_range()) == []
+    (item,) = queues.limit_range()["limits"]
+    assert "cpu" not in item["default"] and item["defaultRequest"]["cpu"] == "500m"
+
+
+def test_namespaces_are_selected_by_their_cluster_queue_and_managed_by_kueue():
+    labels = naming.namespace_labels("research")
+    (q,) = queues.cluster_queues((TeamSettings(name="research", gpu_quota=8),), [pool("p")])
+    assert q["spec"]["namespaceSelector"]["matchLabels"].items() <= labels.items()
+    assert labels[naming.KUEUE_MANAGED_LABEL] == "true"
+
+
+def test_cpu_and_memory_per_gpu_cover_every_catalog_machine():
+    for name, spec in [*aws.CATALOG.items(), *gcp.CATALOG.items()]:
+        if spec.gpus:
+            assert spec.vcpus / spec.gpus <= queues.CPU_PER_GPU, name
+            assert spec.memory_gib / spec.gpus <= queues.MEMORY_GIB_PER_GPU, name
+
+
+def test_resource_flavor_selects_the_pool_and_its_capacity_type():
+    flavor = queues.resource_flavor(pool("h100-spot", capacity="spot"))
+    assert flavor["spec"]["nodeLabels"] == {naming.POOL_LABEL: "h100-spot", naming.CAPACITY_LABEL: "spot"}
+    assert flavor["spec"]["tolerations"] == naming.gpu_tolerations()
+
+
+def test_team_entries_are_each_teams_namespace_queues_quota_and_workdir():
+    teams = (TeamSettings(name="research", gpu_quota={"p": 8}, submitters=("g",)),)
+    (team,) = queues.team_entries(teams, [pool("p")], "/mnt/nvme")
+    assert (team.namespace, team.local_queue, team.cluster_queue) == ("team-research", "research-queue",
+                                                                     "team-research")
+    assert team.gpu_quota == {"p": 8} and team.nvme_workdir == "/mnt/nvme/gpu-train/team-research"
+    assert team.namespace_labels == naming.namespace_labels("research") and team.submitters == ["g"]
+    kueue = queues.kueue_objects(teams, [pool("p")])
+    assert kueue.cluster_queues == queues.cluster_queues(teams, [pool("p")])
+    assert kueue.excluded_resource_prefixes == list(queues.EXCLUDED_RESOURCE_PREFIXES)
