@@ -92,8 +92,10 @@ class JobSpec(BaseModel):
     team: str = Field(description="one of teams[].name: picks the namespace and LocalQueue")
     pool: str = Field(description="one of gpuPools[].name: where the pods run")
     preset: str = Field("gpt2-124m", description="trainer preset (python -m trainer --preset)")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="trainer dotted-key overrides")
-    nodes: Nodes = Field(NodeRange(1, 1), description="torchrun --nnodes MIN:MAX")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="trainer dotted-key overrides, checked against "
+                                                                        "the trainer's own schema")
+    nodes: Nodes = Field(NodeRange(1, 1), description="torchrun --nnodes MIN:MAX: the JobSet has MAX pods, admitted "
+                                                      "whole; training goes on while MIN nodes are present")
     gpus_per_node: Int = Field(0, description="0 = all GPUs of the pool's instance type")
     dataset_uri: str = Field("", description="\"\" = <datasets bucket>/<job name>/manifest.json")
     checkpoint_uri: str = Field("", description="\"\" = <checkpoints bucket>/<team>/<job name>")

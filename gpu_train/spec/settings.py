@@ -51,7 +51,7 @@ class NetworkSettings(Settings):
                                                        "secondary range")
     service_cidr: str = Field("172.20.0.0/16", description="Kubernetes services")
     nat: Literal["single", "per-zone"] = Field("per-zone", description="NAT gateways: one in dev saves money, "
-                                                                       "one per zone in prod")
+                                                                       "one per AZ in prod")
     flow_logs: bool = Field(True, description="VPC flow logs (AWS: KMS-encrypted log group; GCP: subnet flow "
                                               "logs)")
 
@@ -71,8 +71,9 @@ class ClusterSettings(Settings):
 
 class GpuPoolSettings(Settings):
     name: str = Field(description="DNS label, unique per stack; becomes the node label gpu-train.io/pool")
-    instance_type: str = Field(description="EC2 instance type or GCE machine type (gpu_train/spec/catalog)")
-    capacity: Capacity = Field(description="spot | on-demand | reservation | capacity-block (AWS only)")
+    instance_type: str = Field(description="EC2 instance type or GCE machine type (the catalogs in "
+                                                    "gpu_train/spec/catalog/)")
+    capacity: Capacity = Field(description="capacity-block is AWS only")
     min_nodes: Int = 0
     max_nodes: Int
     fabric: bool = Field(False, description="EFA (AWS) or GPUDirect TCPX/TCPXO/RDMA (GCP), with compact "
@@ -103,48 +104,59 @@ class MonitoringSettings(Settings):
 
 
 class HealthSettings(Settings):
-    enabled: bool = Field(True, description="GPU node health: problem detection, pre-flight check and quarantine "
-                                            "(docs/operations.md)")
-    remediation: bool = Field(True, description="quarantine a faulty GPU node (its pods leave with their grace "
-                                                "period); false: report only")
-    preflight: bool = Field(True, description="a new GPU node takes no training pod until its GPU and fabric "
-                                              "pre-flight check passes")
-    node_repair: bool = Field(True, description="the clouds' node repair: Karpenter node repair, EKS node group "
-                                                "repair, GKE auto-repair")
+    enabled: bool = Field(True, description="node-problem-detector and node-readiness-controller (namespace "
+                                            "`node-health`), the quarantine and pre-flight rules, and the "
+                                            "gpu-preflight DaemonSet (namespace `gpu-system`)")
+    remediation: bool = Field(True, description="quarantine a faulty GPU node: taint "
+                                                "`readiness.k8s.io/gpu-train-gpu-fault:NoExecute`, so its pods leave "
+                                                "with their grace period and the cloud replaces the empty node; "
+                                                "`false` runs the rule in dry-run (faults are still detected and "
+                                                "alerted on)")
+    preflight: bool = Field(True, description="a new GPU node keeps one "
+                                              "`readiness.k8s.io/gpu-train-preflight-<check>:NoSchedule` taint per "
+                                              "check until that check passed (GPU count, ECC state, DCGM "
+                                              "diagnostics, fabric devices)")
+    node_repair: bool = Field(True, description="the clouds' node repair: Karpenter's `nodeRepair` feature gate and "
+                                                "the EKS system node group's node repair (AWS), node auto-repair of "
+                                                "every node pool (GKE)")
     xid_codes: tuple[Int, ...] = Field((48, 63, 64, 74, 79, 94, 95),
-                                       description="NVIDIA XID errors that quarantine a GPU node")
-    max_concurrent_repairs: Int = Field(1, description="nodes the clouds may repair or replace at once per pool; "
-                                                       "more GPU nodes quarantined at once raises an alert")
-    dcgm_diag_level: Int = Field(1, description="DCGM diagnostics level of the pre-flight check (1: seconds, 2: "
-                                                "a few minutes)")
+                                       description="NVIDIA XID errors that quarantine a node: double-bit ECC (48), "
+                                                   "row remapping event and failure (63, 64), NVLink (74), GPU "
+                                                   "fallen off the bus (79), contained and uncontained ECC (94, 95)")
+    max_concurrent_repairs: Int = Field(1, description="how many nodes may be repaired at once: the Karpenter "
+                                                       "NodePools' disruption budget (emptied or drifted nodes removed "
+                                                       "at once), the EKS system node group's "
+                                                       "`maxParallelNodesRepairedCount`, and the threshold of the "
+                                                       "`GpuQuarantineStorm` alert")
+    dcgm_diag_level: Int = Field(1, description="`dcgmi diag -r` level of the pre-flight check: 1 (seconds) or 2 (a "
+                                                "few minutes)")
 
 
 class TeamMemberSettings(Settings):
-    principal: str = Field(description="AWS: the ARN of an IAM role or user (arn:aws:iam::<account>:role/<name>) "
-                                       "that gets an EKS access entry carrying the team's groups; on GCP people "
-                                       "join the Google groups instead")
+    principal: str = Field(description="the ARN of an IAM role or user (`arn:aws:iam::<account>:role/<name>`, a "
+                                       "path allowed)")
     role: Literal["submitter", "viewer"] = Field("submitter", description="which of the team's group lists the "
-                                                                          "entry carries")
+                                                                          "principal's access entry carries")
 
 
 class TeamSettings(Settings):
     name: str = Field(description="DNS label; namespace team-<name>")
     gpu_quota: Int | dict[str, Int] = Field(description="nominal GPUs in the team's ClusterQueue per pool, "
-                                                        "{pool: GPUs} (pools left out: 0), or one number for "
+                                                        "`{pool: GPUs}` (pools left out: 0), or one number for "
                                                         "every pool (capped at each pool's maxNodes x GPUs)")
     submitters: tuple[str, ...] = Field((), description="Kubernetes groups allowed to submit jobs (GKE: Google "
                                                         "group e-mail addresses); the team's RoleBindings name "
                                                         "exactly these")
     viewers: tuple[str, ...] = Field((), description="groups allowed to read jobs, their status and logs")
-    members: tuple[TeamMemberSettings, ...] = Field((), description="AWS: IAM principals mapped to the groups by "
-                                                                    "EKS access entries")
+    members: tuple[TeamMemberSettings, ...] = Field((), description="AWS: IAM principals given EKS access entries "
+                                                                    "that carry these groups (below)")
 
 
 class LogsSettings(Settings):
     retention_days: Int | None = Field(None, description="AWS: days the team namespaces' container logs stay in "
                                                          "CloudWatch Logs (unset: 30); GKE keeps them in Cloud "
-                                                         "Logging, whose retention is the project's _Default "
-                                                         "bucket setting")
+                                                         "Logging, whose retention is the project's `_Default` "
+                                                         "log bucket setting")
 
 
 class ImageSettings(Settings):
@@ -193,10 +205,10 @@ class StackSettings(Settings):
     monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings, description="Prometheus, "
                                                                                            "Grafana, alerts")
     health: HealthSettings = Field(default_factory=HealthSettings, description="GPU node health, pre-flight, "
-                                                                               "quarantine and repair")
+                                                                               "quarantine and repair ([operations.md](operations.md))")
     teams: tuple[TeamSettings, ...] = Field((), description="tenants: namespace, queue and GPU quota each")
     job: JobSpec | None = Field(None, description="the stack's training job (none: the platform only; teams "
-                                                  "submit theirs)")
+                                                  "submit theirs with `gpu-train submit`, [teams.md](teams.md))")
     logs: LogsSettings = Field(default_factory=LogsSettings, description="container logs that outlive their "
                                                                          "pods")
     image: ImageSettings = Field(default_factory=ImageSettings, description="trainer image source")
