@@ -85,6 +85,8 @@ def test_fabric_pools_get_their_installer_networks_and_probe(machine, kind, mode
     addons = node_addons.node_addons(cfg, names)
     assert [i.fabric for i in addons.installers] == [kind]
     assert addons.installers[0] == node_addons.NCCL_INSTALLERS[kind]
+    # Each network's GKENetworkParamSet, then the Network that refers to it.
+    assert [o["kind"] for o in addons.cluster_objects] == ["GKENetworkParamSet", "Network"] * len(modes)
     params = [o for o in addons.cluster_objects if o["kind"] == "GKENetworkParamSet"]
     nets = [o for o in addons.cluster_objects if o["kind"] == "Network"]
     assert [o["apiVersion"] for o in addons.cluster_objects] == ["networking.gke.io/v1"] * (2 * len(modes))

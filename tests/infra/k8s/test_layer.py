@@ -222,3 +222,12 @@ def test_the_layer_installs_what_the_platform_describes_whatever_the_cloud(stack
     same, _ = build_layer(stack)
     swapped, _ = build_layer(stack, edit_platform=lambda p: dataclasses.replace(p, cloud=other))
     assert resources(swapped) == resources(same)
+
+
+@pytest.mark.parametrize(("stack", "device_plugin"), [("aws-dev", False), ("gcp-dev", True)])
+def test_nvidias_device_plugin_is_installed_exactly_when_the_node_add_ons_ask(stack, device_plugin):
+    """The cloud layer says whether its GPU nodes need NVIDIA's device plugin (GKE runs its own); the Kubernetes layer
+    follows that alone."""
+    records, _ = build_layer(stack, edit_platform=lambda p: dataclasses.replace(
+        p, node_addons=dataclasses.replace(p.node_addons, device_plugin=device_plugin)))
+    assert ("nvidia-device-plugin" in releases(records)) is device_plugin

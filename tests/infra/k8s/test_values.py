@@ -15,18 +15,27 @@ import subprocess
 import pytest
 
 from gpu_train.spec import naming
+from gpu_train.spec.contract import Fabric, GpuPool
 from gpu_train.spec.settings import CacheSettings, MonitoringSettings
+from infra.aws import node_addons as aws_addons
+from infra.gcp import node_addons as gcp_addons
 from infra.k8s import cache, common, gpu, monitoring, nvme, storage, tenancy
-from infra.platform import EgressTarget, Fabric, GpuPool, StorageClassSpec
+from infra.platform import EgressTarget, StorageClassSpec
 
 SYSTEM = {naming.SYSTEM_LABEL: "true"}
 
 
-def pool(name="h100", gpus=8, max_nodes=4, capacity="spot", kind="none", provisioner="karpenter", networks=()):
+# Where GKE's driver installer keeps the NVIDIA libraries on the host
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/gpus#cuda); raw local SSDs on GKE node pools
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-volumes/local-ssd-raw).
+GKE_DRIVER_DIR = "/home/kubernetes/bin/nvidia"
+GKE_SSD_GLOB = "/dev/disk/by-id/google-local-nvme-ssd-*"
+
+
+def pool(name="h100", gpus=8, max_nodes=4, capacity="spot", kind="none"):
     return GpuPool(name=name, instance_type="p5.48xlarge", capacity=capacity, gpu_type="H100", gpus_per_node=gpus,
                    min_nodes=0, max_nodes=max_nodes, zone="", node_selector={naming.POOL_LABEL: name},
-                   tolerations=[dict(naming.GPU_TAINT)], fabric=Fabric(kind=kind, networks=networks),
-                   provisioner=provisioner)
+                   tolerations=naming.gpu_tolerations(), fabric=Fabric(kind=kind), provisioner="karpenter")
 
 
 def walk(value, path=""):
@@ -97,8 +106,8 @@ def test_cache_workers_run_on_gpu_nodes_and_masters_on_system_nodes_with_encrypt
 
 def test_cache_workers_select_every_gpu_node_and_only_gpu_nodes():
     """Pools that share no other label (capacity, fabric, GPU type) all get workers; system nodes none."""
-    mixed = [pool("a", capacity="spot"), GpuPool(**{**pool("b").__dict__, "capacity": "on-demand",
-                                                      "gpu_type": "L4", "fabric": Fabric(kind="efa")})]
+    mixed = [pool("a", capacity="spot"), pool("b").model_copy(update={"capacity": "on-demand", "gpu_type": "L4",
+                                                                      "fabric": Fabric(kind="efa")})]
     selector = cache.worker_node_selector(mixed)
     for p in mixed:
         node = naming.pool_node_labels(p.name, p.capacity, p.fabric.kind, p.gpu_type)
@@ -205,8 +214,12 @@ def test_dcgm_values_mount_the_counters_and_stay_on_gpu_nodes():
     assert values["serviceMonitor"]["enabled"] is False
     assert values["affinity"] == common.pool_affinity([pool()])
     assert "extraHostVolumes" not in values
-    gke = monitoring.dcgm_values([pool(provisioner="node-pool")])
-    assert gke["extraHostVolumes"][0]["hostPath"] == "/home/kubernetes/bin/nvidia"
+    # Where the cloud layer says the driver lives on the host (GKE), the exporter reads it from there.
+    assert gcp_addons.DRIVER_HOST_PATH == GKE_DRIVER_DIR
+    gke = monitoring.dcgm_values([pool()], gcp_addons.DRIVER_HOST_PATH)
+    assert gke["extraHostVolumes"][0]["hostPath"] == GKE_DRIVER_DIR
+    assert {"name": "nvidia-install-dir-host", "mountPath": "/usr/local/nvidia", "readOnly": True} in \
+        gke["extraVolumeMounts"]
 
 
 TRAINER_METRICS = ["trainer_loss", "trainer_tokens_per_second", "trainer_mfu", "trainer_step_seconds",
@@ -253,23 +266,8 @@ def test_trainer_pod_monitor_covers_every_local_rank_port():
 # ---------------------------------------------------------------- scheduling and tenancy
 
 
-# Kueue's queues, quotas and configuration: tests/infra/k8s/test_tenancy.py.
-
-
-def test_cpu_and_memory_per_gpu_cover_every_catalog_machine():
-    from infra.aws.catalog import CATALOG as EC2
-    from infra.gcp.catalog import CATALOG as GCE
-
-    for name, spec in [*EC2.items(), *GCE.items()]:
-        if spec.gpus:
-            assert spec.vcpus / spec.gpus <= tenancy.CPU_PER_GPU, name
-            assert spec.memory_gib / spec.gpus <= tenancy.MEMORY_GIB_PER_GPU, name
-
-
-def test_resource_flavor_selects_the_pool_and_its_capacity_type():
-    flavor = tenancy.resource_flavor(pool("h100-spot", capacity="spot"))
-    assert flavor["spec"]["nodeLabels"] == {naming.POOL_LABEL: "h100-spot", naming.CAPACITY_LABEL: "spot"}
-    assert flavor["spec"]["tolerations"] == [naming.GPU_TAINT]
+# Kueue's queue objects: tests/gpu_train/spec/test_queues.py; its configuration and the namespace quota:
+# tests/infra/k8s/test_tenancy.py.
 
 
 def test_team_namespaces_start_from_default_deny_and_open_only_what_jobs_need():
@@ -315,49 +313,47 @@ def test_device_plugin_only_on_gpu_pools_with_gfd():
         "nodeSelectorTerms"][0]["matchExpressions"]
     assert expr == [{"key": naming.POOL_LABEL, "operator": "In", "values": ["a", "b"]}]
     assert values["nfd"]["master"]["nodeSelector"] == SYSTEM
-    assert gpu.managed_device_plugin(pool(provisioner="node-pool"))
-    assert not gpu.managed_device_plugin(pool(provisioner="karpenter"))
+    # Whether a cloud needs it is the cloud layer's word (node_addons.device_plugin): tests/infra/k8s/test_layer.py.
 
 
 def test_efa_plugin_selects_efa_nodes():
-    values = gpu.efa_plugin_values([pool(kind="efa")])
+    values = gpu.fabric_plugin_values(aws_addons.EFA_PLUGIN, [pool(kind="efa")])
     assert values["nodeSelector"] == {naming.FABRIC_LABEL: "efa"}
+    assert values["tolerations"] == common.gpu_tolerations([pool(kind="efa")])
     assert values["resources"]["limits"]
 
 
 def test_nccl_installer_per_fabric_kind():
-    ds = gpu.nccl_installer("tcpxo", [pool(kind="tcpxo")], "gpu-system")
+    # Google's installers, one per GPUDirect flavour, as the GCP layer describes them.
+    assert {k: i.fabric for k, i in gcp_addons.NCCL_INSTALLERS.items()} == {"tcpx": "tcpx", "tcpxo": "tcpxo",
+                                                                            "rdma": "rdma"}
+    ds = gpu.host_installer(gcp_addons.NCCL_INSTALLERS["tcpxo"], [pool(kind="tcpxo")], "gpu-system")
     spec = ds["spec"]["template"]["spec"]
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert {"key": naming.FABRIC_LABEL, "operator": "In", "values": ["tcpxo"]} in \
         terms["nodeSelectorTerms"][0]["matchExpressions"]
     assert spec["initContainers"][0]["image"].endswith(":v1.0.3")
     assert ds["metadata"]["annotations"], "documented checkov skips must travel with the object"
-    with pytest.raises(ValueError, match="fabric kind 'efa'"):
-        gpu.nccl_installer("efa", [pool()], "gpu-system")
-
-
-def test_gke_network_objects():
-    nets = [{"name": f"n{i}", "vpc": f"v{i}", "subnet": f"s{i}", "deviceMode": "RDMA"} for i in range(2)]
-    objs = gpu.gke_network_objects([pool(kind="rdma", networks=nets), pool("b", kind="rdma", networks=nets)])
-    assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
-        ("GKENetworkParamSet", "n0"), ("Network", "n0"), ("GKENetworkParamSet", "n1"), ("Network", "n1")]
-    assert objs[0]["spec"] == {"vpc": "v0", "vpcSubnet": "s0", "deviceMode": "RDMA"}
-    with pytest.raises(ValueError, match="deviceMode"):
-        gpu.gke_network_objects([pool(networks=[{"name": "x", "vpc": "v", "subnet": "s", "deviceMode": "Bad"}])])
+    # TCPX's needs the plugin directory remounted executable on the host; the others copy files only.
+    tcpx = gpu.host_installer(gcp_addons.NCCL_INSTALLERS["tcpx"], [pool(kind="tcpx")], "gpu-system")
+    assert [c["name"] for c in tcpx["spec"]["template"]["spec"]["initContainers"]] == ["install", "host-mount"]
+    assert [c["name"] for c in spec["initContainers"]] == ["install"]
 
 
 def test_nvme_daemonset_mounts_at_the_contract_path():
-    ds = nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system", raid=True, team_namespaces=["team-a"])
+    ds = nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system", device_glob=GKE_SSD_GLOB,
+                             team_namespaces=["team-a"])
     assert ds["metadata"]["name"] == "nvme-raid0"
     spec = ds["spec"]["template"]["spec"]
     assert [c["name"] for c in spec["initContainers"]] == ["raid0", "workdirs"]  # mount first, then dirs
     script = spec["initContainers"][0]["command"][-1]
     assert "mount -o noatime,discard /dev/md/gpu-train-nvme /mnt/nvme" in script
     assert "mdadm --create" in script and "--level=0" in script
+    assert GKE_SSD_GLOB in script  # the devices the cloud layer says are raw
+    assert gcp_addons.NVME_DEVICE_GLOB == GKE_SSD_GLOB
     assert spec["hostPID"] is True
     with pytest.raises(ValueError, match="nvme_host_path"):
-        nvme.raid_script("relative/path")
+        nvme.raid_script("relative/path", GKE_SSD_GLOB)
 
 
 def _workdirs(ds):
@@ -367,7 +363,8 @@ def _workdirs(ds):
 
 @pytest.mark.parametrize("raid", [True, False])
 def test_nvme_workdirs_step_is_root_with_chown_only_and_never_privileged(raid):
-    ds = nvme.nvme_daemonset("/mnt/k8s-disks/0/", [pool()], "gpu-system", raid=raid,
+    glob = GKE_SSD_GLOB if raid else ""  # raw devices to assemble, or a disk the node's bootstrap mounted
+    ds = nvme.nvme_daemonset("/mnt/k8s-disks/0/", [pool()], "gpu-system", device_glob=glob,
                              team_namespaces=["team-b", "team-a"])
     spec = ds["spec"]["template"]["spec"]
     c = _workdirs(ds)
@@ -379,7 +376,8 @@ def test_nvme_workdirs_step_is_root_with_chown_only_and_never_privileged(raid):
     assert c["command"][:2] == ["sh", "-c"] and c["command"][4:] == ["team-a", "team-b"]
     (vol,) = spec["volumes"]
     assert c["volumeMounts"] == [{"name": vol["name"], "mountPath": nvme.NVME_MOUNT}]
-    # EKS: nodeadm mounted the disk already; GKE: raid0 mounts it over a directory the kubelet may create.
+    # Bootstrap (EKS nodeadm) mounted the disk already; raw devices (GKE): raid0 mounts it over a directory the
+    # kubelet may create.
     assert vol["hostPath"] == {"path": "/mnt/k8s-disks/0/", "type": "DirectoryOrCreate" if raid else "Directory"}
     if not raid:
         assert ds["metadata"]["name"] == "nvme-workdirs" and [i["name"] for i in spec["initContainers"]] == [
@@ -388,9 +386,9 @@ def test_nvme_workdirs_step_is_root_with_chown_only_and_never_privileged(raid):
                                              for i in spec["initContainers"])
     assert ds["metadata"]["annotations"], "documented checkov skips must travel with the object"
     with pytest.raises(ValueError, match="team namespaces"):
-        nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system", raid=raid, team_namespaces=[])
+        nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system", device_glob=glob, team_namespaces=[])
     with pytest.raises(ValueError, match="not Kubernetes namespace names"):
-        nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system", raid=raid, team_namespaces=["a; rm -rf /"])
+        nvme.nvme_daemonset("/mnt/nvme", [pool()], "gpu-system", device_glob=glob, team_namespaces=["a; rm -rf /"])
 
 
 def test_nvme_workdirs_script_makes_owned_0700_directories_and_is_idempotent(tmp_path):
@@ -414,7 +412,7 @@ def test_nvme_workdirs_script_makes_owned_0700_directories_and_is_idempotent(tmp
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, gid, 0o700)
     with pytest.raises(ValueError, match="one plain path segment"):
         nvme.workdirs_script(service_dirs=[("../etc", 0, 0)])
-    assert nvme.workdir_path("/mnt/k8s-disks/0/", "team-a") == "/mnt/k8s-disks/0/gpu-train/team-a"
+    assert naming.workdir_path("/mnt/k8s-disks/0/", "team-a") == "/mnt/k8s-disks/0/gpu-train/team-a"
 
 
 def test_storage_class_must_be_encrypted():
@@ -439,9 +437,9 @@ def test_checkov_skips_file_is_documented(tmp_path):
         common.checkov_skips(bad)
 
 
-@pytest.mark.parametrize("kind", sorted(gpu.NCCL_INSTALLERS))
+@pytest.mark.parametrize("kind", sorted(gcp_addons.NCCL_INSTALLERS))
 def test_nccl_installers_mount_every_host_directory_their_script_writes(kind):
-    ds = gpu.nccl_installer(kind, [pool(kind=kind)], "gpu-system")
+    ds = gpu.host_installer(gcp_addons.NCCL_INSTALLERS[kind], [pool(kind=kind)], "gpu-system")
     spec = ds["spec"]["template"]["spec"]
     install = spec["initContainers"][0]
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
@@ -449,14 +447,3 @@ def test_nccl_installers_mount_every_host_directory_their_script_writes(kind):
     assert set(volumes) == set(mounts)
     for target in re.findall(r"cp -r \S+ (\S+)", install["args"][0]):
         assert any(target.startswith(path) for path in mounts.values()), f"{kind}: {target} is not on the host"
-
-
-@pytest.mark.parametrize(("uri", "expected"), [
-    ("s3://acme-datasets/gpt2/manifest.json", "s3://gpt2/manifest.json"),
-    ("gs://acme-datasets/web/v2/manifest.json", "s3://web/v2/manifest.json"),
-    ("s3://acme-datasets/manifest.json", None),  # top level: no Alluxio "bucket" to name it by
-    ("s3://other-bucket/gpt2/manifest.json", None),  # outside the cached bucket: read directly
-])
-def test_dataset_uri_through_the_cache_proxy(uri, expected):
-    bucket = "gs://acme-datasets" if uri.startswith("gs://") else "s3://acme-datasets"
-    assert cache.proxy_dataset_uri(uri, bucket) == expected
