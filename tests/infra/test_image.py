@@ -17,7 +17,8 @@ import pytest
 import yaml
 from pulumi.runtime.mocks import MockMonitor
 
-from infra import image, naming
+from gpu_train.spec import naming
+from infra import image
 from infra.mocks import MockContext, PlanMocks
 from infra.platform import Registry
 
@@ -84,11 +85,15 @@ def test_dockerfile_is_multi_stage_pinned_and_runs_as_the_jobs_uid():
 def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
     patterns = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
                 if ln.strip() and not ln.startswith("#")]
-    for required in (".git", ".venv*", "runs/", "build/", "tests/", "bench/", "**/__pycache__"):
+    # The team command and the developer tools stay out of the image with the rest.
+    for required in (".git", ".venv*", "runs/", "build/", "tests/", "bench/", "**/__pycache__", "infra/",
+                     "gpu_train/cli/", "tools/"):
         assert required in patterns, required
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), flags=re.M)
     sources = [s for line in copied for s in line.split() if not s.startswith("--")]
-    assert set(sources) == {"pyproject.toml", "trainer", "trainer/entrypoint.sh"}
+    # The trainer, and the core it imports (the platform's vocabulary and the launcher).
+    assert set(sources) == {"pyproject.toml", "trainer", "trainer/entrypoint.sh", "gpu_train/__init__.py",
+                            "gpu_train/spec", "gpu_train/jobs"}
     inputs = image.image_inputs()
     for src in sources:
         assert src not in patterns and f"{src}/" not in patterns
@@ -98,10 +103,12 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
 
 def test_the_tag_covers_exactly_what_the_image_is_made_of():
     inputs = image.image_inputs()
-    # pyproject.toml and the trainer package; nothing of the README, infra, tests, docs, stacks or the
-    # workflow files (the build writes its own one-line README for the package metadata).
-    assert {"pyproject.toml", "trainer/entrypoint.sh", "trainer/__main__.py"} <= set(inputs)
-    assert {i.split("/")[0] for i in inputs} == {"pyproject.toml", "trainer"}
+    # pyproject.toml, the trainer package and the core it imports; nothing of the README, infra, the team command,
+    # tests, docs, stacks or the workflow files (the build writes its own one-line README for the package metadata).
+    assert {"pyproject.toml", "trainer/entrypoint.sh", "trainer/__main__.py", "gpu_train/__init__.py",
+            "gpu_train/jobs/launch.py", "gpu_train/spec/trainer_config.py"} <= set(inputs)
+    assert {i.split("/")[0] for i in inputs} == {"pyproject.toml", "trainer", "gpu_train"}
+    assert {i.split("/")[1] for i in inputs if i.startswith("gpu_train/") and i.count("/") > 1} == {"spec", "jobs"}
     assert not any("__pycache__" in i or i.endswith(".pyc") for i in inputs)
 
 

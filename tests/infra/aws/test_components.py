@@ -8,7 +8,6 @@ roles; a stack with the deploy runner), then checks registered resources and the
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 
 import pulumi
@@ -112,7 +111,16 @@ def _check_full(platform, monitor, values):
     assert by_name["l4-od"].node_selector == {naming.POOL_LABEL: "l4-od"}
     assert set(platform.identities) == {"trainer/vision", "cache", "mlflow"}
     assert platform.identities["trainer/vision"].namespaces == ["team-vision"]
-    assert platform.nvme_host_path == "/mnt/k8s-disks/0" and platform.nvme_setup == "bootstrap"
+    # nodeadm mounts the instance store at the NVMe root itself: no raw devices for the Kubernetes layer to RAID.
+    assert platform.nvme_host_path == "/mnt/k8s-disks/0" and platform.node_addons.nvme_device_glob == ""
+    # What the GPU nodes need: NVIDIA's device plugin, the EFA plugin for the a100 pool, its 4 EFA devices in the
+    # pre-flight; every training container gets the region.
+    addons = platform.node_addons
+    assert addons.device_plugin is True and [d.chart for d in addons.device_plugins] == ["aws-efa-k8s-device-plugin"]
+    assert (addons.fabric_probes["a100"].probe, addons.fabric_probes["a100"].devices) == ("efa", 4)
+    assert platform.pod_env == {"AWS_REGION": "us-west-2"}
+    # Each pool tells a job what its nodes leave to a training pod.
+    assert all(p.allocatable is not None for p in platform.gpu_pools)
     assert platform.api_server_cidrs == ["10.30.0.0/16"]
 
     checkpoints, server, password, kms = values[-4:]
@@ -163,7 +171,7 @@ def test_deploy_runner_sits_in_the_vpc_and_alone_reaches_the_api_server():
                      environment="dev", nat="single")
     runner = DeployRunnerSettings(kind="codebuild", repository="acme/gpu-train",
                                 connection_arn="arn:aws:codeconnections:us-west-2:123456789012:connection/abc")
-    cfg = dataclasses.replace(base, deploy_runner=runner)
+    cfg = base.model_copy(update={"deploy_runner": runner})
     platform, monitor = _run(cfg)
 
     def check(_):

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from dataclasses import replace
 
 import pulumi
 import pytest
 
-from infra.aws import database, iam, keys, load_balancer, network
 from gpu_train.spec.settings import MlflowSettings
+from infra.aws import database, iam, keys, load_balancer, network
 from tests.conftest import resources_of
 from tests.infra.aws.conftest import stack_cfg
 from tests.infra.aws.test_components import _run
@@ -137,7 +136,7 @@ POOL = [{"name": "l4", "instanceType": "g6.2xlarge", "capacity": "spot", "maxNod
 @pulumi.runtime.test
 def test_build_platform_contract_with_managed_database():
     base = stack_cfg(POOL)
-    platform, monitor = _run(replace(base, mlflow=MlflowSettings(database="managed")))
+    platform, monitor = _run(base.model_copy(update={"mlflow": MlflowSettings(database="managed")}))
     assert [(t.cidr, t.port) for t in platform.workload_identity_egress] == [("169.254.170.23/32", 80)]
     assert platform.internal_lb_annotations["service.beta.kubernetes.io/aws-load-balancer-type"] == "external"
     assert "lb-controller" in [r._name for r in platform.ready]

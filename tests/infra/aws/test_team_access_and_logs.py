@@ -14,8 +14,9 @@ import json
 
 import pytest
 
-from infra import config
+from gpu_train.spec.settings import TeamMemberSettings, TeamSettings
 from infra.aws import cluster, log_shipping
+from infra.aws.settings_checks import log_retention_days, team_access_entries
 from policies.plan import aws_iam_lint
 from tests.conftest import resources_of
 from tests.infra.k8s.harness import load_stack
@@ -60,7 +61,7 @@ def test_access_entries_carry_the_teams_groups_and_nothing_else(plans):
     cfg = load_stack("aws-prod")  # the example stack that lists team members
     entries = {r["inputs"]["principalArn"]: r for r in resources_of(plans["aws-prod"], "aws:eks/accessEntry:AccessEntry")
                if r["inputs"]["type"] == "STANDARD"}
-    wanted = config.team_access_entries(cfg.teams)
+    wanted = team_access_entries(cfg.teams)
     assert wanted and set(entries) == set(wanted)
     bound = {g for t in cfg.teams for g in (*t.submitters, *t.viewers)}
     for principal, res in entries.items():
@@ -82,12 +83,12 @@ def test_an_entry_keeps_its_name_when_other_members_come_and_go():
 
 
 def test_team_access_entries_merge_a_principal_of_several_teams():
-    teams = (config.TeamSettings(name="a", gpu_quota=1, submitters=("ga",), viewers=("va",),
-                               members=(config.TeamMemberSettings(principal="p1"),
-                                        config.TeamMemberSettings(principal="p2", role="viewer"))),
-             config.TeamSettings(name="b", gpu_quota=1, submitters=("gb",),
-                               members=(config.TeamMemberSettings(principal="p2"),)))
-    assert config.team_access_entries(teams) == {"p1": ("ga",), "p2": ("gb", "va")}
+    teams = (TeamSettings(name="a", gpu_quota=1, submitters=("ga",), viewers=("va",),
+                               members=(TeamMemberSettings(principal="p1"),
+                                        TeamMemberSettings(principal="p2", role="viewer"))),
+             TeamSettings(name="b", gpu_quota=1, submitters=("gb",),
+                               members=(TeamMemberSettings(principal="p2"),)))
+    assert team_access_entries(teams) == {"p1": ("ga",), "p2": ("gb", "va")}
 
 
 # ------------------------------------------------------------------------------------------ log shipping
@@ -124,7 +125,7 @@ def test_every_team_namespace_has_an_encrypted_group_with_the_settings_retention
                     if r["inputs"]["name"].endswith("/cluster"))
     for team in cfg.teams:
         group = groups[log_shipping.log_group_name(f"gpu-train-{stack}", f"team-{team.name}")]
-        assert group["retentionInDays"] == config.log_retention_days(cfg)
+        assert group["retentionInDays"] == log_retention_days(cfg)
         assert group["kmsKeyId"] == logs_key
     (assoc,) = [r["inputs"] for r in resources_of(plan, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
                 if r["inputs"]["serviceAccount"] == log_shipping.SHIPPER_SERVICE_ACCOUNT]

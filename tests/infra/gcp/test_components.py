@@ -9,7 +9,6 @@ key grants) and the returned contract.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pulumi
 from pulumi.runtime import mocks as runtime_mocks
@@ -57,7 +56,7 @@ def _run(cfg):
 
 def _cfg():
     cfg = stack_cfg([fabric_pool("hi", "a3-highgpu-8g"), fabric_pool("ultra", "a3-ultragpu-8g", "reservation")])
-    return dataclasses.replace(cfg, mlflow=dataclasses.replace(cfg.mlflow, enabled=True, database="managed"))
+    return cfg.model_copy(update={"mlflow": cfg.mlflow.model_copy(update={"enabled": True, "database": "managed"})})
 
 
 def _waits(platform):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from dataclasses import replace
 
 import pulumi
 import pytest
@@ -30,10 +29,10 @@ def test_psa_range_avoids_every_stack_range():
     for taken in (cfg.network.vpc_cidr, cfg.network.pod_cidr, cfg.network.service_cidr, cfg.cluster.master_cidr):
         assert not cidr.overlaps(ipaddress.ip_network(taken))
     # A stack that uses the top of 10/8 pushes the range below it.
-    high = replace(cfg, network=replace(cfg.network, vpc_cidr="10.255.240.0/20"))
+    high = cfg.model_copy(update={"network": cfg.network.model_copy(update={"vpc_cidr": "10.255.240.0/20"})})
     moved = ipaddress.ip_network(network.psa_range(high))
     assert not moved.overlaps(ipaddress.ip_network("10.255.240.0/20")) and moved != cidr
-    full = replace(cfg, network=replace(cfg.network, pod_cidr="10.0.0.0/8"))
+    full = cfg.model_copy(update={"network": cfg.network.model_copy(update={"pod_cidr": "10.0.0.0/8"})})
     with pytest.raises(ValueError, match="Private Service Access"):
         network.psa_range(full)
     assert database.psa_address("10.255.240.0/20") == ("10.255.240.0", 20)
@@ -90,7 +89,7 @@ def _run(cfg):
 
 @pulumi.runtime.test
 def test_build_platform_contract_with_managed_database():
-    cfg = replace(stack_cfg(POOL), mlflow=MlflowSettings(database="managed"))
+    cfg = stack_cfg(POOL).model_copy(update={"mlflow": MlflowSettings(database="managed")})
     platform = _run(cfg)
     assert [(t.cidr, t.port) for t in platform.workload_identity_egress] == [
         ("169.254.169.254/32", 80), ("169.254.169.252/32", 988)]
