@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from trainer import config as tcfg
+from gpu_train.spec import trainer_config as tcfg
 from trainer.model import GPT
 from trainer.train import build_optimizer, lr_at
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from bench.common import Figure, ratio
-from trainer import config as tcfg
+from gpu_train.spec import trainer_config as tcfg
 from trainer.checkpoint import CheckpointManager, list_step_dirs
 from trainer.distributed import init_distributed
 from trainer.model import GPT

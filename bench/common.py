@@ -91,7 +91,7 @@ def preset_flops_per_token(preset: str) -> float:
     is built on the meta device, so no memory is allocated."""
     import torch
 
-    from trainer import config as tcfg
+    from gpu_train.spec import trainer_config as tcfg
     from trainer.flops import flops_per_token
     from trainer.model import GPT
 

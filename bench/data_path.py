@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from bench.common import Figure, local_s3, preset_flops_per_token, ratio
-from trainer import config as tcfg
+from gpu_train.spec import trainer_config as tcfg
 from trainer.data import GlobalSampler, open_dataset
 from trainer.data.cache import CacheRef, ShardCache, sha256_file
 from trainer.data.prepare import PrepareStats, collect_files, plan_tasks, prepare, read_documents, synth

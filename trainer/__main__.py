@@ -20,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainer.config import PRESETS, build_config, reference
+from gpu_train.spec.trainer_config import PRESETS, build_config, reference
 from trainer.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from trainer.config import ModelConfig
+from gpu_train.spec.trainer_config import ModelConfig
 from trainer.model import GPT
 
 FORMAT = "gpu-train-gpt"

@@ -125,8 +125,8 @@ def preflight(args) -> None:
     """Check the trainer's settings and inputs for every world size this launch may run at."""
     from torch.distributed.run import parse_min_max_nnodes
 
+    from gpu_train.spec.trainer_config import build_config
     from trainer.__main__ import parser as trainer_parser
-    from trainer.config import build_config
     from trainer.preflight import check_inputs
 
     targs = trainer_parser().parse_args(args.training_script_args)  # exits 2 itself on a bad option

@@ -1,7 +1,7 @@
 """GPT-style decoder-only transformer. Knows nothing of distribution, storage or metrics.
 
 Usage:
-    from trainer.config import ModelConfig
+    from gpu_train.spec.trainer_config import ModelConfig
     from trainer.model import GPT
     model = GPT(ModelConfig(n_layer=2, n_head=4, d_model=64, context=64, vocab_size=264))
     logits, loss = model(x, targets=y)      # x, y: (B, T) int64
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.config import ModelConfig
+from gpu_train.spec.trainer_config import ModelConfig
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from trainer.config import MAX_PORT, Config, ConfigError, batch_layout
+from gpu_train.spec.trainer_config import MAX_PORT, Config, ConfigError, batch_layout
 from trainer.errors import BadInput
 
 

@@ -73,7 +73,7 @@ _SNAPSHOT_MAX_BYTES = 64 * 1024 * 1024
 
 
 class TrackingSettings(Protocol):
-    """The fields of trainer.config.TrackingConfig the tracker reads."""
+    """The fields of gpu_train.spec.trainer_config.TrackingConfig the tracker reads."""
 
     enabled: bool
     uri: str

@@ -2,7 +2,7 @@
 stopping, checkpoints, metrics, hang detection, and the run's outputs (summary, registered model, a sample).
 
 Usage (normally through `python -m trainer`, see trainer/__main__.py):
-    from trainer.config import build_config
+    from gpu_train.spec.trainer_config import build_config
     from trainer.train import train
     summary = train(build_config("tiny", overrides=["train.steps=20"]), run_dir=Path("runs/dev"))
     summary["status"]      # "completed", "stopped_early" (eval.early_stopping_patience) or "preempted"; bad
@@ -76,9 +76,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from gpu_train.spec.trainer_config import Config, batch_layout, flatten, to_dict
 from trainer import flops
 from trainer.checkpoint import CheckpointInvalid, CheckpointManager
-from trainer.config import Config, batch_layout, flatten, to_dict
 from trainer.distributed import DistEnv, init_distributed, seed_everything, shutdown
 from trainer.errors import BadInput, TrainingFailed, one_line
 from trainer.metrics import JsonlLog, StepClock, TrainerMetrics, plot_loss

@@ -67,7 +67,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainer.config import WatchdogConfig
+    from gpu_train.spec.trainer_config import WatchdogConfig
 
 EXIT_HUNG = 124
 MARGIN_S = 60.0  # what a collective's timeout adds to the watchdog's largest bound
