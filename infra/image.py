@@ -5,7 +5,7 @@ Usage (in infra/__main__.py):
     image.ref   # Output[str]: <repository>@sha256:<digest>, what the JobSet runs
     image_inputs()  # the context files the image is made from (what the tag hashes)
 
-With `prebuilt` set (already validated by infra/config.py as repo@sha256:<64 hex>) nothing is built and
+With `prebuilt` set (already validated with the settings as repo@sha256:<64 hex>) nothing is built and
 the reference passes through. Otherwise pulumi-docker-build (BuildKit) builds the repository root with
 trainer/Dockerfile for linux/amd64 and pushes it with the registry credentials from the cloud layer.
 When the cloud layer names a cache repository (`Registry.cache_repository`), the layer cache is read

@@ -95,7 +95,7 @@ class NodeAddons:
     # them through the device plugin (DCGM exporter, pre-flight); "" = the container runtime injects them (EKS).
     driver_host_path: str = ""
     # Raw local NVMe devices the Kubernetes layer assembles into a RAID0 at nvme_host_path ("" = the node's own
-    # bootstrap has mounted them there: nvme_setup "bootstrap").
+    # bootstrap has mounted them there).
     nvme_device_glob: str = ""
     fabric_probes: Mapping[str, FabricProbe] = field(default_factory=dict)  # pool name -> its pre-flight probe
 

@@ -7,7 +7,7 @@ A GPU pool is any of: a Karpenter `NodePool` whose requirements select GPU insta
 the `nvidia.com/gpu` taint; bounded by `limits.nvidia.com/gpu`, or by `limits.nodes` / the static
 `replicas` times the GPUs of its instance type), an EKS managed node group on GPU instance types (directly or through its
 launch template), or a GKE node pool with guest accelerators or a GPU machine type. GPUs per node come
-from the catalogs in `infra/aws/catalog.py` and `infra/gcp/catalog.py`.
+from the catalogs in `gpu_train/spec/catalog/aws.py` and `gpu_train/spec/catalog/gcp.py`.
 
 Interruption handling: Karpenter drains spot nodes ahead of reclaim only when it reads EC2's
 interruption events from an SQS queue (https://karpenter.sh/docs/concepts/disruption/#interruption).

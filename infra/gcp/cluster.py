@@ -85,7 +85,7 @@ def maintenance_exclusion() -> dict[str, object]:
 
 def rbac_security_group(cfg: StackSettings) -> str | None:
     """The Google Groups for RBAC security group of the teams' groups (checked with the settings:
-    infra.config.gke_group_problems); None when no team names a group."""
+    infra.gcp.settings_checks.gke_group_problems); None when no team names a group."""
     return gke_security_group(cfg.teams)
 
 
