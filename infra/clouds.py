@@ -39,10 +39,15 @@ def problems(settings: StackSettings) -> list[str]:
     pools = cloud.describe_pools(settings)
     nvme = cloud.NVME_HOST_PATH
     # Kueue admits a JobSet whole or not at all: refuse a job it could never admit, or whose pods cannot fit
-    # their nodes. The stack's job goes to a LocalQueue of its own, which feeds its team's ClusterQueue.
+    # their nodes. The stack's job goes to a LocalQueue of its own, which feeds its team's ClusterQueue. The stack's
+    # own settings are named where they are the culprit: the pool's instance type, the team's quota.
+    pool_index = next((i for i, p in enumerate(settings.gpu_pools) if p.name == job.pool), None)
+    team_index = next((i for i, t in enumerate(settings.teams) if t.name == job.team), None)
     return check_job(job, pools=pools, teams=queues.team_entries(settings.teams, pools, nvme),
                      kueue=queues.kueue_objects(settings.teams, pools), nvme_host_path=nvme,
-                     scheme=BUCKET_SCHEME[settings.cloud], queue=naming.job_queue_name(job.name))
+                     scheme=BUCKET_SCHEME[settings.cloud], queue=naming.job_queue_name(job.name),
+                     pool_key=f"{naming.PROJECT}:gpuPools[{pool_index}].instanceType" if pool_index is not None else "",
+                     quota_key=f"{naming.PROJECT}:teams[{team_index}].gpuQuota" if team_index is not None else "")
 
 
 def require_valid(settings: StackSettings) -> None:

@@ -26,9 +26,11 @@ PLACEHOLDER_IMAGE = "registry.invalid/gpu-train/trainer@sha256:" + "0" * 64
 
 def check_job(job: JobSpec, *, pools: Sequence[GpuPool], teams: Sequence[Team], kueue: Kueue, nvme_host_path: str,
               scheme: str, pod_env: Mapping[str, str] | None = None, key: str = f"{naming.PROJECT}:job",
-              queue: str = "") -> list[str]:
+              queue: str = "", pool_key: str = "", quota_key: str = "") -> list[str]:
     """Every reason the job cannot run on this platform ([] when it can), each naming its setting. `queue` is the
-    LocalQueue it goes to (default: its team's)."""
+    LocalQueue it goes to (default: its team's). Where the platform's own settings are at hand (the stack's plan),
+    `pool_key` names the pool's instance type setting, the culprit when a pod cannot fit a node, and `quota_key` the
+    team's quota setting, the culprit when Kueue lacks the quota; by default both problems name the job's."""
     problems = job_problems(job, pools=pools, teams=teams, scheme=scheme, key=key)
     pool = next((p for p in pools if p.name == job.pool), None)
     team = next((t for t in teams if t.name == job.team), None)
@@ -40,7 +42,7 @@ def check_job(job: JobSpec, *, pools: Sequence[GpuPool], teams: Sequence[Team], 
     try:
         manifest = jobset(job, where)
     except JobSpecError as exc:
-        return [f"{key}.pool {pool.name!r} ({pool.instance_type}): {exc}"]
+        return [f"{pool_key or f'{key}.pool {pool.name!r} ({pool.instance_type})'}: {exc}"]
     cq = next((q for q in kueue.cluster_queues if q["metadata"]["name"] == team.cluster_queue), None)
     if cq is None:
         return [f"{key}.team {team.name!r}: ClusterQueue {team.cluster_queue} doesn't exist"]
@@ -48,11 +50,12 @@ def check_job(job: JobSpec, *, pools: Sequence[GpuPool], teams: Sequence[Team], 
     for p in fit.queue_problems(manifest, cluster_queue=cq, cluster_queues=kueue.cluster_queues, flavor=pool.name,
                                 namespace_labels=team.namespace_labels, limit_range=kueue.limit_range,
                                 excluded_prefixes=kueue.excluded_resource_prefixes):
-        problems.append(f"{key}: Kueue would not admit job {job.name!r} from queue {where.queue} of team "
+        culprit = quota_key if quota_key and "insufficient quota" in p else key
+        problems.append(f"{culprit}: Kueue would not admit job {job.name!r} from queue {where.queue} of team "
                         f"{team.name!r} ({count} pods, admitted whole): {p}")
     pod_spec = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     for p in fit.node_problems(pod_spec, pool.allocatable.document() if pool.allocatable else {"cpu": 0, "memory": 0},
                                gpus=pool.gpus_per_node, limit_range=kueue.limit_range):
-        problems.append(f"{key}.pool {pool.name!r}: a pod of job {job.name!r} does not fit a {pool.instance_type} "
-                        f"node: {p}")
+        problems.append(f"{pool_key or f'{key}.pool {pool.name!r}'}: a pod of job {job.name!r} does not fit a "
+                        f"{pool.instance_type} node: {p}")
     return problems

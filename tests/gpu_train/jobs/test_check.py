@@ -87,3 +87,25 @@ def test_a_team_without_its_cluster_queue_is_named():
     assert check_job(dev_job(), pools=pools, teams=queues.team_entries(teams, pools, nvme), kueue=empty,
                      nvme_host_path=nvme, scheme="s3://") == [
         "gpu-train:job.team 'research': ClusterQueue team-research doesn't exist"]
+
+
+def test_the_platforms_own_settings_are_named_where_they_are_the_culprit():
+    """The stack's plan names its settings: the team's quota when Kueue lacks it, the pool's instance type when a
+    pod cannot fit its node."""
+    pool = efa_pool()
+    keys = {"pool_key": "gpu-train:gpuPools[0].instanceType", "quota_key": "gpu-train:teams[0].gpuQuota"}
+    teams = _teams({"h100-reserved": 16}, {"h100-reserved": 8, "h100-spot": 32})
+    pools = [pool, _spot(pool)]
+    nvme = NVME["aws"]
+
+    def named(job, teams, pools):
+        return check_job(job, pools=pools, teams=queues.team_entries(teams, pools, nvme),
+                         kueue=queues.kueue_objects(teams, pools), nvme_host_path=nvme, scheme="s3://",
+                         queue=naming.job_queue_name(job.name), **keys)
+
+    (problem,) = named(prod_job(), teams, pools)
+    assert problem.startswith("gpu-train:teams[0].gpuQuota: Kueue would not admit job 'gpt2-350m-pretrain'")
+    heavy = pool.model_copy(update={"fabric": pool.fabric.model_copy(update={"sidecars": [{
+        "name": "big", "image": "x", "resources": {"requests": {"cpu": "500", "memory": "1Gi"}}}]})})
+    (problem,) = named(prod_job(), _teams({"h100-reserved": 32}, {}), [heavy])
+    assert problem.startswith("gpu-train:gpuPools[0].instanceType: p5.48xlarge leaves the trainer 0 CPUs")
