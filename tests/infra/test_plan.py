@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpu_train.jobs import fit
+from gpu_train.spec import catalog
+from gpu_train.spec.contract import PlatformContract
 from infra import plan as plan_tool
-from infra.k8s import admission
+from infra.platform import CLOUD_AGENTS_CPU, CLOUD_AGENTS_MEMORY, GPU_NODE_AGENTS_CPU, GPU_NODE_AGENTS_MEMORY
 from tests.conftest import ROOT, STACKS, resources_of
 
 
@@ -133,7 +136,7 @@ def _kueue_configuration(plan: dict) -> dict:
 
 
 def _stack_settings(name: str):
-    from infra import config
+    from gpu_train.spec.settings import parse
     from tests.conftest import VARIANTS
 
     base, instance_type = VARIANTS.get(name, (name, None))
@@ -141,38 +144,64 @@ def _stack_settings(name: str):
     if instance_type:
         for pool in raw["gpu-train:gpuPools"]:
             pool["instanceType"] = instance_type
-    return config.parse(raw, name)
+    return parse(raw, name)
+
+
+def _flavor_fits(flavor: dict, pod: dict) -> bool:
+    """Kueue's flavor assignment for a pod with a node selector: every node label the flavor sets that the pod
+    selects on has the selected value, and the pod tolerates the flavor's node taints."""
+    selector = pod.get("nodeSelector") or {}
+    labels = flavor["spec"].get("nodeLabels") or {}
+    if any(k in selector and selector[k] != v for k, v in labels.items()):
+        return False
+    tolerated = {(t.get("key"), t.get("effect")) for t in pod.get("tolerations") or []}
+    return all((t["key"], t["effect"]) in tolerated for t in flavor["spec"].get("nodeTaints") or [])
+
+
+def _admission_problems(plan: dict, jobset: dict) -> tuple[str, str, list[str]]:
+    """(ClusterQueue, flavor, why Kueue would never admit the JobSet whole), from the objects `pulumi up` would
+    create: the JobSet's LocalQueue, the ClusterQueues, ResourceFlavors, the namespace's labels and LimitRange, and
+    Kueue's configuration."""
+    ns = jobset["metadata"]["namespace"]
+    queue = jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    (lq,) = [o for o in _objects(plan, "LocalQueue") if (o["metadata"]["namespace"], o["metadata"]["name"]) == (ns, queue)]
+    queues = _objects(plan, "ClusterQueue")
+    (cq,) = [q for q in queues if q["metadata"]["name"] == lq["spec"]["clusterQueue"]]
+    (namespace,) = [o for o in _objects(plan, "Namespace") if o["metadata"]["name"] == ns]
+    (limits,) = [o["spec"] for o in _objects(plan, "LimitRange") if o["metadata"]["namespace"] == ns]
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    offered = [f["name"] for g in cq["spec"]["resourceGroups"] for f in g["flavors"]]
+    flavors = {f["metadata"]["name"]: f for f in _objects(plan, "ResourceFlavor")}
+    # Kueue takes the first of the queue's flavors the pod set fits.
+    (flavor, *_) = [name for name in offered if _flavor_fits(flavors[name], pod)]
+    problems = fit.queue_problems(jobset, cluster_queue=cq, cluster_queues=queues, flavor=flavor,
+                                  namespace_labels=namespace["metadata"]["labels"], limit_range=limits,
+                                  excluded_prefixes=_kueue_configuration(plan)["resources"]["excludeResourcePrefixes"])
+    return cq["metadata"]["name"], flavor, problems
 
 
 def test_every_planned_job_is_admitted_whole_by_its_cluster_queue_and_fits_its_nodes(all_plans):
-    """Read back from the plan (the objects `pulumi up` would create): the JobSet, its LocalQueue, the
-    ClusterQueues, ResourceFlavors, the namespace's labels and LimitRange, and Kueue's configuration."""
+    """Read back from the plan (the objects `pulumi up` would create, and the contract it publishes)."""
     checked = []
     for stack, plan in all_plans.items():
         (jobset,) = _objects(plan, "JobSet")
         cfg = _stack_settings(stack)
-        ns = jobset["metadata"]["namespace"]
-        (namespace,) = [o for o in _objects(plan, "Namespace") if o["metadata"]["name"] == ns]
-        limits = [o for o in _objects(plan, "LimitRange") if o["metadata"]["namespace"] == ns]
-        kueue = _kueue_configuration(plan)
-        result = admission.admit(
-            admission.workload_pod_sets(jobset), namespace=ns, namespace_labels=namespace["metadata"]["labels"],
-            local_queues=_objects(plan, "LocalQueue"), queue_name=jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"],
-            cluster_queues=_objects(plan, "ClusterQueue"), flavors=_objects(plan, "ResourceFlavor"),
-            limit_ranges=limits, excluded_prefixes=kueue["resources"]["excludeResourcePrefixes"])
-        assert result.admitted, (stack, result.problems)
-        assert result.cluster_queue == f"team-{cfg.job.team}"
+        cluster_queue, flavor, problems = _admission_problems(plan, jobset)
+        assert problems == [], (stack, problems)
+        assert cluster_queue == f"team-{cfg.job.team}"
         # Every GPU of all MAX pods, on the job's pool.
-        gpus = cfg.pool(cfg.job.pool)
-        assert result.flavors["worker"]["nvidia.com/gpu"] == cfg.job.pool, stack
-        lo, hi = (int(x) for x in cfg.job.nodes.split(":"))
-        per_node = admission.instance_shape(cfg.cloud, gpus.instance_type)[2]
-        assert result.usage[(cfg.job.pool, "nvidia.com/gpu")] == hi * (cfg.job.gpus_per_node or per_node)
-        # MAX nodes exist in the pool, and one pod fits one of them.
-        assert hi <= gpus.max_nodes
-        pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-        node = admission.gpu_node_capacity(cfg.cloud, gpus.instance_type)
-        assert admission.pod_fits_node(pod, node, limit_ranges=limits) == [], stack
+        assert flavor == cfg.job.pool, stack
+        pool = cfg.pool(cfg.job.pool)
+        per_node = catalog.shape(cfg.cloud, pool.instance_type).gpus
+        ((_, count, pod),) = fit.pod_sets(jobset)
+        assert count == cfg.job.nodes.max
+        assert count * fit.pod_requests(pod)["nvidia.com/gpu"] == cfg.job.nodes.max * (cfg.job.gpus_per_node or per_node)
+        # MAX nodes exist in the pool, and one pod fits one of them, as the platform contract describes its nodes.
+        assert cfg.job.nodes.max <= pool.max_nodes
+        limits = next(o["spec"] for o in _objects(plan, "LimitRange")
+                      if o["metadata"]["namespace"] == jobset["metadata"]["namespace"])
+        node = PlatformContract.from_document(plan["outputs"]["platform"], stack).pool(cfg.job.pool).allocatable
+        assert fit.node_problems(pod, node.document(), gpus=per_node, limit_range=limits) == [], stack
         checked.append(stack)
     assert {"aws-prod", "gcp-prod", "aws-prod-p5en", "gcp-prod-a3ultra"} <= set(checked)
 
@@ -188,16 +217,10 @@ def test_a_plan_whose_job_outgrows_its_quota_fails_the_same_check(plans):
                     if r["name"] == "nvidia.com/gpu" and f["name"] == "h100-reserved":
                         r["nominalQuota"] = 16
     (jobset,) = _objects(plan, "JobSet")
-    result = admission.admit(
-        admission.workload_pod_sets(jobset), namespace="team-research",
-        namespace_labels={"gpu-train.io/team": "research"}, local_queues=_objects(plan, "LocalQueue"),
-        queue_name=jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"],
-        cluster_queues=_objects(plan, "ClusterQueue"), flavors=_objects(plan, "ResourceFlavor"),
-        excluded_prefixes=_kueue_configuration(plan)["resources"]["excludeResourcePrefixes"])
+    _, _, problems = _admission_problems(plan, jobset)
     # 16 nominal + 0 borrowable (applied has no h100-reserved quota) < 4 nodes x 8 GPUs.
-    assert not result.admitted
-    assert result.problems == ("pod set worker: no flavor of ClusterQueue team-research fits: insufficient quota "
-                               "for nvidia.com/gpu in flavor h100-reserved: 4 pods x 8 = 32 > maximum capacity 16",)
+    assert problems == ["pod set worker: insufficient quota for nvidia.com/gpu in flavor h100-reserved: 4 pods x 8 = "
+                        "32 > maximum capacity 16"]
 
 
 # Per-node agents on GPU nodes that come from Helm charts: release name -> value paths of the requests
@@ -221,15 +244,14 @@ def _tolerates_gpu_taint(pod_spec: dict) -> bool:
 
 
 def test_gpu_node_agents_fit_the_budget_the_trainer_leaves_them(plans):
-    """GPU_NODE_AGENTS (what a trainer pod leaves on its node) covers every per-node agent the plan runs
-    on GPU nodes, plus the clouds' own DaemonSets (CLOUD_AGENTS)."""
-    budget = admission.GPU_NODE_AGENTS
+    """GPU_NODE_AGENTS (what a trainer pod leaves on its node, infra/platform.py) covers every per-node agent the
+    plan runs on GPU nodes, plus the clouds' own DaemonSets (CLOUD_AGENTS)."""
     for stack, plan in plans.items():
         cpu = memory = 0
         for ds in _objects(plan, "DaemonSet"):
             spec = ds["spec"]["template"]["spec"]
             if _tolerates_gpu_taint(spec):
-                req = admission.pod_requests(spec)
+                req = fit.pod_requests(spec)
                 cpu, memory = cpu + req.get("cpu", 0), memory + req.get("memory", 0)
         for res in resources_of(plan, "kubernetes:helm.sh/v3:Release"):
             name, values = res["inputs"]["name"], res["inputs"].get("values") or {}
@@ -238,10 +260,10 @@ def test_gpu_node_agents_fit_the_budget_the_trainer_leaves_them(plans):
                 for part in path.split("."):
                     node = node.get(part) or {} if isinstance(node, dict) else {}
                 assert node.get("requests"), f"{stack}: release {name} sets no requests at {path}; update this table"
-                req = {k: admission.parse_quantity(v) for k, v in node["requests"].items()}
+                req = {k: fit.quantity(v) for k, v in node["requests"].items()}
                 cpu, memory = cpu + req.get("cpu", 0), memory + req.get("memory", 0)
-        assert cpu + admission.CLOUD_AGENTS.cpu <= budget.cpu, (stack, float(cpu))
-        assert memory + admission.CLOUD_AGENTS.memory <= budget.memory, (stack, float(memory) / 2**30)
+        assert cpu + CLOUD_AGENTS_CPU <= GPU_NODE_AGENTS_CPU, (stack, float(cpu))
+        assert memory + CLOUD_AGENTS_MEMORY <= GPU_NODE_AGENTS_MEMORY, (stack, float(memory) / 2**30)
         assert cpu > 0 and memory > 0
 
 
@@ -250,7 +272,7 @@ def test_gpu_node_agents_fit_the_budget_the_trainer_leaves_them(plans):
 
 def _from(stack: str, *mutations):
     def build() -> str:
-        from tests.infra.test_config import raw_stack
+        from tests.infra.test_settings import raw_stack
 
         raw = raw_stack(stack)
         for m in mutations:
@@ -265,7 +287,7 @@ def _text(body: str):
 
 
 def _broken():
-    from tests.infra.test_config import _set
+    from tests.infra.test_settings import _set
 
     s = _set
     return [

@@ -15,7 +15,7 @@ from typing import Any
 import kubernetes_validate
 
 from infra.k8s.monitoring import release_labels, selector_matches
-from infra.validation import crd
+from tools.validation import crd
 
 CHECKOV = Path(__file__).resolve().parents[3] / ".venv-checkov" / "bin" / "checkov"
 
@@ -39,7 +39,7 @@ def _need(cond: bool, problems: list[str], where: str, what: str) -> None:
 
 
 def cr_problems(obj: dict[str, Any]) -> list[str]:
-    """A custom resource against its CRD at the pinned version (infra.validation.crd: structural
+    """A custom resource against its CRD at the pinned version (tools.validation.crd: structural
     schema, defaults, CEL rules), plus what the platform itself needs of it: monitors and rules the
     kube-prometheus-stack Prometheus selects, flavors that select their pool's nodes."""
     kind = obj.get("kind")

@@ -16,10 +16,11 @@ import jsonschema
 import pytest
 import yaml
 
-from infra.aws import catalog, cluster, karpenter
+from gpu_train.spec.catalog import aws as catalog
 from gpu_train.spec.settings import GpuPoolSettings, HealthSettings
-from infra.validation import crd
+from infra.aws import cluster, karpenter
 from tests.conftest import ROOT
+from tools.validation import crd
 
 ADDON_SCHEMA = ROOT / "tests" / "schemas" / "addons" / f"{cluster.NODE_MONITORING_AGENT}-{cluster.NODE_MONITORING_AGENT_VERSION}.json"
 
