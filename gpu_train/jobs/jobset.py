@@ -22,6 +22,7 @@ come from gpu_train.jobs.launch. docs/deploy-job.md gives the reasons; in short:
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections.abc import Mapping
@@ -193,7 +194,7 @@ def trainer_container(job: JobSpec, where: Placement, gpus: int) -> dict[str, An
         "resources": {"requests": {"cpu": str(cpu), "memory": f"{memory}Gi", **extended},
                       "limits": {"memory": f"{memory}Gi", **extended}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "nvme", "mountPath": NVME_MOUNT},
-                         {"name": "tmp", "mountPath": "/tmp"}, *[dict(m) for m in pool.fabric.volume_mounts]],
+                         {"name": "tmp", "mountPath": "/tmp"}, *copy.deepcopy(pool.fabric.volume_mounts)],
         # EFA and RDMA need locked memory for registered buffers; that comes from the node's containerd (memlock
         # unlimited on EKS and GKE GPU images), not from IPC_LOCK: Kubernetes gives added capabilities to a
         # non-root process only through ambient capabilities, which it does not set.
@@ -207,7 +208,7 @@ def pod_template(job: JobSpec, where: Placement, gpus: int) -> dict[str, Any]:
     """The worker pod: one per node of the pool, the trainer plus the fabric's sidecars and volumes."""
     pool = where.pool
     _, _, shm = pod_resources(pool, gpus)
-    sidecars = [{**dict(s), "restartPolicy": "Always"} for s in pool.fabric.sidecars]
+    sidecars = [{**copy.deepcopy(s), "restartPolicy": "Always"} for s in pool.fabric.sidecars]
     namespace = naming.team_namespace(job.team)
     spec: dict[str, Any] = {
         "serviceAccountName": naming.TRAINER_SERVICE_ACCOUNT,
@@ -235,7 +236,7 @@ def pod_template(job: JobSpec, where: Placement, gpus: int) -> dict[str, Any]:
             {"name": "nvme", "hostPath": {"path": naming.workdir_path(where.nvme_host_path, namespace),
                                           "type": "Directory"}},
             {"name": "tmp", "emptyDir": {"sizeLimit": "20Gi"}},
-            *[dict(v) for v in pool.fabric.volumes],
+            *copy.deepcopy(pool.fabric.volumes),
         ],
     }
     return {"metadata": {"labels": pod_labels(job), "annotations": {

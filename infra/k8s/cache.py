@@ -60,23 +60,6 @@ def endpoint() -> str:
             f"{naming.CACHE_PROXY_PORT}{S3_API_PATH}")
 
 
-def proxy_dataset_uri(dataset_uri: str, datasets_bucket: str) -> str | None:
-    """The dataset's URI as the trainer must name it when reading through the Alluxio S3 proxy.
-
-    The datasets bucket is Alluxio's root mount, and Alluxio's S3 API serves each top-level directory
-    of its namespace as a bucket (https://docs.alluxio.io/os/user/2.9.5/en/api/S3-API.html). So
-    `<bucket>/<dir>/<key>` is `s3://<dir>/<key>` at the proxy, for both clouds. Returns None when the
-    dataset is not under the datasets bucket or sits at its top level: the trainer then reads the
-    object store directly."""
-    bucket = datasets_bucket.rstrip("/") + "/"
-    if not dataset_uri.startswith(bucket):
-        return None
-    rest = dataset_uri[len(bucket):].lstrip("/")
-    if "/" not in rest:
-        return None
-    return f"s3://{rest}"
-
-
 def page_store_path(nvme_host_path: str) -> str:
     """Directory of the workers' page store on the node's local NVMe filesystem."""
     return nvme_host_path.rstrip("/") + "/" + PAGE_STORE_DIR

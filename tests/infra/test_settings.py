@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from pydantic import ValidationError
 
 from gpu_train.spec import settings as config

@@ -30,7 +30,7 @@ def test_every_setting_has_a_table_and_a_description():
     text = DOC.read_text()
     assert settings_reference.missing_blocks(text) == []
     for key, model in settings_reference.models().items():
-        for name, field in model.model_fields.items():
+        for field in model.model_fields.values():
             if not field.exclude:
                 assert f"| `{field.alias}` |" in text, f"{key}.{field.alias}"
 

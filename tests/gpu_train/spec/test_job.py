@@ -13,8 +13,8 @@ import pytest
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.job import (
     MANAGED_OVERRIDES,
-    NodeRange,
     JobSpec,
+    NodeRange,
     job_problems,
     override_text,
     read_job,
