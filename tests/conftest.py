@@ -50,6 +50,18 @@ def plans(stack_plans) -> dict[str, dict]:
     return stack_plans
 
 
+# Fixtures that run the Pulumi program (python -m infra.plan) for every stack: their tests are integration tests.
+PLAN_FIXTURES = frozenset({"plan_dir", "stack_plans", "plans", "variant_plan_dir", "variant_plans", "all_plans"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """`make test-fast` runs what is not marked `integration`: a test is an integration test when it plans the
+    stacks, starts real training or servers (marked `slow`), or its module says so (`pytestmark`)."""
+    for item in items:
+        if PLAN_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_pulumi_root():
     """Each test that sets Pulumi mocks must get a new root stack resource; one left behind by an

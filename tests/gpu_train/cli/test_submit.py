@@ -1,5 +1,5 @@
-"""`gpu-train submit`: the spec through the stack's own checks, the JobSet from the stack's own renderer, Kueue's
-admission arithmetic before sending, and the API calls against a fake API server that validates what it gets
+"""`gpu-train submit`: the spec through the one job model and the stack's own checks, the JobSet from the one
+renderer, Kueue's admission arithmetic before sending, and the API calls against a fake API server that validates what it gets
 (the JobSet CRD, the platform's Roles, its admission policies) and answers like the real one on errors.
 
 Run: .venv/bin/pytest tests/gpu_train/cli/test_submit.py -q
@@ -14,9 +14,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from infra import config, naming
-from infra.k8s import contract as contract_mod
-from infra.k8s import training
+from gpu_train.jobs.jobset import QUEUE_LABEL
+from gpu_train.spec import naming
+from gpu_train.spec.contract import ContractError, PlatformContract
+from gpu_train.spec.job import JobSpec
+from gpu_train.spec.settings import TeamSettings
 from infra.plan import kubernetes_objects
 from tests.conftest import STACKS
 from tests.gpu_train.cli.conftest import (
@@ -40,10 +42,9 @@ def _platform_file(tmp_path, doc) -> str:
     return str(path)
 
 
-def _stack_spec(tmp_path, job: config.JobSpec):
+def _stack_spec(tmp_path, job: JobSpec):
     """The stack's job settings written as a job spec file (camelCase keys, as in the stack file)."""
-    raw = {config._camel(k): v for k, v in job.__dict__.items()}
-    raw["overrides"] = dict(job.overrides)
+    raw = job.model_dump(mode="json", by_alias=True)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))  # overrides keep their order, as in the stack file
     return path
@@ -60,9 +61,9 @@ def test_dry_run_is_the_stacks_jobset_but_for_the_queue_it_waits_in(plans, stack
                          _platform_file(tmp_path, plan["outputs"]["platform"]))
     assert code == 0, err
     printed = yaml.safe_load(out)
-    queue = training.QUEUE_LABEL
+    queue = QUEUE_LABEL
     assert printed["metadata"]["labels"][queue] == f"{job.team}-queue"
-    assert planned["metadata"]["labels"][queue] == training.job_queue_name(job)
+    assert planned["metadata"]["labels"][queue] == naming.job_queue_name(job.name)
     printed["metadata"]["labels"][queue] = planned["metadata"]["labels"][queue]
     assert printed == planned
     # ... and so it passes the same checks as the stack's: the JobSet CRD and its pod template as a strict Pod.
@@ -97,7 +98,7 @@ def test_submit_creates_the_jobset_in_the_team_namespace(api, tmp_path, cli):
     assert post[1] == "/apis/jobset.x-k8s.io/v1alpha2/namespaces/team-research/jobsets"
     sent = post[3]
     assert crd.validate(sent).problems == []
-    assert sent["metadata"]["labels"][training.QUEUE_LABEL] == "research-queue"
+    assert sent["metadata"]["labels"][QUEUE_LABEL] == "research-queue"
     assert sent["spec"]["suspend"] is True  # Kueue unsuspends it on admission
     # The contract was read from the team namespace; nothing outside it was touched.
     assert {r[1].split("/namespaces/")[1].split("/")[0] for r in api.requests} == {"team-research"}
@@ -150,24 +151,32 @@ def test_bad_settings_are_all_named_by_the_stacks_own_checks(tmp_path, cli, doc)
 
 
 def test_checks_after_reading(tmp_path, cli, doc):
-    bad = spec(tmp_path, steps=0, overrides={"train.steps": 9}, nodes="3:2")
+    """A spec whose values all have their types gets every check across settings, all at once."""
+    bad = spec(tmp_path, steps=0, overrides={"train.steps": 9}, nodes="1:9")
     code, _, err = cli("submit", bad, "--dry-run", "--platform", _platform_file(tmp_path, doc))
     assert code == 2 and only_error_lines(err)
     assert "job.steps must be >= 1 (got 0)" in err
     assert "job.overrides.train.steps is set by job.steps; set that instead" in err
-    assert "job.nodes must be MIN:MAX with 1 <= MIN <= MAX" in err
+    assert "job.nodes MAX 9 is more than pool 'l4-spot' maxNodes 4" in err
+
+
+def test_a_node_range_that_is_not_one_is_refused_when_read(tmp_path, cli, doc):
+    bad = spec(tmp_path, steps=0, nodes="3:2")
+    code, _, err = cli("submit", bad, "--dry-run", "--platform", _platform_file(tmp_path, doc))
+    assert code == 2 and only_error_lines(err)
+    assert "job.nodes must be MIN:MAX with 1 <= MIN <= MAX, like '2:4' (got '3:2')" in err
 
 
 def test_a_job_its_teams_quota_can_never_admit_is_refused_before_sending(api, tmp_path, cli):
     """The team's nominal quota covers MIN nodes (the stack's check passes), but Kueue admits a JobSet whole, MAX
     pods at once, and the cluster queue can never hold 4 GPUs: the command says so and sends nothing."""
-    small = (config.TeamSettings(name="research", gpu_quota={"l4-spot": 2}, submitters=("ml-research",)),
-             config.TeamSettings(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
+    small = (TeamSettings(name="research", gpu_quota={"l4-spot": 2}, submitters=("ml-research",)),
+             TeamSettings(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
     platform = _platform_file(tmp_path, contract_doc(teams=small))
     code, _, err = cli("submit", spec(tmp_path, nodes="1:4", globalBatchTokens=98304), "--platform", platform, "--kubeconfig",
                        api.kubeconfig(tmp_path, ALICE, "team-research"))
     assert code == 2 and only_error_lines(err)
-    assert "queue research-queue of team 'research' could never admit job 'gpt2-smoke'" in err
+    assert "Kueue would not admit job 'gpt2-smoke' from queue research-queue of team 'research'" in err
     assert "insufficient quota for nvidia.com/gpu in flavor l4-spot: 4 pods x 1 = 4 > maximum capacity 2" in err
     assert not [r for r in api.requests if r[0] == "POST"]
 
@@ -232,18 +241,17 @@ def test_a_contract_of_another_format_is_refused(tmp_path, cli, doc):
 
 
 def test_the_contract_round_trips_to_the_stacks_objects(doc):
-    c = contract_mod.Contract.from_document(doc, "test")
+    c = PlatformContract.from_document(doc, "test")
     pool = c.pool("l4-spot")
     assert (pool.instance_type, pool.gpus_per_node, pool.max_nodes) == ("g6.2xlarge", 1, 4)
     team = c.team("research")
     assert team.namespace == naming.team_namespace("research") and team.local_queue == "research-queue"
     assert team.nvme_workdir == "/mnt/k8s-disks/0/gpu-train/team-research"
-    cfg = c.stack_config()
-    assert cfg.team_quota(cfg.team("research")) == {"l4-spot": 4, "l40s-spot": 0}
-    with pytest.raises(contract_mod.ContractError, match="pools: l4-spot, l40s-spot"):
+    assert team.gpu_quota == {"l4-spot": 4, "l40s-spot": 0}
+    with pytest.raises(ContractError, match="pools: l4-spot, l40s-spot"):
         c.pool("h100")
     broken = copy.deepcopy(doc)
     del broken["pools"][0]["instanceType"]
-    with pytest.raises(contract_mod.ContractError, match=r"pools\[0\]: instanceType is missing"):
-        contract_mod.Contract.from_document(broken, "test").pool("l4-spot")
+    with pytest.raises(ContractError, match=r"test: pools\[0\]\.instanceType is required"):
+        PlatformContract.from_document(broken, "test")
     assert c.image == IMAGE
