@@ -27,7 +27,7 @@ from trainer.tracking import (
     ui_hint,
 )
 
-FAST = TrackerOptions(start_timeout_s=5, initial_backoff_s=0.05, max_backoff_s=0.2, flush_timeout_s=30)
+FAST = TrackerOptions(start_timeout_s=5, flush_timeout_s=30)
 
 
 def _closed_port() -> int:
@@ -124,8 +124,7 @@ def test_embedded_store_records_a_run(tmp_path, monkeypatch):
 
 def test_unreachable_server_buffers_drops_oldest_and_warns_once(tmp_path, caplog):
     uri = f"http://127.0.0.1:{_closed_port()}"
-    options = TrackerOptions(max_pending_metrics=10, start_timeout_s=5, initial_backoff_s=0.05,
-                             max_backoff_s=0.1, flush_timeout_s=0.5)
+    options = TrackerOptions(max_pending_metrics=10, start_timeout_s=5, flush_timeout_s=0.5)
     caplog.set_level(logging.INFO, logger="trainer.tracking")
     tracker = Tracker.create(TrackingConfig(uri=uri), run_dir=tmp_path / "r", options=options)
     assert tracker.run_id is None  # the server never answered; training goes on without an id

@@ -34,7 +34,7 @@ from trainer.tracking import (
 
 ROOT = Path(__file__).resolve().parents[2]
 MLFLOW = Path(sys.executable).with_name("mlflow")
-FAST = TrackerOptions(start_timeout_s=20, initial_backoff_s=0.1, max_backoff_s=0.5, flush_timeout_s=60)
+FAST = TrackerOptions(start_timeout_s=20, flush_timeout_s=60)
 
 pytestmark = pytest.mark.slow
 
