@@ -475,15 +475,6 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def from_dict(data: dict[str, Any]) -> Config:
-    """Rebuild a Config from to_dict() output (e.g. a checkpoint's resolved config)."""
-    cfg = Config()
-    for section, values in data.items():
-        for name, value in values.items():
-            cfg = _apply(cfg, f"{section}.{name}", value)
-    return cfg
-
-
 def flatten(cfg: Config) -> dict[str, Any]:
     return {f"{s}.{k}": v for s, sub in to_dict(cfg).items() for k, v in sub.items()}
 
