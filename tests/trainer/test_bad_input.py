@@ -10,6 +10,7 @@ data.uri, checkpoint.remote_uri, the metrics port, the environment it reads, an 
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import socket
@@ -224,7 +225,21 @@ CASES: dict[str, Case] = {
                                            setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
     "resume without packing": Case(["data.packing=false"], ["data.packing=True", "data.packing=False"],
                                    setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
+    "resume from before the block shuffle": Case([], ["step_000000002 was written before the block shuffle"],
+                                                 setup=lambda t, d, r: [*_whole_dataset_shuffle(t / "run"),
+                                                                        f"data.uri={d['small']}"], resume=True),
 }
+
+
+def _whole_dataset_shuffle(run_dir: Path) -> list[str]:
+    """Make the copied checkpoints look written before the block shuffle existed: their sampler states count
+    no shards (what the whole-dataset sampler wrote). No more arguments."""
+    for path in (run_dir / "checkpoints").glob("step_*/manifest.json"):
+        manifest = json.loads(path.read_text())
+        for key in ("num_shards", "block_shards"):
+            del manifest["trainer"]["sampler"][key]
+        path.write_text(json.dumps(manifest))
+    return []
 
 
 def _write(path: Path, text: str) -> Path:
