@@ -30,13 +30,15 @@ import os
 import random
 import signal
 import socket
+import sys
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer.errors import BadInput
+from trainer.errors import BadInput, TrainingFailed
 
 log = logging.getLogger("trainer.distributed")
 STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -55,6 +57,15 @@ class DistEnv:
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
+
+
+def setup_logging(env: DistEnv) -> None:
+    """Log lines on stderr that name their rank: INFO from one worker per node (what this node resumed from, what
+    it downloaded), warnings from all."""
+    logging.basicConfig(level=logging.INFO if env.local_rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank{env.rank}] %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr, force=True)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 
 def free_port() -> int:
@@ -150,6 +161,17 @@ def current_env() -> DistEnv:
         restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), under_torchrun=under_torchrun(),
     )
+
+
+def raise_agreed(fault: tuple[str, str] | None, world_size: int) -> NoReturn:
+    """Some rank hit bad input or a failure; every rank raises the same: BadInput for the first ("bad", message)
+    of any rank, else TrainingFailed for the first ("failed", message). Collective."""
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, fault)
+    bad = [f[1] for f in every if f and f[0] == "bad"]
+    if bad:
+        raise BadInput(bad[0])
+    raise TrainingFailed(next(f[1] for f in every if f))
 
 
 def agree(error: str | None, world_size: int) -> str | None:

@@ -134,16 +134,24 @@ class EvalState:
     best_step: int | None = None
     bad: int = 0  # evaluations in a row without a new best
 
-    def record(self, step: int, val_loss: float) -> None:
+    def record(self, step: int, val_loss: float) -> dict[str, Any]:
+        """Note an evaluation; returns it as a metrics record (trainer.metrics.MetricsProcessor.log)."""
         self.last, self.last_step = val_loss, step
         if math.isfinite(val_loss) and (self.best is None or val_loss < self.best):
             self.best, self.best_step, self.bad = val_loss, step, 0
         else:
             self.bad += 1
+        return {"event": "eval", "val_loss": val_loss, "best_val_loss": self.best, "best_val_step": self.best_step,
+                "evals_without_improvement": self.bad}
 
     def exhausted(self, patience: int) -> bool:
         """Early stopping is due: `patience` evaluations in a row brought no new best."""
         return patience > 0 and self.bad >= patience
+
+    def why_stopped(self, patience: int) -> str:
+        best = math.nan if self.best is None else self.best
+        return (f"no new best validation loss in {self.bad} evaluations (eval.early_stopping_patience={patience}); "
+                f"best {best:.4f} at step {self.best_step}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"last": self.last, "last_step": self.last_step, "best": self.best, "best_step": self.best_step,

@@ -70,7 +70,10 @@ _STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 
 
 class TrainerMetrics:
-    def __init__(self, port: int = 0, rank: int = 0) -> None:
+    """This worker's Prometheus metrics, served on `port` (0: kept, not served); `rank` labels the per-rank
+    gauges; `restarts` and `val_loss` are the starting values of trainer_restarts_total and trainer_val_loss."""
+
+    def __init__(self, port: int = 0, rank: int = 0, *, restarts: int = 0, val_loss: float | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.step = Gauge("trainer_step", "Last completed optimizer step", registry=r)
@@ -120,7 +123,8 @@ class TrainerMetrics:
             "trainer_rank_collective_wait_seconds", "Time this rank was blocked in the last step's synchronising "
             "collectives waiting for the slowest rank", labels, registry=r).labels(rank=self.rank)
         self.mfu.set(math.nan)
-        self.val_loss.set(math.nan)
+        self.val_loss.set(math.nan if val_loss is None else val_loss)
+        self.restarts.set(restarts)
         self.server = None
         if port:
             try:

@@ -3,7 +3,7 @@ the end-of-run sample and the printed summary.
 
 Usage (trainer/train.py, Trainer.finish):
     full = full_state_dict(model)                # collective: every rank calls it, rank 0 gets the weights
-    summary["params_sha256"] = state_sha256(full)
+    summary = run_summary(status=..., params_sha256=state_sha256(full), ...)
     write_outputs(RunOutputs(cfg=cfg, run_dir=run_dir, ...), full, summary)   # rank 0 only
 
 A failure while sampling is a warning, never a failed run: the run is already trained and saved.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -90,6 +91,19 @@ def end_sample(cfg: Config, state: dict[str, torch.Tensor], tokenizer: Any, devi
                    generator=torch.Generator().manual_seed(cfg.train.seed))
     del model
     return cfg.eval.sample_prompt + tok.decode(ids)
+
+
+def run_summary(*, status: str, step: int, tokens: int, loss: float, evals: EvalState, params_sha256: str | None,
+                restarts: int, tokens_per_s: float, mfu: float | None, device: torch.device) -> dict[str, Any]:
+    """summary.json's fields (docs/trainer.md, "Run outputs")."""
+    return {
+        "step": step, "tokens": tokens, "final_loss": loss if math.isfinite(loss) else None,
+        "val_loss": evals.last, "best_val_loss": evals.best, "best_val_step": evals.best_step,
+        "params_sha256": params_sha256, "restarts": restarts, "tokens_per_s": tokens_per_s, "mfu": mfu,
+        "status": status,
+        # Rank 0's peak GPU memory (allocated by tensors), for sizing; None on CPU.
+        "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
+    }
 
 
 @dataclass(frozen=True)

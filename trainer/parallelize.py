@@ -5,6 +5,7 @@ Usage:
     from trainer.parallelize import build_model, build_optimizer, build_scheduler, resolve_dtype
     dtype = resolve_dtype(cfg, env)                          # bf16 on CUDA by default, None = fp32
     model, wrapped = build_model(cfg, env, dtype)            # raw GPT (state dict names) and the module to call
+    with grad_sync(model, wrapped, cfg, last=micro == accum - 1): loss.backward()   # sync on the last only
     optimizer = build_optimizer(model, cfg, env.device)
     scheduler = build_scheduler(optimizer, cfg)              # linear warmup, then cosine to train.min_lr
 
@@ -16,6 +17,7 @@ here too, as torchtitan's parallelize functions do (torchtitan/models/*/parallel
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -54,6 +56,16 @@ def parallelize(model: GPT, cfg: Config, env: DistEnv, dtype: torch.dtype | None
     if cfg.train.compile:
         wrapped = torch.compile(wrapped)
     return wrapped
+
+
+def grad_sync(model: GPT, wrapped: torch.nn.Module, cfg: Config, *, last: bool) -> contextlib.AbstractContextManager:
+    """Around one micro batch's backward pass: gradients are reduced across ranks on the last micro batch only
+    (DDP's no_sync before it; FSDP2's set_requires_gradient_sync)."""
+    if cfg.train.parallel == "fsdp":
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+    ddp = getattr(wrapped, "_orig_mod", wrapped)  # under torch.compile, DDP is inside
+    return contextlib.nullcontext() if last else ddp.no_sync()
 
 
 def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[GPT, torch.nn.Module]:

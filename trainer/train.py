@@ -1,43 +1,27 @@
-"""The training loop: a Trainer that builds everything once, then trains step by step.
+"""The training loop: a Trainer that builds everything once, then trains step by step (torchtitan's shape).
 
 Usage (normally through `python -m trainer`, see trainer/__main__.py):
-    from trainer.config import build_config
-    from trainer.train import train
     summary = train(build_config("tiny", overrides=["train.steps=20"]), run_dir=Path("runs/dev"))
-    summary["status"]      # "completed", "stopped_early" (eval.early_stopping_patience) or "preempted"; bad
-                           # input raises BadInput, a retryable failure TrainingFailed (trainer/errors.py)
-
-or with the Trainer itself, inside a process group (`train` does exactly this):
-    env = init_distributed(timeout_s=collective_timeout_s(cfg.watchdog))
-    with Trainer(cfg, run_dir, env, step_callbacks=[my_callback]) as trainer:
+    summary["status"]      # "completed", "stopped_early" or "preempted"; bad input raises BadInput, a
+                           # retryable failure TrainingFailed (trainer/errors.py)
+or, inside a process group, what `train` does:
+    with Trainer(cfg, run_dir, env, step_callbacks=[...]) as trainer:
         summary = trainer.finish(trainer.train())
 
-The Trainer is built from the trainer's library parts, each usable alone: trainer.data (dataset and
-GlobalSampler), trainer.parallelize (model, DDP/FSDP2, optimizer, schedule), trainer.checkpoint
-(CheckpointManager), trainer.tracking (Tracker), trainer.metrics (MetricsProcessor), trainer.watchdog
-(Watchdog) and trainer.preemption (Preemption). `__init__` checks the inputs on every rank, agrees on the
-verdict, builds the model and resumes from the newest checkpoint every rank can load; `train()` runs
-`train_step()` (data, `forward_backward_step()`, the step's all-reduce, the optimizer) until train.steps, then
-evaluates, checkpoints and logs; `finish()` writes the outputs.
+`__init__` checks the inputs on every rank and agrees on the verdict, builds everything from the library parts
+(trainer.parallelize, .data, .checkpoint, .tracking, .metrics, .watchdog, .preemption) and resumes from the
+newest checkpoint every rank can load. `train()` repeats `train_step()` (data, `forward_backward_step()`, the
+step's all-reduce, the optimizer), evaluation, checkpoint and metrics until train.steps, SIGTERM or early
+stopping; `finish()` writes the outputs. The step's one all-reduce carries the loss and whether any rank got
+SIGTERM, bad data or a storage failure, so every rank takes the same decision: stop after a synchronous
+checkpoint ("preempted", exit 75), BadInput (bad data, or a non-finite loss or gradient norm: nothing is
+saved, since a restart would replay the same step) or TrainingFailed (a storage outage). docs/trainer.md.
 
-Step s (0-based) trains on global batch s of the GlobalSampler (the block shuffle over the dataset's shards);
-each rank takes its contiguous slice and splits it into micro batches, so the global batch and the sample
-order never depend on the number of workers. Decisions every rank must take together go through
-collectives: after each step's backward pass one all-reduce carries the loss, "some rank got SIGTERM", "some
-rank hit bad data" and "some rank hit a storage failure", before the optimizer step. Then:
-- SIGTERM anywhere: every rank finishes the step, saves a checkpoint synchronously and returns "preempted";
-- a non-finite loss (or gradient norm): the step is not applied, nothing is saved, BadInput (exit 2), since
-  a restart would replay the same step from the same checkpoint;
-- a data error: BadInput for a missing or corrupt shard, TrainingFailed for a storage outage.
-The evaluation of a step runs before that step's checkpoint, which records it, so a resumed run stops
-early exactly where an uninterrupted one would. docs/trainer.md has the rest.
-
-Step callbacks: `step_callbacks` (empty in production) are called as `callback(trainer, point, step)` at two
-points of every step, `step` being the 0-based step being trained:
+Step callbacks, `callback(trainer, point, step)` for the 0-based step being trained (none in production; tests
+inject a killed, hung or slow rank through them, tests/trainer/faults.py):
 - "after_forward": the last micro batch's loss is computed, its backward pass not yet run;
-- "before_sync": every backward pass is done, the step's all-reduce not yet joined (the watchdog is in its
+- "before_sync": every backward pass is done, the step's all-reduce not yet joined (the watchdog is in the
   "collective" phase, and the other ranks wait in the all-reduce).
-Tests inject faults through them (tests/trainer/faults.py: a killed, hung or slow rank).
 """
 
 from __future__ import annotations
@@ -49,26 +33,33 @@ import logging
 import math
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from trainer import evaluate as evaluation
-from trainer import flops
+from trainer import flops, outputs
 from trainer.checkpoint import CheckpointInvalid, CheckpointManager
 from trainer.config import Config, batch_layout, flatten, to_dict
-from trainer.data import DataError, GlobalSampler
-from trainer.distributed import DistEnv, agree, init_distributed, seed_everything, shutdown
+from trainer.data import DataError, GlobalSampler, read_step
+from trainer.data.errors import is_transient
+from trainer.distributed import (
+    DistEnv,
+    agree,
+    init_distributed,
+    raise_agreed,
+    seed_everything,
+    setup_logging,
+    shutdown,
+)
 from trainer.errors import BadInput, TrainingFailed, one_line
 from trainer.evaluate import EvalState, reduce_eval
 from trainer.metrics import JsonlLog, MetricsProcessor, StepClock, TrainerMetrics, batch_hash
-from trainer.outputs import RunOutputs, dataset_tokenizer, full_state_dict, state_sha256, write_outputs
-from trainer.parallelize import build_model, build_optimizer, build_scheduler, resolve_dtype
+from trainer.parallelize import build_model, build_optimizer, build_scheduler, grad_sync, resolve_dtype
 from trainer.preemption import Preemption
 from trainer.preflight import check_inputs, checkpoint_dir_of, compatibility_problem, open_checked_dataset
 from trainer.tracking import TAG_DATASET_MANIFEST, TAG_DATASET_URI, Tracker
@@ -92,7 +83,7 @@ def train(cfg: Config, run_dir: Path, *, step_callbacks: Iterable[StepCallback] 
         shutdown()
 
 
-class Trainer:
+class Trainer(contextlib.AbstractContextManager["Trainer"]):
     """One training run on this rank; see the module docstring. Every method is called on every rank."""
 
     def __init__(self, cfg: Config, run_dir: Path, env: DistEnv, *,
@@ -100,18 +91,17 @@ class Trainer:
         self.cfg, self.run_dir, self.env = cfg, Path(run_dir), env
         self.step_callbacks: list[StepCallback] = list(step_callbacks)
         self.status = "failed"  # what the MLflow run is closed with unless train()/finish() say otherwise
-        self.step, self.tokens_seen, self.loss_value = 0, 0, math.nan  # the loss of the last completed step
-        self.evals = EvalState()
+        self.step, self.tokens_seen, self.loss_value, self.evals = 0, 0, math.nan, EvalState()  # resumed below
         self.first: tuple[int, float] | None = None  # (step, loss) of this launch's first step
         self.start_step, self.elapsed, self._reported_saves = 0, 0.0, 0
         self._exit = contextlib.ExitStack()  # everything opened so far, closed in reverse by close()
         try:
-            _setup_logging(env)
+            setup_logging(env)
             # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at in a hung collective.
             faulthandler.register(signal.SIGUSR1, all_threads=True)
             budget = os.environ.get("TRAINER_SHUTDOWN_TIMEOUT_S", "")
-            self.preemption = Preemption(shutdown_timeout_s=float(budget) if budget.isdigit() else None).install()
-            self._exit.callback(self.preemption.uninstall)
+            self.preemption = self._exit.enter_context(Preemption(shutdown_timeout_s=float(budget) if budget.isdigit()
+                                                                  else None))
             self._open_inputs()
             self.global_batch, self.accum = batch_layout(cfg, env.world_size)
             seed_everything(cfg.train.seed, cfg.train.deterministic)
@@ -128,9 +118,6 @@ class Trainer:
             self._exit.close()
             raise
 
-    def __enter__(self) -> Trainer:
-        return self
-
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if exc_type is not None:
             self.status = "failed"
@@ -144,8 +131,7 @@ class Trainer:
     def _open_inputs(self) -> None:
         """Check the inputs on every rank and agree on the verdict before anything is written."""
         cfg, env = self.cfg, self.env
-        self.val = self.tokenizer = None
-        problem = None
+        self.val = self.tokenizer = problem = None
         try:
             self.ds = check_inputs(cfg, self.run_dir, world_sizes=[env.world_size],
                                    local_world_size=env.local_world_size)
@@ -154,7 +140,7 @@ class Trainer:
                 self.val = open_checked_dataset(cfg, split="val")
                 self._exit.callback(self.val.close)
             if env.rank == 0 and (cfg.eval.sample_tokens or cfg.tracking.register_name):
-                self.tokenizer = dataset_tokenizer(cfg)
+                self.tokenizer = outputs.dataset_tokenizer(cfg)
         except BadInput as exc:
             problem = str(exc)
         problem = agree(problem, env.world_size)
@@ -216,19 +202,15 @@ class Trainer:
         self._exit.callback(lambda: self.tracker.close(status=MLFLOW_STATUS.get(self.status, "FAILED")))
         self.tracker.log_params(flatten(cfg))
         self.tracker.set_tags({TAG_DATASET_URI: cfg.data.uri, TAG_DATASET_MANIFEST: self.ds.manifest_sha256})
-        prometheus = TrainerMetrics(port=cfg.metrics.port + env.local_rank if cfg.metrics.port else 0, rank=env.rank)
-        prometheus.restarts.set(env.restart_count)
-        if self.evals.last is not None:
-            prometheus.observe_eval(self.evals.last)
+        prometheus = TrainerMetrics(port=cfg.metrics.port + env.local_rank if cfg.metrics.port else 0, rank=env.rank,
+                                    restarts=env.restart_count, val_loss=self.evals.last)
         n_params, n_nonemb = self.model.num_params(non_embedding=False), self.model.num_params(non_embedding=True)
-        m = cfg.model
         self.metrics = MetricsProcessor(
             prometheus=prometheus, jsonl=JsonlLog(self.run_dir / "metrics.jsonl") if rank0 else None,
             tracker=self.tracker, total_steps=t.steps, tokens_per_step=t.global_batch_tokens,
-            flops_per_token=flops.flops_per_token(n_nonemb, m.n_layer, m.n_head, m.d_model // m.n_head, m.context,
-                                                  lm_head_params=m.vocab_size * m.d_model),
-            peak_flops=self.peak_flops, world_size=env.world_size, log_every=cfg.metrics.log_every,
-            tracking_every=cfg.tracking.log_every, console=rank0, start_step=self.step)
+            flops_per_token=flops.model_flops_per_token(cfg.model, n_nonemb), world_size=env.world_size,
+            peak_flops=flops.gpu_peak_flops(torch.cuda.get_device_name(env.device) if env.is_cuda else None),
+            log_every=cfg.metrics.log_every, tracking_every=cfg.tracking.log_every, console=rank0, start_step=self.step)
         self._exit.callback(self.metrics.close)
         self.metrics.log(self.step, {
             "event": "start", "world_size": env.world_size, "restart_count": env.restart_count,
@@ -237,25 +219,19 @@ class Trainer:
         if rank0:
             log.info("model %.2fM params (%.2fM non-embedding), world %d, global batch %d x %d tokens, %d micro "
                      "batches of %d per rank, %s, %s", n_params / 1e6, n_nonemb / 1e6, env.world_size,
-                     self.global_batch, m.context, self.accum, t.micro_batch_size, t.parallel,
+                     self.global_batch, cfg.model.context, self.accum, t.micro_batch_size, t.parallel,
                      "bf16" if self.dtype else "fp32")
         self.watchdog = Watchdog(cfg.watchdog, rank=env.rank, local_rank=env.local_rank)
         self._exit.callback(self.watchdog.stop)
         self.clock = StepClock(env.device)
-        # When gradients reach the token embedding's output, this rank's own backward work is done
-        # (trainer/metrics.py). A gradient hook on that tensor, added by a forward hook, leaves the autograd
-        # graph as it is; hooks added inside a compiled region break torch.compile's graph, so a compiled
-        # model goes without.
+        # A gradient hook on the token embedding's output marks the end of this rank's own backward work
+        # (trainer/metrics.py); hooks inside a compiled region break torch.compile's graph, so not there.
         if not t.compile:
             self._exit.callback(self.model.tok_emb.register_forward_hook(self._on_embedding).remove)
 
     def _on_embedding(self, _module: torch.nn.Module, _inputs: Any, out: torch.Tensor) -> None:
         if out.requires_grad:
             out.register_hook(lambda _grad: self.clock.grads_ready())
-
-    @property
-    def peak_flops(self) -> float | None:
-        return flops.gpu_peak_flops(torch.cuda.get_device_name(self.env.device) if self.env.is_cuda else None)
 
     def state_dict(self) -> dict[str, Any]:
         """The loop's own state, saved in every checkpoint (JSON)."""
@@ -287,15 +263,12 @@ class Trainer:
             ckpt_s = self.save_checkpoint(block=final) if final or (every and self.step % every == 0) else 0.0
             self._log_step(timings, eval_s, ckpt_s)
             if stop:
-                status = "preempted"
-                saved = self.checkpointer.saved
+                status, saved = "preempted", self.checkpointer.saved
                 self.preemption.report(self.step, saved=bool(saved) and saved[-1].step == self.step)
             elif early:
                 status = "stopped_early"
                 if self.env.rank == 0:
-                    log.warning("early stopping at step %d: no new best validation loss in %d evaluations "
-                                "(eval.early_stopping_patience=%d); best %.4f at step %s", self.step,
-                                self.evals.bad, patience, self.evals.best, self.evals.best_step)
+                    log.warning("early stopping at step %d: %s", self.step, self.evals.why_stopped(patience))
         self.watchdog.disarm()
         self.checkpointer.wait()
         self._report_saves()
@@ -307,13 +280,12 @@ class Trainer:
         """The status when this launch trains no step (stopped early before, or SIGTERM while starting)."""
         patience = self.cfg.eval.early_stopping_patience
         if self.evals.exhausted(patience):
-            log.info("the run stopped early at step %d (eval.early_stopping_patience=%d: no new best validation "
-                     "loss in %d evaluations, best %.4f at step %s): nothing to train", self.step, patience,
-                     self.evals.bad, self.evals.best, self.evals.best_step)
+            log.info("the run stopped early at step %d (%s): nothing to train", self.step,
+                     self.evals.why_stopped(patience))
             return "stopped_early"
         if self.step >= self.cfg.train.steps:
             log.info("the checkpoint is already at train.steps=%d: nothing to train", self.cfg.train.steps)
-        # SIGTERM that arrived while starting (loading, resuming): stop before training, nothing new to save.
+        # SIGTERM while starting (loading, resuming): stop before training, nothing new to save.
         flag = torch.tensor([float(self.preemption.preempted())], device=self.env.device)
         dist.all_reduce(flag)
         if flag.item() > 0 and self.step < self.cfg.train.steps:
@@ -334,7 +306,8 @@ class Trainer:
         t_fb = time.perf_counter()
         # One all-reduce: the mean loss, and whether any rank got SIGTERM, bad data or a storage failure.
         wd.phase("collective")
-        self._callbacks("before_sync", step)
+        for callback in self.step_callbacks:
+            callback(self, "before_sync", step)
         flags = torch.stack([loss_sum.float(), *(torch.tensor(float(x), device=env.device) for x in (
             self.preemption.preempted(), fault is not None and fault[0] == "bad",
             fault is not None and fault[0] == "failed"))])
@@ -343,7 +316,7 @@ class Trainer:
         values = flags.tolist()  # one copy to the host; on CUDA it waits for the step's GPU work
         t_sync = time.perf_counter()
         if values[2] > 0 or values[3] > 0:
-            _raise_agreed_fault(fault, env.world_size)
+            raise_agreed(fault, env.world_size)
         loss = values[0] / env.world_size
         if not math.isfinite(loss):
             raise BadInput(self._diverged(step + 1, f"loss {loss}"))
@@ -373,19 +346,14 @@ class Trainer:
     def forward_backward_step(self, windows: torch.Tensor) -> torch.Tensor:
         """Forward and backward over this rank's micro batches, gradients synced on the last one only;
         returns the sum of the micro-batch losses, each divided by the number of micro batches."""
-        t, fsdp = self.cfg.train, self.cfg.train.parallel == "fsdp"
-        ddp = getattr(self.wrapped, "_orig_mod", self.wrapped)  # under torch.compile, DDP is inside
+        size = self.cfg.train.micro_batch_size
         loss_sum = torch.zeros((), device=self.env.device)
         for micro in range(self.accum):
-            chunk = windows[micro * t.micro_batch_size:(micro + 1) * t.micro_batch_size]
-            last = micro == self.accum - 1
-            if fsdp:
-                self.model.set_requires_gradient_sync(last)
-            sync = contextlib.nullcontext() if fsdp or last else ddp.no_sync()
-            with sync, self._autocast():
+            chunk, last = windows[micro * size:(micro + 1) * size], micro == self.accum - 1
+            with grad_sync(self.model, self.wrapped, self.cfg, last=last), self._autocast():
                 _, loss = self.wrapped(chunk[:, :-1], targets=chunk[:, 1:])
-                if last:
-                    self._callbacks("after_forward", self.step)
+                for callback in self.step_callbacks if last else ():
+                    callback(self, "after_forward", self.step)
                 loss = loss / self.accum
                 loss.backward()
             loss_sum += loss.detach()
@@ -395,21 +363,16 @@ class Trainer:
         """This rank's windows of global batch `step` on the device, and the shards of the next two blocks
         fetched in the background. A data failure is returned, with zeros that keep the collectives in step."""
         try:
-            indices = self.sampler.rank_slice(step, self.env.rank, self.env.world_size)
-            horizon = 2 * max(1, self.sampler.block_shards)
-            self.ds.fetch_ahead(self.sampler.upcoming_shards(step, horizon, end_step=self.cfg.train.steps))
-            windows, fault = torch.from_numpy(self.ds.batch(indices)), None
+            rows, indices = read_step(self.ds, self.sampler, step, self.env.rank, self.env.world_size,
+                                      end_step=self.cfg.train.steps)
+            windows, fault = torch.from_numpy(rows), None
         except DataError as exc:
-            kind = "failed" if _transient(exc) else "bad"
+            kind = "failed" if is_transient(exc) else "bad"
             fault = (kind, one_line(f"rank {self.env.rank}, step {step + 1}: data.uri: {exc}"))
             windows = torch.zeros((self.global_batch // self.env.world_size, self.cfg.model.context + 1),
                                   dtype=torch.int64)
             indices = []
         return windows.to(self.env.device, non_blocking=True), indices, fault
-
-    def _callbacks(self, point: str, step: int) -> None:
-        for callback in self.step_callbacks:
-            callback(self, point, step)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.dtype is not None and self.cfg.train.parallel == "ddp":
@@ -425,15 +388,11 @@ class Trainer:
             # The raw model: under DDP every rank holds all weights, so evaluating needs no collective per
             # forward (DDP would broadcast buffers) and a compiled wrapper is not recompiled for eval mode;
             # under FSDP2 `model` is the sharded module itself and gathers its parameters in each forward.
-            part = evaluation.evaluate(self.model, self.val, batches=cfg.eval.batches, micro_batch_size=micro, rank=env.rank,
-                            world=env.world_size, device=env.device, autocast=self._autocast)
+            part = evaluation.evaluate(self.model, self.val, batches=cfg.eval.batches, micro_batch_size=micro,
+                                       rank=env.rank, world=env.world_size, device=env.device, autocast=self._autocast)
             val_loss = reduce_eval(part, device=env.device)
-        self.evals.record(self.step, val_loss)
-        ev = self.evals
-        self.metrics.log(self.step, {
-            "event": "eval", "val_loss": val_loss, "best_val_loss": ev.best, "best_val_step": ev.best_step,
-            "evals_without_improvement": ev.bad, "eval_s": time.perf_counter() - t0,
-            "windows": cfg.eval.batches * micro})
+        self.metrics.log(self.step, {**self.evals.record(self.step, val_loss), "eval_s": time.perf_counter() - t0,
+                                     "windows": cfg.eval.batches * micro})
         return val_loss
 
     def save_checkpoint(self, *, block: bool) -> float:
@@ -459,65 +418,31 @@ class Trainer:
         self._reported_saves = len(self.checkpointer.saved)
 
     def _diverged(self, step: int, what: str) -> str:
-        last = self.checkpointer.saved[-1].step if self.checkpointer.saved else None
-        where = f"the newest checkpoint is step {last}" if last is not None else "no checkpoint was saved by this launch"
-        return (f"non-finite {what} at step {step}: training diverged, the step was not applied and nothing was "
-                f"saved ({where}); lower train.lr (now {self.cfg.train.lr}) or set train.grad_clip (now "
-                f"{self.cfg.train.grad_clip})")
+        saved, t = self.checkpointer.saved, self.cfg.train
+        where = f"the newest checkpoint is step {saved[-1].step}" if saved else "no checkpoint was saved by this launch"
+        return (f"non-finite {what} at step {step}: training diverged, the step was not applied and nothing was saved "
+                f"({where}); lower train.lr (now {t.lr}) or set train.grad_clip (now {t.grad_clip})")
 
     # ---------------------------------------------------------------------------------------------- the end
     def finish(self, status: str) -> dict[str, Any]:
         """Wait for the last save, then the summary and (rank 0) the outputs; returns the summary."""
         t, env, ckpt = self.cfg.train, self.env, self.checkpointer
-        with self.watchdog.allowance("finish", self.cfg.watchdog.checkpoint_s, "watchdog.checkpoint_s, the end of the run"):
+        with self.watchdog.allowance("finish", self.cfg.watchdog.checkpoint_s, "watchdog.checkpoint_s, end of run"):
             ckpt.wait()
             if status != "preempted" and ckpt.failed and ckpt.failed[-1].step == self.step and (
                     not ckpt.saved or ckpt.saved[-1].step < self.step):
                 raise TrainingFailed(f"the final checkpoint (step {self.step}) was not saved: {ckpt.failed[-1].error}")
-            trained = self.step - self.start_step
-            tokens_per_s = trained * t.global_batch_tokens / self.elapsed if trained > 0 else 0.0
-            full = full_state_dict(self.model)  # collective (FSDP gathers shards): rank 0 gets the full state
-            summary = {
-                "step": self.step, "tokens": self.tokens_seen,
-                "final_loss": self.loss_value if math.isfinite(self.loss_value) else None,
-                "val_loss": self.evals.last, "best_val_loss": self.evals.best, "best_val_step": self.evals.best_step,
-                "params_sha256": state_sha256(full) if env.rank == 0 else None, "restarts": env.restart_count,
-                "tokens_per_s": tokens_per_s, "mfu": self.metrics.mfu(tokens_per_s), "status": status,
-                # Rank 0's peak GPU memory (allocated by tensors), for sizing; None on CPU.
-                "peak_memory_gb": torch.cuda.max_memory_allocated(env.device) / 1e9 if env.is_cuda else None,
-            }
+            tokens_per_s = ((self.step - self.start_step) * t.global_batch_tokens / self.elapsed
+                            if self.step > self.start_step else 0.0)  # this launch's throughput
+            full = outputs.full_state_dict(self.model)  # collective (FSDP gathers shards): rank 0 gets the full state
+            summary = outputs.run_summary(
+                status=status, step=self.step, tokens=self.tokens_seen, loss=self.loss_value, evals=self.evals,
+                params_sha256=outputs.state_sha256(full) if env.rank == 0 else None, restarts=env.restart_count,
+                tokens_per_s=tokens_per_s, mfu=self.metrics.mfu(tokens_per_s), device=env.device)
             if env.rank == 0:
-                write_outputs(RunOutputs(
+                outputs.write_outputs(outputs.RunOutputs(
                     cfg=self.cfg, run_dir=self.run_dir, tokenizer=self.tokenizer, tracker=self.tracker,
                     checkpointer=ckpt, evals=self.evals, first=self.first, manifest_sha256=self.ds.manifest_sha256,
                     device=env.device), full, summary)
         return summary
 
-
-def _setup_logging(env: DistEnv) -> None:
-    # INFO from one worker per node (what this node resumed from, what it downloaded), warnings from all.
-    logging.basicConfig(level=logging.INFO if env.local_rank == 0 else logging.WARNING,
-                        format=f"%(asctime)s [rank{env.rank}] %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr, force=True)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-
-
-def _raise_agreed_fault(fault: tuple[str, str] | None, world_size: int) -> NoReturn:
-    """Some rank hit bad data (BadInput) or a storage failure (TrainingFailed): every rank raises the same."""
-    every: list[Any] = [None] * world_size
-    dist.all_gather_object(every, fault)
-    bad = [f[1] for f in every if f and f[0] == "bad"]
-    if bad:
-        raise BadInput(bad[0])
-    raise TrainingFailed(next(f[1] for f in every if f))
-
-
-def _transient(exc: BaseException) -> bool:
-    """A storage outage rather than bad data: the data layer wraps the storage error that outlasted its
-    retries (trainer/data/storage.py StorageError.transient) in a shard error; look down the cause chain."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if getattr(seen, "transient", False):
-            return True
-        seen = seen.__cause__
-    return False
