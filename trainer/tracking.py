@@ -227,7 +227,7 @@ class Tracker:
         self._resume_run_id, self._run_id = resume_run_id, None
         self._client: Any = None
         self._lock = threading.Lock()
-        self._held: collections.deque[Any] = collections.deque()
+        self._held: collections.deque[Any] = collections.deque(maxlen=self.options.max_pending_metrics)
         self._last_step: dict[str, int] = {}  # metric key -> last step a resumed run already has
         self._stored_params: dict[str, str] = {}
         self._tags: dict[str, str] = {}
@@ -279,12 +279,10 @@ class Tracker:
         now_ms = int(time.time() * 1000)
         points = [Metric(k, float(v), now_ms, int(step)) for k, v in metrics.items() if v is not None]
         with self._lock:
-            if self._run_id is None:
+            if self._run_id is None:  # held until the run is open; the oldest go first when the buffer is full
+                self._count_dropped(max(0, len(self._held) + len(points) - self.options.max_pending_metrics),
+                                    "the run is not open yet (server unreachable)")
                 self._held.extend(points)
-                over = len(self._held) - self.options.max_pending_metrics
-                for _ in range(max(0, over)):
-                    self._held.popleft()
-                self._count_dropped(max(0, over), "the run is not open yet (server unreachable)")
             else:
                 self._send_metrics(points)
 
@@ -426,8 +424,8 @@ class Tracker:
                 continue
             with self._lock:
                 self._run_id, self.experiment_id = run.info.run_id, run.info.experiment_id
-                held, self._held = list(self._held), collections.deque()
-                self._send_metrics(held)
+                self._send_metrics(list(self._held))
+                self._held.clear()
             self._mark_up()
             self._answered.set()
             return True
