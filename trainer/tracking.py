@@ -34,8 +34,9 @@ What is written here, because MLflow 3.17 lacks it:
 - Resume: for every metric key, steps at or below the last one stored are not sent again (a restart replays
   the steps after its checkpoint); params keep their first value (MLflow params are immutable).
 - One line per outage: MLflow's HTTP client logs a urllib3 warning for every retry of every request, and its
-  queue an error for every lost batch. A filter on those two loggers turns them into one warning when the
-  server becomes unreachable and one line when it answers again.
+  queue an error for every lost batch. While the tracker runs, a filter on those two loggers turns the lines
+  about its server and run into one warning when the server becomes unreachable and one line when it answers
+  again.
 - `close()` waits a bounded time (MLflow's own flush waits for as long as the retries take) and never raises.
 """
 
@@ -195,17 +196,20 @@ def _first_line(exc: BaseException | str) -> str:
 
 
 class _OutageFilter(logging.Filter):
-    """Swallows MLflow's per-retry and per-lost-batch lines; the tracker says it once (module docstring)."""
+    """Swallows MLflow's per-retry and per-lost-batch lines about this tracker's server and run; the tracker says
+    it once instead (module docstring). Lines about other servers or runs pass on."""
 
     def __init__(self, tracker: Tracker) -> None:
         super().__init__()
         self.tracker = tracker
+        url = urlparse(tracker.tracking_uri)
+        self.server = f"host='{url.hostname}', port={url.port or (443 if url.scheme == 'https' else 80)}"
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        if record.name != "urllib3.connectionpool":
-            return not text.startswith("Run Id")  # the async queue's "Failed to log run data": counted as dropped
-        if not (text.startswith("Retrying") and "/api/2.0/mlflow" in text):
+        if record.name != "urllib3.connectionpool":  # the async queue's "Run Id <id>: Failed to log run data"
+            return not (self.tracker._run_id and text.startswith(f"Run Id {self.tracker._run_id}:"))
+        if not (text.startswith("Retrying") and self.server in text):
             return True
         # urllib3 logs a retry after its backoff sleep, so only a request's first retry (no sleep before it)
         # says the server is down now; later ones may describe a failure from before it came back.
@@ -240,6 +244,7 @@ class Tracker:
         self._closed = False
         self._staging: Path | None = None
         self._thread: threading.Thread | None = None
+        self._filter = _OutageFilter(self)
 
     @classmethod
     def create(cls, cfg: TrackingSettings, *, run_dir: Path, resume_run_id: str | None = None,
@@ -359,6 +364,7 @@ class Tracker:
             self._jobs.put(None)
             self._thread.join(timeout)
             if self._thread.is_alive():
+                self._detach()
                 _LOG.warning("MLflow tracking: gave up after %.1f s with %d updates not sent to %s", timeout,
                              self._jobs.qsize() + len(self._held), self.tracking_uri)
             if self.dropped_metrics:
@@ -382,16 +388,19 @@ class Tracker:
         return lambda: getattr(self._client, method)(self._run_id, *args)
 
     def _work(self, experiment: str, run_name: str, artifacts: Path | None) -> None:
-        filters = [(logging.getLogger(name), _OutageFilter(self)) for name in _RETRY_LOGGERS]
-        for logger, f in filters:
-            logger.addFilter(f)
+        for logger in map(logging.getLogger, _RETRY_LOGGERS):
+            logger.addFilter(self._filter)
         try:
             if self._open(experiment, run_name, artifacts):
                 while (job := self._jobs.get()) is not None:
                     self._run(*job)
         finally:
-            for logger, f in filters:
-                logger.removeFilter(f)
+            self._detach()
+
+    def _detach(self) -> None:
+        """Stop filtering MLflow's lines: when the thread ends, or when close() gave up waiting for it."""
+        for logger in map(logging.getLogger, _RETRY_LOGGERS):
+            logger.removeFilter(self._filter)
 
     def _run(self, what: str, job: Callable[[], Any]) -> None:
         try:
