@@ -1,8 +1,10 @@
 # gpu-train: the two first commands are `make train` and `make test`; both set everything up.
 #   make train              set up, then train the tiny preset locally on 2 CPU workers (torchrun, elastic)
 #   make test               set up, then ruff, pytest (all tests), and the policy check over every stack's plan
+#   make test-fast          set up, then ruff and the unit tests (no stack plans, no real training or servers)
 #   make plan STACK=aws-dev offline plan of one stack under Pulumi mocks -> build/plan/
 #   make bench              benchmarks, side by side, -> build/bench/results.json
+#   make docs               regenerate docs/configuration.md's settings tables from the settings models
 #   make schemas            maintainers (network + helm): regenerate tests/schemas from the pinned charts and CRDs
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -14,7 +16,7 @@ STACKS := $(patsubst stacks/Pulumi.%.yaml,%,$(wildcard stacks/Pulumi.*.yaml))
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-3.3.30
 
-.PHONY: setup tools train test lint plan plans policy bench schemas clean
+.PHONY: setup tools train test test-fast lint plan plans policy bench schemas docs clean
 
 setup: $(STAMP)
 
@@ -40,21 +42,18 @@ tools: $(CHECKOV_STAMP)
 	  else echo "promtool is missing: install the Debian/Ubuntu package 'prometheus'" >&2; exit 1; fi; }
 	@promtool --version 2>&1 | head -1
 
-# The tiny preset, byte-level, on the Python standard library's own source files (every machine with Python
-# has them; tests, site-packages and idlelib left out, 2% of the files held out for validation), on 2 local
-# CPU workers, elastically (torchrun c10d, 1 to 2 "nodes"): the validation loss every 100 steps and a sample
-# at the end; then the run's checkpoint is sampled and exported, as a user would. A fresh run each time: an
-# existing run directory would resume its finished checkpoint and train nothing. `prepare` finds an
-# unchanged dataset up to date and returns at once.
+# The tiny preset (examples/tiny.yaml), byte-level, on the Python standard library's own source files (every machine
+# with Python has them; tests, site-packages and idlelib left out, 2% of the files held out for validation), on 2
+# local CPU workers through the one launcher (`gpu-train run --local`: the same trainer settings and torchrun
+# arguments a cluster job gets): the validation loss every 100 steps and a sample at the end; then the run's
+# checkpoint is sampled and exported, as a user would. A fresh run each time: an existing run directory would resume
+# its finished checkpoint and train nothing. `prepare` finds an unchanged dataset up to date and returns at once.
 train: setup
 	rm -rf runs/make-train
 	$(BIN)/python -m trainer.data prepare "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')" \
 	    --include '*.py' --exclude 'site-packages/' --exclude 'test/' --exclude 'tests/' --exclude 'idlelib/' \
 	    --val-fraction 0.02 --shard-tokens 4194304 --out file://$(CURDIR)/runs/data/stdlib
-	PATH="$(BIN):$$PATH" GPU_TRAIN_PYTHON=$(BIN)/python trainer/entrypoint.sh --nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=localhost:0 \
-	    --rdzv-id=make-train --rdzv-conf=join_timeout=30,last_call_timeout=1 --max-restarts=3 \
-	    -m trainer --preset tiny --run-dir runs/make-train data.uri=file://$(CURDIR)/runs/data/stdlib \
-	    train.steps=1000 eval.every_steps=100 metrics.log_every=100
+	$(BIN)/gpu-train run --local examples/tiny.yaml --nproc 2 --data file://$(CURDIR)/runs/data/stdlib --runs runs
 	$(BIN)/python -m trainer.sample --run-dir runs/make-train --prompt 'def ' --max-tokens 200
 	$(BIN)/python -m trainer.export --run-dir runs/make-train --out runs/make-train/export
 
@@ -75,6 +74,11 @@ policy: plans
 test: setup tools lint policy
 	$(BIN)/pytest -q
 
+# The unit lane: everything not marked `integration` (tests/conftest.py marks the tests that plan the stacks, train
+# for real or start servers). Under 2 minutes on 2 cores.
+test-fast: setup lint
+	$(BIN)/pytest -q -m "not integration"
+
 bench: setup
 	$(BIN)/python -m bench
 
@@ -82,6 +86,10 @@ bench: setup
 # what each chart renders for every stack's plan, the repositories' indexes, the CRD files at their tags.
 schemas: plans
 	$(BIN)/python -m tools.validation.refresh
+
+# docs/configuration.md's settings tables, regenerated from the settings models (a test keeps them in step).
+docs: setup
+	$(BIN)/python -m tools.settings_reference --write docs/configuration.md
 
 clean:
 	rm -rf build runs .pytest_cache .ruff_cache

@@ -20,7 +20,7 @@ import torch
 
 from gpu_train.spec import trainer_config as tcfg
 from trainer.model import GPT
-from trainer.train import build_optimizer, lr_at
+from trainer.parallelize import build_optimizer, lr_at
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from gpu_train.spec import trainer_config as tcfg
 from trainer.checkpoint import CheckpointManager, list_step_dirs
 from trainer.distributed import init_distributed
 from trainer.model import GPT
-from trainer.train import build_optimizer
+from trainer.parallelize import build_optimizer
 
 
 def _dir_bytes(path: Path) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 
 import boto3
 
+from gpu_train.jobs import launch
 from trainer.distributed import free_port
 
 AWS_ENV = {
@@ -110,21 +111,21 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 ROOT = Path(__file__).resolve().parent.parent
 # The switch the launcher sets for torchrun (trainer/distributed.py); set here too for plain torchrun runs.
-STORE_SWITCH = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+STORE_SWITCH = {launch.STORE_SWITCH: "1"}
 # Fast failure detection on localhost: a dead agent's heartbeat expires after 1 s x 3.
 RDZV_CONF = "join_timeout=120,last_call_timeout=1,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
 def start_agent(node: int, root: Path, *, port: int, nnodes: str, overrides: list[str], env: dict[str, str],
-                max_restarts: int) -> subprocess.Popen:
+                max_restarts: int, module: str = "trainer") -> subprocess.Popen:
     """One emulated node: the launcher and torchrun with one CPU worker, its own run (and checkpoint) directory
-    root/node<N>/run; node 0 hosts the c10d rendezvous."""
+    root/node<N>/run; node 0 hosts the c10d rendezvous. `module` is the workers' entry (bench/runs.py)."""
     run_dir = root / f"node{node}" / "run"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "trainer.launch", f"--nnodes={nnodes}", "--nproc-per-node=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=bench-{port}",
            f"--rdzv-conf=is_host={int(node == 0)},{RDZV_CONF}", f"--max-restarts={max_restarts}",
-           "--monitor-interval=0.2", "-m", "trainer", "--preset", "tiny", "--run-dir", str(run_dir), *overrides]
+           "--monitor-interval=0.2", "-m", module, "--preset", "tiny", "--run-dir", str(run_dir), *overrides]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
                 "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **env}
     log = (root / f"node{node}.log").open("ab")

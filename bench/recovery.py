@@ -3,10 +3,11 @@ rank resumed from the newest checkpoint, on one node and on two emulated nodes.
 
 Usage: `python -m bench --only recovery`.
 - one node: two CPU workers under one torchrun (--max-restarts=1); rank 1 kills itself (SIGKILL) at step
-  KILL_AT through the trainer's test hook (TRAINER_TEST_KILL_AT_STEP); the checkpoint directory is shared.
+  KILL_AT through a step callback of the test-only entry tests/trainer/faults.py (TRAINER_TEST_KILL_AT_STEP),
+  which runs the normal trainer; the checkpoint directory is shared.
 - one node, hung worker: the same, but rank 1 goes to sleep inside step KILL_AT's all-reduce
   (TRAINER_TEST_HANG_AT_STEP), which rank 0 waits in; the watchdog (trainer/watchdog.py, floor
-  HANG_FLOOR_S) ends both, torchrun restarts the group. Measured from the moment the sleep began (the hook
+  HANG_FLOOR_S) ends both, torchrun restarts the group. Measured from the moment the sleep began (the fault
   writes it into its marker file) to the watchdog's first line (detection) and to the first step logged after
   the restart (detection to resume).
 - two nodes, worker killed: two torchrun agents (one CPU worker each) through the launcher on one c10d
@@ -32,6 +33,7 @@ from pathlib import Path
 from bench.common import STORE_SWITCH, Figure, free_port, local_s3, node_events, start_agent
 from bench.overhead import SMALL
 from bench.runs import run_trainer, summary
+from tests.trainer.faults import FAULTS
 
 KILL_AT = 12
 STEPS = 20
@@ -55,7 +57,7 @@ def _single_node(overrides: list[str]) -> tuple[float, str]:
         run_dir = Path(tmp) / "run"
         events = run_trainer(run_dir, "tiny", [*overrides, f"train.steps={STEPS}", "checkpoint.every_steps=5",
                                                "metrics.log_every=1"],
-                             nproc=2, max_restarts=1,
+                             nproc=2, max_restarts=1, module=FAULTS,
                              env={**STORE_SWITCH, "TRAINER_TEST_KILL_AT_STEP": str(KILL_AT),
                                   "TRAINER_TEST_KILL_RANK": "1"})
         assert summary(run_dir)["restarts"] == 1, "the worker was not killed and restarted"
@@ -76,7 +78,7 @@ def _hung_worker() -> tuple[float, float, float, str]:
         run_dir, marker, log = Path(tmp) / "run", Path(tmp) / "hang.json", Path(tmp) / "run.log"
         events = run_trainer(run_dir, "tiny", [f"train.steps={STEPS}", "checkpoint.every_steps=5",
                                                "metrics.log_every=1", *HANG],
-                             nproc=2, max_restarts=1, log=log,
+                             nproc=2, max_restarts=1, log=log, module=FAULTS,
                              env={"TRAINER_TEST_HANG_AT_STEP": str(KILL_AT), "TRAINER_TEST_HANG_RANK": "1",
                                   "TRAINER_TEST_HANG_MARKER": str(marker), "TRAINER_TEST_HANG_S": "600"})
         assert summary(run_dir)["restarts"] == 1, "the hung worker was not ended and restarted"
@@ -105,7 +107,8 @@ def _two_nodes(endpoint: str, bucket: str, *, lose_node: bool) -> tuple[float, s
         overrides = [*NODES, f"checkpoint.remote_uri=s3://{bucket}/run", f"checkpoint.endpoint_url={endpoint}"]
         env = {} if lose_node else {"TRAINER_TEST_KILL_AT_STEP": str(KILL_AT), "TRAINER_TEST_KILL_RANK": "1",
                                     "TRAINER_TEST_KILL_MARKER": str(root / "killed")}
-        common = {"port": port, "nnodes": "2", "overrides": overrides, "env": env, "max_restarts": 2}
+        common = {"port": port, "nnodes": "2", "overrides": overrides, "env": env, "max_restarts": 2,
+                  "module": "trainer" if lose_node else FAULTS}
         agents = [start_agent(0, root, **common), start_agent(1, root, **common)]
         killed_at = None
         try:

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from gpu_train.spec.trainer_config import PRESETS, build_config, reference
 from trainer.errors import (
@@ -63,7 +65,9 @@ def bad_input(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, step_callbacks: Iterable[Any] = ()) -> int:
+    """Run the trainer with these arguments (default: the command line); returns the exit code.
+    `step_callbacks` go to the Trainer (trainer/train.py says when they are called); none in production."""
     args = parser().parse_args(argv)  # argparse itself exits 2 with a usage line on an unknown option
     from trainer.distributed import bind_to_agent
 
@@ -74,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.train import train
 
         try:
-            summary = train(cfg, args.run_dir)
+            summary = train(cfg, args.run_dir, step_callbacks=step_callbacks)
         except DataError as exc:  # a data failure outside the checks that already name data.uri
             raise BadInput(f"data.uri: {exc}") from exc
     except BadInput as exc:

@@ -4,6 +4,7 @@ Usage:
     from trainer.distributed import init_distributed
     env = init_distributed()        # reads torchrun's RANK/WORLD_SIZE/LOCAL_RANK; world 1 without torchrun
     env.rank, env.world_size, env.device, env.is_cuda
+    env = current_env()             # the same, for a loop that created the process group itself
     state = rng_state(); set_rng_state(state)
 
 NCCL on CUDA, gloo on CPU. Without torchrun's environment the trainer runs as a single process with a
@@ -29,16 +30,19 @@ import os
 import random
 import signal
 import socket
+import sys
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer.errors import BadInput
+from gpu_train.jobs.launch import STORE_SWITCH
+from trainer.errors import BadInput, TrainingFailed
 
 log = logging.getLogger("trainer.distributed")
-STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -54,9 +58,14 @@ class DistEnv:
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+
+def setup_logging(env: DistEnv) -> None:
+    """Log lines on stderr that name their rank: INFO from one worker per node (what this node resumed from, what
+    it downloaded), warnings from all."""
+    logging.basicConfig(level=logging.INFO if env.local_rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank{env.rank}] %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr, force=True)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 
 def free_port() -> int:
@@ -139,6 +148,37 @@ def init_distributed(timeout_s: float = 600.0, nccl_env: dict[str, str] | None =
         rank=rank, world_size=world, local_rank=local_rank, device=device, restart_count=restart_count,
         local_world_size=local_world, under_torchrun=torchrun,
     )
+
+
+def current_env() -> DistEnv:
+    """This process's place in the default process group (which must exist), for a loop that set it up itself:
+    rank and world size from the group, local rank and node size from torchrun's environment, the local
+    CUDA device when there is one."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    return DistEnv(
+        rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=device,
+        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), under_torchrun=under_torchrun(),
+    )
+
+
+def raise_agreed(fault: tuple[str, str] | None, world_size: int) -> NoReturn:
+    """Some rank hit bad input or a failure; every rank raises the same: BadInput for the first ("bad", message)
+    of any rank, else TrainingFailed for the first ("failed", message). Collective."""
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, fault)
+    bad = [f[1] for f in every if f and f[0] == "bad"]
+    if bad:
+        raise BadInput(bad[0])
+    raise TrainingFailed(next(f[1] for f in every if f))
+
+
+def agree(error: str | None, world_size: int) -> str | None:
+    """The first error any rank reports (every rank gets the same answer); None if there is none. Collective."""
+    every: list[str | None] = [None] * world_size
+    dist.all_gather_object(every, error)
+    return next((e for e in every if e), None)
 
 
 def shutdown() -> None:

@@ -8,10 +8,9 @@
 # It hands over to trainer/launch.py (python -m trainer.launch), which checks the trainer's inputs, waits
 # for the dataset manifest (TRAINER_DATA_WAIT_S) and the rendezvous host's DNS name (RDZV_DNS_TIMEOUT), runs
 # torchrun and maps its end to the exit code: 0 completed, 2 bad input (never retried), anything else retry.
-# The workers must get a fresh c10d store on every rendezvous round instead of sharing the agent's, which
-# outlives a restart (see trainer/distributed.py); torch's switch for that is set here for every caller.
+# trainer/launch.py sets the launcher's environment (gpu_train.jobs.launch: the rendezvous-store switch, NCCL's
+# watchdog settings) for every caller.
 # GPU_TRAIN_PYTHON picks the interpreter (default python3 on PATH: the image's venv; `make train` passes .venv's).
 set -euo pipefail
 
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 exec "${GPU_TRAIN_PYTHON:-python3}" -m trainer.launch "$@"

@@ -8,6 +8,7 @@ Use (every rank calls it; the caller reduces)::
     part = evaluate(wrapped, val, batches=cfg.eval.batches, micro_batch_size=cfg.train.micro_batch_size,
                     rank=env.rank, world=env.world_size, device=env.device, autocast=autocast_ctx)
     val_loss = reduce_eval(part, device=env.device)     # all-reduce of (sum, count); same on every rank
+    evals = EvalState(); evals.record(step, val_loss); evals.exhausted(patience)   # early stopping
 
 Which windows: ``batches * micro_batch_size`` windows spread evenly over the split
 (``eval_windows``), chosen without any randomness or world size, so the loss of a checkpoint is the same
@@ -120,3 +121,45 @@ def reduce_eval(part: EvalResult, device: torch.device | str = "cpu", group: Any
     t = torch.tensor([part.loss_sum, float(part.windows)], dtype=torch.float64, device=device)
     dist.all_reduce(t, group=group)
     return float(t[0] / t[1]) if t[1] > 0 else math.nan
+
+
+@dataclass
+class EvalState:
+    """What a run knows about its validation loss, kept in every checkpoint (`to_dict`/`from_dict`) so that
+    early stopping survives restarts (an evaluation at a checkpoint's step runs before that checkpoint)."""
+
+    last: float | None = None
+    last_step: int | None = None
+    best: float | None = None
+    best_step: int | None = None
+    bad: int = 0  # evaluations in a row without a new best
+
+    def record(self, step: int, val_loss: float) -> dict[str, Any]:
+        """Note an evaluation; returns it as a metrics record (trainer.metrics.MetricsProcessor.log)."""
+        self.last, self.last_step = val_loss, step
+        if math.isfinite(val_loss) and (self.best is None or val_loss < self.best):
+            self.best, self.best_step, self.bad = val_loss, step, 0
+        else:
+            self.bad += 1
+        return {"event": "eval", "val_loss": val_loss, "best_val_loss": self.best, "best_val_step": self.best_step,
+                "evals_without_improvement": self.bad}
+
+    def exhausted(self, patience: int) -> bool:
+        """Early stopping is due: `patience` evaluations in a row brought no new best."""
+        return patience > 0 and self.bad >= patience
+
+    def why_stopped(self, patience: int) -> str:
+        best = math.nan if self.best is None else self.best
+        return (f"no new best validation loss in {self.bad} evaluations (eval.early_stopping_patience={patience}); "
+                f"best {best:.4f} at step {self.best_step}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"last": self.last, "last_step": self.last_step, "best": self.best, "best_step": self.best_step,
+                "bad": self.bad}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> EvalState:
+        if not isinstance(data, dict):
+            return cls()
+        return cls(last=data.get("last"), last_step=data.get("last_step"), best=data.get("best"),
+                   best_step=data.get("best_step"), bad=int(data.get("bad") or 0))

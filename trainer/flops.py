@@ -18,6 +18,7 @@ MFU ignores activation recomputation.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 # Dense (no sparsity) BF16 tensor-core peaks in FLOP/s, per GPU, from the vendors' datasheets:
 #  H100 SXM / PCIe, H200: https://www.nvidia.com/en-us/data-center/h100/ , /h200/  (989.4 / 756 / 989.4 TFLOPS;
@@ -61,6 +62,12 @@ def flops_per_token(non_embedding_params: int, n_layer: int, n_head: int, head_d
                     lm_head_params: int) -> int:
     """Training FLOPs per token: 6 * (non-embedding + lm_head parameters) + 12 * L * H * Q * T."""
     return 6 * (non_embedding_params + lm_head_params) + 12 * n_layer * n_head * head_dim * context
+
+
+def model_flops_per_token(model: Any, non_embedding_params: int) -> int:
+    """`flops_per_token` of a gpu_train.spec.trainer_config.ModelConfig (n_layer, n_head, d_model, context, vocab_size)."""
+    return flops_per_token(non_embedding_params, model.n_layer, model.n_head, model.d_model // model.n_head,
+                           model.context, lm_head_params=model.vocab_size * model.d_model)
 
 
 def mfu(tokens_per_s: float, flops_token: float, peak_per_gpu: float | None, world_size: int) -> float | None:

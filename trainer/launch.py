@@ -20,12 +20,12 @@ In order:
    whether this pod hosts the c10d store by resolving the --rdzv-endpoint host and comparing it with its own
    addresses; if the name does not resolve yet, pod 0 wrongly thinks it is a client and every agent waits for
    a store nobody hosts. So wait for it (exit 1 naming the host when RDZV_DNS_TIMEOUT runs out).
-3. torchrun as a child, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (trainer/distributed.py says why),
-   TRAINER_EXIT_FILE and TRAINER_LAUNCHER_PID (trainer/errors.py: how a worker's bad input stops torchrun's
-   restarts), TRAINER_SHUTDOWN_TIMEOUT_S (torchrun's shutdown timeout, which the workers' final checkpoint
-   after SIGTERM must fit in: they log how much of it they used), the TORCH_NCCL_* settings that make NCCL's
-   watchdog agree with the trainer's (trainer/watchdog.py, nccl_env; a value already in the environment
-   wins), and a parent-death signal so that the launcher killed takes torchrun and its workers with it.
+3. torchrun as a child, with the rendezvous-store switch and the TORCH_NCCL_* settings that make NCCL's
+   watchdog agree with the trainer's (both spelled once, in gpu_train.jobs.launch, which the JobSet sets too; a
+   value already in the environment wins for the NCCL ones), TRAINER_EXIT_FILE and TRAINER_LAUNCHER_PID
+   (trainer/errors.py: how a worker's bad input stops torchrun's restarts), TRAINER_SHUTDOWN_TIMEOUT_S
+   (torchrun's shutdown timeout, which the workers' final checkpoint after SIGTERM must fit in: they log how
+   much of it they used), and a parent-death signal so that the launcher killed takes torchrun and its workers with it.
    SIGTERM, SIGINT and SIGHUP are forwarded to torchrun, which forwards them to the workers and kills them
    --shutdown-timeout seconds later (default 30, torch/distributed/run.py).
 4. Exit: 2 if a worker recorded bad input (its message is printed again), else torchrun's own exit code
@@ -46,14 +46,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpu_train.jobs.launch import DATA_WAIT_ENV, DNS_TIMEOUT_ENV, SHUTDOWN_ENV, STORE_SWITCH, nccl_env
 from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_FILE_ENV, LAUNCHER_PID_ENV, BadInput, one_line
-from trainer.watchdog import nccl_env
 
 PROG = "gpu-train-launch"
-STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-DATA_WAIT_ENV = "TRAINER_DATA_WAIT_S"
-DNS_TIMEOUT_ENV = "RDZV_DNS_TIMEOUT"
-SHUTDOWN_ENV = "TRAINER_SHUTDOWN_TIMEOUT_S"
 POLL_S = 5.0
 
 

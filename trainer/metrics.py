@@ -1,15 +1,25 @@
-"""Training metrics: a Prometheus endpoint per worker, a JSONL log and the loss-curve plot.
+"""Training metrics: one processor that fans each record out to every sink (the console or a tqdm bar, a
+Prometheus endpoint per worker, metrics.jsonl, MLflow), the step clock that splits compute from collective
+wait, and the loss-curve plot.
 
 Usage:
-    m = TrainerMetrics(port=9100 + local_rank, rank=global_rank)   # port 0: no HTTP endpoint, metrics still kept
-    m.observe_step(step=..., loss=..., tokens=..., step_s=..., data_wait_s=..., fwd_bwd_s=..., optim_s=...,
-                   ckpt_block_s=..., tokens_per_s=..., mfu=None)
-    m.observe_rank(step_s=..., compute_s=..., data_wait_s=..., collective_wait_s=...)
-    m.observe_eval(val_loss)
-    m.observe_checkpoint(duration_s, finished_unix)
+    prom = TrainerMetrics(port=9100 + local_rank, rank=global_rank)  # port 0: no HTTP endpoint, gauges still kept
+    metrics = MetricsProcessor(prometheus=prom, jsonl=JsonlLog(run_dir / "metrics.jsonl") if rank == 0 else None,
+                               tracker=tracker, total_steps=1000, tokens_per_step=B * T, console=rank == 0, ...)
+    metrics.log(step, {"loss": ..., "lr": ..., "tokens": ..., "step_s": ..., "data_wait_s": ...,
+                       "forward_backward_s": ..., "optimizer_s": ..., "compute_s": ..., "collective_wait_s": ...,
+                       "checkpoint_block_s": ..., "checkpoint_age_s": ...})       # once per step, every rank
+    metrics.log(step, {"event": "eval", "val_loss": ..., "best_val_loss": ..., ...})  # once per evaluation
+    metrics.log_checkpoint(step, uri, duration_s, finished_unix)
+    metrics.close()
     clock = StepClock(device); clock.start(); ...; clock.grads_ready(); ...; clock.synced(); clock.split()
-    log = JsonlLog(run_dir / "metrics.jsonl"); log.write({"step": 1, "loss": 5.5})
     plot_loss(run_dir / "metrics.jsonl", run_dir / "loss.png")
+
+What goes where: every rank's Prometheus endpoint gets every step (the job-global loss and throughput, and its
+own rank's straggler gauges); rank 0 alone writes metrics.jsonl (every step and evaluation), sends MLflow every
+`tracking_every` steps and the last one (the tracker ignores calls on other ranks), and prints a line every
+`log_every` steps with the time left at the launch's pace (ETA) when stdout is not a terminal, else a tqdm bar.
+The processor adds `tokens_per_s`, `mfu` and `time` to a step record.
 
 The metric names are fixed (dashboards and alerts use them). Each rank is a separate endpoint and Prometheus
 adds job/pod/instance; only the per-rank straggler gauges (`trainer_rank_*`) carry a label of their own,
@@ -36,23 +46,34 @@ only the embedding's own small scatter-add remains), and the end of the step's a
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import logging
 import math
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from trainer import flops
+
 log = logging.getLogger("trainer.metrics")
+console_log = logging.getLogger("trainer")  # the run's own lines, under the same name as the loop's
 
 # Step phases of a tiny CPU model take milliseconds, a 7B step on GPUs seconds to a minute.
 _STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class TrainerMetrics:
-    def __init__(self, port: int = 0, rank: int = 0) -> None:
+    """This worker's Prometheus metrics, served on `port` (0: kept, not served); `rank` labels the per-rank
+    gauges; `restarts` and `val_loss` are the starting values of trainer_restarts_total and trainer_val_loss."""
+
+    def __init__(self, port: int = 0, rank: int = 0, *, restarts: int = 0, val_loss: float | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.step = Gauge("trainer_step", "Last completed optimizer step", registry=r)
@@ -102,7 +123,8 @@ class TrainerMetrics:
             "trainer_rank_collective_wait_seconds", "Time this rank was blocked in the last step's synchronising "
             "collectives waiting for the slowest rank", labels, registry=r).labels(rank=self.rank)
         self.mfu.set(math.nan)
-        self.val_loss.set(math.nan)
+        self.val_loss.set(math.nan if val_loss is None else val_loss)
+        self.restarts.set(restarts)
         self.server = None
         if port:
             try:
@@ -185,6 +207,120 @@ class StepClock:
             e0, e1, e2 = self._events
             return e0.elapsed_time(e1) / 1e3, e1.elapsed_time(e2) / 1e3
         return t1 - t0, t2 - t1
+
+
+# What MLflow gets of a step record (docs/tracking.md); None values (mfu on CPU) are left out by the tracker.
+MLFLOW_STEP_KEYS = ("loss", "lr", "tokens_per_s", "mfu", "step_s", "data_wait_s", "forward_backward_s",
+                    "optimizer_s", "checkpoint_block_s", "tokens")
+MLFLOW_EVAL_KEYS = ("val_loss", "best_val_loss")
+
+
+class MetricsProcessor:
+    """Fans each step or evaluation record out to every sink (module docstring); one per worker.
+
+    prometheus: this worker's TrainerMetrics. jsonl: the metrics.jsonl writer, None except on rank 0.
+    tracker: a trainer.tracking.Tracker (its calls do nothing on ranks other than 0), or None.
+    total_steps: train.steps, for the console and the ETA. tokens_per_step: the global batch in tokens.
+    flops_per_token, peak_flops, world_size: for MFU (None where the GPU peak is unknown).
+    log_every: steps between console lines. tracking_every: steps between MLflow points (the last step always).
+    console: print (rank 0). progress: a tqdm bar instead of lines; default: when stdout is a terminal.
+    """
+
+    def __init__(self, *, prometheus: TrainerMetrics, jsonl: JsonlLog | None, tracker: Any | None,
+                 total_steps: int, tokens_per_step: int, flops_per_token: float = 0.0,
+                 peak_flops: float | None = None, world_size: int = 1, log_every: int = 10,
+                 tracking_every: int = 10, console: bool = True, progress: bool | None = None,
+                 start_step: int = 0) -> None:
+        self.flops_per_token, self.peak_flops, self.world_size = flops_per_token, peak_flops, world_size
+        self.prometheus, self.jsonl, self.tracker = prometheus, jsonl, tracker
+        self.total_steps, self.tokens_per_step = total_steps, tokens_per_step
+        self.log_every, self.tracking_every, self.console = log_every, tracking_every, console
+        self._bar = None
+        if console and (progress if progress is not None else sys.stdout.isatty()):
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        self._since = (start_step, time.monotonic())  # the ETA runs at this launch's pace, evaluations included
+
+    def mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs utilisation at this throughput; None where the GPU peak is unknown (CPU)."""
+        return flops.mfu(tokens_per_s, self.flops_per_token, self.peak_flops, self.world_size)
+
+    def log(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        """Send one record to every sink; returns it as written to metrics.jsonl. `record["event"]` is "step"
+        (the default), "eval", or anything else (such as "start"), which only metrics.jsonl gets."""
+        event = record.get("event", "step")
+        if event == "eval":
+            return self._log_eval(step, record)
+        if event != "step":
+            record = {**record, "step": step, "time": time.time()}
+            if self.jsonl is not None:
+                self.jsonl.write(record)
+            return record
+        tps = self.tokens_per_step / record["step_s"]
+        record = {"event": "step", "step": step, **record, "tokens_per_s": tps, "mfu": self.mfu(tps),
+                  "time": time.time()}
+        self.prometheus.observe_step(
+            step=step, loss=record["loss"], tokens=self.tokens_per_step, step_s=record["step_s"],
+            data_wait_s=record["data_wait_s"], fwd_bwd_s=record["forward_backward_s"],
+            optim_s=record["optimizer_s"], ckpt_block_s=record["checkpoint_block_s"], tokens_per_s=tps,
+            mfu=record["mfu"], now=record["time"])
+        self.prometheus.observe_rank(step_s=record["step_s"], compute_s=record["compute_s"],
+                                     data_wait_s=record["data_wait_s"],
+                                     collective_wait_s=record["collective_wait_s"])
+        if self.jsonl is not None:
+            self.jsonl.write(record)
+        last = step == self.total_steps
+        if self.tracker is not None and (last or step % self.tracking_every == 0):
+            self.tracker.log_metrics({k: record[k] for k in MLFLOW_STEP_KEYS}, step=step)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tps:,.0f}")
+        elif self.console and (last or step % self.log_every == 0):
+            console_log.info("step %d/%d loss %.4f lr %.2e %.0f tok/s mfu %s ETA %s", step, self.total_steps,
+                     record["loss"], record["lr"], tps, flops.format_mfu(record["mfu"]), self.eta(step))
+        return record
+
+    def _log_eval(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        record = {**record, "step": step, "time": time.time()}
+        self.prometheus.observe_eval(record["val_loss"])
+        if self.jsonl is not None:
+            self.jsonl.write(record)
+        if self.tracker is not None:
+            self.tracker.log_metrics({k: record[k] for k in MLFLOW_EVAL_KEYS}, step=step)
+        if self.console:
+            best = record["best_val_loss"]
+            console_log.info("step %d validation loss %.4f (best %.4f at step %s, %.1fs)", step, record["val_loss"],
+                     best if best is not None else math.nan, record["best_val_step"], record["eval_s"])
+        return record
+
+    def eta(self, step: int) -> str:
+        """Time left to train.steps at the pace of this launch so far ("0:05:31"), "?" before any step."""
+        first, t0 = self._since
+        if step <= first:
+            return "?"
+        left = (self.total_steps - step) * (time.monotonic() - t0) / (step - first)
+        return str(datetime.timedelta(seconds=round(max(0.0, left))))
+
+    def log_checkpoint(self, step: int, uri: str, duration_s: float, finished_unix: float) -> None:
+        """A checkpoint finished (in the background or not): the Prometheus gauges and the MLflow record."""
+        self.prometheus.observe_checkpoint(duration_s, finished_unix)
+        if self.tracker is not None:
+            self.tracker.log_checkpoint(step, uri)
+
+    def close(self) -> None:
+        """Stop the bar, the jsonl file and the endpoint (the tracker is closed by its owner)."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self.jsonl is not None:
+            self.jsonl.close()
+        self.prometheus.close()
+
+
+def batch_hash(indices: Sequence[int]) -> str:
+    """sha256 of a global batch's window indices (metrics.batch_hash: the elasticity checks compare them)."""
+    return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()
 
 
 class JsonlLog:

@@ -1,8 +1,9 @@
 """Checks of the trainer's inputs that turn a bad setting, path or dataset into one BadInput line naming it.
 
 Usage:
-    from trainer.preflight import check_inputs
+    from trainer.preflight import check_inputs, compatibility_problem
     ds = check_inputs(cfg, run_dir, world_sizes=[8, 16, 24, 32], local_world_size=8)   # BadInput on failure
+    reason = compatibility_problem(cfg, manifest, where, ds.manifest_sha256)  # may this checkpoint be resumed?
     ds.close()
 
 The launcher (trainer/launch.py) runs them once per node before torchrun starts, for every world size the
@@ -19,8 +20,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpu_train.spec.trainer_config import MAX_PORT, Config, ConfigError, batch_layout
+from gpu_train.spec.trainer_config import MAX_PORT, Config, ConfigError, batch_layout, to_dict
 from trainer.errors import BadInput
+
+# Keys that fix the parameter shapes: a checkpoint made with other values cannot be loaded.
+SHAPE_KEYS = ("n_layer", "n_head", "d_model", "context", "vocab_size", "norm", "pos", "mlp_ratio")
 
 
 def cache_dir_of(cfg: Config) -> Path:
@@ -148,3 +152,50 @@ def check_inputs(cfg: Config, run_dir: Path, *, world_sizes: Iterable[int], loca
             ds.close()
             raise
     return ds
+
+
+def _shape(model_cfg: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={model_cfg.get(k)!r}" for k in SHAPE_KEYS)
+
+
+def compatibility_problem(cfg: Config, manifest: dict[str, Any], where: str, manifest_sha: str) -> str | None:
+    """Why the checkpoint described by `manifest` must not be resumed with `cfg` and this dataset, or None.
+
+    The model shape must match (else DCP cannot load it), and so must what fixes the sample order: the
+    dataset's manifest hash, train.global_batch_tokens, train.seed, data.packing (which windows exist) and
+    data.block_shards (else the run would silently continue on other data or another order). A checkpoint
+    written before the block shuffle (its sampler state counts no shards) is refused for the same reason.
+    Everything else (steps, learning rate, world size, ddp/fsdp, evaluation, watchdog) may change.
+    """
+    ck_cfg = manifest.get("config") or {}
+    ck_model = ck_cfg.get("model")
+    mine = to_dict(cfg)
+    if isinstance(ck_model, dict):
+        differ = [k for k in SHAPE_KEYS if ck_model.get(k) != mine["model"][k]]
+        if differ:
+            return (f"checkpoint {where} holds a model with {_shape(ck_model)} but the settings ask for "
+                    f"{_shape(mine['model'])} (model.{', model.'.join(differ)} differ): set them back, or train "
+                    "the new shape in a new --run-dir with its own checkpoint.local_dir and checkpoint.remote_uri")
+    # (section, key, what a checkpoint without the key was trained with; None: nothing to compare)
+    order_keys = (("train", "global_batch_tokens", None), ("train", "seed", None), ("data", "packing", True),
+                  ("data", "block_shards", None))
+    for section, key, before in order_keys:
+        ck_section = ck_cfg.get(section)
+        if not isinstance(ck_section, dict):
+            continue
+        theirs = ck_section.get(key, before)
+        if theirs is not None and theirs != mine[section][key]:
+            return (f"checkpoint {where} was trained with {section}.{key}={theirs} but the settings "
+                    f"say {section}.{key}={mine[section][key]}: the sample order would change mid-run; set it "
+                    "back or start a new run directory")
+    trainer_state = manifest.get("trainer") or {}
+    sampler = trainer_state.get("sampler")
+    if isinstance(sampler, dict) and not sampler.get("num_shards"):
+        return (f"checkpoint {where} was written before the block shuffle (data.block_shards): this trainer cannot "
+                "continue its whole-dataset sample order; start a new run directory")
+    data = trainer_state.get("dataset")
+    if isinstance(data, dict) and data.get("manifest_sha256") and data["manifest_sha256"] != manifest_sha:
+        return (f"checkpoint {where} was trained on dataset {data.get('uri')} (manifest sha256 "
+                f"{str(data['manifest_sha256'])[:16]}) but data.uri={cfg.data.uri} has manifest sha256 "
+                f"{manifest_sha[:16]}: resume with the same dataset, or start a new run directory")
+    return None

@@ -42,7 +42,7 @@ below (NCCL's watchdog and heartbeat monitor are C++ threads) is the backstop.
 Consistency with the process group and NCCL: a collective must not time out before the watchdog has had its
 say, so the default process group's timeout is `collective_timeout_s(cfg)` (the largest bound a step or an
 evaluation can get, plus a margin) and the checkpoint group's is `checkpoint_timeout_s(cfg)`.
-`nccl_env()` is what the launcher and the JobSet put in the environment (torch 2.13 names, from
+`gpu_train.jobs.launch.nccl_env()` is what the launcher and the JobSet put in the environment (torch 2.13 names, from
 torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp and FlightRecorder.hpp): tear the process down on a
 collective error or timeout without a possibly hanging communicator abort (TORCH_NCCL_ASYNC_ERROR_HANDLING=3,
 torch's own default made explicit), keep the flight recorder's ring buffer (TORCH_FR_BUFFER_SIZE, which
@@ -66,10 +66,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from gpu_train.spec.errors import EXIT_HUNG
+
 if TYPE_CHECKING:
     from gpu_train.spec.trainer_config import WatchdogConfig
 
-EXIT_HUNG = 124
 MARGIN_S = 60.0  # what a collective's timeout adds to the watchdog's largest bound
 STEP_PHASES = ("data", "forward_backward", "collective", "optimizer")  # share the step's deadline
 
@@ -87,16 +88,6 @@ def checkpoint_timeout_s(cfg: WatchdogConfig) -> float:
 def nccl_heartbeat_s(cfg: WatchdogConfig) -> int:
     """TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: NCCL's monitor gives up no earlier than a collective would time out."""
     return int(collective_timeout_s(cfg))
-
-
-def nccl_env() -> dict[str, str]:
-    """The TORCH_NCCL_* settings every launch gets (the JobSet and gpu-train-launch); see the module docstring."""
-    return {
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_FR_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_ENABLE_MONITORING": "1",
-    }
 
 
 def step_bound(times: list[float], done: int, cfg: WatchdogConfig) -> tuple[float, str]:

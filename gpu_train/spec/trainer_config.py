@@ -372,7 +372,8 @@ def _check_endpoint(key: str, value: str) -> None:
         raise ConfigError(f"{key}: expected an http(s)://host[:port] URL (got {value!r})")
 
 
-def validate(cfg: Config) -> None:
+def _check_ranges(cfg: Config) -> None:
+    """Each key alone: finite floats, counts and sizes > 0 or >= 0, ratios in their intervals."""
     m, t, wd = cfg.model, cfg.train, cfg.watchdog
     # Every float key: NaN or infinity never makes sense (a NaN train.lr crashes the scheduler, an infinite
     # one trains on NaN losses).
@@ -412,6 +413,12 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key} must be in [0, 1) (got {value})")
     if not 0.0 < cfg.data.cache_disk_fraction <= 1.0:
         raise ConfigError(f"data.cache_disk_fraction must be in (0, 1] (got {cfg.data.cache_disk_fraction})")
+
+
+def validate(cfg: Config) -> None:
+    """Every key in its range, then the keys that must agree with each other; ConfigError naming the key."""
+    _check_ranges(cfg)
+    m, t, wd = cfg.model, cfg.train, cfg.watchdog
     if cfg.eval.early_stopping_patience and not cfg.eval.every_steps:
         raise ConfigError(
             f"eval.early_stopping_patience={cfg.eval.early_stopping_patience} needs evaluations: set "
@@ -474,15 +481,6 @@ def batch_layout(cfg: Config, world_size: int) -> tuple[int, int]:
 
 def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
-
-
-def from_dict(data: dict[str, Any]) -> Config:
-    """Rebuild a Config from to_dict() output (e.g. a checkpoint's resolved config)."""
-    cfg = Config()
-    for section, values in data.items():
-        for name, value in values.items():
-            cfg = _apply(cfg, f"{section}.{name}", value)
-    return cfg
 
 
 def flatten(cfg: Config) -> dict[str, Any]:

@@ -3,6 +3,7 @@ torchrun agents through the launcher standing in for nodes) for tests.
 
 Usage:
     res = run_trainer(run_dir, nproc=2, overrides=SMALL + ["train.steps=6"], max_restarts=1, env={...})
+    res = run_trainer(run_dir, 2, overrides, module=FAULTS, env={"TRAINER_TEST_KILL_AT_STEP": "5"})  # a fault
     res.returncode, res.output, summary(run_dir), step_records(run_dir)
 
     nodes = Nodes(tmp_path, overrides=[...], nnodes="1:2", max_restarts=2, env={...})
@@ -28,7 +29,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.trainer.faults import FAULTS
 from trainer.distributed import free_port
+
+__all__ = ["FAULTS", "SMALL", "Nodes", "free_port", "kill_group", "run_trainer", "start", "step_records", "summary"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,8 +51,10 @@ class Result:
     output: str
 
 
-def command(run_dir: Path, nproc: int | None, overrides: list[str], max_restarts: int = 0) -> list[str]:
-    trainer = ["-m", "trainer", "--preset", "tiny", "--run-dir", str(run_dir), *overrides]
+def command(run_dir: Path, nproc: int | None, overrides: list[str], max_restarts: int = 0,
+            module: str = "trainer") -> list[str]:
+    """`module` is the trainer's entry: `trainer`, or FAULTS (tests/trainer/faults.py) to inject a fault."""
+    trainer = ["-m", module, "--preset", "tiny", "--run-dir", str(run_dir), *overrides]
     if nproc is None:
         return [sys.executable, *trainer]
     return [
@@ -70,12 +76,12 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start(run_dir: Path, nproc: int | None, overrides: list[str], *, max_restarts: int = 0,
-          env: dict[str, str] | None = None, log_path: Path | None = None) -> subprocess.Popen:
+          env: dict[str, str] | None = None, log_path: Path | None = None, module: str = "trainer") -> subprocess.Popen:
     log_path = log_path or run_dir.with_name(run_dir.name + ".log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            command(run_dir, nproc, overrides, max_restarts), cwd=ROOT, env=child_env(env), stdout=log,
+            command(run_dir, nproc, overrides, max_restarts, module), cwd=ROOT, env=child_env(env), stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -87,9 +93,9 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_trainer(run_dir: Path, nproc: int | None, overrides: list[str], *, max_restarts: int = 0,
-                env: dict[str, str] | None = None, timeout: float = 240) -> Result:
+                env: dict[str, str] | None = None, timeout: float = 240, module: str = "trainer") -> Result:
     log_path = run_dir.with_name(run_dir.name + ".log")
-    proc = start(run_dir, nproc, overrides, max_restarts=max_restarts, env=env, log_path=log_path)
+    proc = start(run_dir, nproc, overrides, max_restarts=max_restarts, env=env, log_path=log_path, module=module)
     try:
         proc.wait(timeout=timeout)
     finally:
@@ -147,8 +153,11 @@ class Nodes:
     own run directory (and so its own node-local checkpoint directory)."""
 
     def __init__(self, root: Path, *, overrides: list[str], nnodes: str = "2", max_restarts: int = 0,
-                 env: dict[str, str] | None = None, nproc: int = 1, name: str = "launch") -> None:
+                 env: dict[str, str] | None = None, nproc: int = 1, name: str = "launch",
+                 module: str = "trainer") -> None:
         self.root = root
+        self.module = module  # the workers' entry: `trainer`, or FAULTS to inject a fault (the launcher then
+        # skips its own preflight, which it runs for `-m trainer` only; every worker still checks its inputs)
         self.name = name  # logs are ROOT/<name>-node<N>.log, so several launches over the same nodes stay apart
         self.overrides = overrides
         self.nnodes = nnodes
@@ -173,7 +182,7 @@ class Nodes:
             f"--rdzv-id={self.rdzv_id}", f"--rdzv-conf=is_host={int(node == 0)},{RDZV_CONF}",
             f"--max-restarts={self.max_restarts if max_restarts is None else max_restarts}",
             "--monitor-interval=0.2", "--shutdown-timeout=60",
-            "-m", "trainer", "--preset", "tiny", "--run-dir", str(run_dir), *self.overrides, *(overrides or []),
+            "-m", self.module, "--preset", "tiny", "--run-dir", str(run_dir), *self.overrides, *(overrides or []),
         ]
         with log_path.open("ab") as log:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env({**self.env, **(env or {})}), stdout=log,

@@ -10,6 +10,7 @@ data.uri, checkpoint.remote_uri, the metrics port, the environment it reads, an 
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import socket
@@ -224,7 +225,21 @@ CASES: dict[str, Case] = {
                                            setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
     "resume without packing": Case(["data.packing=false"], ["data.packing=True", "data.packing=False"],
                                    setup=lambda t, d, r: [f"data.uri={d['small']}"], resume=True),
+    "resume from before the block shuffle": Case([], ["step_000000002 was written before the block shuffle"],
+                                                 setup=lambda t, d, r: [*_whole_dataset_shuffle(t / "run"),
+                                                                        f"data.uri={d['small']}"], resume=True),
 }
+
+
+def _whole_dataset_shuffle(run_dir: Path) -> list[str]:
+    """Make the copied checkpoints look written before the block shuffle existed: their sampler states count
+    no shards (what the whole-dataset sampler wrote). No more arguments."""
+    for path in (run_dir / "checkpoints").glob("step_*/manifest.json"):
+        manifest = json.loads(path.read_text())
+        for key in ("num_shards", "block_shards"):
+            del manifest["trainer"]["sampler"][key]
+        path.write_text(json.dumps(manifest))
+    return []
 
 
 def _write(path: Path, text: str) -> Path:
@@ -308,7 +323,7 @@ def test_the_launcher_refuses_the_same_inputs_before_torchrun(name, tmp_path, da
 
 def _first_shard(uri: str, overrides: list[str]) -> str:
     """File name of the first shard the run reads: the first of the block shuffle's first block."""
-    from trainer.config import batch_layout, build_config
+    from gpu_train.spec.trainer_config import batch_layout, build_config
     from trainer.data import GlobalSampler, open_dataset
 
     cfg = build_config("tiny", overrides=[*overrides, f"data.uri={uri}"])

@@ -5,14 +5,15 @@ Run: .venv/bin/pytest tests/trainer/test_config.py -q
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from gpu_train.spec.trainer_config import PRESETS, ConfigError, batch_layout, build_config, flatten, to_dict
 from tests.trainer.launch import ROOT, child_env
-from trainer.config import PRESETS, ConfigError, batch_layout, build_config, flatten, from_dict, to_dict
 from trainer.model import GPT
 
 
@@ -75,9 +76,13 @@ def test_batch_layout_keeps_global_batch_and_names_keys_when_not_divisible():
     assert "train.global_batch_tokens" in msg and "train.micro_batch_size" in msg and "world size (4)" in msg
 
 
-def test_resolved_config_round_trips():
+def test_resolved_config_round_trips(tmp_path):
+    """The resolved config a run writes (config.json, and in every checkpoint) rebuilds the same config when
+    handed back as --config, whatever preset it is laid over."""
     cfg = build_config("1b", overrides=["train.steps=5"])
-    assert from_dict(to_dict(cfg)) == cfg
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(to_dict(cfg)))
+    assert build_config("tiny", path) == cfg
     assert flatten(cfg)["model.d_model"] == 2048
 
 

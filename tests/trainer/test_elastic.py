@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from tests.trainer.launch import SMALL, kill_group, run_trainer, start, step_records, summary
+from gpu_train.spec.trainer_config import batch_layout, build_config
+from tests.trainer.launch import FAULTS, SMALL, kill_group, run_trainer, start, step_records, summary
 from trainer.checkpoint import verify
-from trainer.config import batch_layout, build_config
 from trainer.errors import EXIT_RESUMABLE
-from trainer.train import batch_hash
+from trainer.metrics import batch_hash
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def test_kill9_and_restart_is_bit_identical(tmp_path, parallel):
 
     # Rank 1 SIGKILLs itself in the middle of step 5 (after backward); torchrun restarts the group, which
     # resumes from step 4 and redoes step 5.
-    killed = run_trainer(tmp_path / "killed", 2, overrides, max_restarts=1,
+    killed = run_trainer(tmp_path / "killed", 2, overrides, max_restarts=1, module=FAULTS,
                          env={"TRAINER_TEST_KILL_AT_STEP": "5", "TRAINER_TEST_KILL_RANK": "1"})
     assert killed.returncode == 0, killed.output[-4000:]
     assert "resumed from" in killed.output
@@ -59,7 +59,7 @@ def test_world_size_change_keeps_global_batch_sequence(tmp_path, before, after, 
     overrides = [*SMALL, "train.steps=6", "checkpoint.every_steps=1", "metrics.batch_hash=true",
                  f"train.parallel={parallel}"]
     run_dir = tmp_path / "run"
-    first = run_trainer(run_dir, before, overrides, env={"TRAINER_TEST_KILL_AT_STEP": "3"})
+    first = run_trainer(run_dir, before, overrides, module=FAULTS, env={"TRAINER_TEST_KILL_AT_STEP": "3"})
     assert first.returncode != 0  # killed, no restarts allowed
     second = run_trainer(run_dir, after, overrides)
     assert second.returncode == 0, second.output[-4000:]

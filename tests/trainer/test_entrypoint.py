@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import PRESETS
+from gpu_train.spec.trainer_config import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "trainer" / "entrypoint.sh"

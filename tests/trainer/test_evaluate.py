@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.config import ModelConfig
+from gpu_train.spec.trainer_config import ModelConfig
 from trainer.data import open_dataset
 from trainer.evaluate import eval_windows, evaluate, rank_share, reduce_eval
 from trainer.model import GPT

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from trainer.config import ModelConfig
+from gpu_train.spec.trainer_config import ModelConfig
 from trainer.data.prepare import prepare
 from trainer.export import (
     ExportError,

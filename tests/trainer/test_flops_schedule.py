@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from bench.common import preset_flops_per_token
-from trainer.config import PRESETS
+from gpu_train.spec.trainer_config import PRESETS
 from trainer.flops import flops_per_token, format_mfu, gpu_peak_flops, mfu
 from trainer.model import GPT
-from trainer.train import lr_at
+from trainer.parallelize import lr_at
 
 
 def _by_hand(n_layer: int, d: int, n_head: int, context: int, vocab: int, norm_params_per_layer: int) -> int:

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 import torch
 
-from tests.trainer.launch import SMALL, free_port, kill_group, start, summary
+from tests.trainer.launch import FAULTS, SMALL, free_port, kill_group, start, summary
 from trainer.metrics import StepClock
 
 
@@ -46,13 +46,14 @@ def _scrape(port: int) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_a_slowed_rank_shows_more_compute_and_the_others_more_collective_wait(tmp_path):
-    """Rank 1 sleeps 0.25 s in every step between forward and backward (TRAINER_TEST_SLOW_RANK): its compute
+    """Rank 1 sleeps 0.25 s in every step between forward and backward (TRAINER_TEST_SLOW_RANK, a step callback
+    of tests/trainer/faults.py): its compute
     gauge carries that, and rank 0, which then waits for its gradients, shows it as collective wait."""
     port = free_port()
     run_dir = tmp_path / "run"
     proc = start(run_dir, 2, [*SMALL, "train.steps=60", "checkpoint.every_steps=0", "eval.sample_tokens=0",
                               f"metrics.port={port}"],
-                 env={"TRAINER_TEST_SLOW_RANK": "1", "TRAINER_TEST_SLOW_S": "0.25"})
+                 module=FAULTS, env={"TRAINER_TEST_SLOW_RANK": "1", "TRAINER_TEST_SLOW_S": "0.25"})
     samples: dict[int, list[dict[str, float]]] = {0: [], 1: []}
     try:
         deadline = time.monotonic() + 120

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.config import ModelConfig
+from gpu_train.spec.trainer_config import ModelConfig
 from trainer.model import GPT
 
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.trainer.launch import Nodes, run_trainer, summary
+from tests.trainer.launch import FAULTS, Nodes, run_trainer, summary
 from trainer.checkpoint import MANIFEST, list_step_dirs
 
 pytestmark = pytest.mark.slow
@@ -119,7 +119,7 @@ def test_node_local_directories_without_a_remote_store_are_refused(tmp_path):
 
 def test_worker_killed_at_a_random_step(tmp_path, s3, reference):
     kill_at = random.Random().randrange(3, STEPS - 2)
-    nodes = _nodes(tmp_path, s3, max_restarts=2, env={
+    nodes = _nodes(tmp_path, s3, max_restarts=2, module=FAULTS, env={
         "TRAINER_TEST_KILL_AT_STEP": str(kill_at), "TRAINER_TEST_KILL_RANK": "1",
         "TRAINER_TEST_KILL_MARKER": str(tmp_path / "killed"),
     })
@@ -218,9 +218,9 @@ def test_one_node_cannot_upload_and_training_goes_on(tmp_path, failing_s3, refer
 
 def _expected_batch_hashes(steps: int) -> dict[int, str]:
     """What the sampler must hand out, computed here without any worker: independent of world size."""
-    from trainer.config import batch_layout, build_config
+    from gpu_train.spec.trainer_config import batch_layout, build_config
     from trainer.data import GlobalSampler, open_dataset
-    from trainer.train import batch_hash
+    from trainer.metrics import batch_hash
 
     cfg = build_config("tiny", overrides=BASE)
     global_batch, _ = batch_layout(cfg, 1)
@@ -250,7 +250,8 @@ def test_two_then_one_then_two_nodes(tmp_path, s3, reference):
         assert "RendezvousConnectionError" in other.output()
     finally:
         first.close()
-    second = _nodes(tmp_path, s3, nnodes="1", name="second", env={**env, "TRAINER_TEST_KILL_AT_STEP": "13"})
+    second = _nodes(tmp_path, s3, nnodes="1", name="second", module=FAULTS,
+                    env={**env, "TRAINER_TEST_KILL_AT_STEP": "13"})
     try:
         second.start(0, overrides=extra)
         assert second.wait_all(TIMEOUT)[0] != 0, second.logs()
@@ -283,7 +284,7 @@ def test_fsdp_with_model_registration_on_two_nodes(tmp_path, s3):
     from safetensors.torch import load_file
 
     from trainer.export import from_hf_gpt2, model_config_from
-    from trainer.train import state_sha256
+    from trainer.outputs import state_sha256
 
     nodes = _nodes(tmp_path, s3)
     nodes.overrides = [o for o in nodes.overrides if not o.startswith(("tracking.", "train.steps"))] + [

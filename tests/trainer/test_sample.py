@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.config import ModelConfig
+from gpu_train.spec.trainer_config import ModelConfig
 from trainer.model import GPT
 from trainer.sample import generate
 from trainer.sample import main as sample_main

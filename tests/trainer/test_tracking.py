@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from trainer.config import TrackingConfig
+from gpu_train.spec.trainer_config import TrackingConfig
 from trainer.tracking import (
     MAX_PARAM_VALUE,
     TAG_CHECKPOINT_URI,
@@ -27,7 +27,7 @@ from trainer.tracking import (
     ui_hint,
 )
 
-FAST = TrackerOptions(start_timeout_s=5, initial_backoff_s=0.05, max_backoff_s=0.2, flush_timeout_s=30)
+FAST = TrackerOptions(start_timeout_s=5, flush_timeout_s=30)
 
 
 def _closed_port() -> int:
@@ -124,8 +124,7 @@ def test_embedded_store_records_a_run(tmp_path, monkeypatch):
 
 def test_unreachable_server_buffers_drops_oldest_and_warns_once(tmp_path, caplog):
     uri = f"http://127.0.0.1:{_closed_port()}"
-    options = TrackerOptions(max_pending_metrics=10, start_timeout_s=5, initial_backoff_s=0.05,
-                             max_backoff_s=0.1, flush_timeout_s=0.5)
+    options = TrackerOptions(max_pending_metrics=10, start_timeout_s=5, flush_timeout_s=0.5)
     caplog.set_level(logging.INFO, logger="trainer.tracking")
     tracker = Tracker.create(TrackingConfig(uri=uri), run_dir=tmp_path / "r", options=options)
     assert tracker.run_id is None  # the server never answered; training goes on without an id
@@ -152,3 +151,20 @@ def test_unknown_resume_id_starts_a_new_run_with_a_warning(tmp_path, caplog):
     assert tracker.run_id and tracker.run_id != "f" * 32
     assert [m.step for m in MlflowClient(uri).get_metric_history(tracker.run_id, "loss")] == [3]
     assert any("f" * 32 in r.getMessage() and "new run" in r.getMessage() for r in caplog.records)
+
+
+def test_each_tracker_reports_its_own_outage(tmp_path, caplog):
+    """Two trackers in one process, each pointed at a closed port (as a tracker whose close gave up keeps its
+    thread in MLflow's retries): each one says once that its own server is unreachable."""
+    caplog.set_level(logging.WARNING, logger="trainer.tracking")
+    ports = {_closed_port()}
+    while len(ports) < 2:
+        ports.add(_closed_port())
+    options = TrackerOptions(start_timeout_s=5, flush_timeout_s=0.2)
+    trackers = [Tracker.create(TrackingConfig(uri=f"http://127.0.0.1:{port}"), run_dir=tmp_path / str(port),
+                               options=options) for port in sorted(ports)]
+    for tracker in trackers:
+        tracker.close()
+    lines = [r.getMessage() for r in caplog.records if "is unreachable" in r.getMessage()]
+    for tracker in trackers:
+        assert sum(f"server {tracker.tracking_uri} is unreachable" in m for m in lines) == 1, lines

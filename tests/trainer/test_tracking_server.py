@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from trainer.config import TrackingConfig
+from gpu_train.spec.trainer_config import TrackingConfig
 from trainer.tracking import (
     TAG_CHECKPOINT_URI,
     TAG_DATASET_MANIFEST,
@@ -34,7 +34,7 @@ from trainer.tracking import (
 
 ROOT = Path(__file__).resolve().parents[2]
 MLFLOW = Path(sys.executable).with_name("mlflow")
-FAST = TrackerOptions(start_timeout_s=20, initial_backoff_s=0.1, max_backoff_s=0.5, flush_timeout_s=60)
+FAST = TrackerOptions(start_timeout_s=20, flush_timeout_s=60)
 
 pytestmark = pytest.mark.slow
 
@@ -126,7 +126,7 @@ def test_run_logs_params_metrics_and_artifacts(server, tmp_path, monkeypatch):
 KILLED_WORKER = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from trainer.config import TrackingConfig
+    from gpu_train.spec.trainer_config import TrackingConfig
     from trainer.tracking import Tracker, TrackerOptions
     uri, run_dir, last = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     t = Tracker.create(TrackingConfig(uri=uri, experiment="resume"), run_dir=run_dir,

@@ -11,7 +11,7 @@ import json
 import math
 import urllib.request
 
-from tests.trainer.launch import SMALL, free_port, run_trainer, step_records, summary
+from tests.trainer.launch import FAULTS, SMALL, free_port, run_trainer, step_records, summary
 from trainer.checkpoint import verify
 from trainer.metrics import TrainerMetrics
 
@@ -81,7 +81,7 @@ def test_cpu_run_lowers_loss_and_writes_outputs(tmp_path):
     # safetensors package and mapped back by hand, holds exactly the trained parameters.
     from safetensors.torch import load_file
 
-    from trainer.train import state_sha256
+    from trainer.outputs import state_sha256
 
     hf_config = json.loads((run_dir / "model" / "config.json").read_text())
     assert hf_config["model_type"] == "gpt2" and hf_config["n_embd"] == 32 and hf_config["vocab_size"] == 264
@@ -182,7 +182,7 @@ def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(tmp_p
     assert "training stopped early: 3/20 steps" in ref.output
 
     run_dir = tmp_path / "run"
-    killed = run_trainer(run_dir, None, base, env={"TRAINER_TEST_KILL_AT_STEP": "2"})
+    killed = run_trainer(run_dir, None, base, module=FAULTS, env={"TRAINER_TEST_KILL_AT_STEP": "2"})
     assert killed.returncode != 0  # SIGKILLed in step 3, after the checkpoint of step 2
     again = run_trainer(run_dir, None, base)
     assert again.returncode == 0, again.output[-4000:]
@@ -200,28 +200,3 @@ def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(tmp_p
     more = run_trainer(run_dir, None, [*base, "eval.early_stopping_patience=4"])
     assert more.returncode == 0, more.output[-4000:]
     assert (summary(run_dir)["status"], summary(run_dir)["step"]) == ("stopped_early", 5)
-
-
-def test_a_checkpoint_from_before_the_block_shuffle_resumes_in_its_own_order():
-    """A sampler state without a shard count was written with the whole-dataset shuffle (before data.block_shards):
-    resuming it keeps that order (GlobalSampler without shard_windows) rather than switching mid-epoch."""
-    from trainer.config import build_config
-    from trainer.data import GlobalSampler, open_dataset
-    from trainer.train import build_sampler, is_legacy_sampler_state
-
-    cfg = build_config("tiny", overrides=SMALL)
-    ds = open_dataset("synthetic", context=cfg.model.context)
-    try:
-        old_state = {"epoch": 0, "index": 24, "seed": cfg.train.seed, "num_windows": ds.num_windows,
-                     "global_batch": 12}  # the keys the whole-dataset sampler wrote
-        new = build_sampler(ds, 12, cfg)
-        assert is_legacy_sampler_state(old_state) and not is_legacy_sampler_state(new.state_dict())
-        legacy = build_sampler(ds, 12, cfg, legacy=True)
-        legacy.load_state_dict(old_state)
-        whole = GlobalSampler(ds.num_windows, global_batch=12, seed=cfg.train.seed)
-        assert [legacy.global_batch(s) for s in (2, 3, 4)] == [whole.global_batch(s) for s in (2, 3, 4)]
-        assert legacy.state_dict()["num_shards"] == 0  # and it stays recognisable on the next resume
-        assert new.global_batch(2) != whole.global_batch(2)
-        assert new.block_shards == min(cfg.data.block_shards, ds.num_shards)
-    finally:
-        ds.close()

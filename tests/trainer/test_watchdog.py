@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer.launch import SMALL, run_trainer, step_records, summary
-from trainer.config import WatchdogConfig, build_config
+from gpu_train.spec.trainer_config import WatchdogConfig, build_config
+from tests.trainer.launch import FAULTS, SMALL, run_trainer, step_records, summary
 from trainer.watchdog import (
     EXIT_HUNG,
     Watchdog,
@@ -150,7 +150,7 @@ def test_a_disabled_watchdog_starts_no_thread():
 
 
 def test_watchdog_settings_are_validated():
-    from trainer.config import ConfigError
+    from gpu_train.spec.trainer_config import ConfigError
 
     for bad, needle in (("watchdog.factor=0.5", "watchdog.factor must be >= 1"),
                         ("watchdog.floor_s=0", "watchdog.floor_s must be > 0"),
@@ -177,7 +177,7 @@ def test_a_rank_sleeping_in_a_collective_is_found_and_the_group_resumes(tmp_path
     assert "watchdog:" not in ref.output  # no false alarm on a healthy run
 
     marker = tmp_path / "hang.marker"
-    hung = run_trainer(tmp_path / "hung", 2, HANG, max_restarts=1, timeout=240, env={
+    hung = run_trainer(tmp_path / "hung", 2, HANG, max_restarts=1, timeout=240, module=FAULTS, env={
         "TRAINER_TEST_HANG_AT_STEP": "6", "TRAINER_TEST_HANG_RANK": "1", "TRAINER_TEST_HANG_MARKER": str(marker),
         "TRAINER_TEST_HANG_S": "600"})
     assert hung.returncode == 0, hung.output[-6000:]
@@ -188,9 +188,10 @@ def test_a_rank_sleeping_in_a_collective_is_found_and_the_group_resumes(tmp_path
     assert "rank 1 (local rank 1 on " in mine[0] and "hung in phase 'collective' (step 7)" in mine[0]
     spent, bound = (float(x) for x in re.search(r": ([\d.]+)s, bound ([\d.]+)s = ", mine[0]).groups())
     assert bound == pytest.approx(4.0, abs=0.05) and spent <= bound + 1.5
-    # Its stacks, between its own header and footer: the main thread asleep in the test hook.
+    # Its stacks, between its own header and footer: the main thread asleep in the fault's step callback,
+    # called by the Trainer's train_step before the step's all-reduce.
     stacks = out.split("----- rank 1: Python stacks of every thread -----")[1].split("----- end of rank 1")[0]
-    assert "in _test_hang_hook" in stacks and "in _loop" in stacks
+    assert re.search(r"line \d+ in hang\n", stacks) and re.search(r"line \d+ in train_step\n", stacks), stacks
     assert f"exitcode: {EXIT_HUNG}" in out  # what torchrun saw, and restarted on
     assert marker.exists()
     records = step_records(tmp_path / "hung")

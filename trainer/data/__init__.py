@@ -8,6 +8,7 @@ Use::
                             shard_windows=ds.shard_windows, block_shards=4)
     ds.fetch_ahead(sampler.upcoming_shards(step, 8))         # shards this and the next steps read
     xy = ds.batch(sampler.rank_slice(step, rank, world))     # x = xy[:, :-1], y = xy[:, 1:]
+    xy, indices = read_step(ds, sampler, step, rank, world)  # the same two lines, as the trainer does them
     val = open_dataset(cfg.data.uri, context=T, split="val") # the held-out split, for trainer.evaluate
 
 ``python -m trainer.data --help`` prepares datasets (``prepare``, ``synth``) and checks them (``verify``).
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+
+import numpy as np
 
 from trainer.data.dataset import Dataset, MemorySource
 from trainer.data.errors import (
@@ -45,6 +48,7 @@ __all__ = [
     "ShardMissingError",
     "open_dataset",
     "open_tokenizer",
+    "read_step",
 ]
 
 SYNTHETIC = "synthetic"
@@ -120,6 +124,16 @@ def open_dataset(
         max_open_shards=max_open_shards,
         store_options=StoreOptions(auth=endpoint_auth) if endpoint_auth else None,
     )
+
+
+def read_step(ds: Dataset, sampler: GlobalSampler, step: int, rank: int, world: int, *,
+              end_step: int | None = None) -> tuple[np.ndarray, list[int]]:
+    """This rank's windows of global batch ``step`` (rows of ``context + 1`` tokens) and their indices, after
+    handing the shards of the current and the next block (the next ``2 * block_shards`` shards the run reads,
+    none past ``end_step``) to the dataset, which fetches and pins them in the background."""
+    indices = sampler.rank_slice(step, rank, world)
+    ds.fetch_ahead(sampler.upcoming_shards(step, 2 * max(1, sampler.block_shards), end_step=end_step))
+    return ds.batch(indices), indices
 
 
 def open_tokenizer(uri: str, endpoint_url: str | None = None):  # -> trainer.data.tokenizer.Tokenizer

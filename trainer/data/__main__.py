@@ -124,7 +124,8 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line: prepare, synth, verify."""
     ap = argparse.ArgumentParser(prog="python -m trainer.data", description=__doc__.splitlines()[0])
     ap.add_argument(
         "--endpoint-url", default=None, help="S3-compatible endpoint (else env TRAINER_S3_ENDPOINT_URL)"
@@ -193,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="hash the copies in this shard cache (dropping bad ones) and fill in missing ones",
     )
+    return ap
 
-    args = ap.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         if args.cmd == "prepare":
             from trainer.data.prepare import DEFAULT_VAL_FRACTION

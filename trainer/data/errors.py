@@ -1,6 +1,7 @@
 """Error types of the data path.
 
-Use: ``from trainer.data.errors import DataError`` and catch it around ``open_dataset`` / ``ds.window``.
+Use: ``from trainer.data.errors import DataError`` and catch it around ``open_dataset`` / ``ds.window``;
+``is_transient(exc)`` tells a storage outage (retry later) from bad data.
 Every message names the culprit: the manifest key, the shard file and the full URI it came from.
 """
 
@@ -38,3 +39,14 @@ class DatasetTooShortError(DataError):
 
 class SamplerStateError(DataError):
     """A sampler state_dict does not fit this dataset / batch / seed."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A storage outage rather than bad data: the data layer wraps the storage error that outlasted its retries
+    (trainer/data/storage.py, StorageError.transient) in a shard error, so look down the cause chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "transient", False):
+            return True
+        seen = seen.__cause__
+    return False

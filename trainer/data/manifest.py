@@ -182,6 +182,46 @@ class Manifest:
         version = p.field(root, "", "version", int)
         if version != VERSION:
             raise ManifestError(f"{uri}: key 'version' is {version}; this trainer reads version {VERSION}")
+        tokenizer = p.tokenizer(root)
+        vocab = tokenizer.vocab_size
+        dtype = p.field(root, "", "dtype", str)
+        if dtype not in DTYPES:
+            raise ManifestError(f"{uri}: key 'dtype' must be one of {sorted(DTYPES)} (got {dtype!r})")
+        if dtype != dtype_for_vocab(vocab) and dtype == "uint16":
+            raise ManifestError(f"{uri}: key 'dtype' uint16 cannot hold vocab_size {vocab}")
+        names: set[str] = set()
+        shards = p.shards(p.field(root, "", "shards", list), "shards", dtype, names)
+        if not shards:
+            raise ManifestError(f"{uri}: key 'shards' is empty")
+        val_shards: tuple[ShardInfo, ...] = ()
+        val_fraction = 0.0
+        if "val" in root:
+            val_doc = p.obj(root["val"], "val")
+            val_shards = p.shards(p.field(val_doc, "val", "shards", list), "val.shards", dtype, names)
+            fraction = p.number(val_doc, "val", "fraction") if "fraction" in val_doc else 0.0
+            if not 0 <= fraction < 1:
+                raise ManifestError(f"{uri}: key 'val.fraction' must be in [0, 1) (got {fraction})")
+            val_fraction = fraction
+        source = p.obj(root["source"], "source") if "source" in root else None
+        return cls(
+            tokenizer=tokenizer,
+            dtype=dtype,
+            shards=shards,
+            val_shards=val_shards,
+            val_fraction=val_fraction,
+            source=source,
+        )
+
+
+class _Reader:
+    """Typed field access whose errors carry the manifest URI and the dotted key."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+
+    def tokenizer(self, root: dict[str, Any]) -> TokenizerInfo:
+        """The manifest's `tokenizer` object."""
+        p, uri = self, self.uri
         tok_doc = p.obj(p.field(root, "", "tokenizer", dict), "tokenizer")
         kind = p.field(tok_doc, "tokenizer", "kind", str)
         if kind not in ("byte", "bpe"):
@@ -199,73 +239,40 @@ class Manifest:
                 p.sha(tok_doc, "tokenizer", "sha256"),
             )
             tok_name = p.field(tok_doc, "tokenizer", "name", str) if "name" in tok_doc else ""
-        dtype = p.field(root, "", "dtype", str)
-        if dtype not in DTYPES:
-            raise ManifestError(f"{uri}: key 'dtype' must be one of {sorted(DTYPES)} (got {dtype!r})")
-        if dtype != dtype_for_vocab(vocab) and dtype == "uint16":
-            raise ManifestError(f"{uri}: key 'dtype' uint16 cannot hold vocab_size {vocab}")
-        itemsize = DTYPES[dtype].itemsize
-        names: set[str] = set()
+        return TokenizerInfo(kind, vocab, eot, tok_file, tok_name)
 
-        def read_shards(docs: list[Any], prefix: str) -> tuple[ShardInfo, ...]:
-            shards = []
-            for i, raw_shard in enumerate(docs):
-                where = f"{prefix}[{i}]"
-                sd = p.obj(raw_shard, where)
-                tokens = p.positive(sd, where, "tokens")
-                data = FileRef(
-                    p.name(sd, where, "file"), p.positive(sd, where, "bytes"), p.sha(sd, where, "sha256")
+    def shards(self, docs: list[Any], prefix: str, dtype: str, names: set[str]) -> tuple[ShardInfo, ...]:
+        """A list of shard objects; `names` collects the file names, which must be unique across lists."""
+        p, uri, itemsize = self, self.uri, DTYPES[dtype].itemsize
+        shards = []
+        for i, raw_shard in enumerate(docs):
+            where = f"{prefix}[{i}]"
+            sd = p.obj(raw_shard, where)
+            tokens = p.positive(sd, where, "tokens")
+            data = FileRef(
+                p.name(sd, where, "file"), p.positive(sd, where, "bytes"), p.sha(sd, where, "sha256")
+            )
+            if data.bytes != tokens * itemsize:
+                raise ManifestError(
+                    f"{uri}: key '{where}.bytes' ({data.bytes}) != tokens ({tokens}) x {itemsize} ({dtype})"
                 )
-                if data.bytes != tokens * itemsize:
-                    raise ManifestError(
-                        f"{uri}: key '{where}.bytes' ({data.bytes}) != tokens ({tokens}) x {itemsize} ({dtype})"
-                    )
-                documents = p.field(sd, where, "documents", int)
-                idx_doc = p.obj(p.field(sd, where, "index", dict), f"{where}.index")
-                index = FileRef(
-                    p.name(idx_doc, f"{where}.index", "file"),
-                    p.field(idx_doc, f"{where}.index", "bytes", int),
-                    p.sha(idx_doc, f"{where}.index", "sha256"),
+            documents = p.field(sd, where, "documents", int)
+            idx_doc = p.obj(p.field(sd, where, "index", dict), f"{where}.index")
+            index = FileRef(
+                p.name(idx_doc, f"{where}.index", "file"),
+                p.field(idx_doc, f"{where}.index", "bytes", int),
+                p.sha(idx_doc, f"{where}.index", "sha256"),
+            )
+            if documents < 0 or index.bytes != 8 * documents:
+                raise ManifestError(
+                    f"{uri}: key '{where}.index.bytes' ({index.bytes}) must be 8 x documents ({documents})"
                 )
-                if documents < 0 or index.bytes != 8 * documents:
-                    raise ManifestError(
-                        f"{uri}: key '{where}.index.bytes' ({index.bytes}) must be 8 x documents ({documents})"
-                    )
-                for name in (data.file, index.file):
-                    if name in names:
-                        raise ManifestError(f"{uri}: key '{where}' reuses file name {name!r}")
-                    names.add(name)
-                shards.append(ShardInfo(data=data, tokens=tokens, documents=documents, index=index))
-            return tuple(shards)
-
-        shards = read_shards(p.field(root, "", "shards", list), "shards")
-        if not shards:
-            raise ManifestError(f"{uri}: key 'shards' is empty")
-        val_shards: tuple[ShardInfo, ...] = ()
-        val_fraction = 0.0
-        if "val" in root:
-            val_doc = p.obj(root["val"], "val")
-            val_shards = read_shards(p.field(val_doc, "val", "shards", list), "val.shards")
-            fraction = p.number(val_doc, "val", "fraction") if "fraction" in val_doc else 0.0
-            if not 0 <= fraction < 1:
-                raise ManifestError(f"{uri}: key 'val.fraction' must be in [0, 1) (got {fraction})")
-            val_fraction = fraction
-        source = p.obj(root["source"], "source") if "source" in root else None
-        return cls(
-            tokenizer=TokenizerInfo(kind, vocab, eot, tok_file, tok_name),
-            dtype=dtype,
-            shards=shards,
-            val_shards=val_shards,
-            val_fraction=val_fraction,
-            source=source,
-        )
-
-
-class _Reader:
-    """Typed field access whose errors carry the manifest URI and the dotted key."""
-
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
+            for name in (data.file, index.file):
+                if name in names:
+                    raise ManifestError(f"{uri}: key '{where}' reuses file name {name!r}")
+                names.add(name)
+            shards.append(ShardInfo(data=data, tokens=tokens, documents=documents, index=index))
+        return tuple(shards)
 
     def obj(self, value: Any, where: str) -> dict[str, Any]:
         if not isinstance(value, dict):

@@ -544,26 +544,31 @@ def prepare(
         tok_file = FileRef(TOKENIZER_FILE, len(raw), hashlib.sha256(raw).hexdigest())
     dtype = dtype_for_vocab(tok.vocab_size)
     info = TokenizerInfo(tok.kind, tok.vocab_size, tok.eot_id, tok_file, getattr(tok, "name", ""))
-    encoder = _Encoder(tok, tok.kind, text_field, val_fraction, dtype)
-    n_workers = max(1, min(workers or os.cpu_count() or 1, len(tasks)))
-
-    packers = {s: Packer(eot_id=tok.eot_id, shard_tokens=shard_tokens, dtype=dtype) for s in ("train", "val")}
     writer = DatasetWriter(store, dtype)
     try:
-        for docs, flags in _encoded(tasks, encoder, n_workers):
-            for doc, val in zip(docs, flags, strict=True):
-                split = "val" if val else "train"
-                stats.documents[split] += 1
-                for shard in packers[split].add(doc):
-                    writer.add(split, shard)
-        for split, packer in packers.items():
-            for shard in packer.finish():
-                writer.add(split, shard)
+        _write_shards(tasks, _Encoder(tok, tok.kind, text_field, val_fraction, dtype), writer,
+                      workers=max(1, min(workers or os.cpu_count() or 1, len(tasks))),
+                      packers={s: Packer(eot_id=tok.eot_id, shard_tokens=shard_tokens, dtype=dtype)
+                               for s in ("train", "val")}, stats=stats)
     except BaseException:
         writer.abort()
         raise
     source = {"fingerprint": fingerprint, "files": stats.files, "skipped_binary": stats.skipped_binary}
     return writer.finish(info, val_fraction=val_fraction, source=source)
+
+
+def _write_shards(tasks: list[Task], encoder: _Encoder, writer: DatasetWriter, *, workers: int,
+                  packers: dict[str, Packer], stats: PrepareStats) -> None:
+    """Encode the documents (in `workers` processes), pack each split's into shards and hand them to writer."""
+    for docs, flags in _encoded(tasks, encoder, workers):
+        for doc, val in zip(docs, flags, strict=True):
+            split = "val" if val else "train"
+            stats.documents[split] += 1
+            for shard in packers[split].add(doc):
+                writer.add(split, shard)
+    for split, packer in packers.items():
+        for shard in packer.finish():
+            writer.add(split, shard)
 
 
 def synth(out_uri: str, *, tokens: int = 1 << 20, seed: int = 0, shard_tokens: int = 1 << 18,

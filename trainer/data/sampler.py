@@ -260,9 +260,6 @@ class GlobalSampler:
                 layout = self._layout(epoch)
         return list(out)[:count]
 
-    def epoch_of(self, step: int) -> int:
-        return step * self.global_batch_size // self.num_windows
-
     def global_batch(self, step: int) -> list[int]:
         """The B window indices of optimizer step ``step``; marks the step as handed out."""
         if step < 0:

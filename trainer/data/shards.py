@@ -310,6 +310,18 @@ class DirectShardSource:
             self._open.clear()
 
 
+def _shard_cache(where: Path, budget: int, shards: Sequence[ShardInfo], retry: RetryPolicy | None,
+                 verify: str) -> ShardCache:
+    """The shard cache at `where` with this byte budget; a budget under two of the largest shards is warned."""
+    largest = max(s.data.bytes for s in shards)
+    if budget < 2 * largest:
+        log.warning(
+            "shard cache %s: budget %.1f MB holds fewer than 2 shards of %.1f MB: expect re-downloads",
+            where, budget / 1e6, largest / 1e6,
+        )  # fmt: skip
+    return ShardCache(where, budget, retry=retry, verify=verify)  # type: ignore[arg-type]
+
+
 def open_sharded(
     uri: str,
     *,
@@ -356,23 +368,14 @@ def open_sharded(
             store, shards, DTYPES[manifest.dtype], seals, verify
         )
     else:
-        where: Path | None = Path(cache_dir or default_cache_dir())
-        fraction = cache_disk_fraction
+        if mode == "memory" and not (memory_dir or default_memory_dir()):
+            log.info("no /dev/shm here: reading %s through the disk cache instead of memory", uri)
+            mode = "disk"
         if mode == "memory":
-            where = Path(memory_dir) if memory_dir else default_memory_dir()
-            fraction = DEFAULT_MEMORY_FRACTION
-            if where is None:
-                log.info("no /dev/shm here: reading %s through the disk cache instead of memory", uri)
-                mode, where, fraction = "disk", Path(cache_dir or default_cache_dir()), cache_disk_fraction
-        assert where is not None
-        budget = cache_max_bytes or disk_budget(where, fraction)
-        largest = max(s.data.bytes for s in shards)
-        if budget < 2 * largest:
-            log.warning(
-                "shard cache %s: budget %.1f MB holds fewer than 2 shards of %.1f MB: expect re-downloads",
-                where, budget / 1e6, largest / 1e6,
-            )  # fmt: skip
-        cache = ShardCache(where, budget, retry=retry, verify=verify)  # type: ignore[arg-type]
+            where, fraction = Path(memory_dir) if memory_dir else default_memory_dir(), DEFAULT_MEMORY_FRACTION
+        else:
+            where, fraction = Path(cache_dir or default_cache_dir()), cache_disk_fraction
+        cache = _shard_cache(where, cache_max_bytes or disk_budget(where, fraction), shards, retry, verify)
         source = CachedShardSource(
             store, shards, DTYPES[manifest.dtype], cache, prefetch_shards, max_open=max_open_shards
         )

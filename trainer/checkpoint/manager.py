@@ -1,35 +1,34 @@
-"""Atomic, asynchronous, verified checkpoints with torch.distributed.checkpoint (DCP), on node-local disks plus a
-remote store.
+"""CheckpointManager: atomic, asynchronous, verified checkpoints with torch.distributed.checkpoint (DCP), on
+node-local disks plus a remote store, and the collective protocol that saves and resumes them.
 
-Usage (inside the training loop, on every rank; every method is collective):
-    ckpt = CheckpointManager(local_dir, remote_uri, endpoint_url=None, keep=3, env=env, async_save=True,
-                             timeout_s=1860)                                 # the checkpoint group's timeout
-    path = ckpt.resume(model, optimizer, check=compatible, apply=restore)   # newest loadable checkpoint or None
-    ckpt.save(step, model, optimizer, trainer_state, config_dict)          # returns after staging
-    ckpt.wait()                                                            # last save written, uploaded, pruned
+Usage, in any PyTorch loop once the default process group exists (every method is collective: call it on
+every rank):
+    from trainer.checkpoint import CheckpointManager
+    ckpt = CheckpointManager("/nvme/ckpt", "s3://bucket/run", keep=3)     # env: this process's DistEnv
+    path = ckpt.resume(model, optimizer, check=compatible, apply=restore)  # newest loadable checkpoint or None
+    ckpt.save(step, model, optimizer, trainer_state, config_dict)         # returns after staging
+    ckpt.wait()                                                           # last save written, uploaded, pruned
+    ckpt.close()
 
-Layout of one checkpoint, `step_000000123/`:
-    .metadata, __<rank>_<i>.distcp     DCP's files (model + optimizer, sharded or replicated, + trainer state)
-    rng/rank_00000.pt ...              python/numpy/torch/CUDA generator state of each rank
-    manifest.json                      {"format", "step", "world_size", "config", "trainer",
-                                        "files": {path: {"size", "sha256", "rank"}}}: every file of the checkpoint,
-                                       whichever node wrote it
+`trainer_state` is any JSON-serialisable dict of the loop's own state (step, sampler position, ...): it is
+stored inside the DCP state dict and copied into the manifest, and `resume` hands it back to `apply`.
+`check(manifest, where)` may refuse a checkpoint (raise; the trainer raises BadInput) before anything is
+fetched or loaded. The layout and the meaning of "complete" are in trainer/checkpoint/manifest.py.
 
-Where the files are. Each rank writes its own files into `checkpoint.local_dir` on its own node, and DCP's
-coordinator (rank 0) writes `.metadata` on node 0; with DDP the replicated state is also spread over the ranks
-(DCP's planner gives each replicated tensor to one rank). So with node-local disks no node holds a whole
-checkpoint: a node's directory holds its ranks' files and, once every rank has written, the manifest of the
-whole checkpoint. The union is in the remote store (`checkpoint.remote_uri`), where each rank uploads its own
-files and rank 0 uploads `.metadata` and, last, the manifest.
+Where the files are. Each rank writes its own files into `local_dir` on its own node, and DCP's coordinator
+(rank 0) writes `.metadata` on node 0; with DDP the replicated state is also spread over the ranks (DCP's
+planner gives each replicated tensor to one rank). So with node-local disks no node holds a whole checkpoint:
+a node's directory holds its ranks' files and, once every rank has written, the manifest of the whole
+checkpoint. The union is in the remote store (`remote_uri`), where each rank uploads its own files and rank 0
+uploads `.metadata` and, last, the manifest.
 
-"Complete" means one thing everywhere: a manifest, and every file it lists present with its size and sha256.
-It is checked locally per directory and, for the remote store, by the manifest being there (uploaded last).
-On start (`resume`) the candidates are every remote checkpoint with a manifest plus every step that each
-node's directory holds completely; newest first, rank 0 reads the candidate's manifest, the caller's `check`
-may refuse it (an incompatible model or dataset: BadInput, nothing written), each directory fetches the
-files it lacks or that differ from the manifest, and every rank loads it. A candidate that fails any of this
-on any rank (unreadable, truncated or corrupt file, bad manifest, DCP cannot load it) is skipped with a
-warning naming it and the next older one is tried; the outcome of each phase is agreed on by all ranks.
+Completeness is checked locally per directory and, for the remote store, by the manifest being there
+(uploaded last). On start (`resume`) the candidates are every remote checkpoint with a manifest plus every
+step that each node's directory holds completely; newest first, rank 0 reads the candidate's manifest,
+`check` may refuse it, each directory fetches the files it lacks or that differ from the manifest, and every
+rank loads it. A candidate that fails any of this on any rank (unreadable, truncated or corrupt file, bad
+manifest, DCP cannot load it) is skipped with a warning naming it and the next older one is tried; the
+outcome of each phase is agreed on by all ranks.
 
 Which directories are the same: the node leaders (local rank 0) each drop a probe file into their
 `local_dir` and report which probes they see; the lowest rank of a group that sees the same probes owns that
@@ -49,18 +48,16 @@ collectives on the default group
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -70,164 +67,29 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from trainer.checkpoint.manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    STEP_RE,
+    CheckpointInvalid,
+    check_files,
+    fsync_dir,
+    list_step_dirs,
+    parse_manifest,
+    read_manifest,
+    sha256_file,
+    step_dir_name,
+    write_atomic,
+)
 from trainer.data.errors import DataError
 from trainer.data.storage import open_store
-from trainer.distributed import DistEnv, rng_state, set_rng_state
+from trainer.distributed import DistEnv, current_env, rng_state, set_rng_state
 from trainer.errors import BadInput, one_line
 
 log = logging.getLogger("trainer.checkpoint")
 
-MANIFEST = "manifest.json"
-FORMAT_VERSION = 2
-_STEP_RE = re.compile(r"^step_(\d{9})$")
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _TRAINER_KEY = "trainer_state"  # a JSON string inside the DCP state dict: step, tokens, sampler, run id, ...
 _PROBE = ".probe-"
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:09d}"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-class CheckpointInvalid(Exception):
-    """A checkpoint that must not be loaded; the message names the directory (or URI) and the file."""
-
-
-def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
-    """The manifest as a dict, or CheckpointInvalid naming `where` and what is wrong with it."""
-    try:
-        manifest = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointInvalid(f"{where}: manifest is not JSON ({exc})") from exc
-    if not isinstance(manifest, dict):
-        raise CheckpointInvalid(f"{where}: manifest is not a JSON object")
-    step = manifest.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise CheckpointInvalid(f"{where}: manifest 'step' is not a whole number >= 0 (got {step!r})")
-    world = manifest.get("world_size")
-    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
-        raise CheckpointInvalid(f"{where}: manifest 'world_size' is not a whole number >= 1 (got {world!r})")
-    for key in ("config", "trainer"):
-        if key in manifest and not isinstance(manifest[key], dict):
-            raise CheckpointInvalid(f"{where}: manifest {key!r} is not a mapping")
-    files = manifest.get("files")
-    if not isinstance(files, dict) or ".metadata" not in files:
-        raise CheckpointInvalid(f"{where}: manifest lists no DCP .metadata")
-    for rel, info in files.items():
-        parts = PurePosixPath(rel).parts
-        if not rel or rel.startswith("/") or ".." in parts or rel == MANIFEST:
-            raise CheckpointInvalid(f"{where}: manifest lists an unsafe path {rel!r}")
-        if not isinstance(info, dict):
-            raise CheckpointInvalid(f"{where}: manifest entry {rel!r} is not a mapping (got {info!r})")
-        size, digest = info.get("size"), info.get("sha256")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise CheckpointInvalid(f"{where}: manifest entry {rel!r} has no valid 'size' (got {size!r})")
-        if not isinstance(digest, str) or not _SHA_RE.match(digest):
-            raise CheckpointInvalid(f"{where}: manifest entry {rel!r} has no valid 'sha256' (got {digest!r})")
-    return manifest
-
-
-def read_manifest(step_dir: Path) -> dict[str, Any]:
-    """Parse `step_dir/manifest.json`; CheckpointInvalid if it is missing, unreadable or malformed."""
-    path = step_dir / MANIFEST
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise CheckpointInvalid(f"{step_dir}: no {MANIFEST} (incomplete save)") from exc
-    except OSError as exc:
-        raise CheckpointInvalid(f"{path}: unreadable manifest ({exc.strerror or exc})") from exc
-    manifest = parse_manifest(raw, str(path))
-    match = _STEP_RE.match(step_dir.name)
-    if match and int(match.group(1)) != manifest["step"]:
-        raise CheckpointInvalid(f"{path}: records step {manifest['step']} but the directory is {step_dir.name}")
-    return manifest
-
-
-def check_files(step_dir: Path, files: dict[str, Any], *, hashes: bool = True) -> list[tuple[str, str]]:
-    """(file, what is wrong) for each listed file that is missing, unreadable, or differs in size or sha256.
-
-    Sizes first for every file (cheap, catches truncation and missing files), then content hashes.
-    """
-    problems: dict[str, str] = {}
-    for rel, info in files.items():
-        path = step_dir / rel
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            problems[rel] = f"{path}: listed in {MANIFEST} but missing"
-            continue
-        except OSError as exc:
-            problems[rel] = f"{path}: unreadable ({exc.strerror or exc})"
-            continue
-        if not path.is_file():
-            problems[rel] = f"{path}: listed in {MANIFEST} but not a file"
-        elif st.st_size != info["size"]:
-            problems[rel] = f"{path}: size {st.st_size} bytes, manifest says {info['size']} (truncated?)"
-    if hashes:
-        for rel, info in files.items():
-            if rel in problems:
-                continue
-            path = step_dir / rel
-            try:
-                digest = sha256_file(path)
-            except OSError as exc:
-                problems[rel] = f"{path}: unreadable ({exc.strerror or exc})"
-                continue
-            if digest != info["sha256"]:
-                problems[rel] = f"{path}: sha256 differs from {MANIFEST} (corrupted)"
-    return sorted(problems.items())
-
-
-def verify(step_dir: Path) -> dict[str, Any]:
-    """Return the manifest of a complete checkpoint, or raise CheckpointInvalid naming the bad file."""
-    manifest = read_manifest(step_dir)
-    problems = check_files(step_dir, manifest["files"])
-    if problems:
-        raise CheckpointInvalid(problems[0][1])
-    return manifest
-
-
-def list_step_dirs(root: Path) -> list[Path]:
-    """Step directories under root, newest first (manifest or not); [] if root cannot be listed."""
-    try:
-        entries = list(root.iterdir())
-    except OSError:
-        return []
-    dirs = []
-    for p in entries:
-        if not _STEP_RE.match(p.name):
-            continue
-        try:
-            if p.is_dir():
-                dirs.append(p)
-        except OSError:
-            continue
-    return sorted(dirs, key=lambda p: p.name, reverse=True)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _describe(exc: BaseException, limit: int = 400) -> str:
@@ -251,6 +113,8 @@ def _summarize(errors: list[str | None]) -> str | None:
 
 @dataclass
 class SaveRecord:
+    """One save as every rank saw it: when it started and finished, where it went, or why it failed."""
+
     step: int
     path: Path
     started: float
@@ -262,19 +126,32 @@ class SaveRecord:
 
 
 class CheckpointManager:
-    """Saves, finalizes, uploads, prunes and resumes checkpoints; every method is called on every rank."""
+    """Saves, finalizes, uploads, prunes and resumes checkpoints; every method is called on every rank.
+
+    local_dir: where DCP writes first (node-local NVMe, or a directory every node mounts); created if missing.
+    remote_uri: "" or the upload target (s3://, gs://, file://); needed when nodes have separate local_dirs.
+    keep: newest complete checkpoints kept, locally on every node and remotely.
+    env: this process's rank, world size, local rank and device; None reads them from the default process
+        group and torchrun's LOCAL_RANK (trainer.distributed.current_env).
+    async_save: save() returns once the state is staged in host memory and writes in the background.
+    endpoint_url: an S3-compatible endpoint for remote_uri.
+    timeout_s: timeout of the checkpoint's own gloo group; must outlast the slowest rank's write and upload.
+    Opening it is collective too (the directory-owner probe), and refuses separate local directories without a
+    remote store (BadInput): no node could ever resume from such a checkpoint.
+    """
 
     def __init__(
         self,
-        local_dir: Path,
-        remote_uri: str,
+        local_dir: Path | str,
+        remote_uri: str = "",
         *,
-        keep: int,
-        env: DistEnv,
+        keep: int = 3,
+        env: DistEnv | None = None,
         async_save: bool = True,
         endpoint_url: str | None = None,
         timeout_s: float | None = None,
     ) -> None:
+        env = env or current_env()
         self.local_dir = Path(local_dir)
         self.remote_uri = remote_uri.rstrip("/")
         self.keep = keep
@@ -450,8 +327,8 @@ class CheckpointManager:
         error = None
         try:
             if self.owner:
-                _write_atomic(record.path / MANIFEST, manifest_bytes)
-                _fsync_dir(record.path)
+                write_atomic(record.path / MANIFEST, manifest_bytes)
+                fsync_dir(record.path)
             if self.store is not None:
                 for rel in self._own_files(record.path):
                     self.store.upload(record.path / rel, f"{prefix}/{rel}")
@@ -533,7 +410,7 @@ class CheckpointManager:
     def _remote_listing(self) -> tuple[list[str], list[str]]:
         """(every remote step name, those whose manifest is there), oldest first."""
         keys = self.store.list()
-        names = sorted({k.split("/", 1)[0] for k in keys if _STEP_RE.match(k.split("/", 1)[0])})
+        names = sorted({k.split("/", 1)[0] for k in keys if STEP_RE.match(k.split("/", 1)[0])})
         have = set(keys)
         return names, [n for n in names if f"{n}/{MANIFEST}" in have]
 
@@ -601,7 +478,7 @@ class CheckpointManager:
             data = json.dumps(manifest, indent=1).encode()
             mine = target / MANIFEST
             if not mine.is_file() or mine.read_bytes() != data:
-                _write_atomic(mine, data)
+                write_atomic(mine, data)
         except (OSError, DataError) as exc:
             return f"{target}: {_describe(exc)}"
         return None

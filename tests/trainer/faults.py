@@ -1,0 +1,91 @@
+"""Fault injection for tests and benchmarks: the normal trainer, with step callbacks that kill, hang or slow a
+rank, chosen by environment variables. Nothing of it is in the trainer itself; the trainer only exposes its
+(otherwise empty) list of step callbacks (trainer/train.py).
+
+Run it where `python -m trainer` would run (same arguments; torchrun, the launcher, plain python):
+    TRAINER_TEST_KILL_AT_STEP=5 TRAINER_TEST_KILL_RANK=1 \\
+        torchrun --nproc-per-node=2 ... -m tests.trainer.faults --preset tiny --run-dir runs/x train.steps=8
+From Python: `FAULTS` is the module name for tests/trainer/launch.py and bench/runs.py.
+
+The faults (steps are 0-based), each at most once per marker file, which the fault creates first and does
+nothing if it exists, so that the restarted group trains on:
+- TRAINER_TEST_KILL_AT_STEP=N (TRAINER_TEST_KILL_RANK=R, default 0): rank R SIGKILLs itself in step N after its
+  backward passes, before the step's all-reduce and the optimizer step (marker TRAINER_TEST_KILL_MARKER,
+  default RUN_DIR/.test-kill-N): a lost worker;
+- TRAINER_TEST_HANG_AT_STEP=N (TRAINER_TEST_HANG_RANK=R, default 0): rank R sleeps TRAINER_TEST_HANG_S seconds
+  (default 3600) in step N's collective phase instead of joining the all-reduce, which the other ranks wait in
+  (marker TRAINER_TEST_HANG_MARKER, default RUN_DIR/.test-hang-N; it records when the sleep began): a hung worker;
+- TRAINER_TEST_SLOW_RANK=R: rank R sleeps TRAINER_TEST_SLOW_S seconds (default 0.2) in every step, between the
+  last micro batch's forward and backward passes: a straggler (no marker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+FAULTS = "tests.trainer.faults"
+ENV_PREFIX = "TRAINER_TEST_"
+
+
+def marked_once(marker: Path) -> bool:
+    """Create `marker` (recording this process and the time); False if it already existed."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"pid": os.getpid(), "time": time.time()}) + "\n")
+    return True
+
+
+def kill_at(step: int, rank: int, marker: str | None):
+    def kill(trainer: Any, point: str, at: int) -> None:
+        if point == "before_sync" and at == step and trainer.env.rank == rank and marked_once(
+                Path(marker or trainer.run_dir / f".test-kill-{step}")):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return kill
+
+
+def hang_at(step: int, rank: int, seconds: float, marker: str | None):
+    def hang(trainer: Any, point: str, at: int) -> None:
+        if point == "before_sync" and at == step and trainer.env.rank == rank and marked_once(
+                Path(marker or trainer.run_dir / f".test-hang-{step}")):
+            time.sleep(seconds)
+
+    return hang
+
+
+def slow(rank: int, seconds: float):
+    def straggle(trainer: Any, point: str, at: int) -> None:
+        if point == "after_forward" and trainer.env.rank == rank:
+            time.sleep(seconds)
+
+    return straggle
+
+
+def callbacks(env: Mapping[str, str]) -> list[Any]:
+    """The step callbacks the TRAINER_TEST_* variables in `env` ask for (module docstring)."""
+    out = []
+    if "TRAINER_TEST_KILL_AT_STEP" in env:
+        out.append(kill_at(int(env["TRAINER_TEST_KILL_AT_STEP"]), int(env.get("TRAINER_TEST_KILL_RANK", "0")),
+                           env.get("TRAINER_TEST_KILL_MARKER")))
+    if "TRAINER_TEST_HANG_AT_STEP" in env:
+        out.append(hang_at(int(env["TRAINER_TEST_HANG_AT_STEP"]), int(env.get("TRAINER_TEST_HANG_RANK", "0")),
+                           float(env.get("TRAINER_TEST_HANG_S", "3600")), env.get("TRAINER_TEST_HANG_MARKER")))
+    if "TRAINER_TEST_SLOW_RANK" in env:
+        out.append(slow(int(env["TRAINER_TEST_SLOW_RANK"]), float(env.get("TRAINER_TEST_SLOW_S", "0.2"))))
+    return out
+
+
+if __name__ == "__main__":
+    from trainer.__main__ import exit_now, main
+
+    exit_now(main(sys.argv[1:], step_callbacks=callbacks(os.environ)))

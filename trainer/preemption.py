@@ -1,0 +1,89 @@
+"""Preemption: turn SIGTERM (spot reclaim, pod eviction, torchrun shutting down) into a flag the loop polls, so
+that it finishes its step, saves and stops instead of dying mid-write.
+
+Usage, in any training loop:
+    from trainer.preemption import Preemption
+    with Preemption(sigint=True) as preemption:       # installs the handlers; restores the old ones on exit
+        for step in ...:
+            train_step()
+            if preemption.preempted():                # on several ranks: all-reduce it so that all stop together
+                save_checkpoint()
+                preemption.report(step, saved=True)   # how much of the shutdown grace period the save used
+                break
+
+The handlers only set the flag (and note when the first signal came), so they are safe to run between any
+two Python bytecodes. Several ranks must agree before they stop (the trainer all-reduces the flag with the
+step's loss), since torchrun may deliver the signal to one node only. `shutdown_timeout_s` is how long the
+caller has between the signal and SIGKILL (torchrun's --shutdown-timeout; the trainer passes the launcher's
+TRAINER_SHUTDOWN_TIMEOUT_S): `report` warns when the final save used more than half of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger("trainer")
+
+
+class Preemption:
+    """SIGTERM (and with `sigint=True` also SIGINT, Ctrl-C) sets a flag instead of ending the process.
+
+    sigint: also catch SIGINT (an interactive run stops cleanly on Ctrl-C).
+    shutdown_timeout_s: seconds between the signal and SIGKILL, for `report`; None when unknown.
+    Signal handlers can only be installed from the main thread (Python's rule): `install` raises ValueError
+    elsewhere.
+    """
+
+    def __init__(self, *, sigint: bool = False, shutdown_timeout_s: float | None = None) -> None:
+        self.signals = (signal.SIGTERM, signal.SIGINT) if sigint else (signal.SIGTERM,)
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.at: float | None = None  # monotonic time of the first signal
+        self._requested = False
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> Preemption:
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before `install`."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def __enter__(self) -> Preemption:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self._requested = True
+        if self.at is None:
+            self.at = time.monotonic()
+
+    def preempted(self) -> bool:
+        """A signal arrived (in this process) since the handlers were installed."""
+        return self._requested
+
+    def report(self, step: int, saved: bool) -> None:
+        """Log the stop, and how much of the shutdown timeout the final save used (warned above half)."""
+        what = "saved checkpoint" if saved else "checkpoint FAILED"
+        if self.at is None:
+            log.warning("SIGTERM: %s at step %d, stopping (the signal reached another node)", what, step)
+            return
+        used = time.monotonic() - self.at
+        budget = self.shutdown_timeout_s
+        if budget is None:
+            log.warning("SIGTERM: %s at step %d, stopping (%.1fs after the signal)", what, step, used)
+            return
+        log.warning("SIGTERM: %s at step %d, stopping (%.1fs after the signal; torchrun kills workers %gs after "
+                    "it)", what, step, used, budget)
+        if used > 0.5 * budget:
+            log.warning("the final checkpoint took %.1fs, more than half of torchrun's --shutdown-timeout (%gs): "
+                        "raise it and the pod's terminationGracePeriodSeconds", used, budget)
