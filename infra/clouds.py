@@ -7,9 +7,10 @@ Usage (infra/__main__.py):
 
 Each cloud layer offers the same four names: `check(settings)` (the rules only that cloud has),
 `describe_pools(settings)` (the GPU pools as jobs see them, from the settings alone), `NVME_HOST_PATH` and
-`build_platform(settings, tags)`. `problems` adds what only the pools make checkable: whether Kueue could ever admit
-the stack's job and its pods fit a node of their pool (gpu_train/jobs/check.py), against the same queue objects
-the Kubernetes layer creates and the platform contract publishes.
+`build_platform(settings, tags)`. `problems` reports, all at once, the cloud-neutral checks across settings
+(gpu_train.spec.settings_checks) and the cloud's own; then what only the pools make checkable: whether Kueue could
+ever admit the stack's job and its pods fit a node of their pool (gpu_train/jobs/check.py), against the same queue
+objects the Kubernetes layer creates and the platform contract publishes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import importlib
 from types import ModuleType
 
 from gpu_train.jobs.check import check_job
-from gpu_train.spec import naming, queues
+from gpu_train.spec import naming, queues, settings_checks
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.settings import StackSettings
 from gpu_train.spec.settings_checks import BUCKET_SCHEME
@@ -30,9 +31,10 @@ def layer(cloud: str) -> ModuleType:
 
 
 def problems(settings: StackSettings) -> list[str]:
-    """The cloud's own rules, then the stack's job against its pools, teams and queues."""
+    """The checks across settings and the cloud's own rules, then the stack's job against its pools, teams and
+    queues."""
     cloud = layer(settings.cloud)
-    found = cloud.check(settings)
+    found = settings_checks.problems(settings) + cloud.check(settings)
     job = settings.job
     if job is None or found:
         return found

@@ -37,7 +37,7 @@ import yaml
 
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.naming import PROJECT
-from gpu_train.spec.settings import parse
+from gpu_train.spec.settings import read
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "infra" / "__main__.py"
@@ -113,7 +113,7 @@ def run_program(stack: str, raw: dict[str, Any]) -> dict[str, Any]:
 
     from infra.mocks import MockContext, PlanMocks
 
-    cfg = parse(raw, stack)  # fails here, before the program runs, on a value of the wrong type or range
+    cfg = read(raw)  # fails here, before the program runs, on a value of the wrong type or range
     ctx = MockContext(region=cfg.region, project=cfg.project or "acme-ml")
 
     records: dict[str, dict[str, Any]] = {}

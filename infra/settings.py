@@ -1,14 +1,14 @@
 """The stack's settings inside the Pulumi program: read once from the engine into gpu_train.spec's models.
 
-Usage (infra/__main__.py): `settings = infra.settings.load()` -> StackSettings, or SettingsError naming every bad
-key. The models, their checks and docs/configuration.md live in gpu_train/spec/settings.py; the checks that belong
-to one cloud run in that cloud's layer (infra/aws/settings_checks.py, infra/gcp/settings_checks.py) before it
-creates anything.
+Usage (infra/__main__.py): `settings = infra.settings.load()` -> StackSettings whose values all have their types
+and ranges, or SettingsError naming every bad key. The models and docs/configuration.md live in
+gpu_train/spec/settings.py; the checks across settings, the cloud's own and the job's fit then run together
+(infra/clouds.py), before anything is created.
 """
 
 from __future__ import annotations
 
-from gpu_train.spec.settings import StackSettings, parse
+from gpu_train.spec.settings import StackSettings, read
 
 
 def load() -> StackSettings:
@@ -18,4 +18,4 @@ def load() -> StackSettings:
 
     raw = dict(runtime_config.get_config_env())
     raw.update(runtime_config.CONFIG.get())
-    return parse(raw, stack=pulumi.get_stack())
+    return read(raw).model_copy(update={"stack": pulumi.get_stack()})

@@ -32,7 +32,7 @@ def raw_stack(name: str) -> dict:
 
 def check(raw: dict, stack: str) -> config.StackSettings:
     """Every check a stack's settings get before the program creates anything."""
-    settings = config.parse(raw, stack)
+    settings = config.read(raw).model_copy(update={"stack": stack})
     clouds.require_valid(settings)
     return settings
 

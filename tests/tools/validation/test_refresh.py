@@ -128,7 +128,9 @@ def test_list_needs_no_network_and_a_refresh_without_helm_fails_in_one_line(tmp_
     listed = _run("--list")
     assert listed.returncode == 0 and "chart kube-prometheus-stack" in listed.stdout and "crds  kueue" in listed.stdout
     env = {**os.environ, "PATH": str(tmp_path)}  # no helm on PATH
-    failed = _run("--out", str(tmp_path / "out"), env=env)
+    plan = tmp_path / "aws-dev.json"  # a plan to record from, so the one thing missing is helm
+    plan.write_text(json.dumps({"project": "gpu-train", "stack": "aws-dev", "resources": [], "outputs": {}}))
+    failed = _run("--out", str(tmp_path / "out"), "--plans", str(plan), env=env)
     assert failed.returncode == 2
     assert failed.stderr.strip() == "error: helm is not on PATH (https://helm.sh/docs/intro/install/)"
     assert not (tmp_path / "out").exists()
