@@ -245,6 +245,7 @@ class Tracker:
         self._staging: Path | None = None
         self._thread: threading.Thread | None = None
         self._filter = _OutageFilter(self)
+        self._levels: dict[str, int] = {}  # logger -> its own level, while the tracker raised it to WARNING
 
     @classmethod
     def create(cls, cfg: TrackingSettings, *, run_dir: Path, resume_run_id: str | None = None,
@@ -390,6 +391,11 @@ class Tracker:
     def _work(self, experiment: str, run_name: str, artifacts: Path | None) -> None:
         for logger in map(logging.getLogger, _RETRY_LOGGERS):
             logger.addFilter(self._filter)
+            # The outage is seen through these loggers' warnings: one quieted elsewhere in the process (a client
+            # that sets urllib3 to ERROR) would hide it. The filter keeps them off the console either way.
+            if logger.getEffectiveLevel() > logging.WARNING:
+                self._levels[logger.name] = logger.level
+                logger.setLevel(logging.WARNING)
         try:
             if self._open(experiment, run_name, artifacts):
                 while (job := self._jobs.get()) is not None:
@@ -401,6 +407,8 @@ class Tracker:
         """Stop filtering MLflow's lines: when the thread ends, or when close() gave up waiting for it."""
         for logger in map(logging.getLogger, _RETRY_LOGGERS):
             logger.removeFilter(self._filter)
+            if logger.name in self._levels:
+                logger.setLevel(self._levels.pop(logger.name))
 
     def _run(self, what: str, job: Callable[[], Any]) -> None:
         try:

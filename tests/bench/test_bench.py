@@ -7,7 +7,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
+
+# Runs the benchmarks' sections for real.
+pytestmark = pytest.mark.integration
 
 
 def run_bench(*args: str) -> subprocess.CompletedProcess:

@@ -42,6 +42,7 @@ def _stages(text: str) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------- Dockerfile
 
 
+@pytest.mark.integration  # runs checkov
 def test_checkov_passes_on_dockerfile_with_only_the_documented_skip():
     proc = subprocess.run(
         [str(CHECKOV), "-f", str(DOCKERFILE), "--framework", "dockerfile", "--skip-download", "--output", "json"],

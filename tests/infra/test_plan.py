@@ -22,6 +22,9 @@ from infra import plan as plan_tool
 from infra.platform import CLOUD_AGENTS_CPU, CLOUD_AGENTS_MEMORY, GPU_NODE_AGENTS_CPU, GPU_NODE_AGENTS_MEMORY
 from tests.conftest import ROOT, STACKS, resources_of
 
+# Runs the Pulumi program (python -m infra.plan) on every stack and on broken copies.
+pytestmark = pytest.mark.integration
+
 
 def run_plan(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "infra.plan", *args], cwd=cwd, capture_output=True,

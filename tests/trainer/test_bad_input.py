@@ -24,6 +24,9 @@ import pytest
 
 from tests.trainer.launch import ROOT, SMALL, child_env, run_trainer
 
+# Starts the trainer and its launcher as processes, one per case.
+pytestmark = pytest.mark.integration
+
 BASE = [*SMALL, "train.steps=2"]
 
 

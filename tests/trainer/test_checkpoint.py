@@ -16,6 +16,9 @@ from tests.trainer.launch import SMALL, run_trainer, summary
 from trainer.checkpoint import MANIFEST, CheckpointInvalid, list_step_dirs, sha256_file, verify
 from trainer.data.storage import open_store
 
+# Saves and resumes across real worker processes and a local S3 server.
+pytestmark = pytest.mark.integration
+
 
 def _remote_steps(remote) -> list[str]:
     """Checkpoint names that still have objects in the store (object semantics: empty folders don't count)."""

@@ -19,6 +19,9 @@ import pytest
 
 from gpu_train.spec.trainer_config import PRESETS
 
+# Runs the launcher and torchrun as processes.
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "trainer" / "entrypoint.sh"
 
@@ -124,7 +127,7 @@ def test_launcher_runs_torchrun_with_every_argument_and_the_store_switch(tmp_pat
 def test_launcher_hands_torchrun_the_nccl_watchdog_settings_unless_already_set(tmp_path, monkeypatch):
     """NCCL's own watchdog must agree with the trainer's (trainer/watchdog.py): the launcher sets its settings for
     torchrun and the workers, and a value the caller exported wins."""
-    from trainer.watchdog import nccl_env
+    from gpu_train.jobs.launch import nccl_env
 
     for key in [k for k in os.environ if k.startswith(("TORCH_NCCL_", "TORCH_FR_"))]:
         monkeypatch.delenv(key)

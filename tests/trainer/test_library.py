@@ -15,9 +15,14 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.trainer.launch import ROOT, child_env
 from trainer.metrics import JsonlLog, MetricsProcessor, TrainerMetrics, read_jsonl
 from trainer.preemption import Preemption
+
+# Trains plain loops across worker processes.
+pytestmark = pytest.mark.integration
 
 OWN_LOOP = textwrap.dedent("""
     import json, os, signal, sys

@@ -16,6 +16,9 @@ import torch
 from tests.trainer.launch import FAULTS, SMALL, free_port, kill_group, start, summary
 from trainer.metrics import StepClock
 
+# Trains under torchrun and scrapes the metrics endpoints.
+pytestmark = pytest.mark.integration
+
 
 def test_step_clock_splits_own_work_from_waiting():
     clock = StepClock(torch.device("cpu"))

@@ -11,9 +11,14 @@ import json
 import math
 import urllib.request
 
+import pytest
+
 from tests.trainer.launch import FAULTS, SMALL, free_port, run_trainer, step_records, summary
 from trainer.checkpoint import verify
 from trainer.metrics import TrainerMetrics
+
+# Trains under torchrun.
+pytestmark = pytest.mark.integration
 
 INTERFACE_METRICS = [
     "trainer_step", "trainer_loss", "trainer_tokens_per_second", "trainer_mfu", "trainer_tokens_total",

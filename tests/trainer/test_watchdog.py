@@ -15,17 +15,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpu_train.jobs.launch import nccl_env
+from gpu_train.spec.errors import EXIT_HUNG
 from gpu_train.spec.trainer_config import WatchdogConfig, build_config
 from tests.trainer.launch import FAULTS, SMALL, run_trainer, step_records, summary
 from trainer.watchdog import (
-    EXIT_HUNG,
     Watchdog,
     checkpoint_timeout_s,
     collective_timeout_s,
-    nccl_env,
     nccl_heartbeat_s,
     step_bound,
 )
+
+# Trains under torchrun with a hung rank.
+pytestmark = pytest.mark.integration
 
 
 def test_step_bound_worked_out_by_hand():

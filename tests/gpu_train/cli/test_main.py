@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# Builds and installs the project's wheel.
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = ("kubeconfig", "submit", "list", "status", "logs", "pause", "resume", "cancel", "run")
 

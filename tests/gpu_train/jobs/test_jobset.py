@@ -291,14 +291,14 @@ def test_elastic_runs_get_torchs_store_switch_and_waits_from_the_settings():
 
 
 def test_nccls_watchdog_agrees_with_the_trainers_and_dumps_beside_the_run():
-    """The JobSet carries the trainer's NCCL settings (trainer/watchdog.py, also what gpu-train-launch sets), under
+    """The JobSet carries the trainer's NCCL settings (gpu_train/jobs/launch.py, also what gpu-train-launch sets), under
     names the installed torch declares (c10d headers) or holds in its library, and the flight recorder dumps into
     the run directory on NVMe."""
     import mmap
 
     import torch
 
-    from trainer.watchdog import nccl_env
+    from gpu_train.jobs.launch import nccl_env
 
     m = build(prod_job(), efa_pool())
     env = env_of(trainer_container(m))

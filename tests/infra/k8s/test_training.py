@@ -208,6 +208,7 @@ def _infra_only(c: dict) -> None:
     c["gpu-train:teams"].append({"name": "nlp", "gpuQuota": {"l40s-spot": 1}, "submitters": ["ml-nlp"]})
 
 
+@pytest.mark.integration  # runs the Pulumi program
 def test_an_infra_deploy_leaves_the_running_jobset_untouched(tmp_path):
     """The JobSet is replaced when its spec changes (replace_on_changes, test above): an infra-only change must
     render it byte for byte the same, or `pulumi up` would restart training. Its image, buckets, endpoints and
@@ -223,6 +224,7 @@ def test_an_infra_deploy_leaves_the_running_jobset_untouched(tmp_path):
     assert _jobset_inputs(steps) != _jobset_inputs(base)
 
 
+@pytest.mark.integration  # runs the Pulumi program
 def test_a_stack_without_a_job_is_a_platform_for_submitted_jobs(tmp_path):
     plan = _plan_variant(tmp_path, "aws-dev", lambda c: c.pop("gpu-train:job"))
     assert _jobset_inputs(plan) is None

@@ -46,6 +46,7 @@ def test_cr_checks_catch_a_monitor_prometheus_would_ignore(layers):
     assert cr_problems(queue)
 
 
+@pytest.mark.integration  # runs checkov
 def test_checkov_passes_with_only_the_documented_skips(layer_manifests, tmp_path):
     # A control in the same run: the NVMe DaemonSet without its skip annotations must fail, which
     # shows checkov really ran on these files and that the skips come from the annotations.

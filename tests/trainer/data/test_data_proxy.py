@@ -22,6 +22,9 @@ from trainer.data.prepare import synth
 from trainer.data.storage import StorageError, StoreOptions, open_store, signs_requests
 from trainer.data.synthetic import synthetic_shards
 
+# Reads through a local S3 proxy server.
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[3]
 CONTEXT = 32
 

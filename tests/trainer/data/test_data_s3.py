@@ -21,6 +21,9 @@ from trainer.data.prepare import prepare
 from trainer.data.shards import open_sharded
 from trainer.data.storage import RetryPolicy, StorageError, StoreOptions, open_store
 
+# Reads shards from a local S3 server.
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[3]
 CONTEXT = 32
 FAST_RETRY = RetryPolicy(attempts=4, base_s=0.05, cap_s=0.2)

@@ -16,6 +16,9 @@ from trainer.data import GlobalSampler, open_dataset
 from trainer.data.prepare import synth
 from trainer.data.synthetic import synthetic_shards
 
+# Reads datasets larger than the cache from a local S3 server.
+pytestmark = pytest.mark.integration
+
 CONTEXT = 32
 SHARD_TOKENS = 2048
 TOKENS = 24 * SHARD_TOKENS
