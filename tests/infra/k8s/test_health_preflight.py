@@ -46,7 +46,8 @@ esac
 """
 FAKE_DCGMI = """#!/bin/sh
 case "$1" in
-  discovery) exit 0 ;;
+  # As the real one: discovery answers once the host engine is up (here: once it has recorded its arguments).
+  discovery) [ -f "$FAKE_LOG_DIR/hostengine-args" ] || exit 1; exit 0 ;;
   diag)
     echo "+---------------------------+------------------------------------------------+"
     echo "| Diagnostic                | Result                                         |"
