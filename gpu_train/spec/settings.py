@@ -19,6 +19,7 @@ against the GPU catalog, quotas, the job against its pool and team). Checks that
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -29,6 +30,9 @@ from pydantic.alias_generators import to_camel
 from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
 from gpu_train.spec.job import JobSpec
 from gpu_train.spec.naming import PROJECT
+
+# Namespaces of the stack file that belong to Pulumi and to the providers the program configures.
+OTHER_NAMESPACES = ("pulumi", "aws", "gcp", "kubernetes", "docker-build")
 
 Cloud = Literal["aws", "gcp"]
 Environment = Literal["dev", "staging", "prod"]
@@ -266,8 +270,28 @@ def _snake(camel: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
 
 
+def namespace_problems(raw: Mapping[str, Any]) -> list[str]:
+    """Keys of a stack file that belong to no one: no namespace (`job:`), or a namespace that is neither this
+    project's nor one of the providers the program configures (`gpu_train:job`); Pulumi would pass them by."""
+    problems = []
+    for key in raw:
+        namespace, _, name = str(key).rpartition(":")
+        if namespace in (PROJECT, *OTHER_NAMESPACES):
+            continue
+        close = difflib.get_close_matches(namespace or name, [PROJECT], n=1, cutoff=0.6)
+        where = f"{PROJECT}:{name}" if close or not namespace else None
+        hint = f" (did you mean {where!r}?)" if where else f" (namespaces: {', '.join((PROJECT, *OTHER_NAMESPACES))})"
+        what = "has no namespace" if not namespace else f"is in namespace {namespace!r}, which nothing reads"
+        problems.append(f"{key} {what}{hint}")
+    return problems
+
+
 def read(raw: Mapping[str, Any]) -> StackSettings:
-    """The `gpu-train:` settings of one stack file (other namespaces are ignored), types and ranges only."""
+    """The `gpu-train:` settings of one stack file, types and ranges only; keys of the providers' namespaces are
+    theirs, any other key is refused."""
+    stray = namespace_problems(raw)
+    if stray:
+        raise SettingsError(stray)
     prefix = f"{PROJECT}:"
     values = {key[len(prefix):]: _engine_value(key, value) for key, value in raw.items() if key.startswith(prefix)}
     try:

@@ -479,3 +479,19 @@ def test_a_job_spec_is_the_stacks_job_under_another_key():
     assert "job.steps must be >= 1 (got 0)" in problems
     assert "job.pool 'h100' is not one of gpuPools[].name (l4-spot, l40s-spot)" in problems
     assert all(p.startswith("job.") for p in problems)
+
+
+@pytest.mark.parametrize(("key", "message"), [
+    ("gpu_train:job", "gpu_train:job is in namespace 'gpu_train', which nothing reads (did you mean 'gpu-train:job'?)"),
+    ("job", "job has no namespace (did you mean 'gpu-train:job'?)"),
+    ("gpu-trian:teams", "gpu-trian:teams is in namespace 'gpu-trian', which nothing reads (did you mean "
+                        "'gpu-train:teams'?)"),
+    ("acme:thing", "acme:thing is in namespace 'acme', which nothing reads (namespaces: gpu-train, pulumi, aws, gcp, "
+                   "kubernetes, docker-build)"),
+])
+def test_a_setting_in_no_ones_namespace_is_refused_naming_it(key, message):
+    """A job under a misspelt namespace would plan with no job at all and exit 0: it is refused instead."""
+    raw = copy.deepcopy(raw_stack("aws-dev")) | {key: {"name": "x"}}
+    with pytest.raises(SettingsError) as err:
+        config.parse(raw, "aws-dev")
+    assert err.value.problems == [message]
