@@ -112,7 +112,7 @@ CASES: dict[str, Case] = {
     "override without value": Case(["train.steps"], ["expected section.key=value"]),
     "not an integer": Case(["train.steps=ten"], ["train.steps: expected an integer"]),
     "not a number": Case(["train.lr=fast"], ["train.lr: expected a number"]),
-    "not a boolean": Case(["train.compile=maybe"], ["train.compile: expected a boolean"]),
+    "not a boolean": Case(["train.compile=maybe"], ["train.compile: expected true or false"]),
     "not a choice": Case(["train.parallel=tp"], ["train.parallel: must be one of ddp, fsdp"]),
     "unknown preset": Case(["--preset", "3b"], ["--preset", "invalid choice: '3b'"]),
     "config file missing": Case([], ["--config", "No such file"],
