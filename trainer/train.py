@@ -163,11 +163,13 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         """Load the newest checkpoint every rank can load (refusing an incompatible one before anything is
         written); returns (its MLflow run id, its path), or (None, None) to start from step 0."""
         restored: dict[str, Any] = {}
+        seen: dict[str, Any] = {}
 
         def check(manifest: dict[str, Any], where: str) -> None:
             reason = compatibility_problem(self.cfg, manifest, where, self.ds.manifest_sha256)
             if reason:
                 raise BadInput(reason)
+            seen["manifest"] = manifest
 
         def apply(state: dict[str, Any]) -> None:
             step = state["step"]
@@ -180,7 +182,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                 raise CheckpointInvalid(f"sampler is at step {sampler.next_step} but the checkpoint is at step {step}")
             restored.update(sampler=sampler, step=step, tokens_seen=int(state["tokens"]),
                             loss_value=float(state.get("loss", math.nan)), evals=EvalState.from_dict(state.get("eval")),
-                            run_id=state.get("mlflow_run_id"))
+                            run_id=state.get("mlflow_run_id") or self._manifest_run_id(seen.get("manifest")))
 
         found = self.checkpointer.resume(self.model, self.optimizer, check=check, apply=apply)
         if found is None:
@@ -192,6 +194,14 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             setattr(self, key, value)
         log.info("resumed from %s at step %d (%d tokens seen)", found, self.step, self.tokens_seen)
         return run_id, str(found)
+
+    @staticmethod
+    def _manifest_run_id(manifest: dict[str, Any] | None) -> str | None:
+        """The run id in the manifest's copy of the trainer state (rank 0 reads the manifest rank 0 wrote): what a
+        checkpoint written before every rank saved rank 0's state holds where its DCP copy may not."""
+        state = (manifest or {}).get("trainer")
+        run_id = state.get("mlflow_run_id") if isinstance(state, dict) else None
+        return run_id if isinstance(run_id, str) and run_id else None
 
     def _open_outputs(self, run_id: str | None, resumed_from: str | None) -> None:
         """Only now, so that a refused launch changes nothing: config.json, tracking, metrics, the watchdog."""

@@ -11,7 +11,8 @@ The faults (steps are 0-based), each at most once per marker file, which the fau
 nothing if it exists, so that the restarted group trains on:
 - TRAINER_TEST_KILL_AT_STEP=N (TRAINER_TEST_KILL_RANK=R, default 0): rank R SIGKILLs itself in step N after its
   backward passes, before the step's all-reduce and the optimizer step (marker TRAINER_TEST_KILL_MARKER,
-  default RUN_DIR/.test-kill-N): a lost worker;
+  default RUN_DIR/.test-kill-N): a lost worker; a list N,M,... kills it once in each of those steps (markers
+  RUN_DIR/.test-kill-N, or TRAINER_TEST_KILL_MARKER-N);
 - TRAINER_TEST_HANG_AT_STEP=N (TRAINER_TEST_HANG_RANK=R, default 0): rank R sleeps TRAINER_TEST_HANG_S seconds
   (default 3600) in step N's collective phase instead of joining the all-reduce, which the other ranks wait in
   (marker TRAINER_TEST_HANG_MARKER, default RUN_DIR/.test-hang-N; it records when the sleep began): a hung worker;
@@ -75,8 +76,11 @@ def callbacks(env: Mapping[str, str]) -> list[Any]:
     """The step callbacks the TRAINER_TEST_* variables in `env` ask for (module docstring)."""
     out = []
     if "TRAINER_TEST_KILL_AT_STEP" in env:
-        out.append(kill_at(int(env["TRAINER_TEST_KILL_AT_STEP"]), int(env.get("TRAINER_TEST_KILL_RANK", "0")),
-                           env.get("TRAINER_TEST_KILL_MARKER")))
+        steps = [int(s) for s in env["TRAINER_TEST_KILL_AT_STEP"].split(",")]
+        marker = env.get("TRAINER_TEST_KILL_MARKER")
+        for step in steps:
+            out.append(kill_at(step, int(env.get("TRAINER_TEST_KILL_RANK", "0")),
+                               f"{marker}-{step}" if marker and len(steps) > 1 else marker))
     if "TRAINER_TEST_HANG_AT_STEP" in env:
         out.append(hang_at(int(env["TRAINER_TEST_HANG_AT_STEP"]), int(env.get("TRAINER_TEST_HANG_RANK", "0")),
                            float(env.get("TRAINER_TEST_HANG_S", "3600")), env.get("TRAINER_TEST_HANG_MARKER")))

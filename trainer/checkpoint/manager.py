@@ -10,8 +10,9 @@ every rank):
     ckpt.wait()                                                           # last save written, uploaded, pruned
     ckpt.close()
 
-`trainer_state` is any JSON-serialisable dict of the loop's own state (step, sampler position, ...): it is
-stored inside the DCP state dict and copied into the manifest, and `resume` hands it back to `apply`.
+`trainer_state` is any JSON-serialisable dict of the loop's own state (step, sampler position, ...): rank 0's
+is stored inside the DCP state dict and copied into the manifest (every rank's manifest), and `resume` hands it
+back to `apply` on every rank, whatever the world size that saved it.
 `check(manifest, where)` may refuse a checkpoint (raise; the trainer raises BadInput) before anything is
 fetched or loaded. The layout and the meaning of "complete" are in trainer/checkpoint/manifest.py.
 
@@ -241,6 +242,13 @@ class CheckpointManager:
         """Checkpoint `step`. Returns the seconds training was blocked (waiting + staging)."""
         t0 = time.perf_counter()
         self.wait()  # one save in flight at a time; the group is free again after this
+        # One trainer state for the whole checkpoint: rank 0's. DCP stores a value that every rank holds once
+        # (its planner de-duplicates replicated entries and may keep any rank's copy), and every directory owner
+        # writes its own manifest, so a field that differs between ranks (the MLflow run id exists on rank 0
+        # only) would be lost at random.
+        box = [trainer_state]
+        dist.broadcast_object_list(box, src=0, group=self._pg)
+        trainer_state = box[0]
         path = self.local_dir / step_dir_name(step)
         early: str | None = None
         if self.owner and path.exists():
