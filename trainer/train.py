@@ -60,7 +60,15 @@ from trainer.distributed import (
 from trainer.errors import BadInput, TrainingFailed, one_line
 from trainer.evaluate import EvalState, reduce_eval
 from trainer.metrics import JsonlLog, MetricsProcessor, StepClock, TrainerMetrics, batch_hash
-from trainer.parallelize import build_model, build_optimizer, build_scheduler, grad_sync, resolve_dtype
+from trainer.parallelize import (
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    continue_schedule,
+    grad_sync,
+    resolve_dtype,
+    schedule_change,
+)
 from trainer.preemption import Preemption
 from trainer.preflight import check_inputs, checkpoint_dir_of, compatibility_problem, open_checked_dataset
 from trainer.tracking import TAG_DATASET_MANIFEST, TAG_DATASET_URI, Tracker
@@ -178,6 +186,9 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             sampler = self._new_sampler()
             sampler.load_state_dict(state["sampler"])
             self.scheduler.load_state_dict(state["scheduler"])
+            # The schedule is a pure function of (step, current settings): a changed train.lr, min_lr,
+            # warmup_steps or steps (or AdamW's weight decay and betas) takes effect from this step on.
+            continue_schedule(self.optimizer, self.scheduler, self.cfg, step)
             if sampler.next_step != step:
                 raise CheckpointInvalid(f"sampler is at step {sampler.next_step} but the checkpoint is at step {step}")
             restored.update(sampler=sampler, step=step, tokens_seen=int(state["tokens"]),
@@ -193,6 +204,10 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         for key, value in restored.items():
             setattr(self, key, value)
         log.info("resumed from %s at step %d (%d tokens seen)", found, self.step, self.tokens_seen)
+        old_train = ((seen.get("manifest") or {}).get("config") or {}).get("train")
+        change = schedule_change(old_train, self.cfg, self.step) if isinstance(old_train, dict) else None
+        if change and self.env.rank == 0:
+            log.warning("%s", change)
         return run_id, str(found)
 
     @staticmethod
@@ -337,6 +352,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             if not math.isfinite(norm):
                 raise BadInput(self._diverged(step + 1, f"gradient norm {norm}"))
+        lr = self.optimizer.param_groups[0]["lr"]  # this step's learning rate (the scheduler moves on below)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -346,7 +362,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.tokens_seen += self.cfg.train.global_batch_tokens
         self.first = self.first or (step + 1, loss)
         compute, wait = self.clock.split()
-        timings = {"start": t0, "data_wait_s": t_data - t0, "forward_backward_s": t_fb - t_data,
+        timings = {"start": t0, "lr": lr, "data_wait_s": t_data - t0, "forward_backward_s": t_fb - t_data,
                    "optimizer_s": t_opt - t_sync, "compute_s": compute + (t_opt - t_sync), "collective_wait_s": wait}
         if self.cfg.metrics.batch_hash:
             gathered: list[list[int] | None] = [None] * env.world_size
@@ -416,7 +432,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self._report_saves()
         last_saved = self.checkpointer.last_success_unix
         self.metrics.log(self.step, {
-            "loss": self.loss_value, "lr": self.scheduler.get_last_lr()[0], "tokens": self.tokens_seen,
+            "loss": self.loss_value, "lr": timings.pop("lr"), "tokens": self.tokens_seen,
             # A step runs from its data to the end of its checkpoint save, without an evaluation.
             "step_s": time.perf_counter() - timings.pop("start") - eval_s, **timings, "checkpoint_block_s": ckpt_s,
             "checkpoint_age_s": time.time() - last_saved if last_saved else None})

@@ -7,9 +7,11 @@ Run: .venv/bin/pytest tests/trainer/test_resume.py -q
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from tests.trainer.launch import FAULTS, SMALL, run_trainer, summary
+from tests.trainer.launch import FAULTS, SMALL, run_trainer, step_records, summary
 
 pytestmark = pytest.mark.slow
 
@@ -59,3 +61,38 @@ def test_two_workers_keep_one_mlflow_run_across_kills_restarts_and_a_resize(tmp_
     assert run.data.tags["trainer.resumes"] == "3"  # launch 2, its restart, launch 3
     for key in ("loss", "lr", "tokens", "step_s"):
         assert metric_steps(uri, run.info.run_id, key) == list(range(1, 13)), key
+
+
+def _by_hand(k: int, *, lr: float, min_lr: float, warmup: int, steps: int) -> float:
+    """0-based step k of docs/trainer.md's schedule: linear warmup over `warmup` steps, then a cosine from lr down
+    to min_lr at `steps`."""
+    if k < warmup:
+        return lr * (k + 1) / warmup
+    return min_lr + (lr - min_lr) * (1 + math.cos(math.pi * (k - warmup) / (steps - warmup))) / 2
+
+
+def test_a_resume_with_a_new_lr_min_lr_and_steps_follows_the_new_schedule_from_its_step(tmp_path):
+    """Killed at step 6 of 10 with lr 3e-3 -> 3e-4; resumed with lr 1e-3, min_lr 1e-4 and 16 steps: every later
+    step uses the new schedule at its step (no second warmup, the decay ending at step 16), and one line says
+    what changed. Before, the restored scheduler kept the old lr as its base and applied 3x the new schedule."""
+    run_dir = tmp_path / "run"
+    base = [*SMALL, "checkpoint.every_steps=2", "checkpoint.async_save=false", "train.warmup_steps=2"]
+    old = {"lr": 3e-3, "min_lr": 3e-4, "warmup": 2, "steps": 10}
+    new = {"lr": 1e-3, "min_lr": 1e-4, "warmup": 2, "steps": 16}
+    first = run_trainer(run_dir, None, [*base, "train.lr=3e-3", "train.min_lr=3e-4", "train.steps=10"],
+                        module=FAULTS, env={"TRAINER_TEST_KILL_AT_STEP": "6"})
+    assert first.returncode != 0 and (run_dir / "checkpoints" / "step_000000006").is_dir(), first.output[-3000:]
+    second = run_trainer(run_dir, None, [*base, "train.lr=1e-3", "train.min_lr=1e-4", "train.steps=16"])
+    assert second.returncode == 0, second.output[-3000:]
+
+    records = step_records(run_dir)
+    assert sorted(records) == list(range(1, 17))
+    for step, rec in records.items():  # the record of 1-based step s carries the lr it trained with
+        want = _by_hand(step - 1, **(old if step <= 6 else new))
+        assert rec["lr"] == pytest.approx(want, rel=1e-12, abs=0), (step, rec["lr"], want)
+    changed = [line for line in second.output.splitlines() if "resuming at step 6 with changed settings" in line]
+    assert len(changed) == 1, second.output[-3000:]
+    line = changed[0]
+    assert "train.lr 0.003 -> 0.001" in line and "train.min_lr 0.0003 -> 0.0001" in line
+    assert "train.steps 10 -> 16" in line and "warmup_steps" not in line.split(";")[0]
+    assert f"lr of step 7: {_by_hand(6, **old):.4g} -> {_by_hand(6, **new):.4g}" in line
