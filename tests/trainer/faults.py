@@ -18,6 +18,12 @@ nothing if it exists, so that the restarted group trains on:
   (marker TRAINER_TEST_HANG_MARKER, default RUN_DIR/.test-hang-N; it records when the sleep began): a hung worker;
 - TRAINER_TEST_SLOW_RANK=R: rank R sleeps TRAINER_TEST_SLOW_S seconds (default 0.2) in every step, between the
   last micro batch's forward and backward passes: a straggler (no marker).
+
+And one that is not a step callback:
+- TRAINER_TEST_UNREADABLE=DIR: from the start, this process sees DIR as a directory it may not read, as a
+  non-root user sees one owned by another user with mode 0700: listing or opening DIR, and looking at, opening or
+  removing anything inside it, fail with PermissionError (EACCES). For tests that run as root, which reads
+  anything (a test not running as root can chmod the directory instead).
 """
 
 from __future__ import annotations
@@ -72,6 +78,37 @@ def slow(rank: int, seconds: float):
     return straggle
 
 
+def deny(root: str) -> None:
+    """Make `root` unreadable to this process (module docstring): os, io and builtins entry points that pathlib,
+    shutil and torch.distributed.checkpoint use raise EACCES for it and for anything inside it."""
+    import builtins
+    import errno
+    import io
+
+    top = os.path.abspath(root)  # abspath, not realpath: realpath calls os.lstat, which is wrapped below
+
+    def blocked(path: Any, *, itself: bool) -> bool:
+        if isinstance(path, int) or path is None:
+            return False
+        try:
+            real = os.path.abspath(os.fsdecode(os.fspath(path)))
+        except TypeError:
+            return False
+        return real.startswith(top + os.sep) or (itself and real == top)
+
+    def guard(fn, *, itself: bool):
+        def guarded(path, *args, **kwargs):
+            if blocked(path, itself=itself):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(os.fspath(path)))
+            return fn(path, *args, **kwargs)
+        return guarded
+
+    for name, itself in (("stat", False), ("lstat", False), ("listdir", True), ("scandir", True), ("open", True),
+                         ("unlink", False), ("rmdir", False), ("remove", False)):
+        setattr(os, name, guard(getattr(os, name), itself=itself))
+    io.open = builtins.open = guard(builtins.open, itself=True)
+
+
 def callbacks(env: Mapping[str, str]) -> list[Any]:
     """The step callbacks the TRAINER_TEST_* variables in `env` ask for (module docstring)."""
     out = []
@@ -90,6 +127,8 @@ def callbacks(env: Mapping[str, str]) -> list[Any]:
 
 
 if __name__ == "__main__":
+    if os.environ.get("TRAINER_TEST_UNREADABLE"):
+        deny(os.environ["TRAINER_TEST_UNREADABLE"])
     from trainer.__main__ import exit_now, main
 
     exit_now(main(sys.argv[1:], step_callbacks=callbacks(os.environ)))

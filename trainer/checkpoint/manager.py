@@ -74,9 +74,12 @@ from trainer.checkpoint.manifest import (
     STEP_RE,
     CheckpointInvalid,
     check_files,
+    exists,
     fsync_dir,
+    is_file,
     list_step_dirs,
     parse_manifest,
+    permission_problem,
     read_manifest,
     sha256_file,
     step_dir_name,
@@ -251,7 +254,7 @@ class CheckpointManager:
         trainer_state = box[0]
         path = self.local_dir / step_dir_name(step)
         early: str | None = None
-        if self.owner and path.exists():
+        if self.owner and exists(path):
             try:
                 shutil.rmtree(path)  # an earlier attempt at this step (or an abandoned timeline): never reused
             except OSError as exc:
@@ -394,7 +397,7 @@ class CheckpointManager:
         if self.owner:
             try:
                 dirs = [p for p in list_step_dirs(self.local_dir) if p.name <= limit]
-                complete = [p for p in dirs if (p / MANIFEST).is_file()]
+                complete = [p for p in dirs if is_file(p / MANIFEST)]
                 if len(complete) >= self.keep:
                     keep_from = complete[self.keep - 1].name
                     for p in dirs:
@@ -422,14 +425,20 @@ class CheckpointManager:
         have = set(keys)
         return names, [n for n in names if f"{n}/{MANIFEST}" in have]
 
-    def _local_complete(self) -> list[str]:
-        """Step names this directory holds completely (manifest, every file with its size; no hashing yet)."""
-        out = []
+    def _local_complete(self) -> tuple[list[str], list[str]]:
+        """(step names this directory holds completely: manifest, every file with its size, no hashing yet;
+        the directories this user may not read, each with why)."""
+        out, denied = [], []
         for p in list_step_dirs(self.local_dir):
+            problem = permission_problem(p)
+            if problem:
+                log.warning("skipping checkpoint %s: %s", p, problem)
+                denied.append(f"{p}: {problem}")
+                continue
             try:
                 manifest = read_manifest(p)
             except CheckpointInvalid as exc:
-                if (p / MANIFEST).exists():
+                if exists(p / MANIFEST):
                     log.warning("skipping checkpoint %s: %s", p, exc)
                 continue
             problems = check_files(p, manifest["files"], hashes=False)
@@ -443,7 +452,7 @@ class CheckpointManager:
                 else:
                     log.warning("local copy of checkpoint %s is damaged (%s): its remote copy is tried", p,
                                 problems[0][1])
-        return out
+        return out, denied
 
     def _candidate_manifest(self, name: str, local_names: set[str]) -> dict[str, Any]:
         """Rank 0's reading of a candidate's manifest: the local copy if complete here, else the remote one."""
@@ -507,19 +516,21 @@ class CheckpointManager:
         succeeded, `model_touched` is set: the caller must rebuild the model and optimizer.
         """
         local: list[str] = []
+        denied: list[str] = []
         remote: list[str] = []
         error = None
         if self.owner:
-            local = self._local_complete()
+            local, denied = self._local_complete()
         if self.env.rank == 0 and self.store is not None:
             try:
                 remote = self._remote_listing()[1]
             except DataError as exc:
                 error = f"checkpoint.remote_uri: cannot list checkpoints: {exc}"
-        views = self._gather((self.owner, local, remote, error))
+        views = self._gather((self.owner, local, remote, error, denied))
         if views[0][3]:
             raise BadInput(views[0][3])
-        owned = [set(names) for is_owner, names, _, _ in views if is_owner]
+        unreadable = [d for view in views for d in view[4]]
+        owned = [set(names) for is_owner, names, _, _, _ in views if is_owner]
         common = set.intersection(*owned) if owned else set()
         candidates = sorted(set(views[0][2]) | common, reverse=True)
         local_here = set(local)
@@ -554,6 +565,11 @@ class CheckpointManager:
                 continue
             self.model_touched = False
             return self.local_dir / name
+        if unreadable:
+            # Starting over would train from step 0 beside checkpoints nobody may read (and could not prune them):
+            # the permissions are the owner's to fix.
+            raise BadInput(f"checkpoint {unreadable[0]}, and no other checkpoint could be resumed: make it readable "
+                           f"by this user, or move it out of {self.local_dir} to start over from step 0")
         if candidates and self.env.rank == 0:
             log.warning("no usable checkpoint among %s: training starts from step 0", ", ".join(candidates))
         return None
