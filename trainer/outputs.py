@@ -94,13 +94,14 @@ def end_sample(cfg: Config, state: dict[str, torch.Tensor], tokenizer: Any, devi
 
 
 def run_summary(*, status: str, step: int, tokens: int, loss: float, evals: EvalState, params_sha256: str | None,
-                restarts: int, tokens_per_s: float, mfu: float | None, device: torch.device) -> dict[str, Any]:
-    """summary.json's fields (docs/trainer.md, "Run outputs")."""
+                restarts: int, tokens_per_s: float, mfu: float | None, device: torch.device,
+                signal: str | None = None) -> dict[str, Any]:
+    """summary.json's fields (docs/trainer.md, "Run outputs"); `signal` is what stopped a preempted run."""
     return {
         "step": step, "tokens": tokens, "final_loss": loss if math.isfinite(loss) else None,
         "val_loss": evals.last, "best_val_loss": evals.best, "best_val_step": evals.best_step,
         "params_sha256": params_sha256, "restarts": restarts, "tokens_per_s": tokens_per_s, "mfu": mfu,
-        "status": status,
+        "status": status, "signal": signal,
         # Rank 0's peak GPU memory (allocated by tensors), for sizing; None on CPU.
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
     }

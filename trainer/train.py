@@ -57,7 +57,7 @@ from trainer.distributed import (
     setup_logging,
     shutdown,
 )
-from trainer.errors import BadInput, TrainingFailed, one_line
+from trainer.errors import BadInput, TrainingFailed, one_line, record_stop
 from trainer.evaluate import EvalState, reduce_eval
 from trainer.metrics import JsonlLog, MetricsProcessor, StepClock, TrainerMetrics, batch_hash
 from trainer.parallelize import (
@@ -109,8 +109,12 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at in a hung collective.
             faulthandler.register(signal.SIGUSR1, all_threads=True)
             budget = os.environ.get(SHUTDOWN_ENV, "")
-            self.preemption = self._exit.enter_context(Preemption(shutdown_timeout_s=float(budget) if budget.isdigit()
-                                                                  else None))
+            # SIGTERM (torchrun, the kubelet) and SIGINT (Ctrl-C) both stop after a final checkpoint; a second
+            # SIGINT stops at once.
+            self.preemption = self._exit.enter_context(Preemption(
+                sigint=True, second_sigint_exits=True,
+                shutdown_timeout_s=float(budget) if budget.isdigit() else None))
+            self.stop_signal: str | None = None  # "SIGTERM" or "SIGINT" once a stop was agreed on
             self._open_inputs()
             self.global_batch, self.accum = batch_layout(cfg, env.world_size)
             seed_everything(cfg.train.seed, cfg.train.deterministic)
@@ -269,7 +273,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
 
     # ---------------------------------------------------------------------------------------------- the loop
     def train(self) -> str:
-        """Train from self.step to train.steps, or until SIGTERM or early stopping; returns the status."""
+        """Train from self.step to train.steps, or until SIGTERM, SIGINT or early stopping; returns the status."""
         t, patience = self.cfg.train, self.cfg.eval.early_stopping_patience
         self.start_step, t0 = self.step, time.perf_counter()
         self.watchdog.start()
@@ -290,7 +294,10 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             self._log_step(timings, eval_s, ckpt_s)
             if stop:
                 status, saved = "preempted", self.checkpointer.saved
-                self.preemption.report(self.step, saved=bool(saved) and saved[-1].step == self.step)
+                done = bool(saved) and saved[-1].step == self.step
+                self.preemption.report(self.step, saved=done, elsewhere=self.stop_signal or "SIGTERM")
+                if self.env.local_rank == 0:
+                    record_stop(self.step, saved=done, signal=self.stop_signal or "SIGTERM")
             elif early:
                 status = "stopped_early"
                 if self.env.rank == 0:
@@ -311,16 +318,25 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             return "stopped_early"
         if self.step >= self.cfg.train.steps:
             log.info("the checkpoint is already at train.steps=%d: nothing to train", self.cfg.train.steps)
-        # SIGTERM while starting (loading, resuming): stop before training, nothing new to save.
-        flag = torch.tensor([float(self.preemption.preempted())], device=self.env.device)
-        dist.all_reduce(flag)
-        if flag.item() > 0 and self.step < self.cfg.train.steps:
-            log.warning("SIGTERM before the first step: stopping at step %d without a new checkpoint", self.step)
+        # SIGTERM or SIGINT while starting (loading, resuming): stop before training, nothing new to save.
+        flags = torch.tensor(self._stop_flags(), device=self.env.device)
+        dist.all_reduce(flags)
+        if flags[0].item() > 0 and self.step < self.cfg.train.steps:
+            self.stop_signal = "SIGINT" if flags[1].item() > 0 else "SIGTERM"
+            log.warning("%s before the first step: stopping at step %d without a new checkpoint", self.stop_signal,
+                        self.step)
+            if self.env.local_rank == 0:
+                record_stop(self.step, saved=None, signal=self.stop_signal)
             return "preempted"
         return None
 
+    def _stop_flags(self) -> list[float]:
+        """(whether this rank got a stop signal, whether that was SIGINT) for the step's all-reduce."""
+        return [float(self.preemption.preempted()), float(self.preemption.signal_name == "SIGINT")]
+
     def train_step(self) -> tuple[dict[str, Any], bool]:
-        """One optimizer step on global batch self.step; returns (its timings, whether any rank got SIGTERM)."""
+        """One optimizer step on global batch self.step; returns (its timings, whether any rank got SIGTERM or
+        SIGINT: self.stop_signal says which)."""
         env, wd, step = self.env, self.watchdog, self.step
         wd.begin_step(step + 1)
         t0 = time.perf_counter()
@@ -330,13 +346,14 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.clock.start()
         loss_sum = self.forward_backward_step(windows)
         t_fb = time.perf_counter()
-        # One all-reduce: the mean loss, and whether any rank got SIGTERM, bad data or a storage failure.
+        # One all-reduce: the mean loss, whether any rank got SIGTERM or SIGINT (and which), bad data or a storage
+        # failure.
         wd.phase("collective")
         for callback in self.step_callbacks:
             callback(self, "before_sync", step)
+        stop, sigint = self._stop_flags()
         flags = torch.stack([loss_sum.float(), *(torch.tensor(float(x), device=env.device) for x in (
-            self.preemption.preempted(), fault is not None and fault[0] == "bad",
-            fault is not None and fault[0] == "failed"))])
+            stop, fault is not None and fault[0] == "bad", fault is not None and fault[0] == "failed", sigint))])
         dist.all_reduce(flags)
         self.clock.synced()
         values = flags.tolist()  # one copy to the host; on CUDA it waits for the step's GPU work
@@ -368,6 +385,8 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             gathered: list[list[int] | None] = [None] * env.world_size
             dist.all_gather_object(gathered, indices)
             timings["batch_sha256"] = batch_hash([i for part in gathered for i in part])
+        if values[1] > 0:
+            self.stop_signal = "SIGINT" if values[4] > 0 else "SIGTERM"
         return timings, values[1] > 0
 
     def forward_backward_step(self, windows: torch.Tensor) -> torch.Tensor:
@@ -465,7 +484,8 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             summary = outputs.run_summary(
                 status=status, step=self.step, tokens=self.tokens_seen, loss=self.loss_value, evals=self.evals,
                 params_sha256=outputs.state_sha256(full) if env.rank == 0 else None, restarts=env.restart_count,
-                tokens_per_s=tokens_per_s, mfu=self.metrics.mfu(tokens_per_s), device=env.device)
+                tokens_per_s=tokens_per_s, mfu=self.metrics.mfu(tokens_per_s), device=env.device,
+                signal=self.stop_signal if status == "preempted" else None)
             if env.rank == 0:
                 outputs.write_outputs(outputs.RunOutputs(
                     cfg=self.cfg, run_dir=self.run_dir, tokenizer=self.tokenizer, tracker=self.tracker,
