@@ -251,7 +251,8 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                      "batches of %d per rank, %s, %s", n_params / 1e6, n_nonemb / 1e6, env.world_size,
                      self.global_batch, cfg.model.context, self.accum, t.micro_batch_size, t.parallel,
                      "bf16" if self.dtype else "fp32")
-        self.watchdog = Watchdog(cfg.watchdog, rank=env.rank, local_rank=env.local_rank)
+        self.watchdog = Watchdog(cfg.watchdog, rank=env.rank, local_rank=env.local_rank,
+                                 dump_dir=self.run_dir / "watchdog")
         self._exit.callback(self.watchdog.stop)
         self.clock = StepClock(env.device)
         # A gradient hook on the token embedding's output marks the end of this rank's own backward work
