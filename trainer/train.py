@@ -59,6 +59,7 @@ from trainer.distributed import (
 )
 from trainer.errors import BadInput, TrainingFailed, one_line, record_stop
 from trainer.evaluate import EvalState, reduce_eval
+from trainer.export import TOKENIZER
 from trainer.metrics import JsonlLog, MetricsProcessor, StepClock, TrainerMetrics, batch_hash
 from trainer.parallelize import (
     build_model,
@@ -152,7 +153,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             if cfg.eval.every_steps:
                 self.val = open_checked_dataset(cfg, split="val")
                 self._exit.callback(self.val.close)
-            if env.rank == 0 and (cfg.eval.sample_tokens or cfg.tracking.register_name):
+            if env.rank == 0:  # saved in every checkpoint, so that sampling and export never need the dataset
                 self.tokenizer = outputs.dataset_tokenizer(cfg)
         except BadInput as exc:
             problem = str(exc)
@@ -445,8 +446,11 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
     def save_checkpoint(self, *, block: bool) -> float:
         """Checkpoint self.step (in the background unless `block`); returns the seconds training was blocked."""
         with self.watchdog.allowance("checkpoint", self.cfg.watchdog.checkpoint_s):
-            return self.checkpointer.save(self.step, self.model, self.optimizer, self.state_dict(),
-                                          to_dict(self.cfg), block=block)
+            tok = self.tokenizer  # rank 0's; the checkpoint manager keeps rank 0's meta and files
+            return self.checkpointer.save(
+                self.step, self.model, self.optimizer, self.state_dict(), to_dict(self.cfg), block=block,
+                meta={"tokenizer": tok.describe()} if tok is not None else None,
+                files={TOKENIZER: tok.json.encode()} if tok is not None and tok.json is not None else None)
 
     def _log_step(self, timings: dict[str, Any], eval_s: float, ckpt_s: float) -> None:
         self._report_saves()

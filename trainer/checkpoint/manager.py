@@ -187,6 +187,7 @@ class CheckpointManager:
         self.saved: list[SaveRecord] = []  # every finished save, oldest first
         self.failed: list[SaveRecord] = []  # every failed save, oldest first (same on every rank)
         self.model_touched = False  # a load was attempted (and may have changed parameters) but none succeeded
+        self._extra_files: list[str] = []  # this save's files beside DCP's (rank 0's, see save)
         self.owner, self.dir_groups = self._find_directory_owners()
         if len(self.dir_groups) > 1 and self.store is None:
             raise BadInput(
@@ -241,17 +242,24 @@ class CheckpointManager:
         config: dict[str, Any],
         *,
         block: bool = False,
+        meta: dict[str, Any] | None = None,
+        files: dict[str, bytes] | None = None,
     ) -> float:
-        """Checkpoint `step`. Returns the seconds training was blocked (waiting + staging)."""
+        """Checkpoint `step`. Returns the seconds training was blocked (waiting + staging).
+
+        meta: more top-level manifest keys (JSON), rank 0's (e.g. the tokenizer's description).
+        files: {name: bytes} that rank 0 writes into the checkpoint directory beside DCP's files, listed in the
+        manifest as its own and uploaded with them (e.g. tokenizer.json); other ranks' are ignored."""
         t0 = time.perf_counter()
         self.wait()  # one save in flight at a time; the group is free again after this
         # One trainer state for the whole checkpoint: rank 0's. DCP stores a value that every rank holds once
         # (its planner de-duplicates replicated entries and may keep any rank's copy), and every directory owner
         # writes its own manifest, so a field that differs between ranks (the MLflow run id exists on rank 0
         # only) would be lost at random.
-        box = [trainer_state]
+        box = [(trainer_state, meta or {})]
         dist.broadcast_object_list(box, src=0, group=self._pg)
-        trainer_state = box[0]
+        trainer_state, meta = box[0]
+        self._extra_files = sorted(files or {}) if self.env.rank == 0 else []
         path = self.local_dir / step_dir_name(step)
         early: str | None = None
         if self.owner and exists(path):
@@ -266,13 +274,15 @@ class CheckpointManager:
             tmp = rng_file.with_name(rng_file.name + ".tmp")
             torch.save(rng_state(), tmp)
             os.replace(tmp, rng_file)
+            for name in self._extra_files:
+                write_atomic(path / name, (files or {})[name])
         except OSError as exc:
             early = early or f"cannot write {path}: {exc.strerror or exc}"
 
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd, _TRAINER_KEY: json.dumps(trainer_state, sort_keys=True)}
         record = SaveRecord(step=step, path=path, started=time.time())
-        extra = {"trainer": trainer_state, "config": config}
+        extra = {**meta, "trainer": trainer_state, "config": config}
         if self.async_save and not block:
             # Returns once the state is staged (copied) to CPU memory; writing happens in a DCP thread.
             future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._pg,
@@ -377,9 +387,10 @@ class CheckpointManager:
 
     def _own_files(self, path: Path) -> list[str]:
         """Files this rank wrote: its RNG state, its DCP data files (FileSystemWriter names them
-        __<rank>_<n>.distcp) and, on rank 0 (DCP's coordinator), .metadata."""
+        __<rank>_<n>.distcp), on rank 0 the save's extra files and (DCP's coordinator) .metadata, added by the
+        callers that need it."""
         own = [f"rng/rank_{self.env.rank:05d}.pt", *sorted(p.name for p in path.glob(f"__{self.env.rank}_*.distcp"))]
-        return own
+        return own + self._extra_files
 
     def _hash_own_files(self, path: Path) -> dict[str, Any]:
         rels = self._own_files(path) + ([".metadata"] if self.env.rank == 0 else [])
