@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 import yaml
 
 from gpu_train.spec.errors import BadInput
-from gpu_train.spec.values import NonFiniteError, ValueTextError, parse_bool, parse_float, parse_int
+from gpu_train.spec.values import NonFiniteError, ValueTextError, as_uri, parse_bool, parse_float, parse_int
 
 
 class ConfigError(BadInput, ValueError):
@@ -321,6 +321,10 @@ def build_config(
     for text in overrides:
         key, value = parse_override(text)
         cfg = _apply(cfg, key, value)
+    # A plain path where a file:// URI is expected: the file:// URI of its absolute path, in the resolved config.
+    if cfg.data.uri != "synthetic":
+        cfg = replace(cfg, data=replace(cfg.data, uri=as_uri(cfg.data.uri)))
+    cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, remote_uri=as_uri(cfg.checkpoint.remote_uri)))
     if not cfg.metrics.port and os.environ.get("TRAINER_METRICS_PORT"):
         try:
             cfg = _apply(cfg, "metrics.port", os.environ["TRAINER_METRICS_PORT"])

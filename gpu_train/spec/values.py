@@ -8,6 +8,7 @@ Usage:
     parse_int("1_000")        # 1000; "+5", " 5", "5.0", "1e3" raise ValueTextError("expected a whole number")
     parse_float("3e-4")       # 0.0003; "nan" and "inf" raise NonFiniteError (a ValueTextError)
     parse_scalar("0.5")       # 0.5: a bool, int or finite float when the text is exactly one, else the text as typed
+    as_uri("runs/data/x")     # "file:///abs/cwd/runs/data/x"; "s3://b/p" and "file:///abs" unchanged
 
 The rules, the same everywhere:
 - a boolean is `true` or `false` in any case, nothing else (not yes/no, on/off, 1/0, which YAML 1.1 and some
@@ -22,9 +23,10 @@ The rules, the same everywhere:
 
 from __future__ import annotations
 
+import os
 import re
 
-__all__ = ["NonFiniteError", "ValueTextError", "parse_bool", "parse_float", "parse_int", "parse_scalar"]
+__all__ = ["NonFiniteError", "ValueTextError", "as_uri", "parse_bool", "parse_float", "parse_int", "parse_scalar"]
 
 _DIGITS = r"[0-9](?:_?[0-9])*"
 _INT = re.compile(r"-?(?:0(?:_?0)*|[1-9](?:_?[0-9])*)")
@@ -81,3 +83,15 @@ def parse_scalar(text: str) -> bool | int | float | str:
         except ValueTextError:
             continue
     return text
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def as_uri(text: str) -> str:
+    """A plain path (absolute, relative to the working directory, or ~/...) as the file:// URI of its absolute
+    path; text that starts with a scheme (`file://`, `s3://`, ...) or is empty is returned unchanged. The path is
+    not percent-encoded: the stores read a file:// URI's path as it is."""
+    if not text or _SCHEME.match(text):
+        return text
+    return "file://" + os.path.abspath(os.path.expanduser(text))
