@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -440,7 +441,23 @@ def write_model_dir(
         }
     (out / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
     _write_tokenizer(tokenizer, out, fmt == "hf-gpt2", cfg.context)
+    # safetensors writes through a private temporary file (mode 0600) and keeps that mode; the weights get the
+    # mode every other file here gets (0666 less the umask), so whoever may read config.json may read them.
+    os.chmod(out / WEIGHTS, 0o666 & ~_umask())
     return fmt
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it, which other threads would see)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 PROG = "python -m trainer.export"

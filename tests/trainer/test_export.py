@@ -140,6 +140,9 @@ def test_export_cli_writes_hugging_face_gpt2_with_the_datasets_tokenizer(bpe_run
     assert "hf-gpt2" in capsys.readouterr().out
     files = sorted(p.name for p in (tmp_path / "hf").iterdir())
     assert files == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    # Every file readable by the same people (safetensors alone would leave its weights at 0600).
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
+    assert len(set(modes.values())) == 1 and modes["model.safetensors"] & 0o044 == 0o044, modes
     hf_tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "hf")
     from trainer.data import open_tokenizer
 
