@@ -383,3 +383,10 @@ def test_an_empty_validation_split_is_said_when_it_is_written_and_when_it_is_ref
         open_dataset(f"file://{tmp_path}/ds", context=8, split="val")
     assert "validation split is empty: --val-fraction 0.0001 held out none of its 3 documents" in str(exc.value)
     assert "larger --val-fraction" in str(exc.value)
+
+
+def test_the_help_says_workers_are_threads(capsys):
+    with pytest.raises(SystemExit):
+        cli(["prepare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--workers WORKERS tokenizer threads" in text and "processes" not in text
