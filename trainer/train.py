@@ -11,10 +11,10 @@ or, inside a process group, what `train` does:
 `__init__` checks the inputs on every rank and agrees on the verdict, builds everything from the library parts
 (trainer.parallelize, .data, .checkpoint, .tracking, .metrics, .watchdog, .preemption) and resumes from the
 newest checkpoint every rank can load. `train()` repeats `train_step()` (data, `forward_backward_step()`, the
-step's all-reduce, the optimizer), evaluation, checkpoint and metrics until train.steps, SIGTERM or early
-stopping; `finish()` writes the outputs. The step's one all-reduce carries the loss and whether any rank got
-SIGTERM, bad data or a storage failure, so every rank takes the same decision: stop after a synchronous
-checkpoint ("preempted", exit 75), BadInput (bad data, or a non-finite loss or gradient norm: nothing is
+step's all-reduce, the optimizer), evaluation, checkpoint and metrics until train.steps, SIGTERM, SIGINT or
+early stopping; `finish()` writes the outputs. The step's one all-reduce carries the loss and whether any rank
+got SIGTERM or SIGINT (and which), bad data or a storage failure, so every rank takes the same decision: stop
+after a synchronous checkpoint ("preempted", exit 75, or 130 for Ctrl-C in one process), BadInput (bad data, or a non-finite loss or gradient norm: nothing is
 saved, since a restart would replay the same step) or TrainingFailed (a storage outage). docs/trainer.md.
 
 Step callbacks, `callback(trainer, point, step)` for the 0-based step being trained (none in production; tests
