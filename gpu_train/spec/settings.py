@@ -30,6 +30,7 @@ from pydantic.alias_generators import to_camel
 from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
 from gpu_train.spec.job import JobSpec
 from gpu_train.spec.naming import PROJECT
+from gpu_train.spec.values import ValueTextError, parse_bool, parse_float, parse_int
 
 # Namespaces of the stack file that belong to Pulumi and to the providers the program configures.
 OTHER_NAMESPACES = ("pulumi", "aws", "gcp", "kubernetes", "docker-build")
@@ -261,9 +262,17 @@ def _engine_value(key: str, value: Any) -> Any:
         except json.JSONDecodeError as exc:
             raise SettingsError([f"{key} is not valid JSON: {exc}"]) from None
     field = StackSettings.model_fields.get(_snake(key[len(PROJECT) + 1:]))
-    if isinstance(value, str) and field is not None and field.annotation is bool and value in ("true", "false"):
-        return value == "true"
+    parse = _TEXT_PARSERS.get(field.annotation) if field is not None else None
+    if isinstance(value, str) and parse is not None:
+        try:
+            return parse(value)
+        except ValueTextError:
+            return value  # the model's own check names the setting and the type it expects
     return value
+
+
+# Top-level scalars arrive from the engine as text; they are read by the same rules as every other value text.
+_TEXT_PARSERS = {bool: parse_bool, int: parse_int, float: parse_float}
 
 
 def _snake(camel: str) -> str:

@@ -85,6 +85,17 @@ def test_structured_values_as_json_strings_like_the_engine_passes_them():
     assert cfg.deploy is True
 
 
+def test_top_level_text_values_are_read_by_the_shared_value_rules():
+    # The engine hands a top-level boolean over as text: `true`/`false` in any case is one, `yes` is not
+    # (gpu_train/spec/values.py), and the refusal names the setting.
+    raw = raw_stack("aws-dev") | {"gpu-train:deployRunner": RUNNER}
+    assert check(raw | {"gpu-train:deploy": "True"}, "aws-dev").deploy is True
+    assert check(raw | {"gpu-train:deploy": "FALSE"}, "aws-dev").deploy is False
+    with pytest.raises(SettingsError) as caught:
+        check(raw | {"gpu-train:deploy": "yes"}, "aws-dev")
+    assert "deploy" in str(caught.value)
+
+
 def test_settings_of_other_namespaces_are_ignored():
     raw = raw_stack("aws-dev") | {"aws:region": "eu-west-1", "pulumi:template": "x"}
     assert check(raw, "aws-dev").region == "us-east-1"
