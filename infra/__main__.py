@@ -62,7 +62,7 @@ if cfg.job is not None:
     job = TrainingJob("job", TrainingJobArgs(
         platform=platform, job=cfg.job, image=image.ref, cache_endpoint=kube.cache_endpoint,
         tracking_uri=tracking_uri, register_name=cfg.mlflow.register_name,
-        depends_on=[*platform.ready, *kube.ready]))
+        spec_path=f"stacks/Pulumi.{cfg.stack}.yaml", depends_on=[*platform.ready, *kube.ready]))
 
 pulumi.export("cloud", cfg.cloud)
 pulumi.export("trainerImage", image.ref)
