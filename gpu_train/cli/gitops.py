@@ -79,7 +79,7 @@ def lint(target: str, contracts: Callable[[str], PlatformContract], out=None) ->
     for path, job in jobs:
         out.write(f"ok  {path}  ({job.team}/{job.name}, pool {job.pool}, nodes {job.nodes})\n"
                   f"    {_carbon(contracts(job.team), job)}\n")
-    out.write(f"{len(jobs)} job spec{'s' if len(jobs) != 1 else ''} pass every check\n")
+    out.write(f"{len(jobs)} job spec{'s pass' if len(jobs) != 1 else ' passes'} every check\n")
     return 0
 
 

@@ -31,12 +31,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_train.jobs.jobset import HASH_ANNOTATION, MANAGED_ANNOTATION, MANAGED_BY_APPLY
+from gpu_train.jobs.jobset import (
+    COMMIT_ANNOTATION,
+    HASH_ANNOTATION,
+    MANAGED_ANNOTATION,
+    MANAGED_BY_APPLY,
+    PATH_ANNOTATION,
+)
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 TEAM_FOLDER = re.compile(r"[a-z]([-a-z0-9]{0,30}[a-z0-9])?")
 # Pod template fields Kueue may add to on admission (lists it appends to): compared as "contains".
 KUEUE_LISTS = ("tolerations", "schedulingGates")
+# Not drift: Kueue owns spec.suspend; the provenance annotations say where the JobSet came from, and an unchanged
+# spec at a later commit keeps the commit it was created at.
+NOT_DRIFT = frozenset({"spec.suspend", *(f"metadata.annotations.{key}" for key in (
+    HASH_ANNOTATION, PATH_ANNOTATION, COMMIT_ANNOTATION))})
 
 
 def spec_files(root: Path) -> tuple[list[tuple[Path, str]], list[str]]:
@@ -119,7 +129,7 @@ def drift(desired: Any, live: Any, path: str = "") -> list[str]:
         out = []
         for key, value in desired.items():
             where = f"{path}.{key}" if path else key
-            if where in ("spec.suspend", f"metadata.annotations.{HASH_ANNOTATION}"):
+            if where in NOT_DRIFT:
                 continue
             if key not in live:
                 out.append(where)
