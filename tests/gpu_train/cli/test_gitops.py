@@ -26,6 +26,8 @@ SPEC = {"name": "gpt2-smoke", "team": "research", "pool": "l4-spot", "preset": "
         "gpusPerNode": 1, "steps": 200, "globalBatchTokens": 65536, "checkpointEvery": 50,
         "overrides": {"train.micro_batch_size": 8}}
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
+# Each test runs git and a fake API server.
+pytestmark = pytest.mark.integration
 
 
 def git(repo: Path, *args: str) -> str:
