@@ -222,3 +222,15 @@ def test_lint_names_file_and_field(tmp_path, cli, doc):
     assert f"{jobs}/bad-steps.yaml: job.steps must be >= 1 (got 0)" in err
     assert f"{jobs}/good.yml: job 'good' of team 'research' is also defined in {jobs}/good.yaml" in err
     assert "misfiled.yaml: job.team 'research' does not match its folder 'platform'" in err
+
+
+def test_the_example_jobs_folder_passes_lint(tmp_path, cli, doc):
+    import json
+
+    from tests.gpu_train.cli.conftest import ROOT
+
+    platform = tmp_path / "platform.json"
+    platform.write_text(json.dumps(doc))  # the aws-dev example stack's pools and teams
+    code, out, err = cli("lint", ROOT / "examples" / "jobs", "--platform", platform)
+    assert code == 0, err
+    assert "2 job specs pass every check" in out and out.count("carbon: ~") == 2
