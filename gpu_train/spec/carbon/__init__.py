@@ -131,10 +131,18 @@ def allowed(tokens: Iterable[str]) -> frozenset[tuple[str, str]]:
 DEFAULT_GROUP = "EU"
 
 
+def partition(cloud: str, name: str) -> str:
+    """AWS's partitions (aws, aws-cn, aws-us-gov) are separate clouds with separate accounts; GCP has one."""
+    if cloud != "aws":
+        return cloud
+    return "aws-us-gov" if name.startswith("us-gov-") else "aws-cn" if name.startswith("cn-") else "aws"
+
+
 def same_area(cloud: str, name: str) -> frozenset[tuple[str, str]]:
-    """The regions in the same country as this one, or in the EU when it is in an EU country: the default set a
-    stack's advisory compares its region with."""
+    """The regions of the same partition in the same country as this one, or in the EU when it is in an EU country:
+    the default set a stack's advisory compares its region with."""
     home = region(cloud, name)
     eu = groups()[DEFAULT_GROUP]
     area = eu if home.country in eu else frozenset({home.country})
-    return frozenset(k for k, r in regions().items() if r.country in area)
+    return frozenset(k for k, r in regions().items()
+                     if r.country in area and partition(*k) == partition(cloud, name))

@@ -61,7 +61,7 @@ class Estimate:
     def line(self) -> str:
         if self.unknown:
             return f"carbon: no estimate ({self.unknown})"
-        return (f"carbon: ~{self.energy_kwh:,.1f} kWh, ~{self.kg_co2e:,.1f} kg CO2e in {self.region} "
+        return (f"carbon: ~{self.energy_kwh:,.3g} kWh, ~{self.kg_co2e:,.3g} kg CO2e in {self.region} "
                 f"({self.intensity:.0f} gCO2e/kWh, PUE {self.pue}; {self.gpus} GPUs x {self.watts_per_gpu} W TDP x "
                 f"{self.hours:,.2f} h at {ASSUMED_MFU:.0%} MFU)")
 
