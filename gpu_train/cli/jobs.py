@@ -16,6 +16,9 @@ again). The Workload is found by its owner: Kueue labels it with the JobSet's UI
 Queue positions come from Kueue's visibility API (visibility.kueue.x-k8s.io/v1beta2
 localqueues/<queue>/pendingworkloads); step, loss and throughput from rank 0's metrics endpoint, read
 through the API server's pod proxy.
+
+One module for the single-job commands, a little over 400 lines: they share the JobSet and Workload readers
+(state, workload_of), and splitting them would split those.
 """
 
 from __future__ import annotations
