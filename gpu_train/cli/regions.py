@@ -27,6 +27,12 @@ def cloud_of(instance_type: str) -> str:
     return clouds[0]
 
 
+def offerings_check(instance_type: str) -> str:
+    """The AWS CLI command that answers, for one region, whether it offers the type."""
+    return (f"`aws ec2 describe-instance-type-offerings --location-type region --filters "
+            f"Name=instance-type,Values={instance_type} --region REGION`")
+
+
 def regions(*, pool_type: str, allow: str = "", home: str = "", max_latency_ms: float | None = None,
             explain: bool = False, out=None) -> int:
     out = out or sys.stdout
@@ -57,10 +63,13 @@ def regions(*, pool_type: str, allow: str = "", home: str = "", max_latency_ms: 
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for r in rows:
             out.write("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() + "\n")
-    if carbon.offered(cloud, pool_type) is None:
-        out.write(f"which of these regions offer {pool_type} is not in the shipped table: check with `aws ec2 "
-                  f"describe-instance-type-offerings --location-type region --filters Name=instance-type,"
-                  f"Values={pool_type} --region REGION`\n")
+    offered = carbon.offered(cloud, pool_type)
+    if offered is None:
+        out.write(f"which of these regions offer {pool_type} is not in the shipped table: check with "
+                  f"{offerings_check(pool_type)}\n")
+    elif cloud == "aws":
+        out.write(f"offered: from SkyPilot's AWS catalog, which lists only the regions SkyPilot has enabled; a region "
+                  f"left out as not listed may still offer {pool_type}: check with {offerings_check(pool_type)}\n")
     if ranking.rows and ranking.rows[0].kg_per_node_hour is None:
         out.write(f"no kg CO2e per node-hour: no published power figure for {shape.gpu_type}\n")
     if explain and ranking.excluded:

@@ -6,11 +6,12 @@ Usage:
     from gpu_train.spec import carbon
     r = carbon.region("gcp", "europe-west4")      # Region(intensity=208.81 gCO2e/kWh, cfe_percent=83, ...)
     carbon.pue("aws")                             # 1.15
-    carbon.offered("gcp", "a3-megagpu-8g")        # frozenset of regions, or None when unknown (AWS types)
+    carbon.offered("aws", "p5.48xlarge")          # frozenset of regions, or None for a type the table lacks
     carbon.allowed(["EU", "CH", "us-east-1"])     # the regions those countries, groups and names allow
 
 Data (source, vintage and licence in each file's header and in docs/carbon.md): regions.csv (one row per cloud
-and region), availability.csv (GCP machine types by region), carbon.json (PUE, sources, groups such as EU).
+and region), availability.csv (the GPU machine types of both catalogs by region, from SkyPilot's catalogs),
+carbon.json (PUE, sources, groups such as EU).
 Hand-written: the files are small and fixed, so the standard library's csv and json read them; a region that is
 not in the table is an error naming it, never a silent default.
 """
@@ -102,7 +103,8 @@ def _availability() -> dict[tuple[str, str], frozenset[str]]:
 
 
 def offered(cloud: str, instance_type: str) -> frozenset[str] | None:
-    """The regions that offer a machine type, or None where the shipped table does not know (AWS types)."""
+    """The regions that offer a machine type, or None for a type the shipped table has no row for (unknown, never
+    "nowhere"). AWS rows list only the regions SkyPilot's catalog covers: a region outside one may still offer it."""
     return _availability().get((cloud, instance_type))
 
 

@@ -72,7 +72,7 @@ def rank(cloud: str, instance_type: str, *, allow: frozenset[tuple[str, str]] | 
         if allow is not None and (c, name) not in allow:
             out.excluded[name] = f"not allowed ({r.country}, {r.location})"
         elif offered is not None and name not in offered:
-            out.excluded[name] = f"{instance_type} is not offered there"
+            out.excluded[name] = f"{instance_type} is not listed there (availability.csv)"
         elif max_latency_ms is not None and latency is not None and latency > max_latency_ms:
             out.excluded[name] = f"estimated {latency:.0f} ms from {home}, above --max-latency-ms {max_latency_ms:g}"
         else:

@@ -39,11 +39,41 @@ def test_every_row_names_a_source_with_vintage_and_licence_and_sane_values():
 
 
 def test_availability_names_only_catalog_types_and_known_regions():
-    for instance_type in catalog.known("gcp"):
-        offered = carbon.offered("gcp", instance_type)
-        assert offered, instance_type
-        assert offered <= {name for cloud, name in carbon.regions() if cloud == "gcp"}
-    assert carbon.offered("aws", "p5.48xlarge") is None  # unknown, never "nowhere"
+    rows = carbon._availability()
+    for cloud in ("aws", "gcp"):
+        for instance_type in catalog.known(cloud):
+            offered = carbon.offered(cloud, instance_type)
+            assert offered, (cloud, instance_type)
+            assert offered <= {name for c, name in carbon.regions() if c == cloud}, (cloud, instance_type)
+            # SkyPilot's AWS catalog is the commercial partition's: no GovCloud or China region.
+            assert {carbon.partition(cloud, name) for name in offered} == {cloud}, (cloud, instance_type)
+    assert set(rows) == {(c, t) for c in ("aws", "gcp") for t in catalog.known(c)}  # no stray rows
+    assert carbon.offered("aws", "m5.large") is None  # a type without a row is unknown, never "nowhere"
+
+
+def test_p5_regions_are_those_of_skypilots_aws_catalog():
+    # skypilot-org/skypilot-catalog catalogs/v7/aws/vms.csv at commit 001367d22a0033fac286a8c71aeac7109e431bcb:
+    # the p5.48xlarge block (one row per availability zone; the GpuInfo column is elided here as "{...}") has rows
+    # in exactly these ten regions, for example
+    #   p5.48xlarge,H100,8.0,192.0,2048.0,"{...}",123.19496,40.097600,ap-northeast-1,apne1-az1
+    #   p5.48xlarge,H100,8.0,192.0,2048.0,"{...}",117.984,15.684700,ap-south-1,aps1-az1
+    #   p5.48xlarge,H100,8.0,192.0,2048.0,"{...}",127.816,13.148700,ap-southeast-2,apse2-az3
+    #   p5.48xlarge,H100,8.0,192.0,2048.0,"{...}",113.068,113.068000,ca-central-1,cac1-az4
+    #   p5.48xlarge,H100,8.0,192.0,2048.0,"{...}",105.2024,28.528000,eu-north-1,eun1-az3
+    #   p5.48xlarge,H100,8.0,192.0,2048.0,"{...}",127.816,43.014500,eu-west-2,euw2-az1
+    #   p5.48xlarge,H100,8.0,192.0,2048.0,"{...}",98.32,30.326000,us-east-1,use1-az1
+    #   p5.48xlarge,H100,8.0,192.0,2048.0,"{...}",98.32,14.377300,us-east-2,use2-az1
+    #   p5.48xlarge,H100,8.0,192.0,2048.0,"{...}",122.9,17.137100,us-west-1,usw1-az3
+    #   p5.48xlarge,H100,8.0,192.0,2048.0,"{...}",98.32,33.239900,us-west-2,usw2-az1
+    # and none in eu-central-1, eu-west-1, eu-west-3, eu-south-1 or any other region.
+    p5 = carbon.offered("aws", "p5.48xlarge")
+    assert "us-east-1" in p5 and "eu-north-1" in p5 and "eu-central-1" not in p5
+    assert p5 == {"ap-northeast-1", "ap-south-1", "ap-southeast-2", "ca-central-1", "eu-north-1", "eu-west-2",
+                  "us-east-1", "us-east-2", "us-west-1", "us-west-2"}
+    # The two p4de.24xlarge regions of the same file:
+    #   p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,"{...}",40.96575,,us-east-1,use1-az1
+    #   p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,"{...}",40.96575,,us-west-2,usw2-az1
+    assert carbon.offered("aws", "p4de.24xlarge") == {"us-east-1", "us-west-2"}
 
 
 def test_every_nvidia_gpu_of_the_catalogs_has_a_power_and_a_peak():
@@ -125,12 +155,25 @@ def test_ranking_within_eu_for_a3_mega():
     # 200 = ~23 ms, above 20 ms.
     assert names == ["europe-west1", "europe-west4", "europe-west3"]
     assert "above --max-latency-ms 20" in ranking.excluded["europe-north1"]
-    assert ranking.excluded["europe-west9"] == "a3-megagpu-8g is not offered there"
+    assert ranking.excluded["europe-west9"] == "a3-megagpu-8g is not listed there (availability.csv)"
     assert ranking.excluded["us-central1"].startswith("not allowed (US")
     assert all(row.offered for row in ranking.rows)
 
 
-def test_aws_ranking_says_availability_is_unknown():
+def test_aws_ranking_keeps_only_the_listed_regions():
+    ranking = advisor.rank("aws", "p5.48xlarge", allow=carbon.allowed(["EU"]))
+    # p5.48xlarge's European regions in the catalog are eu-north-1 (SE) and eu-west-2 (GB, not in the EU).
+    assert [(row.region.name, row.offered) for row in ranking.rows] == [("eu-north-1", True)]
+    assert ranking.excluded["eu-west-3"] == "p5.48xlarge is not listed there (availability.csv)"
+    assert ranking.excluded["eu-west-2"] == "not allowed (GB, London)"
+    # eu-central-1 311 g/kWh vs eu-north-1 8.8: the greener region offering p5 is named, with no "unknown" caveat.
+    assert advisor.greener_text("aws", "eu-central-1", "p5.48xlarge", allow=carbon.allowed(["EU"])) == \
+        "greener regions for p5.48xlarge: eu-north-1 9 gCO2e/kWh"
+
+
+def test_a_type_without_a_row_is_ranked_as_unknown(monkeypatch):
+    table = {k: v for k, v in carbon._availability().items() if k != ("aws", "p5.48xlarge")}
+    monkeypatch.setattr(carbon, "_availability", lambda: table)
     ranking = advisor.rank("aws", "p5.48xlarge", allow=carbon.allowed(["EU"]))
     assert [r.region.name for r in ranking.rows][:2] == ["eu-north-1", "eu-west-3"]  # 8.8, 51.1 g/kWh
     assert all(row.offered is None for row in ranking.rows)
