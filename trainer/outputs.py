@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from gpu_train.spec.trainer_config import Config
 from trainer import flops
+from trainer.energy import energy_line
 from trainer.errors import BadInput, one_line
 from trainer.evaluate import EvalState
 from trainer.metrics import plot_loss
@@ -179,6 +180,7 @@ def summary_lines(out: RunOutputs, summary: dict[str, Any], registered: str | No
                      f"{ev.best_step})" if ev.best is not None else f"validation loss {ev.last:.4f}")
     lines += [
         f"throughput      {summary['tokens_per_s']:,.0f} tokens/s   MFU {flops.format_mfu(summary['mfu'])}",
+        energy_line(summary),
         f"checkpoints     {ckpt.local_dir}" + (f"  (latest: {last.path.name})" if last else ""),
     ]
     if ckpt.remote_uri:

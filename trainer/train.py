@@ -43,8 +43,8 @@ import torch.distributed as dist
 
 from gpu_train.jobs.launch import SHUTDOWN_ENV, nccl_env
 from gpu_train.spec.trainer_config import Config, batch_layout, flatten, to_dict
+from trainer import energy, flops, outputs
 from trainer import evaluate as evaluation
-from trainer import flops, outputs
 from trainer.checkpoint import CheckpointInvalid, CheckpointManager
 from trainer.data import DataError, GlobalSampler, read_step
 from trainer.data.errors import is_transient
@@ -278,6 +278,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         """Train from self.step to train.steps, or until SIGTERM, SIGINT or early stopping; returns the status."""
         t, patience = self.cfg.train, self.cfg.eval.early_stopping_patience
         self.start_step, t0 = self.step, time.perf_counter()
+        self.energy = energy.EnergyMeter.start(self.env)  # the GPUs' energy counters, read again in finish()
         self.watchdog.start()
         status = self._nothing_to_train()
         if status is None:
@@ -491,6 +492,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                 params_sha256=outputs.state_sha256(full) if env.rank == 0 else None, restarts=env.restart_count,
                 tokens_per_s=tokens_per_s, mfu=self.metrics.mfu(tokens_per_s), device=env.device,
                 signal=self.stop_signal if status == "preempted" else None)
+            summary.update(self.energy.finish(env, self.tracker, self.step))  # collective: all GPUs' energy
             if env.rank == 0:
                 outputs.write_outputs(outputs.RunOutputs(
                     cfg=self.cfg, run_dir=self.run_dir, tokenizer=self.tokenizer, tracker=self.tracker,

@@ -184,6 +184,14 @@ class DeployRunnerSettings(Settings):
                                                 "(arn:aws:codeconnections:...)")
 
 
+class CarbonSettings(Settings):
+    allowed_regions: tuple[str, ...] = Field((), description="where this stack's work may run, for the plan's carbon "
+                                                             "advisory: country codes, groups (EU, EEA) and region "
+                                                             "names; empty = the region's own "
+                                                             "country, or the EU for an EU region "
+                                                             "([carbon.md](carbon.md))")
+
+
 class LimitsSettings(Settings):
     max_gpus: Int = Field(64, description="cap on the sum of maxNodes x GPUs over all pools (also a policy)")
 
@@ -220,6 +228,8 @@ class StackSettings(Settings):
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings, description="tracking server and registry")
     limits: LimitsSettings = Field(default_factory=LimitsSettings, description="guard rails checked here and by "
                                                                                "policy")
+    carbon: CarbonSettings = Field(default_factory=CarbonSettings, description="the plan's carbon estimate and "
+                                                                               "region advisory")
     deploy_runner: DeployRunnerSettings = Field(default_factory=DeployRunnerSettings,
                                                 description="how the workflows reach the private EKS endpoint "
                                                             "(docs/aws.md, docs/ci.md)")

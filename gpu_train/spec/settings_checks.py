@@ -100,8 +100,22 @@ def problems(s: StackSettings) -> list[str]:
     if s.image.prebuilt and not IMAGE_DIGEST.match(s.image.prebuilt):
         p.append(f"{K}image.prebuilt must be pinned by digest, like repo/name@sha256:<64 hex> "
                  f"(got {s.image.prebuilt!r})")
+    p += carbon_problems(s)
     if s.deploy:
         p += placeholder_problems(s)
+    return p
+
+
+def carbon_problems(s: StackSettings) -> list[str]:
+    """carbon.allowedRegions: each entry a country code, group or region name of the carbon table."""
+    from gpu_train.spec import carbon
+
+    p = []
+    for i, token in enumerate(s.carbon.allowed_regions):
+        try:
+            carbon.allowed([token])
+        except carbon.CarbonDataError as exc:
+            p.append(f"{K}carbon.allowedRegions[{i}]: {exc}")
     return p
 
 
