@@ -75,7 +75,7 @@ ROUTER_SERVICE_ACCOUNT = "serving-router"  # a service's weighted route: reads i
 PROMOTER_SERVICE_ACCOUNT = "serving-promoter"  # the in-cluster promotion loop
 SERVICE_LABEL = "gpu-train.io/service"
 MODEL_VERSION_LABEL = "gpu-train.io/model-version"
-SERVING_ROLE_LABEL = "gpu-train.io/serving-role"  # stable | canary | router | promoter
+SERVING_ROLE_LABEL = "gpu-train.io/serving-role"  # model | route | router | promoter
 ROUTE_PORT = 8080  # the route's HTTP port (requests and /metrics)
 # The JobSet's one replicated job, and the pod label JobSet puts on every pod of a JobSet.
 REPLICATED_JOB = "worker"

@@ -44,6 +44,16 @@ from pydantic_core import PydanticCustomError
 from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
 from gpu_train.spec.job import DNS_LABEL
 
+# KServe, pinned: v0.20.0 is the newest release in its public repository (github.com/kserve/kserve tags), whose
+# charts (kserve-crd, kserve-resources) and CRDs the offline checks hold the plan against. Its Hugging Face
+# server images: the CPU build (transformers) and the GPU build (vLLM) that its release workflows push as
+# kserve/huggingfaceserver:<tag> and :<tag>-gpu (.github/workflows/huggingface*-docker-publish.yml); and the
+# storage initializer that downloads a model before the server starts. Pinned by tag: KServe publishes no
+# digests in its repository, and the team namespaces' admission policies accept exactly these references.
+KSERVE_VERSION = "v0.20.0"
+RUNTIME_IMAGES = {"huggingface": f"docker.io/kserve/huggingfaceserver:{KSERVE_VERSION}",
+                  "vllm": f"docker.io/kserve/huggingfaceserver:{KSERVE_VERSION}-gpu"}
+STORAGE_INITIALIZER_IMAGE = f"docker.io/kserve/storage-initializer:{KSERVE_VERSION}"
 # MLflow aliases the serving decisions move: the version serving all traffic, and the one on trial.
 CHAMPION = "champion"
 CHALLENGER = "challenger"
