@@ -85,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--nproc", type=int, default=2, help="local workers (default 2)")
     r.add_argument("--data", default="", help="dataset manifest URI (default: the spec's file:// one, else synthetic)")
     r.add_argument("--runs", default="runs", help="parent of the run directory (default ./runs)")
+
+    from gpu_train.cli.serve import add_parser as add_serve
+
+    add_serve(sub, _common)
     return ap
 
 
@@ -108,6 +112,10 @@ def run(argv: list[str] | None = None) -> int:
         from gpu_train.cli.local import run_local
 
         return run_local(args.spec, nproc=args.nproc, data=args.data, runs=args.runs)
+    if cmd == "serve":
+        from gpu_train.cli.serve import run_serve
+
+        return run_serve(args)
     if cmd == "submit":
         from gpu_train.cli.cluster import load_contract
         from gpu_train.cli.jobs import read_spec, submit
