@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,18 @@ def add_parser(sub: Any, common: Any) -> None:
 # --------------------------------------------------------------------------------------------- commands
 
 
+def _log_serving() -> None:
+    """The serving programs' log lines (route changes, decisions) on stderr, as the command's own lines."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("gpu-train: %(message)s"))
+    log = logging.getLogger("gpu_train.serving")
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    log.propagate = False
+
+
 def run_local(args: argparse.Namespace) -> int:
     import importlib.util
 
@@ -128,7 +141,10 @@ def run_local(args: argparse.Namespace) -> int:
             raise CliError(f"`gpu-train serve --local` runs the model on this machine and needs {module}: {LOCAL_EXTRA}")
     from gpu_train.serving.local import LocalError, LocalOptions, parse_model, serve_local
 
-    found = parse_model(args.local)
+    try:
+        found = parse_model(args.local)
+    except LocalError as exc:
+        raise CliError(str(exc)) from None
     name = args.local_name or (found.name if isinstance(found, Path) else found.name)
     name = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:32] or "model"
     spec = build_spec(args, spec_file=args.local_spec, name=name, team="local",
@@ -141,6 +157,7 @@ def run_local(args: argparse.Namespace) -> int:
                         workdir=Path(args.workdir), canary_inject_errors=args.canary_inject_errors,
                         canary_inject_delay_ms=args.canary_inject_delay_ms,
                         prometheus=args.local_prometheus if args.local_auto else "")
+    _log_serving()
     try:
         return serve_local(spec, args.local, args.canary, opts, lambda: registry(args.local_tracking_uri, True))
     except LocalError as exc:

@@ -70,7 +70,7 @@ def parse_model(text: str) -> ModelRef | Path:
         text = f"{name}:{version}" if version else name
     try:
         return ModelRef.parse(text)
-    except ValueError:
+    except ValueError:  # pydantic_core's PydanticCustomError, naming the form
         raise LocalError(f"{text!r} is neither a directory nor a registered model (models:/NAME/VERSION, "
                          "models:/NAME@ALIAS)") from None
 
