@@ -52,6 +52,9 @@ DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"  # pkg/constants Deployment
 # KServe's names (pkg/constants/constants.go at v0.20.0): the model container, the init container that downloads
 # the model, where it lands, the pod label naming the InferenceService, and the predictor Service's port.
 MODEL_CONTAINER = "kserve-container"
+# The platform's ClusterStorageContainer, which every predictor names (KServe would otherwise pick any that
+# claims the URI's scheme, its own default among them).
+STORAGE_CONTAINER = "gpu-train"
 STORAGE_INITIALIZER = "storage-initializer"
 MODEL_DIR = "/mnt/models"
 ISVC_LABEL = "serving.kserve.io/inferenceservice"
@@ -198,6 +201,7 @@ def inference_service(spec: ServiceSpec, version: ServedVersion, where: ServingP
             # The server never calls the Kubernetes API; cloud credentials come from the workload identity.
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
+            "storageContainerName": STORAGE_CONTAINER,
             **scheduling,
             "securityContext": pod_security(MODEL_SERVER_UID),
             "containers": [model_container(spec, version, where)],
@@ -295,7 +299,7 @@ def storage_container(pod_env: Mapping[str, str]) -> dict[str, Any]:
         env.setdefault("AWS_DEFAULT_REGION", env["AWS_REGION"])
     return {
         "apiVersion": STORAGE_API, "kind": "ClusterStorageContainer",
-        "metadata": {"name": "gpu-train", "labels": dict(APP_LABELS)},
+        "metadata": {"name": STORAGE_CONTAINER, "labels": dict(APP_LABELS)},
         "spec": {
             "container": {
                 "name": STORAGE_INITIALIZER, "image": STORAGE_INITIALIZER_IMAGE, "imagePullPolicy": "IfNotPresent",
@@ -317,7 +321,7 @@ def predictor_pod(isvc: Mapping[str, Any], storage: Mapping[str, Any]) -> dict[s
     name = isvc["metadata"]["name"]
     pod_labels = {**isvc["metadata"].get("labels", {}), **predictor.pop("labels", {}), ISVC_LABEL: name,
                   "component": "predictor", "app": f"isvc.{name}-predictor"}
-    for key in ("minReplicas", "maxReplicas", "annotations"):
+    for key in ("minReplicas", "maxReplicas", "annotations", "storageContainerName"):
         predictor.pop(key, None)
     mount = {"name": "kserve-provision-location", "mountPath": MODEL_DIR}
     init = {**copy.deepcopy(dict(storage["spec"]["container"])), "volumeMounts": [mount]}

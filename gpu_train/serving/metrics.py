@@ -14,11 +14,12 @@ interpolate across a threshold.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 REQUESTS = "gpu_train_route_requests"  # a counter: exposed as gpu_train_route_requests_total
 LATENCY = "gpu_train_route_request_duration_seconds"
+WEIGHT = "gpu_train_route_weight_percent"
 MODEL_REQUESTS = "gpu_train_model_requests"
 MODEL_LATENCY = "gpu_train_model_request_duration_seconds"
 MODEL_TOKENS = "gpu_train_model_generated_tokens"
@@ -27,7 +28,8 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class RouteMetrics:
-    """The route's two series: requests by service, version and status code; latency by service and version."""
+    """The route's series: requests by service, version and status code; latency by service and version; and the
+    share of requests each version is given."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -35,6 +37,13 @@ class RouteMetrics:
                                           "status code", ["service", "version", "code"], registry=self.registry)
         self.latency = Histogram(LATENCY, "Seconds from a request's arrival at the route to its last byte, by "
                                           "version", ["service", "version"], buckets=BUCKETS, registry=self.registry)
+        self.weight = Gauge(WEIGHT, "Percent of requests the route gives each version", ["service", "version"],
+                            registry=self.registry)
+
+    def set_weights(self, service: str, weights: dict[str, int]) -> None:
+        self.weight.clear()
+        for version, percent in weights.items():
+            self.weight.labels(service, version).set(percent)
 
     def observe(self, *, service: str, version: str, code: int, seconds: float) -> None:
         self.requests.labels(service, version, str(code)).inc()

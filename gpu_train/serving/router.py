@@ -6,7 +6,8 @@ Run (the route's Deployment runs this; `gpu-train serve --local` runs the same R
 
 Routes: POST /v1/completions and /v1/chat/completions (and KServe's /openai/v1/... spellings) go to a version
 picked by weight, at its /openai/v1/... path; other /v1/... and /openai/v1/... requests (the model list) go to the
-stable version and are not metered; GET /health; GET /metrics. Answers carry `x-gpu-train-model-version`. A
+stable version and are not metered; GET /health; GET /metrics (the series of gpu_train.serving.metrics, and each
+version's weight). Answers carry `x-gpu-train-model-version`. A
 version that cannot be reached answers 502 (504 after the timeout), metered against that version.
 
 Weights: smooth weighted round robin (nginx's upstream algorithm), so every run of 100 requests splits exactly by
@@ -147,6 +148,7 @@ def create_app(route: Route, metrics: RouteMetrics, timeout_s: float = 300.0) ->
         return web.json_response({"status": "ok", "service": route.service, "weights": route.weights()})
 
     async def prometheus(request: web.Request) -> web.Response:
+        metrics.set_weights(route.service, route.weights())
         return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     app.router.add_get("/health", health)

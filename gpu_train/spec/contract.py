@@ -168,8 +168,8 @@ class Serving(Model):
     when the stack enables serving)."""
 
     kserve_version: str
-    # Backend (vllm | huggingface) -> the ClusterServingRuntime the platform installs for it.
-    runtimes: dict[str, str]
+    # Backend (vllm | huggingface) -> KServe's Hugging Face server image for it (pinned by the platform).
+    runtime_images: dict[str, str]
     # Where MLflow keeps artifacts (its --artifacts-destination, s3://<bucket>/<prefix> or gs://...): a model
     # version's files, which the predictor's storage initializer reads with the team's model-server identity.
     artifacts_root: str

@@ -43,6 +43,8 @@ MONITORING_RELEASE = "kube-prometheus-stack"
 MLFLOW_NAMESPACE = "mlflow"
 MLFLOW_SERVICE_ACCOUNT = "mlflow"
 MLFLOW_PORT = 5000
+# MLflow keeps artifacts under <artifacts bucket>/<this>/ (its --artifacts-destination); serving reads them there.
+MLFLOW_ARTIFACTS_PREFIX = "mlflow"
 TRAINER_SERVICE_ACCOUNT = "trainer"
 KARPENTER_NAMESPACE = "kube-system"
 KARPENTER_SERVICE_ACCOUNT = "karpenter"

@@ -264,6 +264,9 @@ def serving_problems(s: StackSettings) -> list[str]:
         if sv.services or sv.gpu_pools:
             p.append(f"{K}serving.services and serving.gpuPools need serving.enabled: true")
         return p
+    if not s.mlflow.enabled:
+        p.append(f"{K}serving.enabled needs mlflow.enabled: served versions come from MLflow's registry and "
+                 "artifact store")
     pools = {pool.name for pool in s.gpu_pools}
     for i, name in enumerate(sv.gpu_pools):
         if name not in pools:
