@@ -66,6 +66,8 @@ MODEL_SERVER_UID = 1000
 ROUTE_CONFIG_KEY = "route.json"
 CANARY_CONFIG_KEY = "canary.json"
 ROUTE_REPLICAS = 2
+# Why the route's pods carry an API token (checkov's CKV_K8S_38 asks for none where it is not needed).
+API_TOKEN_REASON = "the route reads its weights from its ConfigMap through the Kubernetes API"
 APP_LABELS = {"app.kubernetes.io/part-of": "gpu-train"}
 # Annotations on every served version: what it is and where it came from.
 MODEL_ANNOTATION = "gpu-train.io/model"
@@ -243,7 +245,8 @@ def route_deployment(spec: ServiceSpec, where: ServingPlacement) -> dict[str, An
     probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": naming.route_name(spec.name), "namespace": where.namespace, "labels": pod_labels},
+        "metadata": {"name": naming.route_name(spec.name), "namespace": where.namespace, "labels": pod_labels,
+                     "annotations": {"checkov.io/skip1": f"CKV_K8S_38={API_TOKEN_REASON}"}},
         "spec": {
             "replicas": ROUTE_REPLICAS,
             "selector": {"matchLabels": {naming.SERVICE_LABEL: spec.name, naming.SERVING_ROLE_LABEL: "router"}},
@@ -261,7 +264,8 @@ def route_deployment(spec: ServiceSpec, where: ServingPlacement) -> dict[str, An
                     "env": [{"name": "HOME", "value": "/tmp"}],
                     "ports": [{"name": "http", "containerPort": naming.ROUTE_PORT, "protocol": "TCP"}],
                     "readinessProbe": probe, "livenessProbe": {**probe, "failureThreshold": 6},
-                    "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+                    "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
+                                  "limits": {"cpu": "2", "memory": "512Mi"}},
                     "securityContext": container_security(naming.TRAINER_UID),
                     "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
                 }],

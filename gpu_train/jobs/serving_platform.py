@@ -28,6 +28,8 @@ RBAC_API = "rbac.authorization.k8s.io/v1"
 PROMOTER = "serving-promoter"
 LABELS = {"app.kubernetes.io/part-of": "gpu-train"}
 READ = ["get", "list", "watch"]
+HEARTBEAT = "/tmp/heartbeat"  # the promotion loop touches it every turn (gpu_train.serving.promote --heartbeat)
+HEARTBEAT_MAX_AGE_S = 60
 
 
 def service_account(name: str, namespace: str, *, token: bool,
@@ -65,11 +67,16 @@ def promoter_rules() -> list[dict[str, Any]]:
 
 def promoter_deployment(namespace: str, *, image: str, cpu_node_selector: Mapping[str, str], prometheus: str,
                         tracking_uri: str) -> dict[str, Any]:
-    """The namespace's promotion loop: one replica (two would judge the same canary twice), restarted in place."""
+    """The namespace's promotion loop: one replica (two would judge the same canary twice), restarted in place, and
+    restarted when its loop stops turning (it touches a heartbeat file every second; the probes read its age)."""
     pod_labels = {**LABELS, naming.SERVING_ROLE_LABEL: "promoter"}
+    alive = {"exec": {"command": ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.path.getmtime("
+                                  f"{HEARTBEAT!r}) > {HEARTBEAT_MAX_AGE_S})"]}, "periodSeconds": 30}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": PROMOTER, "namespace": namespace, "labels": pod_labels},
+        "metadata": {"name": PROMOTER, "namespace": namespace, "labels": pod_labels,
+                     "annotations": {"checkov.io/skip1": "CKV_K8S_38=the promotion loop reads and updates the routes "
+                                                         "and InferenceServices through the Kubernetes API"}},
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
@@ -83,10 +90,12 @@ def promoter_deployment(namespace: str, *, image: str, cpu_node_selector: Mappin
                     "name": "promote",
                     "image": image,
                     "command": ["python", "-m", "gpu_train.serving.promote"],
-                    "args": ["--namespace", namespace, "--prometheus", prometheus],
+                    "args": ["--namespace", namespace, "--prometheus", prometheus, "--heartbeat", HEARTBEAT],
                     "env": [{"name": "HOME", "value": "/tmp"},
                             *([{"name": "MLFLOW_TRACKING_URI", "value": tracking_uri}] if tracking_uri else [])],
-                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                  "limits": {"cpu": "1", "memory": "512Mi"}},
+                    "readinessProbe": alive, "livenessProbe": {**alive, "failureThreshold": 4},
                     "securityContext": container_security(naming.TRAINER_UID),
                     "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
                 }],

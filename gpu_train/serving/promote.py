@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 from gpu_train.serving.canary import CanaryState, PromotionLoop
 from gpu_train.serving.cluster import ClusterActions, ServingCluster
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpu_train.serving.promote", description=__doc__.splitlines()[0])
     ap.add_argument("--namespace", required=True)
     ap.add_argument("--prometheus", required=True, help="the platform's Prometheus (HTTP API)")
+    ap.add_argument("--heartbeat", type=Path, default=None, help="a file touched every turn (the pod's probes)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from kubernetes import client, config
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             once(cluster, prometheus, registry, last, time.time())
         except Exception as exc:  # the API server briefly unavailable: try again next second
             LOG.error("listing the routes of %s: %s", args.namespace, exc)
+        if args.heartbeat is not None:
+            args.heartbeat.touch()
         time.sleep(1.0)
 
 

@@ -42,6 +42,7 @@ INFERENCE = ("completions", "chat/completions")
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
                         "transfer-encoding", "upgrade", "host", "content-length"})
 VERSION_HEADER = "x-gpu-train-model-version"
+SESSION = web.AppKey("session", ClientSession)
 
 
 @dataclass
@@ -104,9 +105,9 @@ def create_app(route: Route, metrics: RouteMetrics, timeout_s: float = 300.0) ->
     app = web.Application(client_max_size=64 * 2**20)
 
     async def session_ctx(app: web.Application):
-        app["session"] = ClientSession(timeout=ClientTimeout(total=timeout_s), auto_decompress=False)
+        app[SESSION] = ClientSession(timeout=ClientTimeout(total=timeout_s), auto_decompress=False)
         yield
-        await app["session"].close()
+        await app[SESSION].close()
 
     app.cleanup_ctx.append(session_ctx)
 
@@ -119,7 +120,7 @@ def create_app(route: Route, metrics: RouteMetrics, timeout_s: float = 300.0) ->
         body = await request.read()
         code, response = 502, None
         try:
-            async with request.app["session"].request(request.method, f"{backend.url}/openai/v1/{tail}",
+            async with request.app[SESSION].request(request.method, f"{backend.url}/openai/v1/{tail}",
                                                       data=body, headers=headers, params=request.query) as up:
                 code = up.status
                 response = web.StreamResponse(status=up.status, headers={
