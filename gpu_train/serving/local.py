@@ -194,7 +194,9 @@ class LocalOptions:
     prometheus: str = ""  # with it, the promotion loop runs
 
 
-def _run_route(app: web.Application, port: int, stop: threading.Event) -> None:
+def run_route(app: web.Application, port: int, stop: threading.Event) -> None:
+    """The route on 127.0.0.1:port in this thread, until `stop` is set."""
+
     async def serve() -> None:
         runner = web.AppRunner(app)
         await runner.setup()
@@ -237,7 +239,7 @@ def serve_local(spec: ServiceSpec, stable: str, canary: str | None, opts: LocalO
             state = CanaryState.new(spec, stable=models[0].version, canary=models[1].version,
                                     canary_run_id=models[1].run_id, now=time.time())
             actions.set_canary_weight(state, opts.canary_weight)
-        thread = threading.Thread(target=_run_route, args=(create_app(route, RouteMetrics()), opts.port, stop),
+        thread = threading.Thread(target=run_route, args=(create_app(route, RouteMetrics()), opts.port, stop),
                                   daemon=True)
         thread.start()
         print(f"gpu-train: serving {spec.name} at http://127.0.0.1:{opts.port}/v1/completions ("
