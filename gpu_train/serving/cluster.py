@@ -147,10 +147,14 @@ class ServingCluster:
 
     def complete(self, service: str, version: int, prompt: str, max_tokens: int) -> str:
         """One greedy completion from one version, through the API server's service proxy."""
-        answer = self.core.connect_post_namespaced_service_proxy_with_path(
-            f"{naming.version_name(service, version)}-predictor:{PREDICTOR_PORT}", self.namespace,
-            "openai/v1/completions", _preload_content=False,
-            body={"model": service, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        # CoreV1Api's connect_post_*_proxy methods send no body: the same POST through the client's call_api.
+        # (The path is written out: call_api would quote the slashes of a {path} parameter.)
+        predictor = f"{naming.version_name(service, version)}-predictor:{PREDICTOR_PORT}"
+        answer = self.api.call_api(
+            f"/api/v1/namespaces/{self.namespace}/services/{predictor}/proxy/openai/v1/completions", "POST",
+            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+            body={"model": service, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+            auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True)
         return json.loads(answer.data)["choices"][0]["text"]
 
 

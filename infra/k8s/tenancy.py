@@ -170,6 +170,7 @@ def serving_submitter_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": write},
         {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": write},
         {"apiGroups": [""], "resources": ["services/proxy"], "verbs": ["create", "get"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     ]
 
 
