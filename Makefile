@@ -13,19 +13,23 @@ VENV := .venv
 BIN := $(VENV)/bin
 CHECKOV_VENV := .venv-checkov
 STACKS := $(patsubst stacks/Pulumi.%.yaml,%,$(wildcard stacks/Pulumi.*.yaml))
-# Re-install only when the pinned dependencies change.
+# Re-install only when the pinned dependencies change: the stamp's name is a hash of pyproject.toml's content, so a
+# file whose timestamp changed (a checkout) but whose content did not reuses the venv.
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+# Where torch 2.13.0 comes from. Empty: pip's own index, which on Linux serves the CUDA build (several GB) to every
+# machine; a CPU-only machine can ask for the CPU build: make setup TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?=
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-3.3.30
 
 .PHONY: setup tools train test test-fast lint plan plans policy bench schemas docs clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP):
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	# torch first and exactly pinned: a CPU machine gets the CPU build, a GPU machine the CUDA build.
-	$(BIN)/python -m pip install -q "torch==2.13.0"
+	# torch first and exactly pinned, so that nothing else can pull another build.
+	$(BIN)/python -m pip install -q $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "torch==2.13.0"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	@rm -f $(VENV)/.installed-* && touch $@
 

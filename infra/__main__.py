@@ -14,6 +14,7 @@ import pulumi
 
 from gpu_train.spec import naming
 from infra import clouds, settings
+from infra.carbon import plan_notes
 from infra.image import TrainerImage, TrainerImageArgs
 from infra.k8s import build_kubernetes
 from infra.k8s.contract import PlatformContract, PlatformContractArgs
@@ -23,6 +24,8 @@ from infra.k8s.training import TrainingJob, TrainingJobArgs
 
 cfg = settings.load()
 clouds.require_valid(cfg)  # every check, before the first resource
+for note in plan_notes(cfg):  # the job's estimated emissions and the region advisory (docs/carbon.md)
+    pulumi.log.info(note)
 cloud = clouds.layer(cfg.cloud)
 
 tags = naming.common_tags(cfg.stack, cfg.environment, cfg.tags)
@@ -71,7 +74,7 @@ if cfg.job is not None:
     job = TrainingJob("job", TrainingJobArgs(
         platform=platform, job=cfg.job, image=image.ref, cache_endpoint=kube.cache_endpoint,
         tracking_uri=tracking_uri, register_name=cfg.mlflow.register_name,
-        depends_on=[*platform.ready, *kube.ready]))
+        spec_path=f"stacks/Pulumi.{cfg.stack}.yaml", depends_on=[*platform.ready, *kube.ready]))
 
 pulumi.export("cloud", cfg.cloud)
 pulumi.export("trainerImage", image.ref)

@@ -8,9 +8,10 @@ Run:
 
 Overrides are `section.key=value`. Exit codes (trainer/errors.py): 0 all of train.steps done, or stopped by
 early stopping (eval.early_stopping_patience) after a final checkpoint; 2 bad input, printed as one line naming
-the setting, file, URI or checkpoint (never a traceback); 75 stopped by SIGTERM here or on another node, after
-a final checkpoint; 124 a hung step ended by the watchdog (trainer/watchdog.py); 1 another failure worth
-retrying. Under gpu-train-launch (trainer/entrypoint.sh) a bad input also stops torchrun from restarting the
+the setting, file, URI or checkpoint (never a traceback); 75 stopped by SIGTERM (or, under torchrun, SIGINT) here
+or on another node, after a final checkpoint; 130 stopped by Ctrl-C (SIGINT) in one process, after the same
+final checkpoint, with one line (a second Ctrl-C stops at once, without it); 124 a hung step ended by the
+watchdog (trainer/watchdog.py); 1 another failure worth retrying. Under gpu-train-launch (trainer/entrypoint.sh) a bad input also stops torchrun from restarting the
 workers.
 """
 
@@ -26,6 +27,7 @@ from gpu_train.spec.trainer_config import PRESETS, build_config, reference
 from trainer.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_RESUMABLE,
     BadInput,
@@ -45,7 +47,8 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"overrides (section.key=value; values of the preset shown for tiny):\n{keys}\n\n"
         "exit codes: 0 completed (or stopped early), 2 bad input (not retried), 75 stopped by SIGTERM after a "
-        "checkpoint, 124 hung (watchdog), 1 failure (retried).\nSee docs/trainer.md.",
+        "checkpoint, 130 stopped by Ctrl-C after a checkpoint, 124 hung (watchdog), 1 failure (retried).\n"
+        "See docs/trainer.md.",
     )
     p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="named configuration (default tiny)")
     p.add_argument("--config", type=Path, default=None, help="YAML file with the same sections as the overrides")
@@ -69,9 +72,10 @@ def main(argv: list[str] | None = None, *, step_callbacks: Iterable[Any] = ()) -
     """Run the trainer with these arguments (default: the command line); returns the exit code.
     `step_callbacks` go to the Trainer (trainer/train.py says when they are called); none in production."""
     args = parser().parse_args(argv)  # argparse itself exits 2 with a usage line on an unknown option
-    from trainer.distributed import bind_to_agent
+    from trainer.distributed import bind_to_agent, under_torchrun
 
     bind_to_agent()
+    standalone = not under_torchrun()
     try:
         cfg = build_config(args.preset, args.config, args.overrides)
         from trainer.data.errors import DataError
@@ -86,7 +90,17 @@ def main(argv: list[str] | None = None, *, step_callbacks: Iterable[Any] = ()) -
     except TrainingFailed as exc:
         print(f"{PROG}: failed (will be retried): {one_line(str(exc))}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    return EXIT_OK if summary["status"] in ("completed", "stopped_early") else EXIT_RESUMABLE
+    except KeyboardInterrupt:  # Ctrl-C before the trainer caught SIGINT itself (imports, the process group)
+        print(f"{PROG}: interrupted (SIGINT) before training started: nothing to save", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED if standalone else EXIT_RESUMABLE
+    if summary["status"] in ("completed", "stopped_early"):
+        return EXIT_OK
+    if summary.get("signal") == "SIGINT" and standalone:
+        # Ctrl-C on a run of its own: the conventional status of a command the user interrupted, after the stop.
+        print(f"{PROG}: interrupted (SIGINT) at step {summary['step']}; the same command resumes from the newest "
+              "checkpoint", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    return EXIT_RESUMABLE
 
 
 def exit_now(code: int) -> None:

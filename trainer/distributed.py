@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
@@ -79,23 +80,58 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
+AGENT_PID_ENV = "TRAINER_AGENT_PID"  # set by trainer.torchrun, the launcher's torchrun: the workers' parent
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _is_torchrun(pid: int) -> bool:
+    """Whether process `pid` runs torchrun (a container may run it as pid 1)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return b"torchrun" in cmdline or b"torch.distributed.run" in cmdline
+
+
 def bind_to_agent() -> None:
-    """Under torchrun: ask Linux to SIGKILL this worker when its agent dies.
+    """Under torchrun: ask Linux to SIGKILL this worker when its agent dies, and die now if it already has.
 
     torchrun starts each worker in a session of its own (torch/distributed/elastic/multiprocessing/
     subprocess_handler/subprocess_handler.py), so nothing else takes the workers down when the agent is
     killed (OOM killer, a bad-input stop from trainer.errors.stop_retries, the launcher killed): without this
-    they would keep training with nobody to restart them. prctl(PR_SET_PDEATHSIG) is described in prctl(2).
+    they would keep training with nobody to restart them. prctl(PR_SET_PDEATHSIG) is described in prctl(2); it
+    acts on the parent's death after the call, so an agent that died earlier (while this worker imported torch)
+    must be found by other means, checked after the call so that no death falls between the two:
+    - under the launcher, trainer.torchrun hands down the agent's pid (TRAINER_AGENT_PID): a parent other than
+      that process, while that process no longer exists, means the agent is gone (the parent is now the
+      process that adopted this orphan: init or a subreaper);
+    - without it, a parent of pid 1 that is not torchrun itself means the same. An orphan adopted by a subreaper
+      other than pid 1 cannot be told from a worker of an agent without the launcher's pid; a parent that changed
+      during the call is caught either way.
     """
     if not under_torchrun() or not os.path.exists("/proc/self"):
         return
-    parent = os.getppid()
+    before = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_pdeathsig = 1
     if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
         log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): workers outlive a killed agent", ctypes.get_errno())
         return
-    if os.getppid() != parent:  # the agent died before the request took effect
+    parent = os.getppid()
+    agent = os.environ.get(AGENT_PID_ENV, "")
+    if agent.isdigit():
+        gone = parent != int(agent) and not _alive(int(agent))
+    else:
+        gone = parent != before or (parent == 1 and not _is_torchrun(1))
+    if gone:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

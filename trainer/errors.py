@@ -8,8 +8,11 @@ Usage:
 Exit codes (of `python -m trainer` and of the launcher `gpu-train-launch`, see docs/trainer.md):
     0   EXIT_OK          every step of train.steps is done and the final checkpoint is saved
     2   EXIT_BAD_INPUT   settings, dataset, run directory or checkpoint unusable; retrying cannot help
-    75  EXIT_RESUMABLE   stopped early (SIGTERM on this node or another one) after a final checkpoint;
-                         the next launch resumes (75 is EX_TEMPFAIL of sysexits.h: "try again later")
+    75  EXIT_RESUMABLE   stopped early (SIGTERM or SIGINT on this node or another one) after a final
+                         checkpoint; the next launch resumes (75 is EX_TEMPFAIL of sysexits.h: "try again later")
+    130 EXIT_INTERRUPTED the same stop after a Ctrl-C (SIGINT), from the commands a user runs: `python -m
+                         trainer` in one process, the launcher, `gpu-train run --local` (128 + SIGINT, the
+                         shell's convention); a worker under torchrun exits 75
     124 (watchdog)       a hung worker ended by its watchdog (trainer/watchdog.py) after dumping every
                          thread's stack; retried: torchrun restarts the group from the newest checkpoint
     1   anything else    a failure worth retrying (lost peer, storage outage, ...)
@@ -26,16 +29,25 @@ file, prints the message and exits 2. Without the launcher (plain torchrun) the 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
 
-from gpu_train.spec.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_RESUMABLE, BadInput
+from gpu_train.spec.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_RESUMABLE,
+    BadInput,
+)
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_OK", "EXIT_RESUMABLE", "BadInput", "TrainingFailed", "one_line",
-           "stop_retries"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_RESUMABLE", "BadInput",
+           "TrainingFailed", "one_line", "record_stop", "stop_retries"]
 
 EXIT_FILE_ENV = "TRAINER_EXIT_FILE"
+STOP_FILE_ENV = "TRAINER_STOP_FILE"
 LAUNCHER_PID_ENV = "TRAINER_LAUNCHER_PID"
 
 
@@ -84,3 +96,17 @@ def stop_retries(message: str) -> bool:
         f.write(one_line(message) + "\n")
     os.kill(agent, signal.SIGKILL)
     return True
+
+
+def record_stop(step: int, *, saved: bool | None, signal: str) -> None:
+    """Tell the launcher (TRAINER_STOP_FILE, which it sets) how this node's workers stopped on a signal: at `step`,
+    with its final checkpoint saved (True), not saved (False), or without a new one (None: stopped before training).
+    The launcher prints it in its one line; without the launcher (or on a write error) nothing happens."""
+    path = os.environ.get(STOP_FILE_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": step, "saved": saved, "signal": signal}) + "\n")
+    except OSError:
+        pass

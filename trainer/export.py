@@ -6,10 +6,12 @@ Run:
     python -m trainer.export --run-dir runs/x --out out/hf --format hf-gpt2 --dtype bfloat16
 
 Source: the newest checkpoint of ``--run-dir`` that verifies (``trainer.checkpoint.verify``: a manifest and
-every file's sha256), a given ``--checkpoint`` step directory, or an exported ``--model-dir``. The weights
-are read on this one process with ``torch.distributed.checkpoint.load`` (no process group), which also
-reassembles FSDP-sharded checkpoints; the model settings come from the config recorded in the
-checkpoint's manifest and the tokenizer from the dataset's manifest (``--data-uri`` overrides where).
+every file's sha256; each newer one skipped is named in a warning line), a given ``--checkpoint`` step
+directory, or an exported ``--model-dir``. The weights are read on this one process with
+``torch.distributed.checkpoint.load`` (no process group), which also reassembles FSDP-sharded checkpoints; the
+model settings come from the config recorded in the checkpoint's manifest and the tokenizer from the checkpoint
+itself (its manifest's ``tokenizer`` and, for BPE, its ``tokenizer.json``), so the training data is never read;
+``--data-uri`` takes a dataset's tokenizer instead, as does a checkpoint written before checkpoints carried it.
 
 Formats (``--format``):
 
@@ -34,8 +36,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -230,8 +234,9 @@ def _build(cfg: ModelConfig, state: dict[str, torch.Tensor], where: str) -> GPT:
     return model
 
 
-def newest_checkpoint(run_dir: Path) -> Path:
-    """The newest step directory under the run's checkpoint folder that verifies."""
+def newest_checkpoint(run_dir: Path, warn: Callable[[str], None] | None = None) -> Path:
+    """The newest step directory under the run's checkpoint folder that verifies; `warn` gets one line for each
+    newer one skipped, naming it and why."""
     from trainer.checkpoint import CheckpointInvalid, list_step_dirs, verify
 
     root = run_dir / "checkpoints"
@@ -247,26 +252,65 @@ def newest_checkpoint(run_dir: Path) -> Path:
     for step_dir in list_step_dirs(root):
         try:
             verify(step_dir)
-            return step_dir
         except CheckpointInvalid as exc:
-            skipped.append(str(exc))
+            skipped.append((step_dir, str(exc)))
+            continue
+        for bad, why in skipped if warn is not None else ():
+            warn(f"skipping checkpoint {bad}: {why}; using the older {step_dir.name}")
+        return step_dir
+    skipped = [why for _, why in skipped]
     detail = f" (skipped: {'; '.join(skipped)})" if skipped else ""
     raise ExportError(f"{root}: no complete checkpoint{detail}")
 
 
-def dataset_tokenizer(uri: str, endpoint_url: str | None = None) -> TokenizerSpec:
-    """The tokenizer of the dataset at ``uri`` (sha256-checked against its manifest)."""
+def dataset_tokenizer(uri: str, endpoint_url: str | None = None, options: Any = None) -> TokenizerSpec:
+    """The tokenizer of the dataset at ``uri`` (sha256-checked against its manifest); `options` are the store's
+    (trainer.data.storage.StoreOptions)."""
     from trainer.data import open_tokenizer
 
-    tok = open_tokenizer(uri, endpoint_url)
+    tok = open_tokenizer(uri, endpoint_url, options=options)
     return TokenizerSpec(tok.kind, tok.vocab_size, tok.eot_id, getattr(tok, "name", ""),
                          tok.to_json() if tok.kind != "byte" else None)  # fmt: skip
+
+
+def checkpoint_tokenizer(step_dir: Path, info: Any) -> TokenizerSpec:
+    """The tokenizer a checkpoint carries: its manifest's `tokenizer` description and, for BPE, the
+    tokenizer.json beside its weights (verified with them)."""
+    where = f"{step_dir}/manifest.json 'tokenizer'"
+    if not isinstance(info, dict) or info.get("kind") not in ("byte", "bpe"):
+        raise ExportError(f"{where}: not a tokenizer description (got {info!r})")
+    try:
+        spec = TokenizerSpec(kind=info["kind"], vocab_size=int(info["vocab_size"]), eot_id=int(info["eot_id"]),
+                             name=str(info.get("name") or ""))
+        if spec.kind == "byte":
+            return spec
+        text = (step_dir / str(info["file"])).read_text()
+    except (KeyError, TypeError, ValueError, OSError) as exc:
+        raise ExportError(f"{where}: unusable ({type(exc).__name__}: {exc})") from exc
+    return TokenizerSpec(spec.kind, spec.vocab_size, spec.eot_id, spec.name, text)
+
+
+def _old_checkpoint_tokenizer(step_dir: Path, uri: str, endpoint: str | None) -> TokenizerSpec:
+    """For a checkpoint written before checkpoints carried their tokenizer: the dataset's, asked for once with
+    short timeouts, or one line saying what to do."""
+    from trainer.data.storage import StoreOptions
+
+    try:
+        return dataset_tokenizer(uri, endpoint, StoreOptions(max_attempts=2, connect_timeout=5.0, read_timeout=30.0))
+    except Exception as exc:  # any storage or client failure: one line with the way out, never a traceback
+        raise ExportError(
+            f"{step_dir} does not carry its tokenizer (written before checkpoints did) and the dataset's could not be "
+            f"read from {uri}{f' through {endpoint}' if endpoint else ''}: {type(exc).__name__}: {exc}; pass "
+            "--data-uri (and --endpoint-url) naming a reachable copy of the dataset (its manifest.json and "
+            "tokenizer.json are enough)") from exc
 
 
 def load_checkpoint(
     step_dir: Path, *, data_uri: str | None = None, endpoint_url: str | None = None
 ) -> LoadedModel:
-    """Model weights of a verified DCP checkpoint, read on this process alone."""
+    """Model weights and tokenizer of a verified DCP checkpoint, read on this process alone. The tokenizer is the
+    one the checkpoint carries; only `data_uri` (or a checkpoint written before they carried it) reads a
+    dataset's."""
     import torch.distributed.checkpoint as dcp
 
     from trainer.checkpoint import CheckpointInvalid, verify
@@ -291,7 +335,13 @@ def load_checkpoint(
     uri = data_uri or (config.get("data") or {}).get("uri") or "synthetic"
     endpoint = endpoint_url or (config.get("data") or {}).get("endpoint_url") or None
     origin = {"checkpoint": str(step_dir), "step": manifest["step"], "dataset_uri": uri}
-    return LoadedModel(model, cfg, dataset_tokenizer(uri, endpoint), origin)
+    if data_uri is not None:
+        tokenizer = dataset_tokenizer(uri, endpoint)
+    elif "tokenizer" in manifest:
+        tokenizer = checkpoint_tokenizer(step_dir, manifest["tokenizer"])
+    else:
+        tokenizer = _old_checkpoint_tokenizer(step_dir, uri, endpoint)
+    return LoadedModel(model, cfg, tokenizer, origin)
 
 
 def load_model_dir(model_dir: Path) -> LoadedModel:
@@ -333,15 +383,15 @@ def load_model_dir(model_dir: Path) -> LoadedModel:
 
 def load(
     *, run_dir: Path | None = None, checkpoint: Path | None = None, model_dir: Path | None = None,
-    data_uri: str | None = None, endpoint_url: str | None = None,
+    data_uri: str | None = None, endpoint_url: str | None = None, warn: Callable[[str], None] | None = None,
 ) -> LoadedModel:  # fmt: skip
-    """Exactly one of run_dir / checkpoint / model_dir."""
+    """Exactly one of run_dir / checkpoint / model_dir; `warn` gets a line per newer checkpoint skipped."""
     given = [x for x in (run_dir, checkpoint, model_dir) if x is not None]
     if len(given) != 1:
         raise ExportError("give exactly one of --run-dir, --checkpoint, --model-dir")
     if model_dir is not None:
         return load_model_dir(model_dir)
-    step_dir = checkpoint if checkpoint is not None else newest_checkpoint(run_dir)  # type: ignore[arg-type]
+    step_dir = checkpoint if checkpoint is not None else newest_checkpoint(run_dir, warn)  # type: ignore[arg-type]
     return load_checkpoint(step_dir, data_uri=data_uri, endpoint_url=endpoint_url)
 
 
@@ -415,11 +465,35 @@ def write_model_dir(
         }
     (out / CONFIG).write_text(json.dumps(config, indent=1) + "\n")
     _write_tokenizer(tokenizer, out, fmt == "hf-gpt2", cfg.context)
+    # safetensors writes through a private temporary file (mode 0600) and keeps that mode; the weights get the
+    # mode every other file here gets (0666 less the umask), so whoever may read config.json may read them.
+    os.chmod(out / WEIGHTS, 0o666 & ~_umask())
     return fmt
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it, which other threads would see)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+PROG = "python -m trainer.export"
+
+
+def warn_line(prog: str) -> Callable[[str], None]:
+    """One `PROG: warning: ...` line on stderr per message."""
+    return lambda text: print(f"{prog}: warning: {' '.join(text.split())}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--run-dir", type=Path, help="a run directory: its newest verified checkpoint")
     src.add_argument("--checkpoint", type=Path, help="one checkpoint step directory")
@@ -427,18 +501,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="output directory")
     ap.add_argument("--format", choices=FORMATS, default="auto")
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
-    ap.add_argument("--data-uri", default=None, help="dataset whose tokenizer to ship (default: the run's)")
+    ap.add_argument("--data-uri", default=None,
+                    help="a dataset whose tokenizer to ship instead of the one the checkpoint carries")
     ap.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint for --data-uri")
     args = ap.parse_args(argv)
     from trainer.data.errors import DataError
 
     try:
         loaded = load(run_dir=args.run_dir, checkpoint=args.checkpoint, model_dir=args.model_dir,
-                      data_uri=args.data_uri, endpoint_url=args.endpoint_url)  # fmt: skip
+                      data_uri=args.data_uri, endpoint_url=args.endpoint_url, warn=warn_line(PROG))  # fmt: skip
         fmt = write_model_dir(loaded.model.state_dict(), loaded.cfg, loaded.tokenizer, args.out,
                               fmt=args.format, dtype=args.dtype, origin=loaded.origin)  # fmt: skip
     except (ExportError, DataError) as exc:
-        print(f"python -m trainer.export: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     n = loaded.model.num_params(non_embedding=False)
     print(f"exported {n / 1e6:.2f}M parameters ({fmt}, {args.dtype}) from "

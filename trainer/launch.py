@@ -25,17 +25,24 @@ In order:
    value already in the environment wins for the NCCL ones), TRAINER_EXIT_FILE and TRAINER_LAUNCHER_PID
    (trainer/errors.py: how a worker's bad input stops torchrun's restarts), TRAINER_SHUTDOWN_TIMEOUT_S
    (torchrun's shutdown timeout, which the workers' final checkpoint after SIGTERM must fit in: they log how
-   much of it they used), and a parent-death signal so that the launcher killed takes torchrun and its workers with it.
-   SIGTERM, SIGINT and SIGHUP are forwarded to torchrun, which forwards them to the workers and kills them
-   --shutdown-timeout seconds later (default 30, torch/distributed/run.py).
-4. Exit: 2 if a worker recorded bad input (its message is printed again), else torchrun's own exit code
-   (0 when every worker completed; 128 + N when a signal N ended it).
+   much of it they used), TRAINER_STOP_FILE (where the workers record how they stopped on a signal), and a
+   parent-death signal so that the launcher killed takes torchrun and its workers with it. torchrun runs through
+   trainer.torchrun (the torchrun on PATH, in this interpreter, without its traceback when a stop signal ends it)
+   in a process group of its own, so that a terminal's Ctrl-C reaches the launcher only. SIGTERM, SIGINT and
+   SIGHUP are forwarded to torchrun, once per signal received, which forwards them to the workers and kills them
+   --shutdown-timeout seconds later (default 30, torch/distributed/run.py); the workers stop after a final
+   checkpoint. A second SIGINT makes torchrun give up on them at once.
+4. Exit: 2 if a worker recorded bad input (its message is printed again); after a forwarded signal N that ended
+   torchrun unsuccessfully, one line saying which step's checkpoint the workers saved, and 128 + N (130 for
+   SIGINT, 143 for SIGTERM); else torchrun's own exit code (0 when every worker completed). A Ctrl-C before
+   torchrun starts: one line, 130.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -47,7 +54,16 @@ import time
 from pathlib import Path
 
 from gpu_train.jobs.launch import DATA_WAIT_ENV, DNS_TIMEOUT_ENV, SHUTDOWN_ENV, STORE_SWITCH, nccl_env
-from trainer.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_FILE_ENV, LAUNCHER_PID_ENV, BadInput, one_line
+from trainer.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_FILE_ENV,
+    EXIT_INTERRUPTED,
+    LAUNCHER_PID_ENV,
+    STOP_FILE_ENV,
+    BadInput,
+    one_line,
+)
 
 PROG = "gpu-train-launch"
 POLL_S = 5.0
@@ -154,10 +170,34 @@ def wait_for_host(endpoint: str, timeout_s: int) -> None:
             time.sleep(2)
 
 
-def _die_with_parent() -> None:
-    """In the torchrun child: SIGKILL when the launcher dies (prctl(2), PR_SET_PDEATHSIG)."""
+def _torchrun_child() -> None:
+    """In the torchrun child: SIGKILL when the launcher dies (prctl(2), PR_SET_PDEATHSIG), and a process group of
+    its own, so that a terminal's Ctrl-C (sent to the foreground process group) reaches the launcher alone, which
+    forwards it once: torchrun stops its workers gracefully on the first signal and gives up on them on a second."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+
+
+def stop_line(signum: int, stop_file: Path) -> str:
+    """The launcher's one line after torchrun ended on a forwarded stop signal, from what the workers recorded
+    (trainer.errors.record_stop; the last record wins: a restarted group records again)."""
+    name = signal.Signals(signum).name
+    record = None
+    with contextlib.suppress(OSError, ValueError):
+        lines = stop_file.read_text().splitlines()
+        record = json.loads(lines[-1]) if lines else None
+    if not isinstance(record, dict):
+        return f"{PROG}: stopped by {name}; the same command resumes from the newest checkpoint"
+    step, saved = record.get("step"), record.get("saved")
+    if saved is True:
+        return f"{PROG}: stopped by {name}: the workers saved the checkpoint of step {step}; the same command resumes from it"
+    if saved is False:
+        return (f"{PROG}: stopped by {name}: the workers stopped at step {step} but could not save its checkpoint; "
+                "the same command resumes from the newest one")
+    return (f"{PROG}: stopped by {name} before the first step (at step {step}), nothing new to save; the same "
+            "command resumes from the newest checkpoint")
 
 
 def run_torchrun(argv: list[str], shutdown_timeout: int | None) -> int:
@@ -169,23 +209,37 @@ def run_torchrun(argv: list[str], shutdown_timeout: int | None) -> int:
     if shutdown_timeout is None:
         shutdown_timeout = _seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
     with tempfile.TemporaryDirectory(prefix="gpu-train-launch-") as tmp:
-        exit_file = Path(tmp) / "bad-input"
+        exit_file, stop_file = Path(tmp) / "bad-input", Path(tmp) / "stopped"
         # NCCL's watchdog settings (trainer/watchdog.py) unless the caller chose others; the JobSet sets the same.
         env = {**nccl_env(), **os.environ, STORE_SWITCH: "1", EXIT_FILE_ENV: str(exit_file),
-               LAUNCHER_PID_ENV: str(os.getpid()), SHUTDOWN_ENV: str(shutdown_timeout)}
-        child = subprocess.Popen([torchrun, *argv], env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509
+               STOP_FILE_ENV: str(stop_file), LAUNCHER_PID_ENV: str(os.getpid()), SHUTDOWN_ENV: str(shutdown_timeout)}
+        stopped: list[int] = []
+        children: list[subprocess.Popen] = []
 
         def forward(signum, frame):  # noqa: ARG001
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signum)
+            stopped.append(signum)
+            for child in children:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signum)
 
+        # Handlers first: a signal between the start and the handlers would otherwise end the launcher alone.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, forward)
+        # trainer.torchrun: the torchrun on PATH, quiet when a stop signal ends it (its module docstring).
+        child = subprocess.Popen([sys.executable, "-m", "trainer.torchrun", torchrun, *argv], env=env,  # noqa: PLW1509
+                                 preexec_fn=_torchrun_child)
+        children.append(child)
+        if stopped:  # arrived before torchrun existed
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(stopped[0])
         code = child.wait()
         if exit_file.is_file():
             message = exit_file.read_text(errors="replace").strip()
             print(f"{PROG}: bad input, not retried: {message}", file=sys.stderr, flush=True)
             return EXIT_BAD_INPUT
+        if stopped and code != 0:
+            print(stop_line(stopped[0], stop_file), file=sys.stderr, flush=True)
+            return 128 + stopped[0]
     return 128 - code if code < 0 else code
 
 
@@ -206,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     except BadInput as exc:
         print(f"{PROG}: error: {one_line(str(exc))}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # Ctrl-C during the checks or the waits, before torchrun started
+        print(f"{PROG}: interrupted (SIGINT) before torchrun started", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

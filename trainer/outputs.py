@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from gpu_train.spec.trainer_config import Config
 from trainer import flops
+from trainer.energy import energy_line
 from trainer.errors import BadInput, one_line
 from trainer.evaluate import EvalState
 from trainer.metrics import plot_loss
@@ -94,13 +95,14 @@ def end_sample(cfg: Config, state: dict[str, torch.Tensor], tokenizer: Any, devi
 
 
 def run_summary(*, status: str, step: int, tokens: int, loss: float, evals: EvalState, params_sha256: str | None,
-                restarts: int, tokens_per_s: float, mfu: float | None, device: torch.device) -> dict[str, Any]:
-    """summary.json's fields (docs/trainer.md, "Run outputs")."""
+                restarts: int, tokens_per_s: float, mfu: float | None, device: torch.device,
+                signal: str | None = None) -> dict[str, Any]:
+    """summary.json's fields (docs/trainer.md, "Run outputs"); `signal` is what stopped a preempted run."""
     return {
         "step": step, "tokens": tokens, "final_loss": loss if math.isfinite(loss) else None,
         "val_loss": evals.last, "best_val_loss": evals.best, "best_val_step": evals.best_step,
         "params_sha256": params_sha256, "restarts": restarts, "tokens_per_s": tokens_per_s, "mfu": mfu,
-        "status": status,
+        "status": status, "signal": signal,
         # Rank 0's peak GPU memory (allocated by tensors), for sizing; None on CPU.
         "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
     }
@@ -178,6 +180,7 @@ def summary_lines(out: RunOutputs, summary: dict[str, Any], registered: str | No
                      f"{ev.best_step})" if ev.best is not None else f"validation loss {ev.last:.4f}")
     lines += [
         f"throughput      {summary['tokens_per_s']:,.0f} tokens/s   MFU {flops.format_mfu(summary['mfu'])}",
+        energy_line(summary),
         f"checkpoints     {ckpt.local_dir}" + (f"  (latest: {last.path.name})" if last else ""),
     ]
     if ckpt.remote_uri:

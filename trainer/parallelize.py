@@ -8,6 +8,7 @@ Usage:
     with grad_sync(model, wrapped, cfg, last=micro == accum - 1): loss.backward()   # sync on the last only
     optimizer = build_optimizer(model, cfg, env.device)
     scheduler = build_scheduler(optimizer, cfg)              # linear warmup, then cosine to train.min_lr
+    continue_schedule(optimizer, scheduler, cfg, step)       # after a resume: at `step` under cfg's settings
 
 `parallelize(model, cfg, env, dtype)` is the one place that decides how a model is spread over the devices:
 it takes the model and the distributed environment and returns the module the loop calls. Data parallelism
@@ -18,6 +19,7 @@ here too, as torchtitan's parallelize functions do (torchtitan/models/*/parallel
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import torch
@@ -125,8 +127,59 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
 
 
+def schedule_lr(step: int, cfg: Config) -> float:
+    """The learning rate of 0-based optimizer step `step` under cfg's train.* settings."""
+    t = cfg.train
+    return lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, total_steps=t.steps)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_scheduler.LambdaLR:
     """`lr_at` as a scheduler (its state goes into every checkpoint)."""
     t = cfg.train
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(
         s, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, total_steps=t.steps) / t.lr)
+
+
+# The settings a checkpoint's optimizer and scheduler state carries, which a resume takes from the new config.
+HYPERPARAMETERS = ("lr", "min_lr", "warmup_steps", "steps", "weight_decay", "beta1", "beta2")
+
+
+def continue_schedule(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, cfg: Config,
+                      step: int) -> None:
+    """After loading a checkpoint of `step`: the optimizer and scheduler at that step under cfg's settings.
+
+    The schedule is a pure function of (step, current settings): the optimizer's and scheduler's saved learning
+    rates (the old train.lr as base, the lr of the old schedule) are replaced by `schedule_lr(step, cfg)`, so a
+    changed train.lr, min_lr, warmup_steps or steps takes effect at once, without repeating the warmup (unless
+    the new warmup_steps is beyond `step`) and with the cosine decay ending at the new train.steps. AdamW's
+    weight decay and betas, also saved with the optimizer, are set from cfg as well (no decay on the second
+    group stays no decay). The moments (exp_avg, exp_avg_sq) and the step counts are kept."""
+    t = cfg.train
+    lr = schedule_lr(step, cfg)
+    for i, group in enumerate(optimizer.param_groups):
+        group["lr"], group["initial_lr"], group["betas"] = lr, t.lr, (t.beta1, t.beta2)
+        group["weight_decay"] = t.weight_decay if i == 0 else 0.0
+    scheduler.base_lrs = [t.lr] * len(optimizer.param_groups)
+    scheduler.last_epoch = step
+    scheduler._last_lr = [lr] * len(optimizer.param_groups)  # what get_last_lr() reports
+
+
+def schedule_change(old_train: dict, cfg: Config, step: int) -> str | None:
+    """One line for a resume at `step` whose settings differ from the checkpoint's train.* (`old_train`, from its
+    manifest) in HYPERPARAMETERS: each changed setting old -> new, and the lr at `step` before and after; None
+    when nothing changed."""
+    new = dataclasses.asdict(cfg.train)
+    changed = [k for k in HYPERPARAMETERS if k in old_train and old_train[k] != new[k]]
+    if not changed:
+        return None
+    settings = ", ".join(f"train.{k} {old_train[k]!r} -> {new[k]!r}" for k in changed)
+    try:
+        before = lr_at(step, lr=float(old_train["lr"]), min_lr=float(old_train["min_lr"]),
+                       warmup_steps=int(old_train["warmup_steps"]), total_steps=int(old_train["steps"]))
+        lrs = f"lr of step {step + 1}: {before:.4g} -> {schedule_lr(step, cfg):.4g}"
+    except (KeyError, TypeError, ValueError):
+        lrs = f"lr of step {step + 1}: {schedule_lr(step, cfg):.4g}"
+    warmup = cfg.train.warmup_steps
+    how = (f"the warmup continues to step {warmup}" if step < warmup else "the warmup is not repeated")
+    return (f"resuming at step {step} with changed settings: {settings}; {lrs} (the schedule continues at this "
+            f"step under the new settings: {how}, the cosine decay reaches train.min_lr at step {cfg.train.steps})")

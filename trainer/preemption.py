@@ -1,5 +1,5 @@
-"""Preemption: turn SIGTERM (spot reclaim, pod eviction, torchrun shutting down) into a flag the loop polls, so
-that it finishes its step, saves and stops instead of dying mid-write.
+"""Preemption: turn SIGTERM (spot reclaim, pod eviction, torchrun shutting down) and, if asked, SIGINT (Ctrl-C)
+into a flag the loop polls, so that it finishes its step, saves and stops instead of dying mid-write.
 
 Usage, in any training loop:
     from trainer.preemption import Preemption
@@ -11,8 +11,9 @@ Usage, in any training loop:
                 preemption.report(step, saved=True)   # how much of the shutdown grace period the save used
                 break
 
-The handlers only set the flag (and note when the first signal came), so they are safe to run between any
-two Python bytecodes. Several ranks must agree before they stop (the trainer all-reduces the flag with the
+The handlers only set the flag (and note which signal came first, and when), so they are safe to run between any
+two Python bytecodes. With `second_sigint_exits=True` a second SIGINT (Ctrl-C pressed again while the final
+checkpoint is written) ends the process at once with one line and exit 130, as an impatient user expects. Several ranks must agree before they stop (the trainer all-reduces the flag with the
 step's loss), since torchrun may deliver the signal to one node only. `shutdown_timeout_s` is how long the
 caller has between the signal and SIGKILL (torchrun's --shutdown-timeout; the trainer passes the launcher's
 TRAINER_SHUTDOWN_TIMEOUT_S): `report` warns when the final save used more than half of it.
@@ -20,11 +21,15 @@ TRAINER_SHUTDOWN_TIMEOUT_S): `report` warns when the final save used more than h
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import time
 from types import FrameType
 from typing import Any
+
+from gpu_train.spec.errors import EXIT_INTERRUPTED
 
 log = logging.getLogger("trainer")
 
@@ -38,11 +43,15 @@ class Preemption:
     elsewhere.
     """
 
-    def __init__(self, *, sigint: bool = False, shutdown_timeout_s: float | None = None) -> None:
+    def __init__(self, *, sigint: bool = False, shutdown_timeout_s: float | None = None,
+                 second_sigint_exits: bool = False) -> None:
         self.signals = (signal.SIGTERM, signal.SIGINT) if sigint else (signal.SIGTERM,)
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.second_sigint_exits = second_sigint_exits
         self.at: float | None = None  # monotonic time of the first signal
+        self.signum: int | None = None  # the first signal
         self._requested = False
+        self._sigints = 0
         self._previous: dict[int, Any] = {}
 
     def install(self) -> Preemption:
@@ -65,25 +74,38 @@ class Preemption:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self._requested = True
         if self.at is None:
-            self.at = time.monotonic()
+            self.at, self.signum = time.monotonic(), signum
+        if signum == signal.SIGINT:
+            self._sigints += 1
+            if self._sigints > 1 and self.second_sigint_exits:
+                with contextlib.suppress(OSError):
+                    os.write(2, b"SIGINT again: stopping now, without the final checkpoint\n")
+                os._exit(EXIT_INTERRUPTED)
 
     def preempted(self) -> bool:
         """A signal arrived (in this process) since the handlers were installed."""
         return self._requested
 
-    def report(self, step: int, saved: bool) -> None:
-        """Log the stop, and how much of the shutdown timeout the final save used (warned above half)."""
+    @property
+    def signal_name(self) -> str | None:
+        """"SIGTERM" or "SIGINT": the first signal this process got; None before any."""
+        return signal.Signals(self.signum).name if self.signum is not None else None
+
+    def report(self, step: int, saved: bool, *, elsewhere: str = "SIGTERM") -> None:
+        """Log the stop, and how much of the shutdown timeout the final save used (warned above half).
+        `elsewhere` names the signal when it reached another rank only (the loop learns it with the flag)."""
         what = "saved checkpoint" if saved else "checkpoint FAILED"
         if self.at is None:
-            log.warning("SIGTERM: %s at step %d, stopping (the signal reached another node)", what, step)
+            log.warning("%s: %s at step %d, stopping (the signal reached another rank)", elsewhere, what, step)
             return
+        name = self.signal_name
         used = time.monotonic() - self.at
         budget = self.shutdown_timeout_s
         if budget is None:
-            log.warning("SIGTERM: %s at step %d, stopping (%.1fs after the signal)", what, step, used)
+            log.warning("%s: %s at step %d, stopping (%.1fs after the signal)", name, what, step, used)
             return
-        log.warning("SIGTERM: %s at step %d, stopping (%.1fs after the signal; torchrun kills workers %gs after "
-                    "it)", what, step, used, budget)
+        log.warning("%s: %s at step %d, stopping (%.1fs after the signal; torchrun kills workers %gs after "
+                    "it)", name, what, step, used, budget)
         if used > 0.5 * budget:
             log.warning("the final checkpoint took %.1fs, more than half of torchrun's --shutdown-timeout (%gs): "
                         "raise it and the pod's terminationGracePeriodSeconds", used, budget)

@@ -165,7 +165,8 @@ def compatibility_problem(cfg: Config, manifest: dict[str, Any], where: str, man
     dataset's manifest hash, train.global_batch_tokens, train.seed, data.packing (which windows exist) and
     data.block_shards (else the run would silently continue on other data or another order). A checkpoint
     written before the block shuffle (its sampler state counts no shards) is refused for the same reason.
-    Everything else (steps, learning rate, world size, ddp/fsdp, evaluation, watchdog) may change.
+    Everything else (steps, learning rate, world size, ddp/fsdp, evaluation, watchdog) may change; the learning
+    rate schedule continues at the checkpoint's step under the new settings (trainer.parallelize.continue_schedule).
     """
     ck_cfg = manifest.get("config") or {}
     ck_model = ck_cfg.get("model")

@@ -5,12 +5,15 @@ Run:
     python -m trainer.sample --checkpoint runs/x/checkpoints/step_000000200 --temperature 0.8 --top-k 40
     python -m trainer.sample --model-dir runs/x/export --num-samples 3 --seed 1
 
-The model comes from the newest verified checkpoint of ``--run-dir``, a ``--checkpoint`` step directory or
-an exported ``--model-dir`` (see ``trainer.export``, which does the loading). Prompts are encoded and
-samples decoded with the tokenizer the training dataset was prepared with (from the dataset's manifest, or
-the exported directory). Decoding is autoregressive over the last ``model.context`` tokens: logits of the
-last position divided by ``--temperature`` (0 picks the most likely token), restricted to the ``--top-k``
-most likely, then sampled with a seeded generator, so a seed gives the same text every time. Ids the model
+The model comes from the newest verified checkpoint of ``--run-dir`` (a newer one that does not verify is
+named in one warning line), a ``--checkpoint`` step directory or an exported ``--model-dir`` (see
+``trainer.export``, which does the loading). Prompts are encoded and samples decoded with the tokenizer the
+training dataset was prepared with, which the checkpoint (or the exported directory) carries: sampling needs
+neither the dataset nor its store (``--data-uri`` reads a dataset's tokenizer instead).
+
+Decoding is autoregressive over the last ``model.context`` tokens: logits of the last position divided by
+``--temperature`` (0 picks the most likely token), restricted to the ``--top-k`` most likely, then sampled
+with a seeded generator, so a seed gives the same text every time. Ids the model
 has beyond the tokenizer's vocabulary (its padded rows) are never sampled; a sample stops at the
 end-of-text token unless ``--no-stop``.
 """
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-samples", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
-    ap.add_argument("--data-uri", default=None, help="dataset whose tokenizer to use (default: the run's)")
+    ap.add_argument("--data-uri", default=None,
+                    help="a dataset whose tokenizer to use instead of the one the checkpoint carries")
     ap.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint for --data-uri")
     args = ap.parse_args(argv)
     for name in ("max_tokens", "num_samples"):
@@ -98,11 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--temperature and --top-k must be >= 0")
 
     from trainer.data.errors import DataError
-    from trainer.export import ExportError, load
+    from trainer.export import ExportError, load, warn_line
 
     try:
         loaded = load(run_dir=args.run_dir, checkpoint=args.checkpoint, model_dir=args.model_dir,
-                      data_uri=args.data_uri, endpoint_url=args.endpoint_url)  # fmt: skip
+                      data_uri=args.data_uri, endpoint_url=args.endpoint_url,
+                      warn=warn_line("python -m trainer.sample"))  # fmt: skip
         tok = loaded.tokenizer.build()
     except (ExportError, DataError) as exc:
         print(f"python -m trainer.sample: error: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -31,8 +31,10 @@ What is written here, because MLflow 3.17 lacks it:
 - Metric points logged before the run is open wait in a bounded buffer (`max_pending_metrics`, oldest dropped
   and counted); MLflow's own queue holds a batch until it is sent or its retries run out (then it is counted
   as lost).
-- Resume: for every metric key, steps at or below the last one stored are not sent again (a restart replays
-  the steps after its checkpoint); params keep their first value (MLflow params are immutable).
+- Resume: for every metric key, the steps already stored are not sent again (a restart replays the steps after
+  its checkpoint), and only those: MLflow's queue sends batches from several threads, so a process killed while
+  sending may leave a later step stored and an earlier one not, and the earlier one is sent by the replay.
+  Params keep their first value (MLflow params are immutable).
 - One line per outage: MLflow's HTTP client logs a urllib3 warning for every retry of every request, and its
   queue an error for every lost batch. While the tracker runs, a filter on those two loggers turns the lines
   about its server and run into one warning when the server becomes unreachable and one line when it answers
@@ -117,6 +119,13 @@ def local_store(run_dir: Path) -> LocalStore:
     """The embedded store for a run directory: beside it, so every run under runs/ shares one UI."""
     base = Path(run_dir).resolve().parent
     return LocalStore(db_path=base / "mlflow.db", artifacts_dir=base / "mlartifacts")
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a `sqlite:///` tracking URI, None for any other store."""
+    if not tracking_uri.startswith("sqlite:///") or tracking_uri == "sqlite:///:memory:":
+        return None
+    return Path(tracking_uri[len("sqlite:///"):])
 
 
 _KNOWN_SCHEMES = {"http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks"}
@@ -232,7 +241,7 @@ class Tracker:
         self._client: Any = None
         self._lock = threading.Lock()
         self._held: collections.deque[Any] = collections.deque(maxlen=self.options.max_pending_metrics)
-        self._last_step: dict[str, int] = {}  # metric key -> last step a resumed run already has
+        self._stored: dict[str, set[int]] = {}  # metric key -> the steps a resumed run already has
         self._stored_params: dict[str, str] = {}
         self._tags: dict[str, str] = {}
         self._latest_checkpoint: str | None = None
@@ -258,10 +267,12 @@ class Tracker:
             raise ValueError("tracking.experiment must not be empty")
         tracker = cls(tracking_uri=resolve_tracking_uri(cfg.uri, run_dir), resume_run_id=resume_run_id,
                       options=options)
-        store = local_store(run_dir)
-        artifacts = store.artifacts_dir if tracker.tracking_uri == store.tracking_uri else None
-        if artifacts:
-            store.db_path.parent.mkdir(parents=True, exist_ok=True)
+        # A SQLite store keeps a new experiment's artifacts beside its database (MLflow's default would be
+        # ./mlruns in whatever directory the trainer was started from); ui_hint says so.
+        db = sqlite_path(tracker.tracking_uri)
+        artifacts = db.parent / "mlartifacts" if db else None
+        if db:
+            db.parent.mkdir(parents=True, exist_ok=True)
         tags = {TAG_IMAGE_DIGEST: os.environ.get(IMAGE_DIGEST_ENV, "").strip(), TAG_GIT_COMMIT: git_commit() or ""}
         tracker._tags = {k: v for k, v in tags.items() if v}
         tracker._thread = threading.Thread(target=tracker._work, args=(cfg.experiment, Path(run_dir).resolve().name,
@@ -464,14 +475,14 @@ class Tracker:
             return None
         run_id = run.info.run_id
         for key in run.data.metrics:
-            self._last_step[key] = max((m.step for m in self._client.get_metric_history(run_id, key)), default=-1)
+            self._stored[key] = {m.step for m in self._client.get_metric_history(run_id, key)}
         self._stored_params = dict(run.data.params)
         resumes = int(run.data.tags.get(TAG_RESUMES, "0")) + 1
         self._client.log_batch(run_id, tags=self._entities({**self._tags, TAG_RESUMES: str(resumes)}))
         if run.info.status != "RUNNING":
             self._client.update_run(run_id, status="RUNNING")
         _LOG.info("MLflow run %s resumed (resume #%d); metric steps already stored are skipped (last: %s)",
-                  run_id, resumes, max(self._last_step.values(), default="none"))
+                  run_id, resumes, max((max(s) for s in self._stored.values() if s), default="none"))
         return run
 
     def _new_run(self, experiment: str, run_name: str, artifacts: Path | None) -> Any:
@@ -490,7 +501,7 @@ class Tracker:
 
     def _send_metrics(self, points: list[Any]) -> None:
         """Hand points to MLflow's asynchronous queue (caller holds the lock); the thread learns the outcome."""
-        points = [m for m in points if m.step > self._last_step.get(m.key, -1)]
+        points = [m for m in points if m.step not in self._stored.get(m.key, ())]
         if points:
             sent = self._client.log_batch(self._run_id, metrics=points, synchronous=False)
             self._jobs.put((f"{len(points)} metric points", partial(self._settle, sent, len(points))))

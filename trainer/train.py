@@ -11,10 +11,10 @@ or, inside a process group, what `train` does:
 `__init__` checks the inputs on every rank and agrees on the verdict, builds everything from the library parts
 (trainer.parallelize, .data, .checkpoint, .tracking, .metrics, .watchdog, .preemption) and resumes from the
 newest checkpoint every rank can load. `train()` repeats `train_step()` (data, `forward_backward_step()`, the
-step's all-reduce, the optimizer), evaluation, checkpoint and metrics until train.steps, SIGTERM or early
-stopping; `finish()` writes the outputs. The step's one all-reduce carries the loss and whether any rank got
-SIGTERM, bad data or a storage failure, so every rank takes the same decision: stop after a synchronous
-checkpoint ("preempted", exit 75), BadInput (bad data, or a non-finite loss or gradient norm: nothing is
+step's all-reduce, the optimizer), evaluation, checkpoint and metrics until train.steps, SIGTERM, SIGINT or
+early stopping; `finish()` writes the outputs. The step's one all-reduce carries the loss and whether any rank
+got SIGTERM or SIGINT (and which), bad data or a storage failure, so every rank takes the same decision: stop
+after a synchronous checkpoint ("preempted", exit 75, or 130 for Ctrl-C in one process), BadInput (bad data, or a non-finite loss or gradient norm: nothing is
 saved, since a restart would replay the same step) or TrainingFailed (a storage outage). docs/trainer.md.
 
 Step callbacks, `callback(trainer, point, step)` for the 0-based step being trained (none in production; tests
@@ -43,8 +43,8 @@ import torch.distributed as dist
 
 from gpu_train.jobs.launch import SHUTDOWN_ENV, nccl_env
 from gpu_train.spec.trainer_config import Config, batch_layout, flatten, to_dict
+from trainer import energy, flops, outputs
 from trainer import evaluate as evaluation
-from trainer import flops, outputs
 from trainer.checkpoint import CheckpointInvalid, CheckpointManager
 from trainer.data import DataError, GlobalSampler, read_step
 from trainer.data.errors import is_transient
@@ -57,10 +57,19 @@ from trainer.distributed import (
     setup_logging,
     shutdown,
 )
-from trainer.errors import BadInput, TrainingFailed, one_line
+from trainer.errors import BadInput, TrainingFailed, one_line, record_stop
 from trainer.evaluate import EvalState, reduce_eval
+from trainer.export import TOKENIZER
 from trainer.metrics import JsonlLog, MetricsProcessor, StepClock, TrainerMetrics, batch_hash
-from trainer.parallelize import build_model, build_optimizer, build_scheduler, grad_sync, resolve_dtype
+from trainer.parallelize import (
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    continue_schedule,
+    grad_sync,
+    resolve_dtype,
+    schedule_change,
+)
 from trainer.preemption import Preemption
 from trainer.preflight import check_inputs, checkpoint_dir_of, compatibility_problem, open_checked_dataset
 from trainer.tracking import TAG_DATASET_MANIFEST, TAG_DATASET_URI, Tracker
@@ -101,8 +110,12 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at in a hung collective.
             faulthandler.register(signal.SIGUSR1, all_threads=True)
             budget = os.environ.get(SHUTDOWN_ENV, "")
-            self.preemption = self._exit.enter_context(Preemption(shutdown_timeout_s=float(budget) if budget.isdigit()
-                                                                  else None))
+            # SIGTERM (torchrun, the kubelet) and SIGINT (Ctrl-C) both stop after a final checkpoint; a second
+            # SIGINT stops at once.
+            self.preemption = self._exit.enter_context(Preemption(
+                sigint=True, second_sigint_exits=True,
+                shutdown_timeout_s=float(budget) if budget.isdigit() else None))
+            self.stop_signal: str | None = None  # "SIGTERM" or "SIGINT" once a stop was agreed on
             self._open_inputs()
             self.global_batch, self.accum = batch_layout(cfg, env.world_size)
             seed_everything(cfg.train.seed, cfg.train.deterministic)
@@ -140,7 +153,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             if cfg.eval.every_steps:
                 self.val = open_checked_dataset(cfg, split="val")
                 self._exit.callback(self.val.close)
-            if env.rank == 0 and (cfg.eval.sample_tokens or cfg.tracking.register_name):
+            if env.rank == 0:  # saved in every checkpoint, so that sampling and export never need the dataset
                 self.tokenizer = outputs.dataset_tokenizer(cfg)
         except BadInput as exc:
             problem = str(exc)
@@ -163,11 +176,13 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         """Load the newest checkpoint every rank can load (refusing an incompatible one before anything is
         written); returns (its MLflow run id, its path), or (None, None) to start from step 0."""
         restored: dict[str, Any] = {}
+        seen: dict[str, Any] = {}
 
         def check(manifest: dict[str, Any], where: str) -> None:
             reason = compatibility_problem(self.cfg, manifest, where, self.ds.manifest_sha256)
             if reason:
                 raise BadInput(reason)
+            seen["manifest"] = manifest
 
         def apply(state: dict[str, Any]) -> None:
             step = state["step"]
@@ -176,11 +191,14 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             sampler = self._new_sampler()
             sampler.load_state_dict(state["sampler"])
             self.scheduler.load_state_dict(state["scheduler"])
+            # The schedule is a pure function of (step, current settings): a changed train.lr, min_lr,
+            # warmup_steps or steps (or AdamW's weight decay and betas) takes effect from this step on.
+            continue_schedule(self.optimizer, self.scheduler, self.cfg, step)
             if sampler.next_step != step:
                 raise CheckpointInvalid(f"sampler is at step {sampler.next_step} but the checkpoint is at step {step}")
             restored.update(sampler=sampler, step=step, tokens_seen=int(state["tokens"]),
                             loss_value=float(state.get("loss", math.nan)), evals=EvalState.from_dict(state.get("eval")),
-                            run_id=state.get("mlflow_run_id"))
+                            run_id=state.get("mlflow_run_id") or self._manifest_run_id(seen.get("manifest")))
 
         found = self.checkpointer.resume(self.model, self.optimizer, check=check, apply=apply)
         if found is None:
@@ -191,7 +209,19 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         for key, value in restored.items():
             setattr(self, key, value)
         log.info("resumed from %s at step %d (%d tokens seen)", found, self.step, self.tokens_seen)
+        old_train = ((seen.get("manifest") or {}).get("config") or {}).get("train")
+        change = schedule_change(old_train, self.cfg, self.step) if isinstance(old_train, dict) else None
+        if change and self.env.rank == 0:
+            log.warning("%s", change)
         return run_id, str(found)
+
+    @staticmethod
+    def _manifest_run_id(manifest: dict[str, Any] | None) -> str | None:
+        """The run id in the manifest's copy of the trainer state (rank 0 reads the manifest rank 0 wrote): what a
+        checkpoint written before every rank saved rank 0's state holds where its DCP copy may not."""
+        state = (manifest or {}).get("trainer")
+        run_id = state.get("mlflow_run_id") if isinstance(state, dict) else None
+        return run_id if isinstance(run_id, str) and run_id else None
 
     def _open_outputs(self, run_id: str | None, resumed_from: str | None) -> None:
         """Only now, so that a refused launch changes nothing: config.json, tracking, metrics, the watchdog."""
@@ -222,7 +252,8 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                      "batches of %d per rank, %s, %s", n_params / 1e6, n_nonemb / 1e6, env.world_size,
                      self.global_batch, cfg.model.context, self.accum, t.micro_batch_size, t.parallel,
                      "bf16" if self.dtype else "fp32")
-        self.watchdog = Watchdog(cfg.watchdog, rank=env.rank, local_rank=env.local_rank)
+        self.watchdog = Watchdog(cfg.watchdog, rank=env.rank, local_rank=env.local_rank,
+                                 dump_dir=self.run_dir / "watchdog")
         self._exit.callback(self.watchdog.stop)
         self.clock = StepClock(env.device)
         # A gradient hook on the token embedding's output marks the end of this rank's own backward work
@@ -244,9 +275,10 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
 
     # ---------------------------------------------------------------------------------------------- the loop
     def train(self) -> str:
-        """Train from self.step to train.steps, or until SIGTERM or early stopping; returns the status."""
+        """Train from self.step to train.steps, or until SIGTERM, SIGINT or early stopping; returns the status."""
         t, patience = self.cfg.train, self.cfg.eval.early_stopping_patience
         self.start_step, t0 = self.step, time.perf_counter()
+        self.energy = energy.EnergyMeter.start(self.env)  # the GPUs' energy counters, read again in finish()
         self.watchdog.start()
         status = self._nothing_to_train()
         if status is None:
@@ -265,7 +297,10 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             self._log_step(timings, eval_s, ckpt_s)
             if stop:
                 status, saved = "preempted", self.checkpointer.saved
-                self.preemption.report(self.step, saved=bool(saved) and saved[-1].step == self.step)
+                done = bool(saved) and saved[-1].step == self.step
+                self.preemption.report(self.step, saved=done, elsewhere=self.stop_signal or "SIGTERM")
+                if self.env.local_rank == 0:
+                    record_stop(self.step, saved=done, signal=self.stop_signal or "SIGTERM")
             elif early:
                 status = "stopped_early"
                 if self.env.rank == 0:
@@ -286,16 +321,25 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             return "stopped_early"
         if self.step >= self.cfg.train.steps:
             log.info("the checkpoint is already at train.steps=%d: nothing to train", self.cfg.train.steps)
-        # SIGTERM while starting (loading, resuming): stop before training, nothing new to save.
-        flag = torch.tensor([float(self.preemption.preempted())], device=self.env.device)
-        dist.all_reduce(flag)
-        if flag.item() > 0 and self.step < self.cfg.train.steps:
-            log.warning("SIGTERM before the first step: stopping at step %d without a new checkpoint", self.step)
+        # SIGTERM or SIGINT while starting (loading, resuming): stop before training, nothing new to save.
+        flags = torch.tensor(self._stop_flags(), device=self.env.device)
+        dist.all_reduce(flags)
+        if flags[0].item() > 0 and self.step < self.cfg.train.steps:
+            self.stop_signal = "SIGINT" if flags[1].item() > 0 else "SIGTERM"
+            log.warning("%s before the first step: stopping at step %d without a new checkpoint", self.stop_signal,
+                        self.step)
+            if self.env.local_rank == 0:
+                record_stop(self.step, saved=None, signal=self.stop_signal)
             return "preempted"
         return None
 
+    def _stop_flags(self) -> list[float]:
+        """(whether this rank got a stop signal, whether that was SIGINT) for the step's all-reduce."""
+        return [float(self.preemption.preempted()), float(self.preemption.signal_name == "SIGINT")]
+
     def train_step(self) -> tuple[dict[str, Any], bool]:
-        """One optimizer step on global batch self.step; returns (its timings, whether any rank got SIGTERM)."""
+        """One optimizer step on global batch self.step; returns (its timings, whether any rank got SIGTERM or
+        SIGINT: self.stop_signal says which)."""
         env, wd, step = self.env, self.watchdog, self.step
         wd.begin_step(step + 1)
         t0 = time.perf_counter()
@@ -305,13 +349,14 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.clock.start()
         loss_sum = self.forward_backward_step(windows)
         t_fb = time.perf_counter()
-        # One all-reduce: the mean loss, and whether any rank got SIGTERM, bad data or a storage failure.
+        # One all-reduce: the mean loss, whether any rank got SIGTERM or SIGINT (and which), bad data or a storage
+        # failure.
         wd.phase("collective")
         for callback in self.step_callbacks:
             callback(self, "before_sync", step)
+        stop, sigint = self._stop_flags()
         flags = torch.stack([loss_sum.float(), *(torch.tensor(float(x), device=env.device) for x in (
-            self.preemption.preempted(), fault is not None and fault[0] == "bad",
-            fault is not None and fault[0] == "failed"))])
+            stop, fault is not None and fault[0] == "bad", fault is not None and fault[0] == "failed", sigint))])
         dist.all_reduce(flags)
         self.clock.synced()
         values = flags.tolist()  # one copy to the host; on CUDA it waits for the step's GPU work
@@ -327,6 +372,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             if not math.isfinite(norm):
                 raise BadInput(self._diverged(step + 1, f"gradient norm {norm}"))
+        lr = self.optimizer.param_groups[0]["lr"]  # this step's learning rate (the scheduler moves on below)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -336,12 +382,14 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.tokens_seen += self.cfg.train.global_batch_tokens
         self.first = self.first or (step + 1, loss)
         compute, wait = self.clock.split()
-        timings = {"start": t0, "data_wait_s": t_data - t0, "forward_backward_s": t_fb - t_data,
+        timings = {"start": t0, "lr": lr, "data_wait_s": t_data - t0, "forward_backward_s": t_fb - t_data,
                    "optimizer_s": t_opt - t_sync, "compute_s": compute + (t_opt - t_sync), "collective_wait_s": wait}
         if self.cfg.metrics.batch_hash:
             gathered: list[list[int] | None] = [None] * env.world_size
             dist.all_gather_object(gathered, indices)
             timings["batch_sha256"] = batch_hash([i for part in gathered for i in part])
+        if values[1] > 0:
+            self.stop_signal = "SIGINT" if values[4] > 0 else "SIGTERM"
         return timings, values[1] > 0
 
     def forward_backward_step(self, windows: torch.Tensor) -> torch.Tensor:
@@ -399,14 +447,17 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
     def save_checkpoint(self, *, block: bool) -> float:
         """Checkpoint self.step (in the background unless `block`); returns the seconds training was blocked."""
         with self.watchdog.allowance("checkpoint", self.cfg.watchdog.checkpoint_s):
-            return self.checkpointer.save(self.step, self.model, self.optimizer, self.state_dict(),
-                                          to_dict(self.cfg), block=block)
+            tok = self.tokenizer  # rank 0's; the checkpoint manager keeps rank 0's meta and files
+            return self.checkpointer.save(
+                self.step, self.model, self.optimizer, self.state_dict(), to_dict(self.cfg), block=block,
+                meta={"tokenizer": tok.describe()} if tok is not None else None,
+                files={TOKENIZER: tok.json.encode()} if tok is not None and tok.json is not None else None)
 
     def _log_step(self, timings: dict[str, Any], eval_s: float, ckpt_s: float) -> None:
         self._report_saves()
         last_saved = self.checkpointer.last_success_unix
         self.metrics.log(self.step, {
-            "loss": self.loss_value, "lr": self.scheduler.get_last_lr()[0], "tokens": self.tokens_seen,
+            "loss": self.loss_value, "lr": timings.pop("lr"), "tokens": self.tokens_seen,
             # A step runs from its data to the end of its checkpoint save, without an evaluation.
             "step_s": time.perf_counter() - timings.pop("start") - eval_s, **timings, "checkpoint_block_s": ckpt_s,
             "checkpoint_age_s": time.time() - last_saved if last_saved else None})
@@ -439,7 +490,9 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             summary = outputs.run_summary(
                 status=status, step=self.step, tokens=self.tokens_seen, loss=self.loss_value, evals=self.evals,
                 params_sha256=outputs.state_sha256(full) if env.rank == 0 else None, restarts=env.restart_count,
-                tokens_per_s=tokens_per_s, mfu=self.metrics.mfu(tokens_per_s), device=env.device)
+                tokens_per_s=tokens_per_s, mfu=self.metrics.mfu(tokens_per_s), device=env.device,
+                signal=self.stop_signal if status == "preempted" else None)
+            summary.update(self.energy.finish(env, self.tracker, self.step))  # collective: all GPUs' energy
             if env.rank == 0:
                 outputs.write_outputs(outputs.RunOutputs(
                     cfg=self.cfg, run_dir=self.run_dir, tokenizer=self.tokenizer, tracker=self.tracker,

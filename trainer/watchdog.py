@@ -21,9 +21,13 @@ for it in the all-reduce reach their deadlines together (the step's collectives 
 within milliseconds), so every rank reports where it was. A blocking checkpoint save and an evaluation get
 their own allowances (`checkpoint_s`, `eval_s`); the bookkeeping between steps gets `floor_s`.
 
-When a deadline passes: one line on stderr naming the rank, node, local rank, pid, phase, step, the time spent
-and how the bound was derived; every thread's Python stack (faulthandler.dump_traceback, all threads); then
-`os._exit(EXIT_HUNG)`. 124 is the status timeout(1) uses for "timed out"; torchrun treats any non-zero exit as
+When a deadline passes: one line on stderr naming the rank, node, local rank, pid, phase, step, the time spent,
+how the bound was derived and where the stacks are; every thread's Python stack (faulthandler.dump_traceback,
+all threads) in a file of this rank's own, `dump_dir/watchdog-rank<R>-step<S>-pid<P>.txt` (the trainer's
+dump_dir is RUN_DIR/watchdog), after the same line; then `os._exit(EXIT_HUNG)`. A file per rank, because the
+ranks behind a hung one fire together and torchrun merges their stderr: dumps written there interleave line by
+line and cannot be told apart. Without a dump_dir (or when the file cannot be created) the stacks go to stderr
+between `----- rank R: Python stacks of every thread -----` and `----- end of rank R stacks -----`. 124 is the status timeout(1) uses for "timed out"; torchrun treats any non-zero exit as
 a failed worker and restarts the group (within --max-restarts), and every rank resumes from the newest
 checkpoint. Nothing else runs on the way out: the process may be stuck anywhere, and os._exit cannot block on
 a lock the stuck thread holds. The line and the dump go straight to file descriptor 2 for the same reason.
@@ -64,6 +68,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpu_train.spec.errors import EXIT_HUNG
@@ -108,10 +113,13 @@ class Watchdog:
     """One per worker process; every method is cheap (a lock and a few assignments) and may be called often."""
 
     def __init__(self, cfg: WatchdogConfig, *, rank: int, local_rank: int = 0,
-                 on_hang: Callable[[], None] = _default_on_hang, poll_s: float | None = None) -> None:
+                 on_hang: Callable[[], None] = _default_on_hang, poll_s: float | None = None,
+                 dump_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.rank = rank
         self.local_rank = local_rank
+        self.dump_dir = dump_dir  # where this rank's stack dump goes when it fires (module docstring)
+        self.dump_path: Path | None = None  # the file written, once fired
         self.host = socket.gethostname()
         self._on_hang = on_hang
         # Fire within a tenth of the smallest bound after the deadline, at least every second.
@@ -198,20 +206,42 @@ class Watchdog:
             phase, step, why, started = self._phase, self._step, self._why, self._started
             bound = (self._deadline or now) - started
         where = f"step {step}" if phase in STEP_PHASES else f"after step {step}"
-        self.fired = (
-            f"watchdog: rank {self.rank} (local rank {self.local_rank} on {self.host}, pid {os.getpid()}) hung in "
-            f"phase '{phase}' ({where}): {now - started:.1f}s, bound {bound:.1f}s = {why}; every thread's stack "
-            f"follows; exiting {EXIT_HUNG} so that torchrun restarts the group from the newest checkpoint"
-        )
+        head = (f"watchdog: rank {self.rank} (local rank {self.local_rank} on {self.host}, pid {os.getpid()}) hung in "
+                f"phase '{phase}' ({where}): {now - started:.1f}s, bound {bound:.1f}s = {why}")
+        tail = f"exiting {EXIT_HUNG} so that torchrun restarts the group from the newest checkpoint"
+        fd = self._open_dump(step)
+        if fd is not None:
+            self.fired = f"{head}; every thread's stack is in {self.dump_path}; {tail}"
+            _write(f"{self.fired}\n", fd)
+            with contextlib.suppress(Exception):
+                faulthandler.dump_traceback(file=fd, all_threads=True)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        else:
+            self.fired = f"{head}; every thread's stack follows; {tail}"
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime()) + f",{int(time.time() * 1000) % 1000:03d}"
         _write(f"{stamp} [rank{self.rank}] CRITICAL trainer.watchdog: {self.fired}\n")
-        _write(f"----- rank {self.rank}: Python stacks of every thread -----\n")
-        with contextlib.suppress(Exception):
-            faulthandler.dump_traceback(file=sys.stderr.fileno(), all_threads=True)
-        _write(f"----- end of rank {self.rank} stacks -----\n")
+        if fd is None:
+            _write(f"----- rank {self.rank}: Python stacks of every thread -----\n")
+            with contextlib.suppress(Exception):
+                faulthandler.dump_traceback(file=sys.stderr.fileno(), all_threads=True)
+            _write(f"----- end of rank {self.rank} stacks -----\n")
         self._on_hang()
 
+    def _open_dump(self, step: int) -> int | None:
+        """This rank's dump file, created; None without a dump_dir or when it cannot be created."""
+        if self.dump_dir is None:
+            return None
+        path = self.dump_dir / f"watchdog-rank{self.rank}-step{step}-pid{os.getpid()}.txt"
+        try:
+            os.makedirs(self.dump_dir, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError:
+            return None
+        self.dump_path = path
+        return fd
 
-def _write(text: str) -> None:
+
+def _write(text: str, fd: int = 2) -> None:
     with contextlib.suppress(OSError):
-        os.write(2, text.encode(errors="replace"))
+        os.write(fd, text.encode(errors="replace"))

@@ -16,6 +16,9 @@ again). The Workload is found by its owner: Kueue labels it with the JobSet's UI
 Queue positions come from Kueue's visibility API (visibility.kueue.x-k8s.io/v1beta2
 localqueues/<queue>/pendingworkloads); step, loss and throughput from rank 0's metrics endpoint, read
 through the API server's pod proxy.
+
+One module for the single-job commands, a little over 400 lines: they share the JobSet and Workload readers
+(state, workload_of), and splitting them would split those.
 """
 
 from __future__ import annotations
@@ -32,7 +35,18 @@ import yaml
 
 from gpu_train.cli.cluster import CliError, Session, call, team_namespace
 from gpu_train.jobs.check import check_job
-from gpu_train.jobs.jobset import CONTAINER, JOBSET_API, JobSpecError, Placement, image_digest, jobset
+from gpu_train.jobs.jobset import (
+    COMMIT_ANNOTATION,
+    CONTAINER,
+    HASH_ANNOTATION,
+    JOBSET_API,
+    PATH_ANNOTATION,
+    JobSpecError,
+    Placement,
+    Provenance,
+    image_digest,
+    jobset,
+)
 from gpu_train.spec import naming
 from gpu_train.spec.contract import ContractError, PlatformContract
 from gpu_train.spec.errors import SettingsError
@@ -87,10 +101,12 @@ def check_spec(raw: Mapping[str, Any], contract: PlatformContract, source: str) 
     return job
 
 
-def render(contract: PlatformContract, job: JobSpec, image: str = "") -> dict[str, Any]:
-    """The JobSet of a submitted job: the one renderer fed by the contract, in the team's queue."""
+def render(contract: PlatformContract, job: JobSpec, image: str = "",
+           provenance: Provenance | None = None) -> dict[str, Any]:
+    """The JobSet of a submitted job: the one renderer fed by the contract, in the team's queue, annotated with
+    where its spec came from."""
     try:
-        return jobset(job, Placement.from_contract(contract, job, image=image))
+        return jobset(job, Placement.from_contract(contract, job, image=image, provenance=provenance))
     except ContractError as exc:
         raise CliError(str(exc)) from None
     except JobSpecError as exc:
@@ -114,9 +130,15 @@ def submit(session: Session | None, contract, spec_path: str, *, dry_run: bool, 
     job = check_spec(raw, contract, spec_path)
     if image:
         check_image(contract, image)
-    manifest = render(contract, job, image)
+    from gpu_train.cli.gitrepo import provenance
+    from gpu_train.spec.carbon.estimate import job_estimate
+
+    manifest = render(contract, job, image, provenance(Path(spec_path)))
+    estimate = job_estimate(job, cloud=contract.cloud, region=contract.region,
+                            instance_type=contract.pool(job.pool).instance_type).line()
     if dry_run:
         out.write(yaml.safe_dump(manifest, sort_keys=False))
+        sys.stderr.write(estimate + "\n")  # stdout stays the JobSet alone, for kubectl apply -f -
         return 0
     if session is None:
         raise CliError("no cluster to submit to (pass --dry-run to only print the JobSet)")
@@ -132,6 +154,7 @@ def submit(session: Session | None, contract, spec_path: str, *, dry_run: bool, 
         raise
     team = contract.team(job.team)
     out.write(f"submitted job {job.name!r} to {ns}, queue {team.local_queue} (pool {job.pool}, nodes {job.nodes})\n"
+              f"  {estimate}\n"
               f"  gpu-train status {job.name}     queue position, step, loss, tokens/s, ETA\n"
               f"  gpu-train logs {job.name} -f    rank 0's log, live\n")
     return 0
@@ -226,12 +249,14 @@ def list_jobs(session: Session, team: str, out=None) -> int:
     jobsets = call(session, session.custom.list_namespaced_custom_object, group, version, ns, "jobsets",
                    doing="list jobsets", namespace=ns, team=team).get("items") or []
     workloads = _workloads(session, ns, team)
-    rows = [("NAME", "STATE", "NODES", "POOL", "AGE")]
+    rows = [("NAME", "STATE", "NODES", "POOL", "AGE", "COMMIT", "PATH", "HASH")]
     for js in sorted(jobsets, key=lambda j: j["metadata"]["name"]):
         spec = _worker_job(js)
         pool = ((spec.get("template") or {}).get("spec", {}).get("nodeSelector") or {}).get(naming.POOL_LABEL, "-")
+        notes = (js["metadata"].get("annotations") or {})
         rows.append((js["metadata"]["name"], state(js, workload_of(js, workloads)), str(spec.get("parallelism", "-")),
-                     pool, _age(js["metadata"].get("creationTimestamp"))))
+                     pool, _age(js["metadata"].get("creationTimestamp")), notes.get(COMMIT_ANNOTATION, "-")[:12],
+                     notes.get(PATH_ANNOTATION, "-"), notes.get(HASH_ANNOTATION, "-").removeprefix("sha256:")[:12]))
     if len(rows) == 1:
         out.write(f"no jobs in {ns}\n")
         return 0

@@ -12,13 +12,18 @@ gives the trainer the same settings the cluster job gets (gpu_train.spec.job.tra
 one machine: one node (`--nnodes=1`) with --nproc workers, a run directory under ./runs/<job name> instead of the
 node's NVMe, and the dataset: --data, or the spec's own when it is a local file:// manifest, else the trainer's
 built-in synthetic data (a cluster dataset in object storage is the cluster's to read). It needs the trainer
-(`pip install "gpu-train[trainer]"`); without it, one line says so.
+(`pip install "gpu-train[trainer]"`); without it, one line says so. Ctrl-C stops it the way SIGTERM stops a
+cluster job: the launcher has every worker save a final checkpoint, prints one line and exits 130, which this
+command returns (the same command resumes); a second Ctrl-C stops at once, without that checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -102,7 +107,38 @@ def run_local(spec_path: str | None, *, nproc: int = DEFAULT_NPROC, data: str = 
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     print(f"gpu-train: job {job.name!r} ({job.preset}, {job.steps} steps) on {nproc} local worker(s), run directory "
           f"{run_dir}", file=sys.stderr)
+    return run_launcher(cmd, env)
+
+
+def _launcher_child() -> None:
+    """In the launcher's process: a process group of its own (a terminal's Ctrl-C reaches this command only, which
+    forwards it once), and SIGTERM when this command dies (Linux's PR_SET_PDEATHSIG), so that the launcher still
+    stops its workers after a final checkpoint instead of training on alone."""
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+
+
+def run_launcher(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the launcher and return its exit code. SIGINT, SIGTERM and SIGHUP to this command are forwarded to it
+    once each: on Ctrl-C it has the workers save a final checkpoint, prints one line and exits 130."""
+    received: list[int] = []
+    children: list[subprocess.Popen] = []
+
+    def forward(signum: int, frame: object) -> None:  # noqa: ARG001
+        received.append(signum)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:  # the launcher got the SIGINT too, and stops torchrun and its workers
-        return 130
+        child = subprocess.Popen(cmd, env=env, preexec_fn=_launcher_child)  # noqa: PLW1509
+        children.append(child)
+        if received:  # arrived before the launcher existed
+            child.send_signal(received[0])
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

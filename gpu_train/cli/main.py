@@ -77,6 +77,39 @@ def parser() -> argparse.ArgumentParser:
     lg.add_argument("--tail", type=int, default=None, help="from a pod: only the last N lines")
     _common(lg)
 
+    li = sub.add_parser("lint", help="check a folder of job specs (jobs/<team>/<name>.yaml) as submit would",
+                        description="Check every job spec under DIR (jobs/<team>/<name>.yaml) or one FILE with the "
+                                    "checks `submit` runs, plus: the folder is the spec's team, the file name its "
+                                    "name, no job twice. Prints each job's carbon estimate.")
+    li.add_argument("target", metavar="DIR|FILE", help="a jobs folder, a team folder or one spec file")
+    _common(li, team=False)
+
+    ap_ = sub.add_parser("apply", help="make the cluster match a folder of job specs in git",
+                         description="Create the JobSets of new specs, leave unchanged ones alone, replace changed "
+                                     "ones that hold no running pods (a running one keeps running and is reported), "
+                                     "cancel those whose spec was deleted (--prune), and report JobSets edited by "
+                                     "hand. Each JobSet carries its spec path, git commit and config hash "
+                                     "(docs/gitops.md).")
+    ap_.add_argument("dir", metavar="DIR", help="the jobs folder (jobs/<team>/<name>.yaml)")
+    ap_.add_argument("--prune", action="store_true", help="cancel applied jobs whose spec file is gone")
+    ap_.add_argument("--dry-run", action="store_true", help="print what would change (and each carbon estimate)")
+    ap_.add_argument("--replace-running", action="store_true",
+                     help="also replace running jobs whose spec changed (they checkpoint, the new spec resumes)")
+    ap_.add_argument("--commit", default="", help="the commit to record (default: the checkout's HEAD)")
+    _common(ap_, team=False)
+    ap_.add_argument("--team", action="append", default=[],
+                     help="only this team's folder (repeatable; default: every team folder in DIR)")
+
+    rg = sub.add_parser("regions", help="rank the regions offering a GPU machine type by grid carbon intensity",
+                        description="Rank the regions where a GPU machine type runs by grid carbon intensity, within "
+                                    "the countries, groups (EU, EEA) and regions given, and a latency limit from "
+                                    "a home region; sources in docs/carbon.md.")
+    rg.add_argument("--pool-type", required=True, help="EC2 instance type or GCE machine type (the catalogs)")
+    rg.add_argument("--allow", default="", help="comma-separated country codes, groups (EU, EEA) and region names")
+    rg.add_argument("--home", default="", help="a region of the same cloud to estimate latency from")
+    rg.add_argument("--max-latency-ms", type=float, default=None, help="leave out regions estimated further away")
+    rg.add_argument("--explain", action="store_true", help="say why each other region was left out")
+
     r = sub.add_parser("run", help="run a job spec on this machine under local torchrun (--local)",
                        description="Run a job spec (default: the embedded tiny preset on CPU) under local torchrun, "
                                    "with the same trainer settings the cluster job gets.")
@@ -98,6 +131,21 @@ def _session(args):
     return connect(args.kubeconfig, args.context)
 
 
+def _gitops(args) -> int:
+    """lint and apply: the contract of each team (from --platform, or the team's namespace), read once."""
+    import functools
+
+    from gpu_train.cli import gitops
+    from gpu_train.cli.cluster import load_contract
+
+    session = None if (args.platform and (args.command == "lint" or args.dry_run)) else _session(args)
+    contracts = functools.cache(lambda team: load_contract(session, team, args.platform))
+    if args.command == "lint":
+        return gitops.lint(args.target, contracts)
+    return gitops.apply(session, args.dir, teams=args.team, contracts=contracts, prune=args.prune,
+                        dry_run=args.dry_run, replace_running=args.replace_running, commit=args.commit)
+
+
 def run(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     cmd = args.command
@@ -116,6 +164,13 @@ def run(argv: list[str] | None = None) -> int:
         from gpu_train.cli.serve import run_serve
 
         return run_serve(args)
+    if cmd == "regions":
+        from gpu_train.cli.regions import regions
+
+        return regions(pool_type=args.pool_type, allow=args.allow, home=args.home,
+                       max_latency_ms=args.max_latency_ms, explain=args.explain)
+    if cmd in ("lint", "apply"):
+        return _gitops(args)
     if cmd == "submit":
         from gpu_train.cli.cluster import load_contract
         from gpu_train.cli.jobs import read_spec, submit

@@ -17,12 +17,18 @@ come from gpu_train.jobs.launch. docs/deploy-job.md gives the reasons; in short:
   counting; any other failure counts against backoffLimit, then the JobSet's maxRestarts;
 - index 0 exiting 0 completes the Job (successPolicy); the trainer exits 0 only after every step;
 - created suspended: Kueue alone sets `spec.suspend` afterwards;
-- the fabric (EFA / GPUDirect-TCPX(O) / RDMA) and the cloud's environment come only from the contract.
+- the fabric (EFA / GPUDirect-TCPX(O) / RDMA) and the cloud's environment come only from the contract;
+- where it came from, as annotations (Provenance): the config hash always, the spec file's path and the git commit
+  when known. The config hash is the sha256 of the canonical JSON (sorted keys, no spaces) of the JobSet's labels
+  and spec as rendered, so a change of the spec file, of the platform it runs on (image, pool, buckets, endpoints)
+  or of this renderer changes it, and an equal hash means an identical JobSet (`gpu-train apply`, docs/gitops.md).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -45,6 +51,17 @@ CONTAINER = "trainer"
 NVME_MOUNT = "/mnt/nvme"
 APP_LABELS = {"app.kubernetes.io/name": "gpu-train-trainer", "app.kubernetes.io/part-of": "gpu-train"}
 BAD_INPUT_RULE = "BadInput"
+# Provenance annotations on every JobSet (docs/gitops.md).
+HASH_ANNOTATION = "gpu-train.io/config-hash"
+PATH_ANNOTATION = "gpu-train.io/spec-path"
+COMMIT_ANNOTATION = "gpu-train.io/git-commit"
+# Set on the JobSets `gpu-train apply` creates: the ones it may replace and prune.
+MANAGED_ANNOTATION = "gpu-train.io/managed-by"
+MANAGED_BY_APPLY = "gpu-train-apply"
+# The job's cloud and region in the trainer's environment: the trainer converts its measured energy with that
+# region's carbon factors (trainer/energy.py).
+CLOUD_ENV = "GPU_TRAIN_CLOUD"
+REGION_ENV = "GPU_TRAIN_REGION"
 # Smallest share of a node the trainer is given: below this, the pool's instance type is too small once the node
 # agents have their share.
 MIN_TRAINER_CPU = 1
@@ -53,6 +70,16 @@ MIN_TRAINER_MEMORY_GIB = 4
 
 class JobSpecError(ValueError):
     """The job cannot be turned into a JobSet on this platform; the message names the setting."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Provenance:
+    """Where a job's spec came from: its file (relative to the repository root when in one), the git commit it was
+    read at ("" when unknown or the file has uncommitted changes) and whether `gpu-train apply` manages it."""
+
+    path: str = ""
+    commit: str = ""
+    applied: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,16 +96,20 @@ class Placement:
     tracking_uri: str = ""  # MLflow; "" = the trainer's local store on the node's NVMe
     register_name: str = ""  # MLflow registered model name ("" = the job name)
     pod_env: Mapping[str, str] = field(default_factory=dict)  # what the cloud gives every training container
+    cloud: str = ""  # aws | gcp, for the trainer's carbon factors ("" = not known)
+    region: str = ""
+    provenance: Provenance = field(default_factory=Provenance)
 
     @classmethod
     def from_contract(cls, contract: PlatformContract, job: JobSpec, *, image: str = "",
-                      queue: str = "") -> Placement:
+                      queue: str = "", provenance: Provenance | None = None) -> Placement:
         """A team job on this platform: its pool, the platform's image (or `image`), the team's LocalQueue."""
         return cls(pool=contract.pool(job.pool), image=image or contract.image,
                    queue=queue or contract.team(job.team).local_queue, nvme_host_path=contract.nvme_host_path,
                    datasets_bucket=contract.bucket("datasets"), checkpoints_bucket=contract.bucket("checkpoints"),
                    cache_endpoint=contract.endpoints.cache, tracking_uri=contract.endpoints.tracking,
-                   pod_env=dict(contract.pod_env))
+                   pod_env=dict(contract.pod_env), cloud=contract.cloud, region=contract.region,
+                   provenance=provenance or Provenance())
 
 
 def image_digest(image: str) -> str:
@@ -156,6 +187,8 @@ def trainer_env(job: JobSpec, where: Placement) -> dict[str, str]:
     }
     if where.tracking_uri:
         env["MLFLOW_TRACKING_URI"] = where.tracking_uri
+    if where.cloud and where.region:
+        env[CLOUD_ENV], env[REGION_ENV] = where.cloud, where.region
     env.update(where.pod_env)
     fabric_env = where.pool.fabric.nccl_env
     clash = sorted(set(env) & set(fabric_env))
@@ -281,7 +314,7 @@ def jobset(job: JobSpec, where: Placement) -> dict[str, Any]:
     if not where.queue:
         raise JobSpecError(f"no Kueue LocalQueue for job.team {job.team!r}")
     labels = pod_labels(job)
-    return {
+    manifest = {
         "apiVersion": JOBSET_API,
         "kind": "JobSet",
         "metadata": {"name": job.name, "namespace": naming.team_namespace(job.team),
@@ -302,3 +335,22 @@ def jobset(job: JobSpec, where: Placement) -> dict[str, Any]:
                 "metadata": {"labels": labels}, "spec": job_spec(job, pod_template(job, where, gpus))}}],
         },
     }
+    manifest["metadata"]["annotations"] = provenance_annotations(manifest, where.provenance)
+    return manifest
+
+
+def config_hash(manifest: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of a JobSet's labels and spec (module docstring)."""
+    doc = {"labels": manifest["metadata"].get("labels") or {}, "spec": manifest["spec"]}
+    return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def provenance_annotations(manifest: Mapping[str, Any], provenance: Provenance) -> dict[str, str]:
+    out = {HASH_ANNOTATION: config_hash(manifest)}
+    if provenance.path:
+        out[PATH_ANNOTATION] = provenance.path
+    if provenance.commit:
+        out[COMMIT_ANNOTATION] = provenance.commit
+    if provenance.applied:
+        out[MANAGED_ANNOTATION] = MANAGED_BY_APPLY
+    return out

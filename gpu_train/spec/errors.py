@@ -30,6 +30,7 @@ EXIT_FAILED = 1  # worth retrying: a lost peer, a storage outage
 EXIT_BAD_INPUT = 2  # settings, dataset, run directory or checkpoint unusable; retrying cannot help
 EXIT_RESUMABLE = 75  # stopped after a final checkpoint (SIGTERM/SIGINT); EX_TEMPFAIL of sysexits.h
 EXIT_HUNG = 124  # a hung worker ended by its watchdog; retried from the newest checkpoint
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: the user's Ctrl-C, after the graceful stop (the commands a user runs)
 
 # Kubernetes object fields are int32: no whole-number setting may exceed one.
 INT_MAX = 2**31 - 1

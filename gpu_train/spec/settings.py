@@ -19,6 +19,7 @@ against the GPU catalog, quotas, the job against its pool and team). Checks that
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -30,6 +31,10 @@ from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
 from gpu_train.spec.job import JobSpec
 from gpu_train.spec.naming import PROJECT
 from gpu_train.spec.serving import ServiceSpec
+from gpu_train.spec.values import ValueTextError, parse_bool, parse_float, parse_int
+
+# Namespaces of the stack file that belong to Pulumi and to the providers the program configures.
+OTHER_NAMESPACES = ("pulumi", "aws", "gcp", "kubernetes", "docker-build")
 
 Cloud = Literal["aws", "gcp"]
 Environment = Literal["dev", "staging", "prod"]
@@ -197,6 +202,14 @@ class DeployRunnerSettings(Settings):
                                                 "(arn:aws:codeconnections:...)")
 
 
+class CarbonSettings(Settings):
+    allowed_regions: tuple[str, ...] = Field((), description="where this stack's work may run, for the plan's carbon "
+                                                             "advisory: country codes, groups (EU, EEA) and region "
+                                                             "names; empty = the region's own "
+                                                             "country, or the EU for an EU region "
+                                                             "([carbon.md](carbon.md))")
+
+
 class LimitsSettings(Settings):
     max_gpus: Int = Field(64, description="cap on the sum of maxNodes x GPUs over all pools (also a policy)")
 
@@ -235,6 +248,8 @@ class StackSettings(Settings):
                                                                                "policy")
     serving: ServingSettings = Field(default_factory=ServingSettings, description="serving registered models "
                                                                                   "(off by default)")
+    carbon: CarbonSettings = Field(default_factory=CarbonSettings, description="the plan's carbon estimate and "
+                                                                               "region advisory")
     deploy_runner: DeployRunnerSettings = Field(default_factory=DeployRunnerSettings,
                                                 description="how the workflows reach the private EKS endpoint "
                                                             "(docs/aws.md, docs/ci.md)")
@@ -277,17 +292,45 @@ def _engine_value(key: str, value: Any) -> Any:
         except json.JSONDecodeError as exc:
             raise SettingsError([f"{key} is not valid JSON: {exc}"]) from None
     field = StackSettings.model_fields.get(_snake(key[len(PROJECT) + 1:]))
-    if isinstance(value, str) and field is not None and field.annotation is bool and value in ("true", "false"):
-        return value == "true"
+    parse = _TEXT_PARSERS.get(field.annotation) if field is not None else None
+    if isinstance(value, str) and parse is not None:
+        try:
+            return parse(value)
+        except ValueTextError:
+            return value  # the model's own check names the setting and the type it expects
     return value
+
+
+# Top-level scalars arrive from the engine as text; they are read by the same rules as every other value text.
+_TEXT_PARSERS = {bool: parse_bool, int: parse_int, float: parse_float}
 
 
 def _snake(camel: str) -> str:
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
 
 
+def namespace_problems(raw: Mapping[str, Any]) -> list[str]:
+    """Keys of a stack file that belong to no one: no namespace (`job:`), or a namespace that is neither this
+    project's nor one of the providers the program configures (`gpu_train:job`); Pulumi would pass them by."""
+    problems = []
+    for key in raw:
+        namespace, _, name = str(key).rpartition(":")
+        if namespace in (PROJECT, *OTHER_NAMESPACES):
+            continue
+        close = difflib.get_close_matches(namespace or name, [PROJECT], n=1, cutoff=0.6)
+        where = f"{PROJECT}:{name}" if close or not namespace else None
+        hint = f" (did you mean {where!r}?)" if where else f" (namespaces: {', '.join((PROJECT, *OTHER_NAMESPACES))})"
+        what = "has no namespace" if not namespace else f"is in namespace {namespace!r}, which nothing reads"
+        problems.append(f"{key} {what}{hint}")
+    return problems
+
+
 def read(raw: Mapping[str, Any]) -> StackSettings:
-    """The `gpu-train:` settings of one stack file (other namespaces are ignored), types and ranges only."""
+    """The `gpu-train:` settings of one stack file, types and ranges only; keys of the providers' namespaces are
+    theirs, any other key is refused."""
+    stray = namespace_problems(raw)
+    if stray:
+        raise SettingsError(stray)
     prefix = f"{PROJECT}:"
     values = {key[len(prefix):]: _engine_value(key, value) for key, value in raw.items() if key.startswith(prefix)}
     try:

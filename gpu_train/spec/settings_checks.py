@@ -103,9 +103,41 @@ def problems(s: StackSettings) -> list[str]:
     if s.image.prebuilt and not IMAGE_DIGEST.match(s.image.prebuilt):
         p.append(f"{K}image.prebuilt must be pinned by digest, like repo/name@sha256:<64 hex> "
                  f"(got {s.image.prebuilt!r})")
+    p += carbon_problems(s)
     if s.deploy:
         p += placeholder_problems(s)
     return p
+
+
+def carbon_problems(s: StackSettings) -> list[str]:
+    """carbon.allowedRegions: each entry a country code, group or region name of the carbon table."""
+    from gpu_train.spec import carbon
+
+    p = []
+    for i, token in enumerate(s.carbon.allowed_regions):
+        try:
+            carbon.allowed([token])
+        except carbon.CarbonDataError as exc:
+            p.append(f"{K}carbon.allowedRegions[{i}]: {exc}")
+    return p
+
+
+# The platform needs Kubernetes 1.31 or later: the job's Job uses successPolicy, on by default from 1.31 (KEP-3998).
+PLATFORM_MIN_KUBERNETES = (1, 31)
+
+
+def kubernetes_version_problems(version: str, offered: tuple[str, ...], where: str) -> list[str]:
+    """`cluster.kubernetesVersion` against the minors `where` (a cloud's service or channel) offers for new
+    clusters, of which the platform takes those from PLATFORM_MIN_KUBERNETES on."""
+    key = f"{K}cluster.kubernetesVersion"
+    supported = [v for v in offered if tuple(int(x) for x in v.split(".")) >= PLATFORM_MIN_KUBERNETES]
+    if version in supported:
+        return []
+    if version in offered:
+        return [f"{key} {version!r} is older than this platform supports (Job successPolicy needs 1.31 or later; "
+                f"{where} offers {', '.join(supported)})"]
+    return [f"{key} {version!r} is not a Kubernetes minor {where} offers for new clusters "
+            f"(supported: {', '.join(supported)})"]
 
 
 def network(value: str, key: str, problems: list[str]) -> ipaddress.IPv4Network | None:

@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 import yaml
 
 from gpu_train.spec.errors import BadInput
+from gpu_train.spec.values import NonFiniteError, ValueTextError, as_uri, parse_bool, parse_float, parse_int
 
 
 class ConfigError(BadInput, ValueError):
@@ -220,56 +221,45 @@ PRESETS: dict[str, Callable[[], Config]] = {
 
 
 # ---------------------------------------------------------------------------------------------- parsing
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
 def _field_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in fields(cls)}
 
 
 def _coerce(key: str, value: Any, typ: Any) -> Any:
-    """Convert a YAML or command-line value to the key's declared type, or raise ConfigError naming the key."""
+    """Convert a YAML or command-line value to the key's declared type, or raise ConfigError naming the key.
+
+    Text is read by the core's one parser (gpu_train.spec.values): booleans only true/false, whole numbers as
+    Python integer literals, finite numbers; a string is kept exactly as typed, spaces included."""
     origin = typing.get_origin(typ)
     if origin is Literal:
         choices = typing.get_args(typ)
         if value not in choices:
             raise ConfigError(f"{key}: must be one of {', '.join(map(str, choices))} (got {value!r})")
         return value
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-            return value.lower() in _TRUE
-        raise ConfigError(f"{key}: expected a boolean (true/false), got {value!r}")
-    if typ is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if typ is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        if isinstance(value, int | float):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
     if typ is str:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported type {typ}")
+    parse, word = {bool: (parse_bool, "true or false"), int: (parse_int, "an integer"),
+                   float: (parse_float, "a number")}.get(typ, (None, ""))
+    if parse is None:
+        raise ConfigError(f"{key}: unsupported type {typ}")
+    if isinstance(value, str):
+        try:
+            return parse(value)
+        except NonFiniteError:
+            raise ConfigError(f"{key} must be a finite number (got {value})") from None
+        except ValueTextError:
+            raise ConfigError(f"{key}: expected {word}, got {value!r}") from None
+    # A YAML value: already typed. bool is an int in Python, so it is checked first.
+    if typ is bool and isinstance(value, bool):
+        return value
+    if typ is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if typ is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigError(f"{key}: expected {word}, got {value!r}")
 
 
 def _apply(cfg: Config, key: str, raw: Any) -> Config:
@@ -295,7 +285,7 @@ def parse_override(text: str) -> tuple[str, str]:
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected section.key=value")
     key, value = text.split("=", 1)
-    return key.strip(), value.strip()
+    return key.strip(), value  # the value as typed: "eval.sample_prompt=def " keeps its space
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -331,6 +321,10 @@ def build_config(
     for text in overrides:
         key, value = parse_override(text)
         cfg = _apply(cfg, key, value)
+    # A plain path where a file:// URI is expected: the file:// URI of its absolute path, in the resolved config.
+    if cfg.data.uri != "synthetic":
+        cfg = replace(cfg, data=replace(cfg.data, uri=as_uri(cfg.data.uri)))
+    cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, remote_uri=as_uri(cfg.checkpoint.remote_uri)))
     if not cfg.metrics.port and os.environ.get("TRAINER_METRICS_PORT"):
         try:
             cfg = _apply(cfg, "metrics.port", os.environ["TRAINER_METRICS_PORT"])

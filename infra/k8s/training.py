@@ -21,7 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from gpu_train.jobs.jobset import JOBSET_API, Placement, jobset, local_queue
+from gpu_train.jobs.jobset import JOBSET_API, Placement, Provenance, jobset, local_queue
 from gpu_train.spec import naming
 from gpu_train.spec.job import JobSpec
 from infra.platform import ClusterPlatform
@@ -35,6 +35,7 @@ class TrainingJobArgs:
     cache_endpoint: pulumi.Input[str] = ""  # Alluxio S3 proxy URL; "" = read the datasets bucket directly
     tracking_uri: pulumi.Input[str] = ""  # MLflow tracking URL; "" = the trainer's local store on NVMe
     register_name: str = ""  # MLflow registered model name for the final model ("" = the job name)
+    spec_path: str = ""  # where the job's settings live (stacks/Pulumi.<stack>.yaml), for the JobSet's annotation
     # What must exist first (KubernetesLayer.ready: CRDs, the team's namespace and ClusterQueue, SA).
     depends_on: Sequence[pulumi.Resource] = ()
 
@@ -63,7 +64,8 @@ class TrainingJob(pulumi.ComponentResource):
             return jobset(job, Placement(
                 pool=pool, image=image, queue=naming.job_queue_name(job.name), nvme_host_path=platform.nvme_host_path,
                 datasets_bucket=datasets, checkpoints_bucket=checkpoints, cache_endpoint=cache or "",
-                tracking_uri=tracking or "", register_name=args.register_name, pod_env=dict(platform.pod_env)))
+                tracking_uri=tracking or "", register_name=args.register_name, pod_env=dict(platform.pod_env),
+                cloud=platform.cloud, region=platform.region, provenance=Provenance(path=args.spec_path)))
 
         manifest = pulumi.Output.all(args.image, platform.buckets.datasets, platform.buckets.checkpoints,
                                      args.cache_endpoint, args.tracking_uri).apply(build)

@@ -410,3 +410,29 @@ def test_broken_stack_files_exit_2_naming_the_key_without_a_traceback(broken_res
     assert key in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.startswith("error: ")
+
+
+@pytest.mark.parametrize(("stack", "edit", "culprit"), [
+    # Kueue could never admit the job: the research team's quota on h100-reserved shrinks below MAX 4 nodes x 8.
+    ("aws-prod", lambda raw: raw["gpu-train:teams"][0].update(gpuQuota={"h100-reserved": 16, "h100-spot": 0}),
+     "gpu-train:teams[0].gpuQuota"),
+    # A setting only the cloud has a rule for (GKE's release channel does not offer 1.35).
+    ("gcp-prod", lambda raw: raw["gpu-train:cluster"].update(kubernetesVersion="1.35"),
+     "gpu-train:cluster.kubernetesVersion"),
+])
+def test_a_bad_setting_stops_the_program_before_any_cloud_resource(stack, edit, culprit, monkeypatch):
+    """The checks that need the cloud layer's knowledge (its rules, the pools as jobs see them) run before the cloud
+    layer builds anything: its build_platform is never called."""
+    import importlib
+
+    from gpu_train.spec.errors import SettingsError
+
+    built = []
+    layer = importlib.import_module(f"infra.{stack.split('-')[0]}")
+    monkeypatch.setattr(layer, "build_platform", lambda *a, **k: built.append(a))
+    raw = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
+    edit(raw)
+    with pytest.raises(SettingsError) as err:
+        plan_tool.run_program(stack, raw)
+    assert built == []
+    assert any(p.startswith(culprit) for p in err.value.problems), err.value.problems

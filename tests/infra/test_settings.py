@@ -85,6 +85,17 @@ def test_structured_values_as_json_strings_like_the_engine_passes_them():
     assert cfg.deploy is True
 
 
+def test_top_level_text_values_are_read_by_the_shared_value_rules():
+    # The engine hands a top-level boolean over as text: `true`/`false` in any case is one, `yes` is not
+    # (gpu_train/spec/values.py), and the refusal names the setting.
+    raw = raw_stack("aws-dev") | {"gpu-train:deployRunner": RUNNER}
+    assert check(raw | {"gpu-train:deploy": "True"}, "aws-dev").deploy is True
+    assert check(raw | {"gpu-train:deploy": "FALSE"}, "aws-dev").deploy is False
+    with pytest.raises(SettingsError) as caught:
+        check(raw | {"gpu-train:deploy": "yes"}, "aws-dev")
+    assert "deploy" in str(caught.value)
+
+
 def test_settings_of_other_namespaces_are_ignored():
     raw = raw_stack("aws-dev") | {"aws:region": "eu-west-1", "pulumi:template": "x"}
     assert check(raw, "aws-dev").region == "us-east-1"
@@ -479,3 +490,19 @@ def test_a_job_spec_is_the_stacks_job_under_another_key():
     assert "job.steps must be >= 1 (got 0)" in problems
     assert "job.pool 'h100' is not one of gpuPools[].name (l4-spot, l40s-spot)" in problems
     assert all(p.startswith("job.") for p in problems)
+
+
+@pytest.mark.parametrize(("key", "message"), [
+    ("gpu_train:job", "gpu_train:job is in namespace 'gpu_train', which nothing reads (did you mean 'gpu-train:job'?)"),
+    ("job", "job has no namespace (did you mean 'gpu-train:job'?)"),
+    ("gpu-trian:teams", "gpu-trian:teams is in namespace 'gpu-trian', which nothing reads (did you mean "
+                        "'gpu-train:teams'?)"),
+    ("acme:thing", "acme:thing is in namespace 'acme', which nothing reads (namespaces: gpu-train, pulumi, aws, gcp, "
+                   "kubernetes, docker-build)"),
+])
+def test_a_setting_in_no_ones_namespace_is_refused_naming_it(key, message):
+    """A job under a misspelt namespace would plan with no job at all and exit 0: it is refused instead."""
+    raw = copy.deepcopy(raw_stack("aws-dev")) | {key: {"name": "x"}}
+    with pytest.raises(SettingsError) as err:
+        config.parse(raw, "aws-dev")
+    assert err.value.problems == [message]

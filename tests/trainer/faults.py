@@ -11,12 +11,19 @@ The faults (steps are 0-based), each at most once per marker file, which the fau
 nothing if it exists, so that the restarted group trains on:
 - TRAINER_TEST_KILL_AT_STEP=N (TRAINER_TEST_KILL_RANK=R, default 0): rank R SIGKILLs itself in step N after its
   backward passes, before the step's all-reduce and the optimizer step (marker TRAINER_TEST_KILL_MARKER,
-  default RUN_DIR/.test-kill-N): a lost worker;
+  default RUN_DIR/.test-kill-N): a lost worker; a list N,M,... kills it once in each of those steps (markers
+  RUN_DIR/.test-kill-N, or TRAINER_TEST_KILL_MARKER-N);
 - TRAINER_TEST_HANG_AT_STEP=N (TRAINER_TEST_HANG_RANK=R, default 0): rank R sleeps TRAINER_TEST_HANG_S seconds
   (default 3600) in step N's collective phase instead of joining the all-reduce, which the other ranks wait in
   (marker TRAINER_TEST_HANG_MARKER, default RUN_DIR/.test-hang-N; it records when the sleep began): a hung worker;
 - TRAINER_TEST_SLOW_RANK=R: rank R sleeps TRAINER_TEST_SLOW_S seconds (default 0.2) in every step, between the
   last micro batch's forward and backward passes: a straggler (no marker).
+
+And one that is not a step callback:
+- TRAINER_TEST_UNREADABLE=DIR: from the start, this process sees DIR as a directory it may not read, as a
+  non-root user sees one owned by another user with mode 0700: listing or opening DIR, and looking at, opening or
+  removing anything inside it, fail with PermissionError (EACCES). For tests that run as root, which reads
+  anything (a test not running as root can chmod the directory instead).
 """
 
 from __future__ import annotations
@@ -71,12 +78,46 @@ def slow(rank: int, seconds: float):
     return straggle
 
 
+def deny(root: str) -> None:
+    """Make `root` unreadable to this process (module docstring): os, io and builtins entry points that pathlib,
+    shutil and torch.distributed.checkpoint use raise EACCES for it and for anything inside it."""
+    import builtins
+    import errno
+    import io
+
+    top = os.path.abspath(root)  # abspath, not realpath: realpath calls os.lstat, which is wrapped below
+
+    def blocked(path: Any, *, itself: bool) -> bool:
+        if isinstance(path, int) or path is None:
+            return False
+        try:
+            real = os.path.abspath(os.fsdecode(os.fspath(path)))
+        except TypeError:
+            return False
+        return real.startswith(top + os.sep) or (itself and real == top)
+
+    def guard(fn, *, itself: bool):
+        def guarded(path, *args, **kwargs):
+            if blocked(path, itself=itself):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(os.fspath(path)))
+            return fn(path, *args, **kwargs)
+        return guarded
+
+    for name, itself in (("stat", False), ("lstat", False), ("listdir", True), ("scandir", True), ("open", True),
+                         ("unlink", False), ("rmdir", False), ("remove", False)):
+        setattr(os, name, guard(getattr(os, name), itself=itself))
+    io.open = builtins.open = guard(builtins.open, itself=True)
+
+
 def callbacks(env: Mapping[str, str]) -> list[Any]:
     """The step callbacks the TRAINER_TEST_* variables in `env` ask for (module docstring)."""
     out = []
     if "TRAINER_TEST_KILL_AT_STEP" in env:
-        out.append(kill_at(int(env["TRAINER_TEST_KILL_AT_STEP"]), int(env.get("TRAINER_TEST_KILL_RANK", "0")),
-                           env.get("TRAINER_TEST_KILL_MARKER")))
+        steps = [int(s) for s in env["TRAINER_TEST_KILL_AT_STEP"].split(",")]
+        marker = env.get("TRAINER_TEST_KILL_MARKER")
+        for step in steps:
+            out.append(kill_at(step, int(env.get("TRAINER_TEST_KILL_RANK", "0")),
+                               f"{marker}-{step}" if marker and len(steps) > 1 else marker))
     if "TRAINER_TEST_HANG_AT_STEP" in env:
         out.append(hang_at(int(env["TRAINER_TEST_HANG_AT_STEP"]), int(env.get("TRAINER_TEST_HANG_RANK", "0")),
                            float(env.get("TRAINER_TEST_HANG_S", "3600")), env.get("TRAINER_TEST_HANG_MARKER")))
@@ -86,6 +127,8 @@ def callbacks(env: Mapping[str, str]) -> list[Any]:
 
 
 if __name__ == "__main__":
+    if os.environ.get("TRAINER_TEST_UNREADABLE"):
+        deny(os.environ["TRAINER_TEST_UNREADABLE"])
     from trainer.__main__ import exit_now, main
 
     exit_now(main(sys.argv[1:], step_callbacks=callbacks(os.environ)))

@@ -112,7 +112,7 @@ CASES: dict[str, Case] = {
     "override without value": Case(["train.steps"], ["expected section.key=value"]),
     "not an integer": Case(["train.steps=ten"], ["train.steps: expected an integer"]),
     "not a number": Case(["train.lr=fast"], ["train.lr: expected a number"]),
-    "not a boolean": Case(["train.compile=maybe"], ["train.compile: expected a boolean"]),
+    "not a boolean": Case(["train.compile=maybe"], ["train.compile: expected true or false"]),
     "not a choice": Case(["train.parallel=tp"], ["train.parallel: must be one of ddp, fsdp"]),
     "unknown preset": Case(["--preset", "3b"], ["--preset", "invalid choice: '3b'"]),
     "config file missing": Case([], ["--config", "No such file"],
@@ -169,7 +169,9 @@ CASES: dict[str, Case] = {
                                         ["tracking.uri 'foo://x' is not a tracking URI"]),
     # ---- URIs and endpoints
     "data URI scheme": Case(["data.uri=ftp://host/ds"], ["data.uri: unsupported URI 'ftp://host/ds'"]),
-    "data URI relative path": Case(["data.uri=datasets/web"], ["data.uri: unsupported URI 'datasets/web'"]),
+    # A plain path is a file:// URI (docs/data.md): this one names no dataset.
+    "data URI a path to nothing": Case(["data.uri=datasets/web"],
+                                       ["data.uri", f"file://{ROOT}/datasets/web/manifest.json: dataset manifest not found"]),
     "data URI without bucket": Case(["data.uri=s3:///ds"], ["data.uri: 's3:///ds' names no bucket"]),
     "data endpoint not a URL": Case(["data.endpoint_url=minio:9000"], ["data.endpoint_url: expected an http(s)"]),
     "endpoint env not a URL": Case([], ["env TRAINER_S3_ENDPOINT_URL: expected an http(s)"],

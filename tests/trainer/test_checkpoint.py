@@ -6,13 +6,14 @@ Run: .venv/bin/pytest tests/trainer/test_checkpoint.py -q
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 
 import pytest
 
-from tests.trainer.launch import SMALL, run_trainer, summary
+from tests.trainer.launch import FAULTS, SMALL, Nodes, run_trainer, summary
 from trainer.checkpoint import MANIFEST, CheckpointInvalid, list_step_dirs, sha256_file, verify
 from trainer.data.storage import open_store
 
@@ -285,3 +286,53 @@ def test_a_final_checkpoint_that_cannot_be_uploaded_is_not_a_completed_run(tmp_p
     assert "failed (will be retried): the final checkpoint (step 3) was not saved" in res.output
     assert "AccessDenied" in res.output
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@contextlib.contextmanager
+def _unreadable(step_dir):
+    """The environment of a trainer to which `step_dir` is a directory it may not read: mode 0 when this test
+    does not run as root, else the test-only fault of tests/trainer/faults.py (root reads anything)."""
+    if os.geteuid() != 0:
+        step_dir.chmod(0)
+        try:
+            yield {}
+        finally:
+            step_dir.chmod(0o755)
+    else:
+        yield {"TRAINER_TEST_UNREADABLE": str(step_dir)}
+
+
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_previous_one_with_one_line(tmp_path):
+    """Step 4's directory may not be read (permissions, a half-restored backup): one line names it and the run
+    resumes from step 3; before, Path.exists raised PermissionError on every rank, every restart."""
+    run_dir = tmp_path / "run"
+    overrides = [*SMALL, "train.steps=4", "checkpoint.every_steps=1", "checkpoint.keep=3"]
+    assert run_trainer(run_dir, None, overrides).returncode == 0
+    newest = run_dir / "checkpoints" / "step_000000004"
+    with _unreadable(newest) as env:
+        res = run_trainer(run_dir, None, [*_without(overrides, "train.steps"), "train.steps=6"], module=FAULTS,
+                          env=env)
+    assert res.returncode == 0, res.output[-4000:]
+    assert "Traceback" not in res.output
+    skipped = [line for line in res.output.splitlines() if f"skipping checkpoint {newest}" in line]
+    assert len(skipped) == 1 and "not readable by this user" in skipped[0], res.output[-4000:]
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_000000003'} at step 3" in res.output
+    assert summary(run_dir)["step"] == 6
+
+
+def test_with_no_readable_checkpoint_the_launch_stops_with_one_line_and_no_restarts(tmp_path):
+    """The only checkpoint may not be read: starting over would train beside it and never prune it, so the worker
+    stops with exit 2 and one line, and under the launcher torchrun restarts nothing."""
+    nodes = Nodes(tmp_path, overrides=[*SMALL, "checkpoint.every_steps=2"], nnodes="1", max_restarts=3,
+                  module=FAULTS)
+    run_dir = nodes.run_dir(0)  # the launch below trains in the same directory
+    assert run_trainer(run_dir, None, [*nodes.overrides, "train.steps=2"]).returncode == 0
+    only = run_dir / "checkpoints" / "step_000000002"
+    with _unreadable(only) as env:
+        agent = nodes.start(0, env=env, overrides=["train.steps=3"])
+        agent.wait(timeout=240)
+    out = agent.output()
+    assert agent.proc.returncode == 2, out[-4000:]
+    assert "Traceback" not in out and "will restart worker group" not in out
+    lines = [line for line in out.splitlines() if "bad input, not retried" in line]
+    assert len(lines) == 1 and str(only) in lines[0] and "not readable by this user" in lines[0], out[-4000:]

@@ -31,7 +31,7 @@ def test_overrides_are_typed():
     ("train.steps=ten", "train.steps: expected an integer"),
     ("train.steps=1.5", "train.steps: expected an integer"),
     ("train.lr=fast", "train.lr: expected a number"),
-    ("train.compile=maybe", "train.compile: expected a boolean"),
+    ("train.compile=maybe", "train.compile: expected true or false"),
     ("train.parallel=tp", "train.parallel: must be one of ddp, fsdp"),
     ("model.norm=batchnorm", "model.norm: must be one of layernorm, rmsnorm"),
     ("train.steps", "expected section.key=value"),

@@ -1,4 +1,5 @@
-"""The worker's process-level guards: the shared-store refusal and dying with its torchrun agent.
+"""The worker's process-level guards: the shared-store refusal and dying with its torchrun agent, also when the
+agent died before the worker asked to.
 
 Run: .venv/bin/pytest tests/trainer/test_distributed.py -q
 """
@@ -44,35 +45,83 @@ def _alive(pid: int) -> bool:
 
 
 AGENT = """
-import subprocess, sys, time
-worker = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session=True)
-print(worker.pid, flush=True)
-time.sleep(120)
+import os, subprocess, sys
+if sys.argv[2] == "agent-pid":  # what trainer.torchrun hands down under the launcher
+    os.environ["TRAINER_AGENT_PID"] = str(os.getpid())
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[3:]], start_new_session=True)
+print("worker", worker.pid, flush=True)
+if sys.argv[2] != "exit":
+    sys.stdin.read()  # until the test closes it, or kills this agent
 """
+# A worker: optionally waits for a file to appear (the test's go-ahead), binds to its agent, says so, and waits.
 WORKER = """
-import time
+import os, sys, time
+if len(sys.argv) > 1:
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.05)
 from trainer.distributed import bind_to_agent
 bind_to_agent()
+print("bound", flush=True)
 time.sleep(120)
 """
 
 
-def test_a_worker_dies_with_its_agent():
-    """torchrun starts workers in sessions of their own; killing the agent must still take them down."""
-    agent = subprocess.Popen([sys.executable, "-c", AGENT, WORKER], cwd=ROOT,
-                             env=child_env({"TORCHELASTIC_RUN_ID": "test"}), stdout=subprocess.PIPE, text=True)
+def _agent(mode: str, *worker_args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", AGENT, WORKER, mode, *worker_args], cwd=ROOT,
+                            env=child_env({"TORCHELASTIC_RUN_ID": "test"}), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["agent-pid", "plain"])
+def test_a_worker_dies_with_its_agent(mode):
+    """torchrun starts workers in sessions of their own; killing the agent must still take them down. The worker
+    says when it has asked for the signal: no sleep stands in for that."""
+    agent = _agent(mode)
+    worker = None
     try:
-        worker = int(agent.stdout.readline())
-        time.sleep(1.5)  # the worker has imported the trainer and asked for the signal
+        worker = int(agent.stdout.readline().split()[1])
+        assert agent.stdout.readline().strip() == "bound"
         assert _alive(worker)
         agent.send_signal(signal.SIGKILL)
         agent.wait()
-        deadline = time.monotonic() + 10
-        while _alive(worker) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(worker)
+        assert _gone_within(worker, 10)
     finally:
         agent.kill()
         agent.wait()
+        if worker and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["agent-pid", "plain"])
+def test_a_worker_whose_agent_died_while_it_started_dies_too(tmp_path, mode):
+    """The agent is gone before the worker asks for the parent-death signal (it was still importing torch): the
+    worker must notice, since Linux will never send the signal now. Under the launcher the worker knows its
+    agent's pid; without it, an orphan adopted by pid 1 knows too (skipped where a subreaper adopts orphans)."""
+    go = tmp_path / "go"
+    agent = _agent("exit" if mode == "plain" else "agent-pid", str(go))
+    worker = int(agent.stdout.readline().split()[1])
+    try:
+        if mode == "agent-pid":
+            agent.stdin.close()  # the agent exits
+        assert agent.wait(timeout=30) == 0
+        assert not _alive(agent.pid)
+        if mode == "plain" and _parent_of(worker) != 1:
+            pytest.skip(f"orphans are adopted by a subreaper here (pid {_parent_of(worker)}), not by pid 1")
+        go.touch()  # only now does the worker bind to its (dead) agent
+        assert _gone_within(worker, 60), "the worker outlived its agent"
+    finally:
         if _alive(worker):
             os.kill(worker, signal.SIGKILL)

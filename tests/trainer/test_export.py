@@ -140,6 +140,9 @@ def test_export_cli_writes_hugging_face_gpt2_with_the_datasets_tokenizer(bpe_run
     assert "hf-gpt2" in capsys.readouterr().out
     files = sorted(p.name for p in (tmp_path / "hf").iterdir())
     assert files == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    # Every file readable by the same people (safetensors alone would leave its weights at 0600).
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
+    assert len(set(modes.values())) == 1 and modes["model.safetensors"] & 0o044 == 0o044, modes
     hf_tok = PreTrainedTokenizerFast.from_pretrained(tmp_path / "hf")
     from trainer.data import open_tokenizer
 
@@ -177,8 +180,77 @@ def test_newest_checkpoint_that_verifies_is_used(bpe_run, tmp_path, capsys):
     victim.write_bytes(bytes(data))
     assert newest_checkpoint(copy).name == "step_000000001"
     assert export_main(["--run-dir", str(copy), "--out", str(tmp_path / "o"), "--format", "safetensors"]) == 0
-    assert "step_000000001" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "step_000000001" in out
+    # The fallback is said, once: which checkpoint was skipped, why, and which one is used instead.
+    assert err.strip().splitlines() == [f"python -m trainer.export: warning: skipping checkpoint {newest}: {victim}: "
+                                        "sha256 differs from manifest.json (corrupted); using the older step_000000001"]
+    assert sample_main(["--run-dir", str(copy), "--max-tokens", "4"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"python -m trainer.sample: warning: skipping checkpoint {newest}: {victim}: sha256 differs "
+                        "from manifest.json (corrupted); using the older step_000000001"]
     shutil.rmtree(copy / "checkpoints" / "step_000000001")
     assert export_main(["--run-dir", str(copy), "--out", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err
     assert "no complete checkpoint" in err and "sha256 differs" in err and len(err.strip().splitlines()) == 1
+
+
+def _unreachable_data(step_dir: Path) -> None:
+    """Make a checkpoint look like a cluster job's: its dataset behind the in-cluster cache endpoint."""
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    manifest["config"]["data"].update(uri="s3://datasets/corpus", endpoint_url="http://127.0.0.1:9/api/v1/s3")
+    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_sampling_and_export_need_only_the_checkpoint(bpe_run, tmp_path, capsys, monkeypatch):
+    """A checkpoint whose dataset is behind an endpoint this machine cannot reach samples and exports at once: the
+    BPE tokenizer travels with the checkpoint, and no store is ever opened. Before, sampling waited for the
+    endpoint and ended in a botocore traceback."""
+    import shutil
+
+    import trainer.data.storage as storage
+
+    run, data = bpe_run
+    step = tmp_path / "step_000000002"
+    shutil.copytree(run / "checkpoints" / "step_000000002", step)
+    manifest = json.loads((step / "manifest.json").read_text())
+    assert manifest["tokenizer"] == {"kind": "bpe", "name": "trained", "vocab_size": 300, "eot_id": 0,
+                                     "file": "tokenizer.json"}
+    assert "tokenizer.json" in manifest["files"]  # verified and uploaded with the weights
+    _unreachable_data(step)
+
+    def no_store(*args, **kwargs):
+        raise AssertionError(f"a store was opened: {args}")
+
+    monkeypatch.setattr(storage, "open_store", no_store)
+    args = ["--checkpoint", str(step), "--prompt", "the", "--max-tokens", "12", "--seed", "3", "--no-stop"]
+    assert sample_main(args) == 0
+    offline = capsys.readouterr().out
+    monkeypatch.undo()
+    assert sample_main([*args, "--data-uri", data]) == 0  # the dataset's own tokenizer: the same text
+    assert capsys.readouterr().out == offline
+    monkeypatch.setattr(storage, "open_store", no_store)
+    assert export_main(["--checkpoint", str(step), "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "tokenizer.json").read_text() == (step / "tokenizer.json").read_text()
+
+
+def test_an_older_checkpoint_without_its_tokenizer_says_what_to_do_in_one_line(bpe_run, tmp_path, capsys):
+    """A checkpoint written before checkpoints carried their tokenizer, its dataset unreachable: one line naming
+    the URI and --data-uri, at once, no traceback."""
+    import shutil
+    import time
+
+    run, data = bpe_run
+    step = tmp_path / "step_000000002"
+    shutil.copytree(run / "checkpoints" / "step_000000002", step)
+    _unreachable_data(step)
+    manifest = json.loads((step / "manifest.json").read_text())
+    del manifest["tokenizer"]
+    (step / "manifest.json").write_text(json.dumps(manifest))
+    t0 = time.monotonic()
+    assert sample_main(["--checkpoint", str(step)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert time.monotonic() - t0 < 30
+    assert len(err) == 1 and "does not carry its tokenizer" in err[0] and "s3://datasets/corpus" in err[0]
+    assert "--data-uri" in err[0]
+    assert sample_main(["--checkpoint", str(step), "--data-uri", data, "--max-tokens", "4"]) == 0

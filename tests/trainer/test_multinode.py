@@ -307,3 +307,38 @@ def test_fsdp_with_model_registration_on_two_nodes(tmp_path, s3):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{model_file.parent.parent.parent / 'mlflow.db'}")
     versions = client.search_model_versions("name='fsdp-two-nodes'")
     assert len(versions) == 1
+
+
+def test_one_mlflow_run_across_a_lost_node_a_resize_and_a_relaunch(tmp_path, s3, reference):
+    """Two nodes; node 1 is lost and node 0 goes on alone (2 -> 1 workers); then node 0 is lost too, and the job is
+    relaunched on node 0 and a fresh node (1 -> 2). One MLflow run holds every step's metrics exactly once, and the
+    run ends on the reference's parameters."""
+    from tests.trainer.test_resume import metric_steps, mlflow_runs
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracked = ["tracking.enabled=true", f"tracking.uri={uri}", "tracking.log_every=1", "eval.sample_tokens=0"]
+    first = _nodes(tmp_path, s3, nnodes="1:2", max_restarts=3, name="first")
+    try:
+        first.start(0, overrides=tracked)
+        lost = first.start(1, overrides=tracked)
+        first.wait_for(lambda: first.last_step() >= 5, 120, "step 5")
+        lost.kill()
+        first.wait_for(lambda: first.last_step() >= 14, 180, "step 14 on node 0 alone")
+        first.agents[0].kill()
+    finally:
+        first.close()
+    second = _nodes(tmp_path, s3, name="second", max_restarts=1)
+    try:
+        second.start(0, overrides=tracked)
+        second.start(2, overrides=tracked)  # a new node: its own, empty directory
+        assert second.wait_all(TIMEOUT) == [0, 0], second.logs()
+    finally:
+        second.close()
+    starts = [e for e in second.events() if e.get("event") == "start"]
+    assert [s["world_size"] for s in starts][-3:] == [2, 1, 2], starts
+    assert second.summary()["params_sha256"] == reference["params_sha256"]
+    runs = mlflow_runs(uri)
+    assert len(runs) == 1, [(r.info.run_id, r.info.status) for r in runs]
+    assert runs[0].info.status == "FINISHED"
+    for key in ("loss", "lr", "tokens"):
+        assert metric_steps(uri, runs[0].info.run_id, key) == list(range(1, STEPS + 1)), key

@@ -153,6 +153,26 @@ def test_unknown_resume_id_starts_a_new_run_with_a_warning(tmp_path, caplog):
     assert any("f" * 32 in r.getMessage() and "new run" in r.getMessage() for r in caplog.records)
 
 
+def test_a_resumed_run_gets_exactly_the_steps_it_lacks(tmp_path):
+    """MLflow's queue sends batches from several threads, so a killed process may leave step 7 stored and step 5
+    not: the resumed tracker sends the replayed step 5 and no second copy of any stored step."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker.create(TrackingConfig(uri=uri), run_dir=tmp_path / "r", options=FAST)
+    for step in (*range(5), 6, 7):
+        first.log_metrics({"loss": float(step)}, step=step)
+    first.close(status="KILLED")
+    resumed = Tracker.create(TrackingConfig(uri=uri), run_dir=tmp_path / "r", resume_run_id=first.run_id,
+                             options=FAST)
+    for step in range(3, 10):  # the checkpoint was at step 3: steps 3.. are replayed, with other values
+        resumed.log_metrics({"loss": 100.0 + step}, step=step)
+    resumed.close()
+    assert resumed.run_id == first.run_id
+    history = MlflowClient(uri).get_metric_history(first.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(10))
+    assert {m.step: m.value for m in history} == {**{s: float(s) for s in (0, 1, 2, 3, 4, 6, 7)},
+                                                  5: 105.0, 8: 108.0, 9: 109.0}
+
+
 def test_each_tracker_reports_its_own_outage(tmp_path, caplog):
     """Two trackers in one process, each pointed at a closed port (as a tracker whose close gave up keeps its
     thread in MLflow's retries): each one says once that its own server is unreachable."""

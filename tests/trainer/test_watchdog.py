@@ -119,6 +119,34 @@ def test_a_stuck_collective_fires_within_its_bound_naming_rank_phase_and_stacks(
     assert "in _stuck_in_collective" in stacks and "in test_a_stuck_collective_fires" in stacks
 
 
+def test_with_a_dump_directory_the_stacks_go_to_a_file_of_the_ranks_own(tmp_path, capfd):
+    """The ranks behind a hung one fire together and torchrun merges their stderr: each rank's stacks go whole to
+    a file named after it, and stderr gets one line naming that file."""
+    fired_at: list[float] = []
+    done = threading.Event()
+
+    def on_hang() -> None:
+        fired_at.append(time.monotonic())
+        done.set()
+
+    cfg = WatchdogConfig(floor_s=0.3, startup_s=0.6, warmup_steps=1, factor=3.0)
+    wd = Watchdog(cfg, rank=3, local_rank=1, on_hang=on_hang, poll_s=0.02, dump_dir=tmp_path / "watchdog")
+    wd.start()
+    try:
+        wd.begin_step(1)
+        wd.phase("collective")
+        _stuck_in_collective(done)
+    finally:
+        wd.stop()
+    assert fired_at and wd.dump_path is not None
+    assert wd.dump_path.parent == tmp_path / "watchdog" and wd.dump_path.name.startswith("watchdog-rank3-step1-pid")
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"every thread's stack is in {wd.dump_path}" in err[0]
+    dump = wd.dump_path.read_text()
+    assert dump.startswith("watchdog: rank 3 (local rank 1 on ") and "hung in phase 'collective' (step 1)" in dump
+    assert "in _stuck_in_collective" in dump and "in test_with_a_dump_directory" in dump
+
+
 def test_checkpoint_and_eval_have_their_own_allowances_and_the_loop_can_finish():
     wd, fired_at, done = _watchdog(checkpoint_s=1.0)
     wd.start()
@@ -191,10 +219,15 @@ def test_a_rank_sleeping_in_a_collective_is_found_and_the_group_resumes(tmp_path
     assert "rank 1 (local rank 1 on " in mine[0] and "hung in phase 'collective' (step 7)" in mine[0]
     spent, bound = (float(x) for x in re.search(r": ([\d.]+)s, bound ([\d.]+)s = ", mine[0]).groups())
     assert bound == pytest.approx(4.0, abs=0.05) and spent <= bound + 1.5
-    # Its stacks, between its own header and footer: the main thread asleep in the fault's step callback,
-    # called by the Trainer's train_step before the step's all-reduce.
-    stacks = out.split("----- rank 1: Python stacks of every thread -----")[1].split("----- end of rank 1")[0]
+    # Its stacks, whole, in its own file beside the run (rank 0's fire at the same time and would interleave with
+    # them on torchrun's merged stderr): the main thread asleep in the fault's step callback, called by the
+    # Trainer's train_step before the step's all-reduce.
+    dump = Path(re.search(r"every thread's stack is in (\S+);", mine[0]).group(1))
+    assert dump.parent == tmp_path / "hung" / "watchdog" and dump.name.startswith("watchdog-rank1-step7-pid")
+    stacks = dump.read_text()
+    assert stacks.startswith("watchdog: rank 1 (local rank 1 on ")
     assert re.search(r"line \d+ in hang\n", stacks) and re.search(r"line \d+ in train_step\n", stacks), stacks
+    assert "Python stacks of every thread" not in out  # nothing of it on stderr
     assert f"exitcode: {EXIT_HUNG}" in out  # what torchrun saw, and restarted on
     assert marker.exists()
     records = step_records(tmp_path / "hung")

@@ -10,8 +10,9 @@ every rank):
     ckpt.wait()                                                           # last save written, uploaded, pruned
     ckpt.close()
 
-`trainer_state` is any JSON-serialisable dict of the loop's own state (step, sampler position, ...): it is
-stored inside the DCP state dict and copied into the manifest, and `resume` hands it back to `apply`.
+`trainer_state` is any JSON-serialisable dict of the loop's own state (step, sampler position, ...): rank 0's
+is stored inside the DCP state dict and copied into the manifest (every rank's manifest), and `resume` hands it
+back to `apply` on every rank, whatever the world size that saved it.
 `check(manifest, where)` may refuse a checkpoint (raise; the trainer raises BadInput) before anything is
 fetched or loaded. The layout and the meaning of "complete" are in trainer/checkpoint/manifest.py.
 
@@ -73,9 +74,12 @@ from trainer.checkpoint.manifest import (
     STEP_RE,
     CheckpointInvalid,
     check_files,
+    exists,
     fsync_dir,
+    is_file,
     list_step_dirs,
     parse_manifest,
+    permission_problem,
     read_manifest,
     sha256_file,
     step_dir_name,
@@ -183,6 +187,7 @@ class CheckpointManager:
         self.saved: list[SaveRecord] = []  # every finished save, oldest first
         self.failed: list[SaveRecord] = []  # every failed save, oldest first (same on every rank)
         self.model_touched = False  # a load was attempted (and may have changed parameters) but none succeeded
+        self._extra_files: list[str] = []  # this save's files beside DCP's (rank 0's, see save)
         self.owner, self.dir_groups = self._find_directory_owners()
         if len(self.dir_groups) > 1 and self.store is None:
             raise BadInput(
@@ -237,13 +242,27 @@ class CheckpointManager:
         config: dict[str, Any],
         *,
         block: bool = False,
+        meta: dict[str, Any] | None = None,
+        files: dict[str, bytes] | None = None,
     ) -> float:
-        """Checkpoint `step`. Returns the seconds training was blocked (waiting + staging)."""
+        """Checkpoint `step`. Returns the seconds training was blocked (waiting + staging).
+
+        meta: more top-level manifest keys (JSON), rank 0's (e.g. the tokenizer's description).
+        files: {name: bytes} that rank 0 writes into the checkpoint directory beside DCP's files, listed in the
+        manifest as its own and uploaded with them (e.g. tokenizer.json); other ranks' are ignored."""
         t0 = time.perf_counter()
         self.wait()  # one save in flight at a time; the group is free again after this
+        # One trainer state for the whole checkpoint: rank 0's. DCP stores a value that every rank holds once
+        # (its planner de-duplicates replicated entries and may keep any rank's copy), and every directory owner
+        # writes its own manifest, so a field that differs between ranks (the MLflow run id exists on rank 0
+        # only) would be lost at random.
+        box = [(trainer_state, meta or {})]
+        dist.broadcast_object_list(box, src=0, group=self._pg)
+        trainer_state, meta = box[0]
+        self._extra_files = sorted(files or {}) if self.env.rank == 0 else []
         path = self.local_dir / step_dir_name(step)
         early: str | None = None
-        if self.owner and path.exists():
+        if self.owner and exists(path):
             try:
                 shutil.rmtree(path)  # an earlier attempt at this step (or an abandoned timeline): never reused
             except OSError as exc:
@@ -255,13 +274,15 @@ class CheckpointManager:
             tmp = rng_file.with_name(rng_file.name + ".tmp")
             torch.save(rng_state(), tmp)
             os.replace(tmp, rng_file)
+            for name in self._extra_files:
+                write_atomic(path / name, (files or {})[name])
         except OSError as exc:
             early = early or f"cannot write {path}: {exc.strerror or exc}"
 
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd, _TRAINER_KEY: json.dumps(trainer_state, sort_keys=True)}
         record = SaveRecord(step=step, path=path, started=time.time())
-        extra = {"trainer": trainer_state, "config": config}
+        extra = {**meta, "trainer": trainer_state, "config": config}
         if self.async_save and not block:
             # Returns once the state is staged (copied) to CPU memory; writing happens in a DCP thread.
             future = dcp.async_save(state, checkpoint_id=str(path), process_group=self._pg,
@@ -366,9 +387,10 @@ class CheckpointManager:
 
     def _own_files(self, path: Path) -> list[str]:
         """Files this rank wrote: its RNG state, its DCP data files (FileSystemWriter names them
-        __<rank>_<n>.distcp) and, on rank 0 (DCP's coordinator), .metadata."""
+        __<rank>_<n>.distcp), on rank 0 the save's extra files and (DCP's coordinator) .metadata, added by the
+        callers that need it."""
         own = [f"rng/rank_{self.env.rank:05d}.pt", *sorted(p.name for p in path.glob(f"__{self.env.rank}_*.distcp"))]
-        return own
+        return own + self._extra_files
 
     def _hash_own_files(self, path: Path) -> dict[str, Any]:
         rels = self._own_files(path) + ([".metadata"] if self.env.rank == 0 else [])
@@ -386,7 +408,7 @@ class CheckpointManager:
         if self.owner:
             try:
                 dirs = [p for p in list_step_dirs(self.local_dir) if p.name <= limit]
-                complete = [p for p in dirs if (p / MANIFEST).is_file()]
+                complete = [p for p in dirs if is_file(p / MANIFEST)]
                 if len(complete) >= self.keep:
                     keep_from = complete[self.keep - 1].name
                     for p in dirs:
@@ -414,14 +436,20 @@ class CheckpointManager:
         have = set(keys)
         return names, [n for n in names if f"{n}/{MANIFEST}" in have]
 
-    def _local_complete(self) -> list[str]:
-        """Step names this directory holds completely (manifest, every file with its size; no hashing yet)."""
-        out = []
+    def _local_complete(self) -> tuple[list[str], list[str]]:
+        """(step names this directory holds completely: manifest, every file with its size, no hashing yet;
+        the directories this user may not read, each with why)."""
+        out, denied = [], []
         for p in list_step_dirs(self.local_dir):
+            problem = permission_problem(p)
+            if problem:
+                log.warning("skipping checkpoint %s: %s", p, problem)
+                denied.append(f"{p}: {problem}")
+                continue
             try:
                 manifest = read_manifest(p)
             except CheckpointInvalid as exc:
-                if (p / MANIFEST).exists():
+                if exists(p / MANIFEST):
                     log.warning("skipping checkpoint %s: %s", p, exc)
                 continue
             problems = check_files(p, manifest["files"], hashes=False)
@@ -435,7 +463,7 @@ class CheckpointManager:
                 else:
                     log.warning("local copy of checkpoint %s is damaged (%s): its remote copy is tried", p,
                                 problems[0][1])
-        return out
+        return out, denied
 
     def _candidate_manifest(self, name: str, local_names: set[str]) -> dict[str, Any]:
         """Rank 0's reading of a candidate's manifest: the local copy if complete here, else the remote one."""
@@ -499,19 +527,21 @@ class CheckpointManager:
         succeeded, `model_touched` is set: the caller must rebuild the model and optimizer.
         """
         local: list[str] = []
+        denied: list[str] = []
         remote: list[str] = []
         error = None
         if self.owner:
-            local = self._local_complete()
+            local, denied = self._local_complete()
         if self.env.rank == 0 and self.store is not None:
             try:
                 remote = self._remote_listing()[1]
             except DataError as exc:
                 error = f"checkpoint.remote_uri: cannot list checkpoints: {exc}"
-        views = self._gather((self.owner, local, remote, error))
+        views = self._gather((self.owner, local, remote, error, denied))
         if views[0][3]:
             raise BadInput(views[0][3])
-        owned = [set(names) for is_owner, names, _, _ in views if is_owner]
+        unreadable = [d for view in views for d in view[4]]
+        owned = [set(names) for is_owner, names, _, _, _ in views if is_owner]
         common = set.intersection(*owned) if owned else set()
         candidates = sorted(set(views[0][2]) | common, reverse=True)
         local_here = set(local)
@@ -546,6 +576,11 @@ class CheckpointManager:
                 continue
             self.model_touched = False
             return self.local_dir / name
+        if unreadable:
+            # Starting over would train from step 0 beside checkpoints nobody may read (and could not prune them):
+            # the permissions are the owner's to fix.
+            raise BadInput(f"checkpoint {unreadable[0]}, and no other checkpoint could be resumed: make it readable "
+                           f"by this user, or move it out of {self.local_dir} to start over from step 0")
         if candidates and self.env.rank == 0:
             log.warning("no usable checkpoint among %s: training starts from step 0", ", ".join(candidates))
         return None

@@ -148,6 +148,41 @@ def verify(step_dir: Path) -> dict[str, Any]:
     return manifest
 
 
+def exists(path: Path) -> bool:
+    """Path.exists that answers False, instead of raising, where the path cannot even be looked at (a directory
+    on the way that this user may not read: Path.exists raises PermissionError there)."""
+    try:
+        path.stat()
+    except OSError:
+        return False
+    return True
+
+
+def is_file(path: Path) -> bool:
+    """Path.is_file, False where the path cannot be looked at (see `exists`)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def permission_problem(step_dir: Path) -> str | None:
+    """Why this user may not read the checkpoint directory (its listing or its manifest), or None.
+
+    A directory that is merely damaged (a file missing, truncated, corrupt) is not a permission problem: a
+    permission problem is one the files themselves cannot explain, which the owner of the directory must fix."""
+    try:
+        os.listdir(step_dir)
+        with (step_dir / MANIFEST).open("rb"):
+            pass
+    except PermissionError as exc:
+        where = f": {exc.filename}" if exc.filename and Path(exc.filename) != step_dir else ""
+        return f"not readable by this user ({exc.strerror or exc}{where})"
+    except OSError:
+        return None
+    return None
+
+
 def list_step_dirs(root: Path) -> list[Path]:
     """Step directories under root, newest first (manifest or not); [] if root cannot be listed."""
     try:

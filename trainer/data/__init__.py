@@ -136,8 +136,9 @@ def read_step(ds: Dataset, sampler: GlobalSampler, step: int, rank: int, world: 
     return ds.batch(indices), indices
 
 
-def open_tokenizer(uri: str, endpoint_url: str | None = None):  # -> trainer.data.tokenizer.Tokenizer
-    """The tokenizer a dataset was prepared with (byte-level for ``"synthetic"``), sha256-checked."""
+def open_tokenizer(uri: str, endpoint_url: str | None = None, options=None):  # -> trainer.data.tokenizer.Tokenizer
+    """The tokenizer a dataset was prepared with (byte-level for ``"synthetic"``), sha256-checked; `options` are the
+    store's (trainer.data.storage.StoreOptions)."""
     from trainer.data.tokenizer import ByteTokenizer, load_tokenizer
 
     if uri == SYNTHETIC:
@@ -146,6 +147,6 @@ def open_tokenizer(uri: str, endpoint_url: str | None = None):  # -> trainer.dat
     from trainer.data.storage import open_store
 
     root, key = split_manifest_uri(uri)
-    store = open_store(root, endpoint_url=endpoint_url)
+    store = open_store(root, endpoint_url=endpoint_url, options=options)
     manifest, _ = read_manifest(store, key)
     return load_tokenizer(manifest, store)

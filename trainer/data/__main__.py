@@ -8,7 +8,7 @@ Examples::
     python -m trainer.data prepare docs.jsonl --out gs://bucket/ds --tokenizer bpe --vocab-size 8192
     python -m trainer.data prepare web.parquet --text-field content --tokenizer gpt2 \\
         --tokenizer-file ~/gpt2 --out s3://bucket/web
-    python -m trainer.data synth --out file:///tmp/synth --tokens 1048576
+    python -m trainer.data synth --out /tmp/synth --tokens 1048576
     python -m trainer.data verify s3://bucket/datasets/corpus --cache-dir /nvme/cache
 
 Exit status 2 with a one-line message naming the file, shard or URI on bad input.
@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 
+from gpu_train.spec.values import as_uri
 from trainer.data.errors import DataError
 
 
@@ -39,7 +40,7 @@ def _fraction(text: str) -> float:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    from trainer.data.prepare import DEFAULT_EXCLUDES, DEFAULT_SHARD_TOKENS, PrepareStats, prepare
+    from trainer.data.prepare import DEFAULT_EXCLUDES, DEFAULT_SHARD_TOKENS, PrepareStats, Progress, prepare
 
     stats = PrepareStats()
     t0 = time.perf_counter()
@@ -59,6 +60,7 @@ def _prepare(args: argparse.Namespace) -> None:
         val_fraction=args.val_fraction,
         force=args.force,
         stats=stats,
+        progress=Progress(sys.stderr, every_s=args.progress_every),
     )
     dt = time.perf_counter() - t0
     tok = m.tokenizer.kind + (f" {m.tokenizer.name}" if m.tokenizer.name else "")
@@ -67,7 +69,8 @@ def _prepare(args: argparse.Namespace) -> None:
         f"{len(m.shards)} shards, {m.total_tokens} tokens, {m.num_documents} documents; "
         f"val {len(m.val_shards)} shards, {m.val_tokens} tokens, {m.val_documents} documents "
         f"({tok}, vocab {m.tokenizer.vocab_size}, {m.dtype}) from {stats.files} files "
-        f"({stats.excluded} paths excluded, {stats.skipped_binary} binary skipped) to {args.out} in {dt:.1f}s"
+        f"({stats.excluded} paths excluded, {stats.skipped_binary} binary and {stats.skipped_empty} empty skipped) "
+        f"to {args.out} in {dt:.1f}s"
     )
 
 
@@ -134,7 +137,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="tokenize text files into shards and upload them")
     p.add_argument("inputs", nargs="+", help="files or directories: text, .jsonl(.gz), .parquet")
-    p.add_argument("--out", required=True, help="destination URI: file:///abs, s3://bucket/prefix, gs://...")
+    p.add_argument("--out", required=True, type=as_uri,
+                   help="destination: a directory (a plain path or file:///abs), s3://bucket/prefix, gs://...")
     p.add_argument(
         "--tokenizer",
         choices=("byte", "bpe", "gpt2"),
@@ -148,7 +152,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--vocab-size", type=_positive, default=None, help="BPE vocabulary size (with EOT)")
     p.add_argument("--shard-tokens", type=_positive, default=None, help="tokens per shard (default 64 Mi)")
-    p.add_argument("--workers", type=_positive, default=None, help="tokenizer processes (default: CPUs)")
+    p.add_argument("--workers", type=_positive, default=None,
+                   help="tokenizer threads (default: the CPU count; the BPE encoder releases the GIL)")
+    p.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
+                   help="when stderr is not a terminal, a progress line every SECONDS (default 10); on a terminal "
+                        "one line is redrawn in place")
     p.add_argument(
         "--include",
         action="append",
@@ -179,7 +187,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="redo it even if --out holds the same dataset")
 
     s = sub.add_parser("synth", help="write the synthetic learnable byte-level dataset")
-    s.add_argument("--out", required=True)
+    s.add_argument("--out", required=True, type=as_uri, help="destination: a plain path or a URI")
     s.add_argument("--tokens", type=_positive, default=1 << 20)
     s.add_argument("--val-tokens", type=int, default=1 << 16, help="tokens in the val split (0: none)")
     s.add_argument("--seed", type=int, default=0)
@@ -188,7 +196,7 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser(
         "verify", help="hash every shard (cached copies and/or the store's) against the manifest"
     )
-    v.add_argument("uri", help="manifest URI or its folder")
+    v.add_argument("uri", type=as_uri, help="manifest URI or its folder (or a plain path to either)")
     v.add_argument(
         "--cache-dir",
         default=None,

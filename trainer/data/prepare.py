@@ -27,12 +27,15 @@ half-written dataset. The manifest records a fingerprint of the inputs and setti
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import itertools
 import json
+import logging
 import os
 import tempfile
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -83,10 +86,81 @@ class Task:
     end: int
 
 
+class Progress:
+    """What `prepare` says while it works, on `stream` (stderr by default): phases (the BPE training), one line per
+    fallback (a skipped file, an empty split), and its progress through the input: files, tokens, tokens/s and
+    the time left at the pace so far. On a terminal the progress line is redrawn in place (at most 5 times a
+    second); otherwise a line is printed every `every_s` seconds, and once at the end."""
+
+    def __init__(self, stream: Any = None, *, every_s: float = 10.0, tty: bool | None = None) -> None:
+        import sys
+
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.every_s = 0.2 if self.tty else every_s
+        self.total_bytes = self.total_files = 0
+        self.bytes = self.files = self.tokens = 0
+        self._t0 = self._last = 0.0
+        self._drawn = False
+        self._shown = -1  # the bytes read at the last line drawn
+
+    def say(self, text: str) -> None:
+        """One line of its own (ending an in-place progress line first)."""
+        self._end_line()
+        print(f"prepare: {text}", file=self.stream, flush=True)
+
+    def warn(self, text: str) -> None:
+        self.say(f"warning: {text}")
+
+    def start(self, total_bytes: int, total_files: int) -> None:
+        import time
+
+        self.total_bytes, self.total_files = max(total_bytes, 1), total_files
+        self._t0 = self._last = time.monotonic()
+
+    def advance(self, nbytes: int, tokens: int, files: int) -> None:
+        import time
+
+        self.bytes, self.tokens, self.files = self.bytes + nbytes, self.tokens + tokens, self.files + files
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self._draw(now)
+
+    def finish(self) -> None:
+        import time
+
+        if self.total_files and self._shown != self.bytes:
+            self._draw(time.monotonic())
+        self._end_line()
+
+    def line(self, now: float) -> str:
+        elapsed = max(now - self._t0, 1e-9)
+        done = self.bytes / self.total_bytes
+        left = elapsed * (1 - done) / done if done > 0 else None
+        eta = "?" if left is None else f"{int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}"
+        return (f"{self.files}/{self.total_files} files, {self.tokens:,} tokens, {self.tokens / elapsed:,.0f} "
+                f"tokens/s, {100 * done:.0f}% of {self.total_bytes / 1e6:,.1f} MB read, ETA {eta}")
+
+    def _draw(self, now: float) -> None:
+        self._shown = self.bytes
+        if self.tty:
+            print(f"\rprepare: {self.line(now)}\x1b[K", end="", file=self.stream, flush=True)
+            self._drawn = True
+        else:
+            print(f"prepare: {self.line(now)}", file=self.stream, flush=True)
+
+    def _end_line(self) -> None:
+        if self._drawn:
+            print(file=self.stream, flush=True)
+            self._drawn = False
+
+
 @dataclass
 class PrepareStats:
     files: int = 0
     skipped_binary: int = 0
+    skipped_empty: int = 0
     excluded: int = 0
     documents: dict[str, int] = field(default_factory=lambda: {"train": 0, "val": 0})
     reused: bool = False  # --out already held this dataset (same inputs and settings)
@@ -183,7 +257,8 @@ def _line_ranges(path: Path, size: int, part: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareStats) -> list[Task]:
+def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareStats,
+               progress: Progress | None = None) -> list[Task]:
     tasks: list[Task] = []
     for f in files:
         stats.files += 1
@@ -208,8 +283,15 @@ def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareS
         else:
             if skip_binary and _is_binary(f.path):
                 stats.skipped_binary += 1
+                why = (f"skipped {f.path}: binary (a NUL byte in its first {BINARY_SNIFF_BYTES} bytes, as git "
+                       "decides; --keep-binary keeps it)")
+                if progress is not None:
+                    progress.say(why)
+                else:
+                    logging.getLogger("trainer.data").info("%s", why)
                 continue
             if size == 0:
+                stats.skipped_empty += 1
                 continue
             tasks += [
                 Task(str(f.path), "text", lo, hi) for lo, hi in _line_ranges(f.path, size, TEXT_PIECE_BYTES)
@@ -493,8 +575,11 @@ def prepare(
     val_fraction: float = DEFAULT_VAL_FRACTION,
     force: bool = False,
     stats: PrepareStats | None = None,
+    progress: Progress | None = None,
 ) -> Manifest:
-    """Tokenize ``inputs`` into a dataset at ``out_uri``; see the module docstring."""
+    """Tokenize ``inputs`` into a dataset at ``out_uri`` (a URI or a plain path); see the module docstring.
+    `progress` is told what happens (python -m trainer.data prepare passes one); without it prepare is silent
+    but for its warnings, which go to the `trainer.data` logger."""
     if tokenizer not in TOKENIZERS:
         raise DataError(f"--tokenizer must be one of {', '.join(TOKENIZERS)} (got {tokenizer!r})")
     if not 0 <= val_fraction < 1:
@@ -528,7 +613,7 @@ def prepare(
             stats.documents = {"train": existing.num_documents, "val": existing.val_documents}
             stats.reused = True
             return existing
-    tasks = plan_tasks(files, skip_binary=skip_binary, stats=stats)
+    tasks = plan_tasks(files, skip_binary=skip_binary, stats=stats, progress=progress)
     if not tasks:
         raise DataError(f"no text to tokenize in {[str(i) for i in inputs]}: every file was empty or binary")
 
@@ -538,7 +623,13 @@ def prepare(
     else:
         if tokenizer == "bpe":
             assert vocab_size is not None
+            if progress is not None:
+                progress.say(f"training a BPE tokenizer of {vocab_size} ids on the first "
+                             f"{min(BPE_TRAIN_BYTES, _task_bytes(tasks)) / 1e6:,.1f} MB of the input ...")
+            t0 = time.monotonic()
             tok = train_bpe(_bpe_training_texts(tasks, text_field, BPE_TRAIN_BYTES), vocab_size)
+            if progress is not None:
+                progress.say(f"trained the BPE tokenizer in {time.monotonic() - t0:.1f}s")
         raw = tok.to_json().encode()  # type: ignore[attr-defined]
         store.put_bytes(TOKENIZER_FILE, raw)
         tok_file = FileRef(TOKENIZER_FILE, len(raw), hashlib.sha256(raw).hexdigest())
@@ -549,26 +640,58 @@ def prepare(
         _write_shards(tasks, _Encoder(tok, tok.kind, text_field, val_fraction, dtype), writer,
                       workers=max(1, min(workers or os.cpu_count() or 1, len(tasks))),
                       packers={s: Packer(eot_id=tok.eot_id, shard_tokens=shard_tokens, dtype=dtype)
-                               for s in ("train", "val")}, stats=stats)
+                               for s in ("train", "val")}, stats=stats, progress=progress)
     except BaseException:
         writer.abort()
         raise
+    if val_fraction > 0 and not writer.infos["val"] and writer.infos["train"]:
+        text = (f"--val-fraction {val_fraction} held out none of the {stats.documents['train']} documents: the "
+                "validation split is empty, and a run with eval.every_steps will refuse this dataset; use a larger "
+                "--val-fraction or more documents")
+        if progress is not None:
+            progress.warn(text)
+        else:
+            logging.getLogger("trainer.data").warning("%s", text)
     source = {"fingerprint": fingerprint, "files": stats.files, "skipped_binary": stats.skipped_binary}
     return writer.finish(info, val_fraction=val_fraction, source=source)
 
 
+def _task_bytes(tasks: Sequence[Task]) -> int:
+    return sum(_weight(t) for t in tasks)
+
+
+def _weight(task: Task) -> int:
+    """A task's share of the input in bytes (a Parquet row group counts as its file's size over its groups)."""
+    return task.end - task.start if task.fmt != "parquet" else _row_group_bytes(task.path)
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_group_bytes(path: str) -> int:
+    import pyarrow.parquet as pq
+
+    return os.path.getsize(path) // max(1, pq.ParquetFile(path).metadata.num_row_groups)
+
+
 def _write_shards(tasks: list[Task], encoder: _Encoder, writer: DatasetWriter, *, workers: int,
-                  packers: dict[str, Packer], stats: PrepareStats) -> None:
-    """Encode the documents (in `workers` processes), pack each split's into shards and hand them to writer."""
-    for docs, flags in _encoded(tasks, encoder, workers):
+                  packers: dict[str, Packer], stats: PrepareStats, progress: Progress | None = None) -> None:
+    """Encode the documents (in `workers` threads), pack each split's into shards and hand them to writer."""
+    weights = [_weight(t) for t in tasks] if progress is not None else []
+    last_of_file = {t.path: i for i, t in enumerate(tasks)}
+    if progress is not None:
+        progress.start(sum(weights), len(last_of_file))
+    for i, (docs, flags) in enumerate(_encoded(tasks, encoder, workers)):
         for doc, val in zip(docs, flags, strict=True):
             split = "val" if val else "train"
             stats.documents[split] += 1
             for shard in packers[split].add(doc):
                 writer.add(split, shard)
+        if progress is not None:
+            progress.advance(weights[i], sum(len(d) + 1 for d in docs), int(last_of_file[tasks[i].path] == i))
     for split, packer in packers.items():
         for shard in packer.finish():
             writer.add(split, shard)
+    if progress is not None:
+        progress.finish()
 
 
 def synth(out_uri: str, *, tokens: int = 1 << 20, seed: int = 0, shard_tokens: int = 1 << 18,

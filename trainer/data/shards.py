@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpu_train.spec.values import as_uri
 from trainer.data.cache import VERIFY_MODES, CacheRef, SealBook, ShardCache, disk_budget, sha256_file
 from trainer.data.dataset import Dataset
 from trainer.data.errors import DataError, ManifestError, ShardIntegrityError, ShardMissingError
@@ -74,8 +75,8 @@ def default_memory_dir() -> Path | None:
 
 
 def split_manifest_uri(uri: str) -> tuple[str, str]:
-    """("store root URI", "manifest key") for a manifest URI or its folder."""
-    stripped = uri.rstrip("/")
+    """("store root URI", "manifest key") for a manifest URI or its folder (or a plain path to either)."""
+    stripped = as_uri(uri).rstrip("/")
     if stripped.endswith(".json"):
         root, _, name = stripped.rpartition("/")
         return root, name
@@ -354,6 +355,12 @@ def open_sharded(
     store = open_store(root, endpoint_url=endpoint_url, options=store_options)
     manifest, digest = read_manifest(store, key, retry)
     shards = manifest.split(split)
+    if not shards and split == "val" and manifest.val_fraction > 0:
+        raise ManifestError(
+            f"{store.url_of(key)}: the dataset's validation split is empty: --val-fraction {manifest.val_fraction} "
+            f"held out none of its {manifest.num_documents} documents; prepare it again with a larger --val-fraction "
+            "or more documents"
+        )
     if not shards:
         raise ManifestError(
             f"{store.url_of(key)}: the dataset has no {split} split (prepare it with --val-fraction > 0)"

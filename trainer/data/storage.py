@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
+from gpu_train.spec.values import as_uri
 from trainer.data.errors import DataError
 
 ENDPOINT_ENV = "TRAINER_S3_ENDPOINT_URL"
@@ -145,7 +146,8 @@ def signs_requests(auth: str, endpoint: str | None) -> bool:
 
 
 def open_store(uri: str, endpoint_url: str | None = None, options: StoreOptions | None = None) -> Store:
-    """A store rooted at ``uri`` (file:///abs/dir, s3://bucket/prefix, gs://bucket/prefix)."""
+    """A store rooted at ``uri`` (file:///abs/dir, s3://bucket/prefix, gs://bucket/prefix, or a plain path)."""
+    uri = as_uri(uri)
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):

@@ -62,8 +62,11 @@ def test_list_shows_each_jobs_state(api, submitted, tmp_path, cli):
     code, out, err = cli("list", "--kubeconfig", submitted)
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].split() == ["NAME", "STATE", "NODES", "POOL", "AGE"]
-    assert lines[1].split()[:4] == ["gpt2-smoke", "Queued", "2", "l4-spot"]
+    assert lines[0].split() == ["NAME", "STATE", "NODES", "POOL", "AGE", "COMMIT", "PATH", "HASH"]
+    row = lines[1].split()
+    assert row[:4] == ["gpt2-smoke", "Queued", "2", "l4-spot"]
+    # Submitted from a file outside any git repository: no commit; its path and the config hash's first 12 digits.
+    assert row[5] == "-" and row[6].endswith("gpt2-smoke.yaml") and len(row[7]) == 12
     _admit(api)
     assert cli("list", "--kubeconfig", submitted)[1].splitlines()[1].split()[1] == "Running"
 

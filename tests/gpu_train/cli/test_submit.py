@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpu_train.jobs.jobset import QUEUE_LABEL
+from gpu_train.jobs.jobset import HASH_ANNOTATION, PATH_ANNOTATION, QUEUE_LABEL
 from gpu_train.spec import naming
 from gpu_train.spec.contract import ContractError, PlatformContract
 from gpu_train.spec.job import JobSpec
@@ -65,6 +65,10 @@ def test_dry_run_is_the_stacks_jobset_but_for_the_queue_it_waits_in(plans, stack
     assert printed["metadata"]["labels"][queue] == f"{job.team}-queue"
     assert planned["metadata"]["labels"][queue] == naming.job_queue_name(job.name)
     printed["metadata"]["labels"][queue] = planned["metadata"]["labels"][queue]
+    # Where each came from: the stack file, and the spec file (outside a git repository: no commit).
+    mine, theirs = printed["metadata"].pop("annotations"), planned["metadata"].pop("annotations")
+    assert theirs[PATH_ANNOTATION] == f"stacks/Pulumi.{stack}.yaml" and mine[PATH_ANNOTATION].endswith("job.yaml")
+    assert set(mine) == set(theirs) == {HASH_ANNOTATION, PATH_ANNOTATION}
     assert printed == planned
     # ... and so it passes the same checks as the stack's: the JobSet CRD and its pod template as a strict Pod.
     assert cr_problems(printed) == []
@@ -79,6 +83,9 @@ def test_two_specs_differ_only_where_their_settings_do(tmp_path, cli, doc):
     _, second, _ = cli("submit", spec(tmp_path, maxRestarts=7), "--dry-run", "--platform", platform)
     a, b = yaml.safe_load(first), yaml.safe_load(second)
     assert a != b
+    # Different JobSets, different config hashes (the annotation the renderer adds; docs/gitops.md).
+    ha, hb = (x["metadata"].pop("annotations")[HASH_ANNOTATION] for x in (a, b))
+    assert ha != hb and ha.startswith("sha256:") and len(ha) == len("sha256:") + 64
     assert a["spec"]["failurePolicy"]["maxRestarts"] == 5 and b["spec"]["failurePolicy"]["maxRestarts"] == 7
     for obj in (a, b):
         obj["spec"]["failurePolicy"].pop("maxRestarts")

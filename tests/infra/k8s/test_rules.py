@@ -120,7 +120,7 @@ def test_dashboard_job_wide_panels_do_not_multiply_by_the_number_of_ranks(tmp_pa
     cases = []
     for expr in exprs:
         used = [m for m in JOB_WIDE if re.search(rf"\b{m}\b", expr)]
-        if len(used) != 1:
+        if len(used) != 1 or "DCGM_" in expr:  # the energy panels use trainer_step only to name the job
             continue
         query = (expr.replace("$namespace", ".*").replace("$jobset", ".*")
                  .replace("$__rate_interval", "5m"))
@@ -200,7 +200,7 @@ def test_straggler_rules_keep_rank_pod_and_node_and_the_monitor_adds_node():
 
 def _grafana_to_promql(expr: str, jobset: str = ".*") -> str:
     return (expr.replace("$namespace", ".*").replace("$jobset", jobset).replace("$Hostname", ".*")
-            .replace("$gpu", ".*").replace("$__rate_interval", "5m"))
+            .replace("$gpu", ".*").replace("$__rate_interval", "5m").replace("$__range", "10m"))
 
 
 def test_every_dashboard_query_parses_and_evaluates(tmp_path):
@@ -286,3 +286,38 @@ def test_the_platform_dashboard_shows_the_workload_the_alert_names(tmp_path):
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     proc = promtool("test", "rules", str(path))
     assert proc.returncode == 0, f"{proc.stdout}{proc.stderr}"
+
+
+def test_the_energy_panels_add_up_the_jobs_gpus(tmp_path):
+    """The Training dashboard's energy and power panels over dcgm-exporter series (the GPU's pod and namespace in
+    exported_* labels, as Prometheus renames them beside the exporter's own) and the trainer's: two GPUs of job llm
+    on two pods, another job's GPU left out."""
+    board = json.loads(monitoring.load_dashboards()["training.json"])
+    panels = {p["title"]: p for p in board["panels"]}
+    energy = _grafana_to_promql(panels["GPU energy over the time range (kWh)"]["targets"][0]["expr"])
+    power = _grafana_to_promql(panels["GPU power by job (W)"]["targets"][0]["expr"])
+    dcgm = 'namespace="node-metrics", pod="dcgm-exporter-x", exported_namespace="team-a", '
+    series = [
+        # 1,800,000 mJ a minute = 30 W; over 10 minutes 18,000,000 mJ = 0.005 kWh per GPU.
+        {"series": f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{dcgm}exported_pod="llm-worker-0-0-a", gpu="0"}}',
+         "values": "0+1800000x20"},
+        {"series": f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{dcgm}exported_pod="llm-worker-0-1-b", gpu="0"}}',
+         "values": "0+1800000x20"},
+        {"series": f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{dcgm}exported_pod="other-worker-0-0-c", gpu="1"}}',
+         "values": "0+9000000x20"},
+        {"series": f'DCGM_FI_DEV_POWER_USAGE{{{dcgm}exported_pod="llm-worker-0-0-a", gpu="0"}}', "values": "300x20"},
+        {"series": f'DCGM_FI_DEV_POWER_USAGE{{{dcgm}exported_pod="llm-worker-0-1-b", gpu="0"}}', "values": "250x20"},
+        *({"series": f'trainer_step{{namespace="team-a", jobset="llm", pod="llm-worker-0-{i}-{x}", '
+                     f'endpoint="metrics-{r}"}}', "values": "5x20"} for i, x in ((0, "a"), (1, "b")) for r in (0, 1)),
+    ]
+    # 2 GPUs x 0.005 kWh = 0.01 kWh; power 300 W + 250 W = 550 W. The other job has no trainer series here.
+    cases = [{"expr": energy, "eval_time": "20m",
+              "exp_samples": [{"labels": '{namespace="team-a", jobset="llm"}', "value": 0.01}]},
+             {"expr": power, "eval_time": "20m",
+              "exp_samples": [{"labels": '{namespace="team-a", jobset="llm"}', "value": 550}]}]
+    render_to(tmp_path, MonitoringSettings())
+    path = tmp_path / "energy.test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": ["training.yaml"], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": series, "promql_expr_test": cases}]}))
+    proc = promtool("test", "rules", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -53,7 +53,8 @@ def _stack_job_placement(cfg, pool) -> Placement:
                      nvme_host_path=clouds.layer(cfg.cloud).NVME_HOST_PATH,
                      datasets_bucket=f"{bucket}gpu-train-{cfg.stack}-datasets",
                      checkpoints_bucket=f"{bucket}gpu-train-{cfg.stack}-checkpoints", cache_endpoint=CACHE,
-                     tracking_uri=MLFLOW, pod_env={"AWS_REGION": cfg.region} if cfg.cloud == "aws" else {})
+                     tracking_uri=MLFLOW, pod_env={"AWS_REGION": cfg.region} if cfg.cloud == "aws" else {},
+                     cloud=cfg.cloud, region=cfg.region)
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -162,7 +163,8 @@ def test_component_creates_the_queue_and_the_renderers_jobset_under_mocks():
     expected = jobset(job, Placement(
         pool=pool, image=IMAGE, queue=naming.job_queue_name(job.name), nvme_host_path=NVME_HOST_PATH,
         datasets_bucket="s3://gpu-train-aws-prod-datasets", checkpoints_bucket="s3://gpu-train-aws-prod-checkpoints",
-        cache_endpoint=CACHE, tracking_uri=MLFLOW, pod_env={"AWS_REGION": "us-east-1"}))
+        cache_endpoint=CACHE, tracking_uri=MLFLOW, pod_env={"AWS_REGION": "us-east-1"}, cloud="aws",
+        region="us-east-1"))
     assert json.loads(json.dumps({k: registered[k] for k in ("metadata", "spec")})) == json.loads(json.dumps(
         {k: expected[k] for k in ("metadata", "spec")}))
     _, queue = by_kind["LocalQueue"]

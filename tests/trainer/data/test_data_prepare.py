@@ -299,3 +299,94 @@ def test_bpe_encoding_releases_the_gil_so_worker_threads_run_in_parallel():
     # A call that held the GIL would freeze the spinner for its whole duration (it could only run for
     # the few milliseconds before the call took the GIL); released, it keeps a good share of its pace.
     assert during > 0.1 * solo_rate * elapsed, (elapsed, during, solo_rate)
+
+
+def _small_corpus(root: Path, files: int = 6) -> Path:
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(files):
+        (corpus / f"{i}.txt").write_text(f"the quick brown fox {i} jumps over the lazy dog.\n" * 40)
+    (corpus / "empty.txt").write_text("")
+    (corpus / "blob.dat").write_bytes(b"PK\x03\x04\x00\x00")
+    return corpus
+
+
+def test_prepare_says_what_it_does_off_a_terminal(tmp_path, capsys):
+    """No terminal: the BPE training is announced and timed, each skipped file is named with why, progress lines
+    (files, tokens, rate, time left) come every --progress-every seconds and once at the end. Before, a BPE
+    prepare printed nothing until it was done."""
+    corpus = _small_corpus(tmp_path)
+    assert cli(["prepare", str(corpus), "--out", f"file://{tmp_path}/ds", "--tokenizer", "bpe", "--vocab-size", "300",
+                "--progress-every", "0", "--workers", "1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert f"prepare: skipped {corpus / 'blob.dat'}: binary (a NUL byte in its first 8000 bytes, as git decides; " \
+           "--keep-binary keeps it)" in err
+    assert any(line.startswith("prepare: training a BPE tokenizer of 300 ids") for line in err)
+    assert any(line.startswith("prepare: trained the BPE tokenizer in ") for line in err)
+    progress = [line for line in err if " files, " in line]
+    assert len(progress) == 6, err  # one per file at --progress-every 0, the last one not repeated
+    assert progress[0].startswith("prepare: 1/6 files, ") and progress[-1].startswith("prepare: 6/6 files, ")
+    assert all("tokens/s" in line and "ETA " in line for line in progress)
+    assert "100% of" in progress[-1] and "ETA 0:00:00" in progress[-1]
+
+
+def test_prepare_redraws_one_progress_line_on_a_terminal(tmp_path):
+    import io
+
+    from trainer.data.prepare import Progress
+
+    out = io.StringIO()
+    progress = Progress(out, tty=True)
+    progress.start(total_bytes=1000, total_files=2)
+    progress.every_s = 0  # every call draws, as the 0.2 s of a real terminal would over a long run
+    progress.advance(500, 120, 1)
+    progress.advance(500, 130, 1)
+    progress.say("something to say")
+    progress.finish()
+    text = out.getvalue()
+    assert text.count("\rprepare: ") == 2 and "\x1b[K" in text  # redrawn in place, the rest of the line cleared
+    assert "\rprepare: 2/2 files, 250 tokens" in text and "100% of 0.0 MB read" in text
+    assert text.endswith("\nprepare: something to say\n")  # a message of its own ends the progress line first
+
+
+def test_plain_paths_are_taken_wherever_a_file_uri_is(tmp_path, monkeypatch, capsys):
+    """`--out runs/data/x`, `verify runs/data/x`, `synth --out`, open_dataset and the trainer's data.uri and
+    checkpoint.remote_uri: a plain path means the file:// URI of its absolute path. Before, prepare refused it."""
+    from gpu_train.spec.trainer_config import build_config
+
+    monkeypatch.chdir(tmp_path)
+    corpus = _small_corpus(tmp_path)
+    assert cli(["prepare", "corpus", "--out", "runs/data/x", "--val-fraction", "0.5"]) == 0
+    assert f"to file://{tmp_path}/runs/data/x in" in capsys.readouterr().out
+    assert (tmp_path / "runs" / "data" / "x" / "manifest.json").is_file()
+    assert cli(["verify", "runs/data/x"]) == 0
+    assert cli(["synth", "--out", "synth", "--tokens", "20000"]) == 0
+    assert (tmp_path / "synth" / "manifest.json").is_file()
+    ds = open_dataset("runs/data/x", context=8)
+    assert ds.num_windows > 0
+    ds.close()
+    cfg = build_config("tiny", overrides=["data.uri=runs/data/x", f"checkpoint.remote_uri={tmp_path}/ckpt"])
+    assert cfg.data.uri == f"file://{tmp_path}/runs/data/x" and cfg.checkpoint.remote_uri == f"file://{tmp_path}/ckpt"
+    assert build_config("tiny").data.uri == "synthetic"
+    assert corpus.is_dir()
+
+
+def test_an_empty_validation_split_is_said_when_it_is_written_and_when_it_is_refused(tmp_path, capsys):
+    """--val-fraction held out nothing: prepare warns at once; an evaluation asked for later says the split is
+    empty and why, instead of telling the user to pass the --val-fraction they passed."""
+    corpus = _small_corpus(tmp_path, files=3)
+    assert cli(["prepare", str(corpus), "--out", f"file://{tmp_path}/ds", "--val-fraction", "0.0001"]) == 0
+    err = capsys.readouterr().err
+    assert ("prepare: warning: --val-fraction 0.0001 held out none of the 3 documents: the validation split is "
+            "empty") in err
+    with pytest.raises(DataError) as exc:
+        open_dataset(f"file://{tmp_path}/ds", context=8, split="val")
+    assert "validation split is empty: --val-fraction 0.0001 held out none of its 3 documents" in str(exc.value)
+    assert "larger --val-fraction" in str(exc.value)
+
+
+def test_the_help_says_workers_are_threads(capsys):
+    with pytest.raises(SystemExit):
+        cli(["prepare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--workers WORKERS tokenizer threads" in text and "processes" not in text
