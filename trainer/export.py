@@ -30,6 +30,9 @@ A BPE dataset's ``tokenizer.json`` is copied next to the weights (with a ``token
 Hugging Face layout); a byte-level model's token ids are the UTF-8 bytes, 256 being end-of-text, and in the
 Hugging Face layout that tokenizer is written out as a ``tokenizer.json`` too (``byte_tokenizer_json``), so
 ``AutoTokenizer`` and the serving runtimes load every export alike.
+
+It runs past 400 lines as the one place that reads models from every source (checkpoint, exported directory)
+and writes both layouts, each with its tokenizer: one mapping of weights and tokenizers for every export.
 """
 
 from __future__ import annotations
