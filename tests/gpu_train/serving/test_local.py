@@ -166,6 +166,9 @@ def canary_run(exports, mlflow, prometheus, tmp_path, model: str, *flags: str) -
         with Traffic(url, model) as traffic:
             decision = wait_for(lambda: decided(tmp_path / "work"), "the promotion loop's decision", timeout_s=120,
                                 proc=proc.proc, log=proc.log)
+            # The registry follows the decision's record: its last tag is the signal that it has.
+            wait_for(lambda: "serving.decided_at" in client.get_model_version(model, "2").tags,
+                     "the registry's record of the decision", timeout_s=30, proc=proc.proc, log=proc.log)
         return decision, traffic, runs
     finally:
         proc.stop()
