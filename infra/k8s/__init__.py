@@ -7,8 +7,8 @@ Usage (infra/__main__.py):
     # kube.cache_endpoint, kube.local_queue[team], kube.team_namespaces[team], kube.ready, ...
 
 It reads only `platform` and cfg.cache / cfg.monitoring / cfg.health / cfg.teams / cfg.gpu_pools / cfg.is_prod /
-cfg.image.prebuilt (the one image repository the team namespaces' admission policies accept besides the
-platform registry).
+cfg.image.prebuilt and cfg.image.allowedRegistries (the image repository and registries the team namespaces'
+admission policies accept besides the platform registry).
 See docs/kubernetes.md and docs/monitoring.md.
 """
 
@@ -89,7 +89,8 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackSettings) -> Kubernete
     # Team namespaces run at Pod Security "privileged" (NVMe hostPath, GPUDirect sidecars); these policies hold
     # whatever a team submits to the policy pack's pod rules.
     pod_admission = PodAdmission("pod-admission", PodAdmissionArgs(
-        platform=platform, extra_repositories=(repository_of(cfg.image.prebuilt),) if cfg.image.prebuilt else ()))
+        platform=platform, extra_repositories=(repository_of(cfg.image.prebuilt),) if cfg.image.prebuilt else (),
+        extra_registries=cfg.image.allowed_registries))
     log_shipper = (LogShipper("log-shipper", LogShipperArgs(platform=platform))
                    if platform.log_store is not None else None)
 
