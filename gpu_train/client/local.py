@@ -52,6 +52,7 @@ class _Here:
 
     name: str
     nproc: int
+    pool: str = ""  # the team's pool (its quota is there); "" for the pool itself
 
     @property
     def instance_type(self) -> str:
@@ -67,13 +68,13 @@ class _Here:
 
     @property
     def gpu_quota(self) -> dict[str, int]:
-        return {self.name: self.nproc}
+        return {self.pool or self.name: self.nproc}
 
 
 def local_problems(job: JobSpec, nproc: int, key: str = "job") -> list[str]:
     """The job's checks with this machine as its pool: MIN:MAX is the cluster's business, so one node here."""
     here = job.model_copy(update={"nodes": NodeRange(1, 1), "gpus_per_node": 0})
-    return job_problems(here, pools=[_Here(job.pool, nproc)], teams=[_Here(job.team, nproc)], scheme=None, key=key)
+    return job_problems(here, pools=[_Here(job.pool, nproc)], teams=[_Here(job.team, nproc, pool=job.pool)], scheme=None, key=key)
 
 
 def local_site(job: JobSpec, *, runs: str | Path, data: str = "") -> Site:
