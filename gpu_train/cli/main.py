@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
                                    "admit it, and create it in the team's namespace.")
     s.add_argument("spec", help="job spec file (YAML)")
     s.add_argument("--dry-run", action="store_true", help="print the JobSet instead of submitting it")
-    s.add_argument("--image", default="", help="another trainer image from the platform registry, pinned by digest")
+    s.add_argument("--image", default="", help="the job's image (replaces the spec's `image`), pinned by digest, from the platform registry or an allowed one")
     _common(s, team=False)
 
     ls = sub.add_parser("list", help="your team's jobs and their states",

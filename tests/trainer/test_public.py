@@ -119,3 +119,10 @@ def test_preemption_outside_a_process_group_is_this_process():
         os.kill(os.getpid(), signal.SIGTERM)
         assert preemption.any_rank() is True
 
+
+def test_the_guide_documents_every_public_name_and_every_contract_variable():
+    """docs/your-code.md is where a team reads the library's API and the environment its code gets."""
+    guide = (ROOT / "docs" / "your-code.md").read_text()
+    undocumented = [n for n in trainer.__all__ if f"`{n}" not in guide and f"{n}(" not in guide and f" {n}," not in guide]
+    assert undocumented == [], undocumented
+    assert [v.name for v in contract.ENV_CONTRACT if f"`{v.name}`" not in guide] == []
