@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpu_train.jobs.jobset import HASH_ANNOTATION, PATH_ANNOTATION
+from gpu_train.jobs.jobset import COMMIT_ANNOTATION, HASH_ANNOTATION, PATH_ANNOTATION
 from gpu_train.spec import env as contract_env
 from policies import pods
 from tests.gpu_train.cli.conftest import ALICE, IMAGE, REGISTRY
@@ -74,9 +74,12 @@ def test_an_examples_jobset_is_the_bundled_trainers_but_for_image_and_command(ex
     digest = {"name": contract_env.IMAGE_DIGEST, "value": _image(example).split("@")[1]}
     assert digest in a["env"] and {**digest, "value": IMAGE.split("@")[1]} in b["env"]
 
-    # Everything else is the same object: take the image, the command and the spec's own annotations out.
-    for obj, c in ((mine, a), (theirs, b)):
-        assert set(obj["metadata"].pop("annotations")) == {HASH_ANNOTATION, PATH_ANNOTATION}
+    # Everything else is the same object: take the image, the command and the spec's own annotations out (the
+    # example's spec file is in git, so its JobSet also names the commit when the file is unchanged; the copy in
+    # tmp_path is in no repository).
+    assert set(mine["metadata"].pop("annotations")) - {COMMIT_ANNOTATION} == {HASH_ANNOTATION, PATH_ANNOTATION}
+    assert set(theirs["metadata"].pop("annotations")) == {HASH_ANNOTATION, PATH_ANNOTATION}
+    for c in (a, b):
         c.pop("image")
         c["args"] = c["args"][: len(torchrun)]
         c["env"] = [e for e in c["env"] if e["name"] != contract_env.IMAGE_DIGEST]
