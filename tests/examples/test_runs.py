@@ -23,7 +23,9 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ("plain-loop", "hf-gpt2")
-STEPS, EVERY = 40, 5  # a few steps of a tiny model, a checkpoint every 5
+# A tiny model, a checkpoint every 10 steps; the killed run loses a worker at its first checkpoint, 50 steps before
+# its end (seconds of training), and the test checks that a restart did happen.
+STEPS, EVERY = 60, 10
 
 
 def _spec(tmp_path: Path, example: str, steps: int) -> Path:
@@ -109,9 +111,9 @@ def test_each_example_trains_under_run_local_on_two_cpu_workers(uninterrupted, e
 
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_a_killed_worker_is_restarted_and_the_run_ends_bit_identical(uninterrupted, example, tmp_path):
-    runs = tmp_path / "runs"
+    reference, runs = uninterrupted[example], tmp_path / "runs"  # the reference first: it runs on first use
     proc = _start(tmp_path, example, runs)
-    run = runs / uninterrupted[example].name
+    run = runs / reference.name
     manifest = run / "checkpoints" / f"step_{EVERY:09d}" / "manifest.json"
     while not manifest.exists():  # the first checkpoint is complete: kill rank 1 while training goes on
         assert proc.poll() is None, proc.communicate()[0][-4000:]
@@ -122,9 +124,9 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_bit_identical(uninterrupt
     restarted = sorted(s for s, r in steps.items() if r["restart"] == 1)
     assert restarted and restarted[-1] == STEPS - 1, out[-4000:]  # torchrun restarted the workers once ...
     assert restarted[0] % EVERY == 0 and restarted[0] >= EVERY  # ... which resumed from a checkpoint
-    assert _result(run)["params_sha256"] == _result(uninterrupted[example])["params_sha256"]
-    reference = _steps(uninterrupted[example])
-    assert [steps[s]["loss"] for s in range(STEPS)] == [reference[s]["loss"] for s in range(STEPS)]
+    assert _result(run)["params_sha256"] == _result(reference)["params_sha256"]
+    expected = _steps(reference)
+    assert [steps[s]["loss"] for s in range(STEPS)] == [expected[s]["loss"] for s in range(STEPS)]
 
 
 def test_a_run_resumed_at_another_world_size_keeps_the_sample_order(uninterrupted, tmp_path):
