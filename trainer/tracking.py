@@ -13,6 +13,9 @@ Usage (only rank 0 does any work; on other ranks every call returns at once):
     tracker.close(status="FINISHED")
     print(tracker.ui_hint())                          # where the run is and how to open the UI
 
+A run with `tracking.parent_run_id` is created with the tag `mlflow.parentRunId`, which the MLflow UI reads to
+nest it under that run (a sweep's trials under the sweep's run).
+
 Where runs go: `tracking.uri`, else env MLFLOW_TRACKING_URI, else an embedded SQLite store beside the run
 directory (`runs/mlflow.db`, artifacts in `runs/mlartifacts/` for `--run-dir runs/NAME`). docs/tracking.md.
 
@@ -72,6 +75,8 @@ TAG_DATASET_MANIFEST = "dataset.manifest_sha256"
 TAG_CHECKPOINT_URI = "checkpoint.latest_uri"
 TAG_CHECKPOINT_STEP = "checkpoint.latest_step"
 TAG_RESUMES = "trainer.resumes"
+# The MLflow UI nests a run under the run this tag names: a sweep's trials under the sweep's run.
+TAG_PARENT_RUN = "mlflow.parentRunId"
 IMAGE_DIGEST_ENV = "TRAINER_IMAGE_DIGEST"
 
 # MLflow's limits (mlflow/utils/validation.py in 3.17): a longer value is rejected with its whole batch.
@@ -273,7 +278,8 @@ class Tracker:
         artifacts = db.parent / "mlartifacts" if db else None
         if db:
             db.parent.mkdir(parents=True, exist_ok=True)
-        tags = {TAG_IMAGE_DIGEST: os.environ.get(IMAGE_DIGEST_ENV, "").strip(), TAG_GIT_COMMIT: git_commit() or ""}
+        tags = {TAG_IMAGE_DIGEST: os.environ.get(IMAGE_DIGEST_ENV, "").strip(), TAG_GIT_COMMIT: git_commit() or "",
+                TAG_PARENT_RUN: getattr(cfg, "parent_run_id", "").strip()}
         tracker._tags = {k: v for k, v in tags.items() if v}
         tracker._thread = threading.Thread(target=tracker._work, args=(cfg.experiment, Path(run_dir).resolve().name,
                                            artifacts), name="mlflow-tracker", daemon=True)

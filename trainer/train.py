@@ -45,6 +45,7 @@ from gpu_train.jobs.launch import SHUTDOWN_ENV, nccl_env
 from gpu_train.spec.trainer_config import Config, batch_layout, flatten, to_dict
 from trainer import energy, flops, outputs
 from trainer import evaluate as evaluation
+from trainer.budget import hold_for
 from trainer.checkpoint import CheckpointInvalid, CheckpointManager
 from trainer.data import DataError, GlobalSampler, read_step
 from trainer.data.errors import is_transient
@@ -128,6 +129,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             self._exit.callback(self.checkpointer.close)
             run_id, resumed_from = self._resume()
             self._open_outputs(run_id, resumed_from)
+            self.budget = hold_for(self) if cfg.train.budget_uri else None  # a sweep trial's rungs
         except BaseException:
             self._exit.close()
             raise
@@ -285,6 +287,9 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             status = "completed"
             self.wrapped.train()
         while status == "completed" and self.step < t.steps:
+            if self.budget is not None and self.budget.reached() and self.budget.hold():
+                status = "preempted"  # stopped while held at its budget, the checkpoint of this step saved
+                break
             timings, stop = self.train_step()
             t_eval = time.perf_counter()
             if self.cfg.eval.every_steps and (self.step % self.cfg.eval.every_steps == 0 or self.step == t.steps):
@@ -442,6 +447,8 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             val_loss = reduce_eval(part, device=env.device)
         self.metrics.log(self.step, {**self.evals.record(self.step, val_loss), "eval_s": time.perf_counter() - t0,
                                      "windows": cfg.eval.batches * micro})
+        if self.budget is not None:
+            self.budget.note_eval(val_loss)
         return val_loss
 
     def save_checkpoint(self, *, block: bool) -> float:
@@ -493,6 +500,8 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                 tokens_per_s=tokens_per_s, mfu=self.metrics.mfu(tokens_per_s), device=env.device,
                 signal=self.stop_signal if status == "preempted" else None)
             summary.update(self.energy.finish(env, self.tracker, self.step))  # collective: all GPUs' energy
+            if self.budget is not None:
+                self.budget.status(status, params_sha256=summary["params_sha256"])
             if env.rank == 0:
                 outputs.write_outputs(outputs.RunOutputs(
                     cfg=self.cfg, run_dir=self.run_dir, tokenizer=self.tokenizer, tracker=self.tracker,
