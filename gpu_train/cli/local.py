@@ -20,7 +20,6 @@ command returns (the same command resumes); a second Ctrl-C stops at once, witho
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import os
 import signal
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.cli.cluster import CliError
-from gpu_train.jobs.launch import launch_env, local_command
+from gpu_train.jobs.launch import detach_launcher, launch_env, local_command
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.job import JobSpec, NodeRange, job_problems, read_job, trainer_settings
 
@@ -110,16 +109,6 @@ def run_local(spec_path: str | None, *, nproc: int = DEFAULT_NPROC, data: str = 
     return run_launcher(cmd, env)
 
 
-def _launcher_child() -> None:
-    """In the launcher's process: a process group of its own (a terminal's Ctrl-C reaches this command only, which
-    forwards it once), and SIGTERM when this command dies (Linux's PR_SET_PDEATHSIG), so that the launcher still
-    stops its workers after a final checkpoint instead of training on alone."""
-    os.setpgid(0, 0)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)
-
-
 def run_launcher(cmd: list[str], env: dict[str, str]) -> int:
     """Run the launcher and return its exit code. SIGINT, SIGTERM and SIGHUP to this command are forwarded to it
     once each: on Ctrl-C it has the workers save a final checkpoint, prints one line and exits 130."""
@@ -134,7 +123,7 @@ def run_launcher(cmd: list[str], env: dict[str, str]) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        child = subprocess.Popen(cmd, env=env, preexec_fn=_launcher_child)  # noqa: PLW1509
+        child = subprocess.Popen(cmd, env=env, preexec_fn=detach_launcher)  # noqa: PLW1509
         children.append(child)
         if received:  # arrived before the launcher existed
             child.send_signal(received[0])
