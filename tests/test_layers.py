@@ -6,12 +6,15 @@ Run: .venv/bin/pytest tests/test_layers.py -q
 Every `import` and `from ... import` of every module counts, including the ones inside functions. The rules:
 - gpu_train.spec (the vocabulary) imports only itself, the standard library, pydantic and yaml;
   gpu_train.jobs (the renderer) adds itself and the kubernetes client; gpu_train.cli adds itself and the clients
-  it reads the cluster and the log stores with. None imports pulumi, torch, infra, policies, trainer or tools.
+  it reads the cluster and the log stores with, and Optuna. gpu_train.sweeps (the sweep controller) imports the
+  core, the renderer, Optuna and the libraries of its outputs (numpy, matplotlib, mlflow), never the team command.
+  None imports pulumi, torch, infra, policies, trainer or tools.
 - infra (the Pulumi program) imports the core, never policies, trainer, tools or the team command;
   infra/settings.py imports nothing of infra/aws, infra/gcp, infra/k8s; infra/k8s imports no cloud layer and no
   catalog, and its code compares nothing with a cloud's name.
 - policies import the core and themselves (and pulumi_policy), never infra or trainer.
-- trainer imports the core and itself, never infra, policies, tools or the team command.
+- trainer imports the core and itself, never infra, policies, tools, the team command, the sweep controller or
+  Optuna (no Optuna code runs in a trial).
 - No import cycle between modules of the project.
 """
 
@@ -93,12 +96,14 @@ ALLOWED = {
     "gpu_train.spec": ("gpu_train.spec", "pydantic", "pydantic_core", "yaml"),
     "gpu_train.jobs": ("gpu_train.spec", "gpu_train.jobs", "kubernetes"),
     "gpu_train.cli": ("gpu_train", "kubernetes", "yaml", "boto3", "botocore", "google", "prometheus_client",
-                      "urllib3"),
+                      "urllib3", "optuna"),
+    "gpu_train.sweeps": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.sweeps", "pydantic", "yaml", "optuna",
+                         "numpy", "matplotlib", "mlflow"),
 }
 FORBIDDEN = {
     "infra": ("policies", "trainer", "tools", "gpu_train.cli"),
     "policies": ("infra", "trainer", "tools", "gpu_train.cli"),
-    "trainer": ("infra", "policies", "tools", "pulumi", "gpu_train.cli"),
+    "trainer": ("infra", "policies", "tools", "pulumi", "gpu_train.cli", "gpu_train.sweeps", "optuna"),
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpu_train.cli import sweep
 from gpu_train.cli.cluster import CliError
 
 PROG = "gpu-train"
@@ -118,6 +119,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--nproc", type=int, default=2, help="local workers (default 2)")
     r.add_argument("--data", default="", help="dataset manifest URI (default: the spec's file:// one, else synthetic)")
     r.add_argument("--runs", default="runs", help="parent of the run directory (default ./runs)")
+    sweep.register(sub, _common)
     return ap
 
 
@@ -156,6 +158,8 @@ def run(argv: list[str] | None = None) -> int:
         from gpu_train.cli.local import run_local
 
         return run_local(args.spec, nproc=args.nproc, data=args.data, runs=args.runs)
+    if cmd == "sweep":
+        return sweep.run(args, _session)
     if cmd == "regions":
         from gpu_train.cli.regions import regions
 
