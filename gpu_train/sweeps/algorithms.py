@@ -100,7 +100,7 @@ class Policy:
         if a.name == "grid":
             # Optuna shuffles the grid once with its seed and gives trial N the N-th point: the sweep's own seed,
             # the same for every trial, so that no point is visited twice.
-            return optuna.samplers.GridSampler(self.grid, seed=a.seed)
+            return _AskTellGrid(self.grid, seed=a.seed)
         startup = min(10, max(1, self.sweep.trial_config.num_trials // 3))
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=True)
 
@@ -178,6 +178,15 @@ class Policy:
 
     def fail(self, number: int) -> None:
         self._tell(number, state=TrialState.FAIL)
+
+
+class _AskTellGrid(optuna.samplers.GridSampler):
+    """GridSampler for ask-and-tell: its after_trial calls Study.stop() once the grid is used up, which Optuna
+    allows only inside Study.optimize; here the controller itself stops after trialConfig.numTrials."""
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: TrialState,
+                    values: Any) -> None:
+        return None
 
 
 def _promotable_on_arrival(value: float, competing: list[float], reduction_factor: int) -> bool:

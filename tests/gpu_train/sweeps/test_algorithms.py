@@ -92,3 +92,7 @@ def test_grid_search_visits_every_point_once():
     policy = Policy(parse_sweep(doc, "s.yaml"), optuna.storages.InMemoryStorage())
     points = {tuple(sorted(policy.suggest(n).items())) for n in range(8)}
     assert len(points) == 8
+    for n in range(7):
+        policy.finish(n, 1.0 + n)
+    policy.prune(7)  # the last point told: the grid is used up, and the sweep, not Optuna, ends it
+    assert [t.state.name for t in policy.study.trials] == ["COMPLETE"] * 7 + ["PRUNED"]
