@@ -30,6 +30,7 @@ SECTIONS = {
     "recovery": "bench.recovery",
     "elastic": "bench.elastic",
     "plan": "bench.plan",
+    "sweeps": "bench.sweeps",
 }
 GPU_SECTION = ("gpu", "bench.gpu")
 
