@@ -133,6 +133,27 @@ class Policy:
         trial = self.study.ask(self.space)
         return {k: trial.params[k] for k in self.space}
 
+    def complete(self, number: int) -> dict[str, Any]:
+        """The parameters of a trial Optuna created before the controller was killed: any it had not sampled yet
+        are sampled now, in the order ask() samples them, with the sampler seeded as for that trial."""
+        frozen = self.frozen(number)
+        missing = [k for k in self.space if k not in frozen.params]
+        if missing:
+            log.warning("trial %d was created in Optuna's journal without %s (the controller was killed while "
+                        "asking): sampling them now", number, ", ".join(missing))
+            self.study.sampler = self._sampler(number)
+            self.study.sampler.before_trial(self.study, frozen)  # grid: its point, unless it was given one
+            trial = self.handle(number)
+            for key in missing:
+                d = self.space[key]
+                if isinstance(d, CategoricalDistribution):
+                    trial.suggest_categorical(key, d.choices)
+                elif isinstance(d, IntDistribution):
+                    trial.suggest_int(key, d.low, d.high, step=d.step, log=d.log)
+                else:
+                    trial.suggest_float(key, d.low, d.high, step=d.step, log=d.log)
+        return {k: self.frozen(number).params[k] for k in self.space}
+
     def report(self, number: int, tokens: int, value: float) -> None:
         """Record a validation loss at `tokens` (once: a step already reported is left alone)."""
         if tokens not in self.frozen(number).intermediate_values:

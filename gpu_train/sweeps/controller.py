@@ -89,9 +89,8 @@ class Controller:
                 self.tracker.resume(self.state.start.get("mlflow_parent_run_id"))
         # Asked for by Optuna, never journaled (killed in between): adopted, not asked again.
         for number in range(len(self.state.trials), self.policy.count()):
-            frozen = self.policy.frozen(number)
-            self.record("suggest", trial=trial_name(self.sweep, number), number=number, params=dict(frozen.params),
-                        adopted=True)
+            self.record("suggest", trial=trial_name(self.sweep, number), number=number,
+                        params=self.policy.complete(number), adopted=True)
 
     @property
     def parent_run_id(self) -> str | None:

@@ -30,6 +30,8 @@ DECISIONS = ("suggest", "promote", "pause", "prune", "finish", "done")
 def sweep_spec(num_trials: int = 8, parallel: int = 2, algorithm: str = "random"):
     doc = raw()
     doc["algorithm"]["name"] = algorithm
+    if algorithm == "grid":  # 4 x 2 points
+        doc["searchSpace"]["train.lr"] = {"distribution": "choice", "values": [0.03, 0.01, 0.003, 0.001]}
     doc["trialConfig"].update(numTrials=num_trials, parallelTrials=parallel)
     return parse_sweep(doc, "s.yaml")
 
@@ -175,3 +177,19 @@ def test_a_replay_names_a_decision_that_differs(tmp_path):
     _, differences = replay(sweep, records)
     assert differences[0] == f"record {records[i]['seq']}: {records[i]['trial']} at 20480 tokens: journal promote, " \
                              "replay pause"
+
+
+@pytest.mark.parametrize("algorithm", ["random", "grid"])
+def test_a_trial_optuna_created_without_its_parameters_gets_the_ones_a_replay_asks_for(tmp_path, algorithm):
+    """Killed inside Optuna's ask: the trial is in Optuna's journal, its parameters are not. The restarted
+    controller samples them as that ask would have, so the sweep and its replay agree."""
+    import optuna
+
+    from gpu_train.sweeps.algorithms import Policy
+
+    sweep = sweep_spec(algorithm=algorithm)
+    first = Controller(sweep, tmp_path / "d", SimBackend(sweep), out=io.StringIO())
+    first.policy.study.ask()  # a trial with no parameters yet
+    Controller(sweep, tmp_path / "d", SimBackend(sweep), out=io.StringIO())
+    (suggest,) = [r for r in read_journal(tmp_path / "d" / "journal.jsonl") if r["event"] == "suggest"]
+    assert suggest["params"] == Policy(sweep, optuna.storages.InMemoryStorage()).suggest(0)
