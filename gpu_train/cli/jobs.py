@@ -142,22 +142,28 @@ def submit(session: Session | None, contract, spec_path: str, *, dry_run: bool, 
         return 0
     if session is None:
         raise CliError("no cluster to submit to (pass --dry-run to only print the JobSet)")
+    create_jobset(session, manifest, job.team)
     ns = manifest["metadata"]["namespace"]
-    group, version = _jobset_api()
-    try:
-        call(session, session.custom.create_namespaced_custom_object, group, version, ns, "jobsets", manifest,
-             doing="create jobsets", namespace=ns, team=job.team)
-    except CliError as exc:
-        if "(409)" in str(exc):
-            raise CliError(f"job {job.name!r} already exists in {ns}: `gpu-train status {job.name}` shows it, "
-                           f"`gpu-train cancel {job.name}` removes it", code=1) from None
-        raise
     team = contract.team(job.team)
     out.write(f"submitted job {job.name!r} to {ns}, queue {team.local_queue} (pool {job.pool}, nodes {job.nodes})\n"
               f"  {estimate}\n"
               f"  gpu-train status {job.name}     queue position, step, loss, tokens/s, ETA\n"
               f"  gpu-train logs {job.name} -f    rank 0's log, live\n")
     return 0
+
+
+def create_jobset(session: Session, manifest: Mapping[str, Any], team: str) -> None:
+    """Create a rendered JobSet in its namespace; an existing one of the same name is a conflict (exit 1)."""
+    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    group, version = _jobset_api()
+    try:
+        call(session, session.custom.create_namespaced_custom_object, group, version, ns, "jobsets", manifest,
+             doing="create jobsets", namespace=ns, team=team)
+    except CliError as exc:
+        if "(409)" in str(exc):
+            raise CliError(f"job {name!r} already exists in {ns}: `gpu-train status {name}` shows it, "
+                           f"`gpu-train cancel {name}` removes it", code=1) from None
+        raise
 
 
 # ------------------------------------------------------------------------------------------ reading state
@@ -202,6 +208,18 @@ def state(jobset: Mapping[str, Any], workload: Mapping[str, Any] | None) -> str:
     if _true(workload, "Evicted"):
         return "Evicted"
     return "Queued"
+
+
+def job_state(session: Session, team: str, name: str) -> str | None:
+    """A job's state (as `state` says it), or None when there is no such JobSet."""
+    ns = team_namespace(team)
+    try:
+        jobset = _get_jobset(session, ns, name, team)
+    except CliError as exc:
+        if str(exc).startswith(f"no job {name!r}"):
+            return None
+        raise
+    return state(jobset, _find_workload(session, ns, team, jobset))
 
 
 def _age(ts: str | None, now: dt.datetime | None = None) -> str:

@@ -2,9 +2,10 @@
 
 Usage:
     gpu-train sweep run --local examples/sweep-tiny.yaml     # trials as local torchrun jobs, controlled here
+    gpu-train sweep run SPEC                                 # trials as JobSets in the team's queue, controlled here
     gpu-train sweep run SPEC --dry-run                       # the first trials' JobSets, as the cluster would get them
     gpu-train sweep status SPEC                              # the table and the plot's path
-    gpu-train sweep stop SPEC                                # stop a running controller: trials checkpoint and stop
+    gpu-train sweep stop SPEC                                # stop the controller running here
     gpu-train sweep replay SPEC                              # every decision of the journal, taken again
 
 The sweep's state (its journal, Optuna's journal, the plot, the trials' run directories) lives in
@@ -35,11 +36,11 @@ def register(sub: Any, common: Any) -> None:
                                       "sweep (docs/sweeps.md).")
     ss = sw.add_subparsers(dest="sweep_command", required=True, metavar="SUBCOMMAND")
     r = ss.add_parser("run", help="run a sweep: its controller in this process",
-                      description="Run a sweep spec with trials as local torchrun jobs (--local), or print the JobSets "
-                                  "its first trials would be in the team's queue (--dry-run). Run it again to continue "
-                                  "a stopped sweep.")
+                      description="Run a sweep spec: trials as JobSets in the team's queue, as local torchrun jobs "
+                                  "(--local), or print the JobSets of its first trials (--dry-run). Run it again to "
+                                  "continue a stopped sweep.")
     r.add_argument("spec", help="sweep spec file (YAML)")
-    mode = r.add_mutually_exclusive_group(required=True)
+    mode = r.add_mutually_exclusive_group()
     mode.add_argument("--local", action="store_true", help="trials on this machine under local torchrun")
     mode.add_argument("--dry-run", action="store_true", help="print the first trials' JobSets (the one renderer, "
                                                              "the team's queue, the sweep priority class)")
@@ -49,8 +50,8 @@ def register(sub: Any, common: Any) -> None:
     r.add_argument("--runs", default="runs", help="parent of the sweep's directory (default ./runs)")
     common(r, team=False)
     for name, text in (("status", "the sweep's trials: parameters, rung, tokens, best loss, state; and its plot"),
-                       ("stop", "stop the sweep's running controller: every trial saves a checkpoint and stops; "
-                                "`sweep run` continues it"),
+                       ("stop", "stop the sweep's controller running on this machine (--local trials save a "
+                                "checkpoint and stop); the same `sweep run` continues it"),
                        ("replay", "take every decision of the sweep's journal again and compare")):
         c = ss.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         c.add_argument("spec", help="sweep spec file (YAML)")
@@ -88,8 +89,36 @@ def run(args: argparse.Namespace, session_of: Any = None) -> int:
     from gpu_train.cli.cluster import load_contract
     from gpu_train.cli.sweep_cluster import dry_run
 
-    session = None if args.platform else session_of(args)
-    return dry_run(load_contract(session, sweep.template.team, args.platform), sweep, args.spec)
+    session = None if (args.dry_run and args.platform) else session_of(args)
+    contract = load_contract(session, sweep.template.team, args.platform)
+    if args.dry_run:
+        return dry_run(contract, sweep, args.spec)
+    return run_cluster(session, contract, sweep, args.spec, runs=Path(args.runs))
+
+
+def run_cluster(session, contract, sweep, source: str, *, runs: Path) -> int:
+    """The controller in this process, the trials as JobSets in the team's queue (gpu_train.cli.sweep_cluster)."""
+    from gpu_train.cli.sweep_cluster import ClusterBackend, trial_jobsets
+    from gpu_train.sweeps.controller import Controller
+    from gpu_train.sweeps.tracking import SweepTracker
+
+    trial_jobsets(contract, sweep, source)  # every bound checked as `gpu-train submit` checks a job
+    sweep_dir = runs.resolve() / sweep.name
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    tracker = SweepTracker.open(tracking_uri) if tracking_uri else None
+    if not tracking_uri:
+        print("gpu-train: no MLflow parent run for this sweep (set MLFLOW_TRACKING_URI to the server its trials "
+              "log to)", file=sys.stderr)
+    backend = ClusterBackend(session, contract, sweep, source=source, tracking_uri=tracking_uri)
+    controller = Controller(sweep, sweep_dir, backend, tracker=tracker)
+    backend.parent_run_id = controller.parent_run_id
+    team = contract.team(sweep.template.team)
+    print(f"gpu-train: sweep {sweep.name!r}: {sweep.trial_config.num_trials} trials, "
+          f"{sweep.trial_config.parallel_trials} at a time, as JobSets in {team.namespace} (queue {team.local_queue}); "
+          f"journal in {sweep_dir}", file=sys.stderr)
+    return drive(controller, backend.shutdown, sweep, sweep_dir,
+                 stopped="its trials go on in the cluster; the same command takes them up again")
 
 
 def _journaled(sweep, directory: Path) -> Path:
@@ -140,9 +169,11 @@ def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int) -> int:
     return drive(controller, backend.shutdown, sweep, sweep_dir)
 
 
-def drive(controller, shutdown, sweep, sweep_dir: Path) -> int:
-    """Run a controller to the end: SIGTERM and Ctrl-C stop every trial (each saves a checkpoint) and exit 130, the
-    same command continues; the end writes the plot, completes the MLflow run and prints the table."""
+def drive(controller, shutdown, sweep, sweep_dir: Path,
+          stopped: str = "its trials checkpointed and stopped; the same command continues it") -> int:
+    """Run a controller to the end: SIGTERM and Ctrl-C call `shutdown` (local trials save a checkpoint and stop)
+    and exit 130, the same command continues; the end writes the plot, completes the MLflow run and prints the
+    table."""
     from gpu_train.sweeps.controller import SweepFailed
 
     previous = signal.signal(signal.SIGTERM, lambda *_: controller.stopping.set())
@@ -151,8 +182,7 @@ def drive(controller, shutdown, sweep, sweep_dir: Path) -> int:
     try:
         controller.run()
     except KeyboardInterrupt:
-        print(f"gpu-train: sweep {sweep.name!r} stopped: its trials checkpointed and stopped; the same command "
-              "continues it", file=sys.stderr)
+        print(f"gpu-train: sweep {sweep.name!r} stopped: {stopped}", file=sys.stderr)
         shutdown()
         return 130
     except SweepFailed as exc:

@@ -1,26 +1,34 @@
-"""A sweep's trials as the cluster would run them: JobSets from the one renderer (gpu_train.cli.jobs.render), in the
-team's LocalQueue, with the sweep's priority class, each checked as `gpu-train submit` checks a job.
+"""A sweep's trials on the cluster: JobSets from the one renderer (gpu_train.cli.jobs.render), in the team's LocalQueue,
+with the sweep's priority class, each checked as `gpu-train submit` checks a job.
 
 Usage:
     gpu-train sweep run SPEC --dry-run [--platform FILE | --kubeconfig ...]   # print the first trials' JobSets
+    gpu-train sweep run SPEC [--kubeconfig ...]                               # the controller here, trials there
 
-Which trials: the first trialConfig.parallelTrials the sweep's sampler asks for (a fresh study with the sweep's seed,
-so the parameters are the ones a run would start with), then one trial at each bound and choice of the search
-space, so a value the cluster would refuse (a batch that does not divide, a pool the team has no quota on) is
-named before anything runs. Only the first group is printed; the others are checked.
+Which trials --dry-run prints: the first trialConfig.parallelTrials the sweep's sampler asks for (a fresh study
+with the sweep's seed, so the parameters are the ones a run starts with); one trial at each bound and choice of
+the search space is checked as well, so a value the cluster would refuse (a batch that does not divide, a pool
+the team has no quota on) is named before anything runs.
 
 A trial's budget object lives in the checkpoints bucket beside its checkpoints
-(`<bucket>/<team>/<sweep>/<trial>/budget.json`), where the trainer writes its status.json.
+(`<bucket>/<team>/<sweep>/<trial>/budget.json`), where the trainer writes its status.json; the controller reads
+and writes both through the S3 API (boto3), so the cluster controller needs an s3:// checkpoints bucket (an AWS
+platform). Pausing a trial is `gpu-train pause` (its Workload's spec.active false: Kueue evicts it, its pods
+checkpoint and stop, the quota is released), promoting a paused one is `gpu-train resume`, and a trial that is
+stopped for good is `gpu-train cancel`: the same functions (gpu_train.cli.jobs).
 """
 
 from __future__ import annotations
 
+import io
+import json
 import sys
 from typing import Any
 
 import yaml
 
-from gpu_train.cli.cluster import CliError
+from gpu_train.cli import jobs
+from gpu_train.cli.cluster import CliError, Session
 from gpu_train.cli.jobs import check_spec, render
 from gpu_train.jobs.jobset import PRIORITY_LABEL
 from gpu_train.spec.contract import PlatformContract
@@ -74,3 +82,86 @@ def dry_run(contract: PlatformContract, sweep: SweepSpec, source: str, out=None)
                      f"{team.local_queue} of {team.namespace} with priority class "
                      f"{docs[0]['metadata']['labels'][PRIORITY_LABEL]}\n")
     return 0
+
+
+class ClusterBackend:
+    """The controller's side of cluster trials (gpu_train.sweeps.controller.Backend; module docstring)."""
+
+    poll_s = 10.0
+
+    def __init__(self, session: Session, contract: PlatformContract, sweep: SweepSpec, *, source: str,
+                 tracking_uri: str = "", parent_run_id: str | None = None, out=None) -> None:
+        bucket = contract.bucket("checkpoints")
+        if not bucket.startswith("s3://"):
+            raise CliError(f"the cluster sweep controller keeps its trials' budgets in the checkpoints bucket through "
+                           f"the S3 API; this platform's is {bucket or 'not set'} (`--dry-run` still renders the "
+                           "trials)")
+        import boto3
+
+        self.session, self.contract, self.sweep, self.source = session, contract, sweep, source
+        self.team = sweep.template.team
+        self.tracking_uri, self.parent_run_id = tracking_uri, parent_run_id
+        self.s3 = boto3.client("s3", endpoint_url=contract.endpoints.object_store or None,
+                               region_name=contract.region or None)
+        self.out = out or io.StringIO()  # the lines `gpu-train pause/resume/cancel` print, kept off the output
+
+    def settings(self, t) -> dict[str, Any]:
+        out = trial_settings(self.contract, self.sweep, t.id)
+        if self.tracking_uri:
+            out["tracking.uri"] = self.tracking_uri
+        if self.parent_run_id:
+            out["tracking.parent_run_id"] = self.parent_run_id
+        return out
+
+    def _object(self, t, name: str) -> tuple[str, str]:
+        uri = trial_settings(self.contract, self.sweep, t.id)["train.budget_uri"]
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        return bucket, key.rpartition("/")[0] + "/" + name
+
+    def write_budget(self, t, tokens: int) -> None:
+        bucket, key = self._object(t, "budget.json")
+        self.s3.put_object(Bucket=bucket, Key=key, Body=json.dumps({"tokens": tokens}).encode() + b"\n",
+                           ContentType="application/json")
+
+    def read_status(self, t) -> dict[str, Any] | None:
+        from botocore.exceptions import ClientError
+
+        bucket, key = self._object(t, "status.json")
+        try:
+            return json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None  # not written yet
+            raise
+        except ValueError:
+            return None  # being replaced: read again at the next pass
+
+    def launch(self, t, job) -> None:
+        """Create its JobSet, or resume it (`gpu-train resume`) if it exists paused; a running one is left alone."""
+        state = jobs.job_state(self.session, self.team, t.id)
+        if state is None:
+            checked = check_spec(job.model_dump(by_alias=True, mode="json"), self.contract, self.source)
+            jobs.create_jobset(self.session, render(self.contract, checked), self.team)
+        elif state == "Paused":
+            jobs.set_active(self.session, self.team, t.id, True, out=self.out)
+
+    def pause(self, t) -> None:
+        jobs.set_active(self.session, self.team, t.id, False, out=self.out)
+
+    def stop(self, t) -> None:
+        if jobs.job_state(self.session, self.team, t.id) is not None:
+            jobs.cancel(self.session, self.team, t.id, out=self.out)
+
+    def ended(self, t) -> str | None:
+        """None while its JobSet is queued, running, evicted or paused (Kueue requeues an evicted trial itself)."""
+        state = jobs.job_state(self.session, self.team, t.id)
+        if state is None:
+            return "not running"
+        if state == "Failed":
+            return f"its JobSet failed (`gpu-train logs {t.id}`)"
+        if state == "Completed":
+            return "its JobSet completed without a final status.json"
+        return None
+
+    def shutdown(self) -> None:
+        """The trials keep running in the cluster; the same `gpu-train sweep run` takes them up again."""
