@@ -136,7 +136,7 @@ class Controller:
         state, tokens = status.get("state"), int(status.get("tokens") or 0)
         if state == "held" and tokens == t.budget and tokens in self.sweep.rungs() and tokens not in t.decided:
             self.decide(t, tokens)
-        elif state in ("completed", "stopped_early") and tokens >= t.budget:
+        elif state == "stopped_early" or (state == "completed" and tokens >= t.budget):  # its own patience, or done
             self.finish(t, status)
         elif (why := self.backend.ended(t)) is not None and self.state.trials[t.id].state in ACTIVE:
             self.ended(t, why, status)

@@ -193,3 +193,23 @@ def test_a_trial_optuna_created_without_its_parameters_gets_the_ones_a_replay_as
     Controller(sweep, tmp_path / "d", SimBackend(sweep), out=io.StringIO())
     (suggest,) = [r for r in read_journal(tmp_path / "d" / "journal.jsonl") if r["event"] == "suggest"]
     assert suggest["params"] == Policy(sweep, optuna.storages.InMemoryStorage()).suggest(0)
+
+
+def test_a_trial_that_stops_early_on_its_own_patience_is_finished_there(tmp_path):
+    """eval.early_stopping_patience in the template: the trainer ends the trial before its budget, and that is a
+    finished trial with its last validation loss, not a failure."""
+    sweep = sweep_spec(num_trials=1, parallel=1)
+
+    class Patient(SimBackend):
+        def read_status(self, t):
+            self.budget[t.id] = min(self.budget[t.id], 12288)  # it stops at 3 steps, below the first rung
+            status = super().read_status(t)
+            return status and {**status, "state": "stopped_early", "params_sha256": "sha"}
+
+    controller = Controller(sweep, tmp_path / "e", Patient(sweep), out=io.StringIO())
+    for _ in range(3):
+        if not controller.step():
+            break
+    records = read_journal(tmp_path / "e" / "journal.jsonl")
+    (finish,) = [r for r in records if r["event"] == "finish"]
+    assert finish["tokens"] == 12288 and controller.state.best().id == finish["trial"]
