@@ -1,7 +1,8 @@
 """A team's jobs: submit (render, check, create), list, status, pause, resume, cancel.
 
 Usage: the `gpu-train` subcommands call `submit(...)`, `list_jobs(...)`, `status(...)`, `set_active(...)` and
-`cancel(...)` with a Session (gpu_train/cli/cluster.py) and a platform contract.
+`cancel(...)` with a Session (gpu_train/cli/cluster.py) and a platform contract; the sweep controller's cluster
+trials use the same `create_jobset`, `job_state`, `set_active` and `cancel` (gpu_train/cli/sweep_cluster.py).
 
 A job spec file holds the stack's `job` settings (docs/configuration.md, "job"), read by the one job model
 (gpu_train.spec.job), checked as the plan checks the stack's job (gpu_train.jobs.check: against the contract's
