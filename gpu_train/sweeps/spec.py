@@ -88,7 +88,7 @@ class Objective(_Model):
 
 
 class EarlyStopping(_Model):
-    name: Literal["none", "median", "asha"] = Field("asha", description="none, median (stop below the median) or "
+    name: Literal["none", "median", "asha"] = Field("none", description="none, median (stop below the median) or "
                                                                         "asha (successive halving: pause, promote)")
     min_tokens: int = Field(0, description="asha: the first rung in tokens; median: tokens before any stop")
     reduction_factor: int = Field(3, ge=2, description="asha: a rung keeps the best 1/reductionFactor")

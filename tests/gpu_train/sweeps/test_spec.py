@@ -115,3 +115,14 @@ def test_median_needs_evaluations_along_the_way():
     found = problems(lambda d: d["algorithm"]["earlyStopping"].update(name="median"))
     assert found == ["s.yaml: algorithm.earlyStopping median compares validation losses along the way: set "
                      "trialTemplate.overrides.eval.every_steps"]
+
+
+def test_a_minimal_spec_takes_the_defaults():
+    doc = raw()
+    for key in ("objectives", "algorithm"):
+        del doc[key]
+    doc["trialConfig"] = {"numTrials": 3}
+    sweep = parse_sweep(doc, "s.yaml")
+    assert (sweep.algorithm.name, sweep.early.name, sweep.trial_config.parallel_trials) == ("tpe", "none", 1)
+    assert sweep.rungs() == [] and sweep.max_tokens == 40 * 4096
+    assert (sweep.objectives[0].metric, sweep.objectives[0].direction) == ("val_loss", "minimize")
