@@ -1,7 +1,7 @@
 """`gpu-train sweep`: hyperparameter sweeps whose trials are ordinary jobs (docs/sweeps.md).
 
 Usage:
-    gpu-train sweep run --local examples/sweep-tiny.yaml     # trials as local torchrun jobs, controlled here
+    gpu-train sweep run --local [examples/sweep-tiny.yaml]   # trials as local torchrun jobs, controlled here
     gpu-train sweep run SPEC                                 # trials as JobSets in the team's queue, controlled here
     gpu-train sweep run SPEC --dry-run                       # the first trials' JobSets, as the cluster would get them
     gpu-train sweep status SPEC                              # the table and the plot's path
@@ -27,6 +27,21 @@ from typing import Any
 from gpu_train.cli.cluster import CliError
 
 CONTROLLER_PID = "controller.pid"
+DEFAULT_SOURCE = "the embedded default sweep"
+# The sweep `gpu-train sweep run --local` runs without a spec: examples/sweep-tiny.yaml, which says why each value
+# (a test keeps the two the same).
+DEFAULT_SWEEP: dict[str, Any] = {
+    "name": "sweep-tiny",
+    "trialTemplate": {"name": "sweep-tiny", "team": "local", "pool": "local", "preset": "tiny", "nodes": "1:1",
+                      "steps": 40, "globalBatchTokens": 4096, "checkpointEvery": 1000, "maxRestarts": 0,
+                      "overrides": {"eval.batches": 4, "eval.sample_tokens": 0, "train.warmup_steps": 4}},
+    "searchSpace": {"train.lr": {"distribution": "logUniform", "min": 3.0e-4, "max": 3.0e-2},
+                    "model.norm": {"distribution": "choice", "values": ["layernorm", "rmsnorm"]}},
+    "objectives": [{"metric": "val_loss", "direction": "minimize"}],
+    "algorithm": {"name": "tpe", "seed": 7, "earlyStopping": {"name": "asha", "minTokens": 20480,
+                                                               "reductionFactor": 2}},
+    "trialConfig": {"numTrials": 8, "parallelTrials": 2, "maxTokensPerTrial": 163840},
+}
 
 
 def register(sub: Any, common: Any) -> None:
@@ -39,7 +54,8 @@ def register(sub: Any, common: Any) -> None:
                       description="Run a sweep spec: trials as JobSets in the team's queue, as local torchrun jobs "
                                   "(--local), or print the JobSets of its first trials (--dry-run). Run it again to "
                                   "continue a stopped sweep.")
-    r.add_argument("spec", help="sweep spec file (YAML)")
+    r.add_argument("spec", nargs="?", help="sweep spec file (YAML); --local: default the embedded one (ASHA over the "
+                                           "tiny preset, examples/sweep-tiny.yaml)")
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--local", action="store_true", help="trials on this machine under local torchrun")
     mode.add_argument("--dry-run", action="store_true", help="print the first trials' JobSets (the one renderer, "
@@ -54,7 +70,7 @@ def register(sub: Any, common: Any) -> None:
                                 "checkpoint and stop); the same `sweep run` continues it"),
                        ("replay", "take every decision of the sweep's journal again and compare")):
         c = ss.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        c.add_argument("spec", help="sweep spec file (YAML)")
+        c.add_argument("spec", nargs="?", help="sweep spec file (YAML; default the embedded one)")
         c.add_argument("--runs", default="runs", help="parent of the sweep's directory (default ./runs)")
 
 
@@ -63,12 +79,12 @@ def _need_optuna() -> None:
         raise CliError('`gpu-train sweep` needs Optuna: pip install "gpu-train[cli]"')
 
 
-def load(spec: str):
+def load(spec: str | None):
     from gpu_train.spec.errors import SettingsError
-    from gpu_train.sweeps.spec import load_sweep
+    from gpu_train.sweeps.spec import load_sweep, parse_sweep
 
     try:
-        return load_sweep(spec)
+        return load_sweep(spec) if spec else parse_sweep(DEFAULT_SWEEP, DEFAULT_SOURCE)
     except SettingsError as exc:
         raise CliError("\n".join(exc.problems)) from None
 
@@ -85,7 +101,9 @@ def run(args: argparse.Namespace, session_of: Any = None) -> int:
     if cmd == "stop":
         return stop(sweep, sweep_dir)
     if args.local:
-        return run_local(sweep, args.spec, runs=Path(args.runs), data=args.data, nproc=args.nproc)
+        return run_local(sweep, args.spec or DEFAULT_SOURCE, runs=Path(args.runs), data=args.data, nproc=args.nproc)
+    if not args.spec:
+        raise CliError("a sweep on the cluster needs a spec file (the embedded default is for --local)")
     from gpu_train.cli.cluster import load_contract
     from gpu_train.cli.sweep_cluster import dry_run
 

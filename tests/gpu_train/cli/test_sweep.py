@@ -70,3 +70,22 @@ def test_a_spec_error_names_the_file_and_field(tmp_path, cli):
 def test_status_without_a_journal_says_how_to_start(tmp_path, cli):
     code, _, err = cli("sweep", "status", sweep_file(tmp_path), "--runs", tmp_path / "runs")
     assert code != 0 and "has no journal" in err and "gpu-train sweep run" in err
+
+
+def test_the_embedded_default_sweep_is_the_example():
+    from pathlib import Path
+
+    from gpu_train.cli.sweep import DEFAULT_SWEEP
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "sweep-tiny.yaml"
+    assert yaml.safe_load(example.read_text()) == DEFAULT_SWEEP
+
+
+def test_without_a_spec_status_reads_the_default_sweeps_journal(tmp_path, cli):
+    code, _, err = cli("sweep", "status", "--runs", tmp_path)
+    assert code != 0 and f"sweep 'sweep-tiny' has no journal in {tmp_path / 'sweep-tiny'}" in err
+
+
+def test_a_cluster_sweep_needs_a_spec(tmp_path, cli):
+    code, _, err = cli("sweep", "run", "--platform", tmp_path / "p.json")
+    assert code != 0 and "a sweep on the cluster needs a spec file" in err
