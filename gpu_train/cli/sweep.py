@@ -10,7 +10,7 @@ Usage:
 
 The sweep's state (its journal, Optuna's journal, the plot, the trials' run directories) lives in
 runs/<sweep name>/ (--runs). Running the same command again after the controller was stopped or killed continues
-the same sweep. Optuna comes with the cli extra; --local needs the trainer as well.
+the same sweep. It needs the sweeps extra (Optuna); --local the trainer as well.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def register(sub: Any, common: Any) -> None:
 
 def _need_optuna() -> None:
     if importlib.util.find_spec("optuna") is None:
-        raise CliError('`gpu-train sweep` needs Optuna: pip install "gpu-train[cli]"')
+        raise CliError('`gpu-train sweep` needs Optuna: pip install "gpu-train[cli,sweeps]"')
 
 
 def load(spec: str | None):
@@ -172,7 +172,7 @@ def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int) -> int:
         raise CliError(f"--nproc {nproc} must be >= 1")
     if importlib.util.find_spec("torch") is None:
         raise CliError('`gpu-train sweep run --local` runs the trainer on this machine and needs it installed: '
-                       'pip install "gpu-train[trainer,cli]"')
+                       'pip install "gpu-train[trainer,cli,sweeps]"')
     _check_trials(sweep, source, nproc)
     template = sweep.template
     data_uri = data or (template.dataset_uri if template.dataset_uri.startswith("file://") else "synthetic")
