@@ -31,6 +31,7 @@ SECTIONS = {
     "elastic": "bench.elastic",
     "plan": "bench.plan",
     "serving": "bench.serving",
+    "sweeps": "bench.sweeps",
 }
 GPU_SECTION = ("gpu", "bench.gpu")
 

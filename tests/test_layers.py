@@ -8,15 +8,18 @@ Every `import` and `from ... import` of every module counts, including the ones 
   gpu_train.jobs (the renderer) adds itself and the kubernetes client; gpu_train.client (the Python client) adds
   itself and the clients it reads the cluster and the log stores with; gpu_train.serving (serving's programs: the
   route, the promotion loop, the registry client) adds itself and its clients (kubernetes, MLflow, aiohttp,
-  urllib3, prometheus_client); gpu_train.cli (the command) adds itself and serving, and builds on the client.
-  None imports pulumi, torch, infra, policies, trainer or tools, with one exception: the local model server
+  urllib3, prometheus_client); gpu_train.sweeps (the sweep controller) imports the core, the renderer, Optuna
+  and the libraries of its outputs (numpy, matplotlib, mlflow), never the team command; gpu_train.cli (the
+  command) adds itself, serving and sweeps, builds on the client, and may import Optuna. None imports pulumi,
+  torch, infra, policies, trainer or tools, with one exception: the local model server
   (gpu_train.serving.model_server) runs transformers over torch, and is only ever started as its own process
   (`python -m`), never imported.
 - infra (the Pulumi program) imports the core, never policies, trainer, tools, the client or the team command;
   infra/settings.py imports nothing of infra/aws, infra/gcp, infra/k8s; infra/k8s imports no cloud layer and no
   catalog, and its code compares nothing with a cloud's name.
 - policies import the core and themselves (and pulumi_policy), never infra or trainer.
-- trainer imports the core and itself, never infra, policies, tools, the client or the team command.
+- trainer imports the core and itself, never infra, policies, tools, the client, the team command, the sweep
+  controller or Optuna (no Optuna code runs in a trial).
 - No import cycle between modules of the project.
 """
 
@@ -102,7 +105,9 @@ ALLOWED = {
     "gpu_train.client": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.client", "kubernetes", "yaml", "boto3",
                          "botocore", "google", "prometheus_client", "urllib3"),
     "gpu_train.cli": ("gpu_train", "kubernetes", "yaml", "boto3", "botocore", "google", "prometheus_client",
-                      "urllib3"),
+                      "urllib3", "optuna"),
+    "gpu_train.sweeps": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.sweeps", "pydantic", "yaml", "optuna",
+                         "numpy", "matplotlib", "mlflow"),
 }
 # The one module of the core that runs torch: the model server `gpu-train serve --local` starts as a process.
 MODEL_SERVER = "gpu_train.serving.model_server"
@@ -110,10 +115,12 @@ MODEL_SERVER_IMPORTS = ("torch", "transformers", "fastapi", "uvicorn", "pydantic
 FORBIDDEN = {
     "infra": ("policies", "trainer", "tools", "gpu_train.cli", "gpu_train.client"),
     "policies": ("infra", "trainer", "tools", "gpu_train.cli", "gpu_train.client"),
-    "trainer": ("infra", "policies", "tools", "pulumi", "gpu_train.cli", "gpu_train.client"),
-    "gpu_train.spec": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli"),
-    "gpu_train.jobs": ("gpu_train.client", "gpu_train.cli"),
-    "gpu_train.client": ("gpu_train.cli",),
+    "trainer": ("infra", "policies", "tools", "pulumi", "gpu_train.cli", "gpu_train.client", "gpu_train.sweeps",
+                "optuna"),
+    "gpu_train.spec": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps"),
+    "gpu_train.jobs": ("gpu_train.client", "gpu_train.cli", "gpu_train.sweeps"),
+    "gpu_train.client": ("gpu_train.cli", "gpu_train.sweeps"),
+    "gpu_train.sweeps": ("gpu_train.cli", "gpu_train.client"),
 }
 
 

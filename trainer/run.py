@@ -82,6 +82,8 @@ def finish(t: Trainer, status: str) -> dict[str, Any]:
             tokens_per_s=tokens_per_s, mfu=t.metrics.mfu(tokens_per_s), device=env.device,
             signal=t.stop_signal if status == "preempted" else None)
         summary.update(t.energy.finish(env, t.tracker, t.step))  # collective: all GPUs' energy
+        if t.budget is not None:  # a sweep trial: the controller reads how it ended
+            t.budget.status(status, params_sha256=summary["params_sha256"])
         if env.rank == 0:
             outputs.write_outputs(outputs.RunOutputs(
                 cfg=t.cfg, run_dir=t.run_dir, tokenizer=t.tokenizer, tracker=t.tracker, checkpointer=ckpt,

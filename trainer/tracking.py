@@ -15,6 +15,9 @@ Usage (only rank 0 does any work; on other ranks every call returns at once):
     tracker.close(status="FINISHED")
     print(tracker.ui_hint())                          # where the run is and how to open the UI
 
+A run with `tracking.parent_run_id` is created with the tag `mlflow.parentRunId`, which the MLflow UI reads to
+nest it under that run (a sweep's trials under the sweep's run).
+
 Where runs go: `tracking_uri` (the bundled trainer's `tracking.uri`), else env MLFLOW_TRACKING_URI, else an
 embedded SQLite store beside the run directory (`runs/mlflow.db`, artifacts in `runs/mlartifacts/` for `--run-dir runs/NAME`). docs/tracking.md.
 
@@ -74,6 +77,8 @@ TAG_DATASET_MANIFEST = "dataset.manifest_sha256"
 TAG_CHECKPOINT_URI = "checkpoint.latest_uri"
 TAG_CHECKPOINT_STEP = "checkpoint.latest_step"
 TAG_RESUMES = "trainer.resumes"
+# The MLflow UI nests a run under the run this tag names: a sweep's trials under the sweep's run.
+TAG_PARENT_RUN = "mlflow.parentRunId"
 IMAGE_DIGEST_ENV = "TRAINER_IMAGE_DIGEST"
 
 # MLflow's limits (mlflow/utils/validation.py in 3.17): a longer value is rejected with its whole batch.
@@ -260,9 +265,11 @@ class Tracker:
 
     @classmethod
     def start(cls, *, experiment: str, run_name: str, tracking_uri: str = "", run_dir: Path | str | None = None,
-              resume_run_id: str | None = None, enabled: bool = True, options: TrackerOptions | None = None) -> Tracker:
+              resume_run_id: str | None = None, enabled: bool = True, options: TrackerOptions | None = None,
+              parent_run_id: str = "") -> Tracker:
         """A working tracker (or, with `enabled` False, e.g. on every rank but 0, one that ignores calls) logging to
-        run `run_name` of `experiment`; `resume_run_id` reopens a run a checkpoint recorded. `tracking_uri` "" is
+        run `run_name` of `experiment`; `resume_run_id` reopens a run a checkpoint recorded, `parent_run_id` nests a
+        new run under another. `tracking_uri` "" is
         env MLFLOW_TRACKING_URI, else the embedded SQLite store beside `run_dir` (default runs/<run_name>).
         ValueError names the problem when the URI cannot be a tracking URI; later trouble at the server is logged,
         not raised."""
@@ -279,7 +286,8 @@ class Tracker:
         artifacts = db.parent / "mlartifacts" if db else None
         if db:
             db.parent.mkdir(parents=True, exist_ok=True)
-        tags = {TAG_IMAGE_DIGEST: os.environ.get(IMAGE_DIGEST_ENV, "").strip(), TAG_GIT_COMMIT: git_commit() or ""}
+        tags = {TAG_IMAGE_DIGEST: os.environ.get(IMAGE_DIGEST_ENV, "").strip(), TAG_GIT_COMMIT: git_commit() or "",
+                TAG_PARENT_RUN: parent_run_id.strip()}
         tracker._tags = {k: v for k, v in tags.items() if v}
         tracker._thread = threading.Thread(target=tracker._work, args=(experiment, run_name, artifacts),
                                            name="mlflow-tracker", daemon=True)
@@ -296,7 +304,7 @@ class Tracker:
             raise ValueError("tracking.experiment must not be empty")
         return cls.start(experiment=cfg.experiment, run_name=Path(run_dir).resolve().name, tracking_uri=cfg.uri,
                          run_dir=run_dir, resume_run_id=resume_run_id, enabled=enabled and cfg.enabled,
-                         options=options)
+                         options=options, parent_run_id=cfg.parent_run_id)
 
     @property
     def run_id(self) -> str | None:

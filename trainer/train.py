@@ -67,6 +67,7 @@ from trainer import (
     shutdown,
 )
 from trainer import evaluate as evaluation
+from trainer.budget import hold_for
 from trainer.errors import one_line
 from trainer.evaluate import EvalState, reduce_eval
 from trainer.export import TOKENIZER
@@ -127,6 +128,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             self.exits.callback(self.checkpointer.close)
             run_id, resumed_from = resume(self)
             run.open_outputs(self, run_id, resumed_from)
+            self.budget = hold_for(self) if cfg.train.budget_uri else None  # a sweep trial's rungs
         except BaseException:
             self.exits.close()
             raise
@@ -187,6 +189,9 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             status = "completed"
             self.wrapped.train()
         while status == "completed" and self.step < t.steps:
+            if self.budget is not None and self.budget.reached() and self.budget.hold():
+                status = "preempted"  # stopped while held at its budget, the checkpoint of this step saved
+                break
             timings, stop = self.train_step()
             t_eval = time.perf_counter()
             if self.cfg.eval.every_steps and (self.step % self.cfg.eval.every_steps == 0 or self.step == t.steps):
@@ -344,6 +349,8 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             val_loss = reduce_eval(part, device=env.device)
         self.metrics.log(self.step, {**self.evals.record(self.step, val_loss), "eval_s": time.perf_counter() - t0,
                                      "windows": cfg.eval.batches * micro})
+        if self.budget is not None:
+            self.budget.note_eval(val_loss)
         return val_loss
 
     def save_checkpoint(self, *, block: bool) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpu_train.cli import sweep
 from gpu_train.client.cluster import ClientError
 
 PROG = "gpu-train"
@@ -125,7 +126,14 @@ def parser() -> argparse.ArgumentParser:
     from gpu_train.cli.serve import add_parser as add_serve
 
     add_serve(sub, _common)
+    sweep.register(sub, _common)
     return ap
+
+
+def _session(args):
+    from gpu_train.client.cluster import connect
+
+    return connect(args.kubeconfig, args.context)
 
 
 def _client(args):
@@ -166,6 +174,8 @@ def run(argv: list[str] | None = None) -> int:
         from gpu_train.cli.serve import run_serve
 
         return run_serve(args)
+    if cmd == "sweep":
+        return sweep.run(args, _session)
     if cmd == "regions":
         from gpu_train.cli.regions import regions
 

@@ -125,17 +125,22 @@ def prepare(contract: PlatformContract, raw: Mapping[str, Any], source: str, *, 
 
 def create(session: Session, prepared: Submitted) -> Submitted:
     """Create a prepared job's JobSet in its team's namespace; a second job of the same name is refused."""
-    job, ns = prepared.job, prepared.namespace
+    create_jobset(session, prepared.manifest, prepared.job.team)
+    return dataclasses.replace(prepared, created=True)
+
+
+def create_jobset(session: Session, manifest: Mapping[str, Any], team: str) -> None:
+    """Create a rendered JobSet in its namespace; an existing one of the same name is a conflict (exit 1)."""
+    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     group, version = jobset_api()
     try:
-        call(session, session.custom.create_namespaced_custom_object, group, version, ns, "jobsets",
-             dict(prepared.manifest), doing="create jobsets", namespace=ns, team=job.team)
+        call(session, session.custom.create_namespaced_custom_object, group, version, ns, "jobsets", dict(manifest),
+             doing="create jobsets", namespace=ns, team=team)
     except ClientError as exc:
         if "(409)" in str(exc):
-            raise ClientError(f"job {job.name!r} already exists in {ns}: `gpu-train status {job.name}` shows it, "
-                              f"`gpu-train cancel {job.name}` removes it", code=1) from None
+            raise ClientError(f"job {name!r} already exists in {ns}: `gpu-train status {name}` shows it, "
+                              f"`gpu-train cancel {name}` removes it", code=1) from None
         raise
-    return dataclasses.replace(prepared, created=True)
 
 
 def set_active(session: Session, team: str, name: str, active: bool) -> str:

@@ -115,6 +115,18 @@ def find_workload(session: Session, ns: str, team: str, jobset: Mapping[str, Any
     return workload_of(jobset, workloads(session, ns, team, f"{JOB_UID_LABEL}={uid}" if uid else ""))
 
 
+def job_state(session: Session, team: str, name: str) -> str | None:
+    """A job's state (as `state` says it), or None when there is no such JobSet."""
+    ns = team_namespace(team)
+    try:
+        jobset = get_jobset(session, ns, name, team)
+    except ClientError as exc:
+        if str(exc).startswith(f"no job {name!r}"):
+            return None
+        raise
+    return state(jobset, find_workload(session, ns, team, jobset))
+
+
 def worker_job(jobset: Mapping[str, Any]) -> Mapping[str, Any]:
     """The Job spec of a JobSet's first replicated job ({} for a JobSet without one)."""
     jobs = (jobset.get("spec") or {}).get("replicatedJobs") or [{}]

@@ -46,6 +46,7 @@ from gpu_train.spec.job import JobSpec, gpus_per_node, trainer_settings
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # the Workload's WorkloadPriorityClass (Kueue's job label)
 REPLICATED_JOB = naming.REPLICATED_JOB
 CONTAINER = "trainer"
 NVME_MOUNT = "/mnt/nvme"
@@ -309,7 +310,8 @@ def jobset(job: JobSpec, where: Placement) -> dict[str, Any]:
         "apiVersion": JOBSET_API,
         "kind": "JobSet",
         "metadata": {"name": job.name, "namespace": naming.team_namespace(job.team),
-                     "labels": {**labels, QUEUE_LABEL: where.queue}},
+                     "labels": {**labels, QUEUE_LABEL: where.queue,
+                                PRIORITY_LABEL: naming.priority_class_name(job.priority_class)}},
         "spec": {
             # Created suspended, as Kueue expects; from then on Kueue alone sets this field.
             "suspend": True,

@@ -36,6 +36,10 @@ What is spelled here and nowhere else:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -195,3 +199,14 @@ def local_command(job: JobSpec, *, nproc: int, run_dir: Path, settings: Mapping[
     return [python, "-m", "trainer.launch",
             *torchrun_args(job, nproc=nproc, endpoint=f"localhost:{port}", run_dir=run_dir, settings=settings,
                            nodes=nodes, rdzv_conf=rdzv_conf, shutdown_timeout=shutdown_timeout_s())]
+
+
+def detach_launcher() -> None:
+    """In a launcher's process (subprocess preexec_fn): a process group of its own, so a terminal's Ctrl-C reaches
+    only the command that started it (which forwards it once), and SIGTERM when that command dies (Linux's
+    PR_SET_PDEATHSIG), so the launcher still stops its workers after a final checkpoint instead of training on
+    alone."""
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)

@@ -26,7 +26,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     BaseModel,
@@ -122,6 +122,9 @@ class JobSpec(BaseModel):
     steps: Int = 1000
     global_batch_tokens: Int = 524288
     checkpoint_every: Int = 200
+    priority_class: Literal["production", "sweep"] = Field(
+        "production", description="Kueue WorkloadPriorityClass gpu-train-<this>: production jobs preempt sweep "
+                                  "trials in their team's queue, and sweeps are the first to give back borrowed quota")
     suspend: bool = Field(False, description="pause (true: quota released, pods gone) and resume (false) through "
                                              "`pulumi up`")
     max_restarts: Int = Field(3, description="torchrun --max-restarts and the JobSet's failurePolicy.maxRestarts")

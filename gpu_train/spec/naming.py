@@ -121,6 +121,11 @@ def local_queue_name(team: str) -> str:
     return f"{team}-queue"
 
 
+def priority_class_name(kind: str) -> str:
+    """The Kueue WorkloadPriorityClass of a JobSpec.priority_class ("production", "sweep")."""
+    return f"{PROJECT}-{kind}"
+
+
 def cluster_queue_name(team: str) -> str:
     return team_namespace(team)
 

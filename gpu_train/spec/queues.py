@@ -88,6 +88,22 @@ def cluster_queues(teams: Sequence[TeamSettings], pools: Sequence[GpuPool]) -> l
     return queues
 
 
+# Kueue WorkloadPriorityClasses (apis/kueue/v1beta2 at v0.19.2: cluster-scoped, `value` and `description` at the
+# top level). A job names one through its JobSet's kueue.x-k8s.io/priority-class label (gpu_train.jobs.jobset).
+# Production jobs outrank sweep trials: in a team's ClusterQueue (withinClusterQueue: LowerPriority) a production job
+# preempts trials, and sweeps, below every workload without a class (priority 0), are the first to be preempted.
+PRIORITY_VALUES = {"production": 1000, "sweep": -1000}
+PRIORITY_TEXT = {"production": "gpu-train jobs: preempt sweep trials in the team's queue",
+                 "sweep": "gpu-train sweep trials: borrow idle quota, preempted first"}
+
+
+def workload_priority_classes() -> list[dict[str, Any]]:
+    """The platform's WorkloadPriorityClasses, one per JobSpec.priority_class value."""
+    return [{"apiVersion": KUEUE_API, "kind": "WorkloadPriorityClass",
+             "metadata": {"name": naming.priority_class_name(kind)}, "value": value,
+             "description": PRIORITY_TEXT[kind]} for kind, value in PRIORITY_VALUES.items()]
+
+
 def local_queue(team: str) -> dict[str, Any]:
     return {
         "apiVersion": KUEUE_API, "kind": "LocalQueue",

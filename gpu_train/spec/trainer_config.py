@@ -66,6 +66,9 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False  # recompute each block in backward to save memory
     deterministic: bool = True  # torch.use_deterministic_algorithms (warn-only on CUDA kernels without one)
+    # A token budget ({"tokens": N}, file://, s3:// or gs://): train to N tokens, then hold there, checkpoint saved,
+    # until it is raised or the run is stopped; status.json is written beside it (trainer/budget.py). "" = none.
+    budget_uri: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,6 +136,7 @@ class TrackingConfig:
     uri: str = ""  # "" = env MLFLOW_TRACKING_URI, else an embedded local store under runs/
     experiment: str = "gpu-train"
     register_name: str = ""  # "" = don't register the final model
+    parent_run_id: str = ""  # MLflow run this run is a child of (tag mlflow.parentRunId): a sweep's trials
     log_every: int = 10
 
 
@@ -325,6 +329,8 @@ def build_config(
     if cfg.data.uri != "synthetic":
         cfg = replace(cfg, data=replace(cfg.data, uri=as_uri(cfg.data.uri)))
     cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, remote_uri=as_uri(cfg.checkpoint.remote_uri)))
+    if cfg.train.budget_uri:
+        cfg = replace(cfg, train=replace(cfg.train, budget_uri=as_uri(cfg.train.budget_uri)))
     if not cfg.metrics.port and os.environ.get("TRAINER_METRICS_PORT"):
         try:
             cfg = _apply(cfg, "metrics.port", os.environ["TRAINER_METRICS_PORT"])
@@ -452,6 +458,10 @@ def validate(cfg: Config) -> None:
                           f"(got {cfg.data.uri!r}); use auto, disk or memory")
     if cfg.checkpoint.remote_uri:
         _check_uri("checkpoint.remote_uri", cfg.checkpoint.remote_uri)
+    if cfg.train.budget_uri:
+        _check_uri("train.budget_uri", cfg.train.budget_uri)
+        if not urlparse(cfg.train.budget_uri).path.rstrip("/").rpartition("/")[2]:
+            raise ConfigError(f"train.budget_uri: {cfg.train.budget_uri!r} names no object (./budget.json)")
     _check_endpoint("data.endpoint_url", cfg.data.endpoint_url)
     _check_endpoint("checkpoint.endpoint_url", cfg.checkpoint.endpoint_url)
     _check_endpoint("env TRAINER_S3_ENDPOINT_URL", os.environ.get("TRAINER_S3_ENDPOINT_URL", ""))

@@ -1,5 +1,6 @@
 """Scheduling and tenancy: Kueue and JobSet, one ResourceFlavor per GPU pool, one ClusterQueue per
-team (nominal GPU quota per pool from the settings, borrowing inside one cohort), and per team a
+team (nominal GPU quota per pool from the settings, borrowing inside one cohort), the WorkloadPriorityClasses
+of production jobs and sweep trials, and per team a
 namespace with a LocalQueue, ResourceQuota, LimitRange, RBAC for its groups, the `trainer`
 ServiceAccount bound to the team's cloud identity, and default-deny NetworkPolicies with only the
 needed holes.
@@ -41,6 +42,7 @@ from gpu_train.spec.queues import (
     local_queue,
     resource_flavor,
     team_pool_quotas,
+    workload_priority_classes,
 )
 from gpu_train.spec.settings import TeamSettings
 from infra.k8s import common
@@ -113,6 +115,15 @@ def jobset_values(system_selector: dict[str, str]) -> dict[str, Any]:
             "resources": common.resources("250m", "256Mi", "1", "512Mi"),
         },
     }
+
+
+class TopLevelCustomResource(pulumi.CustomResource):
+    """A custom resource whose fields sit beside `metadata` rather than under `spec` (Kueue's
+    WorkloadPriorityClass has `value` and `description`), which k8s.apiextensions.CustomResource cannot carry.
+    The same registration it makes: type `kubernetes:<apiVersion>:<kind>`, the object's fields as inputs."""
+
+    def __init__(self, name: str, obj: dict[str, Any], opts: pulumi.ResourceOptions | None = None):
+        super().__init__(f"kubernetes:{obj['apiVersion']}:{obj['kind']}", name, dict(obj), opts)
 
 
 def team_quota(team: TeamSettings, teams: Sequence[TeamSettings], pools: Sequence[GpuPool]) -> dict[str, str]:
@@ -298,6 +309,12 @@ class Tenancy(pulumi.ComponentResource):
                 f"{name}-clusterqueue-{obj['metadata']['name']}", api_version=obj["apiVersion"], kind=obj["kind"],
                 metadata=obj["metadata"], spec=obj["spec"], opts=common.k8s_opts(p, self, [*kueue, *self.flavors]))
             for obj in cluster_queues(args.teams, list(p.gpu_pools))
+        ]
+        # Production jobs and sweep trials: the class a JobSet's kueue.x-k8s.io/priority-class label names.
+        self.priority_classes = [
+            TopLevelCustomResource(f"{name}-priority-{obj['metadata']['name']}", obj,
+                                   opts=common.k8s_opts(p, self, kueue))
+            for obj in workload_priority_classes()
         ]
 
         level = TEAM_POD_SECURITY

@@ -106,3 +106,17 @@ def test_the_cli_extra_installs_neither_pulumi_nor_torch(tmp_path):
     heavy = sorted(n for n in names if n.startswith("pulumi") or n in ("torch", "numpy", "mlflow-skinny", "grpcio-tools",
                                                                         "tokenizers", "matplotlib", "pyarrow"))
     assert heavy == []
+
+
+@pytest.mark.slow
+def test_the_sweeps_extra_adds_optuna_but_neither_pulumi_nor_torch(tmp_path):
+    """`gpu-train sweep`'s controller: the cli and sweeps extras together bring Optuna, and still no Pulumi or
+    torch (no Optuna code runs in a trial, so the trainer's image needs none of it)."""
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                           "--report", str(report), ".[cli,sweeps]"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = {item["metadata"]["name"].lower().replace("_", "-") for item in json.loads(report.read_text())["install"]}
+    assert {"optuna", "matplotlib", "mlflow-skinny", "kubernetes"} <= names
+    assert sorted(n for n in names if n.startswith("pulumi") or n == "torch") == []

@@ -122,7 +122,7 @@ def test_dashboard_job_wide_panels_do_not_multiply_by_the_number_of_ranks(tmp_pa
         used = [m for m in JOB_WIDE if re.search(rf"\b{m}\b", expr)]
         if len(used) != 1 or "DCGM_" in expr:  # the energy panels use trainer_step only to name the job
             continue
-        query = (expr.replace("$namespace", ".*").replace("$jobset", ".*")
+        query = (expr.replace("$namespace", ".*").replace("$jobset", ".*").replace("$sweep-t[0-9]{3}", ".*")
                  .replace("$__rate_interval", "5m"))
         cases.append({"expr": query, "eval_time": "20m",
                       "exp_samples": [{"labels": '{namespace="team-a", jobset="job"}',
@@ -200,7 +200,7 @@ def test_straggler_rules_keep_rank_pod_and_node_and_the_monitor_adds_node():
 
 def _grafana_to_promql(expr: str, jobset: str = ".*") -> str:
     return (expr.replace("$namespace", ".*").replace("$jobset", jobset).replace("$Hostname", ".*")
-            .replace("$gpu", ".*").replace("$__rate_interval", "5m").replace("$__range", "10m"))
+            .replace("$gpu", ".*").replace("$sweep", ".*").replace("$__rate_interval", "5m").replace("$__range", "10m"))
 
 
 def test_every_dashboard_query_parses_and_evaluates(tmp_path):
@@ -319,5 +319,28 @@ def test_the_energy_panels_add_up_the_jobs_gpus(tmp_path):
     path = tmp_path / "energy.test.yaml"
     path.write_text(yaml.safe_dump({"rule_files": ["training.yaml"], "evaluation_interval": "1m", "tests": [
         {"interval": "1m", "input_series": series, "promql_expr_test": cases}]}))
+    proc = promtool("test", "rules", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_sweep_panels_show_the_chosen_sweeps_trials_only(tmp_path):
+    """The Sweep variable takes a sweep's name from its trials' JobSets (<sweep>-tNNN), and the sweep panels, with
+    it set, show exactly those trials: not another sweep's, not a job that merely starts with the same name."""
+    board = json.loads(monitoring.load_dashboards()["training.json"])
+    (variable,) = [v for v in board["templating"]["list"] if v["name"] == "sweep"]
+    pattern = re.compile(variable["regex"].strip("/"))
+    names = ["lr-sweep-t000", "lr-sweep-t013", "lr-sweep-final", "other-t001", "gpt2-smoke"]
+    assert sorted({m.group(1) for n in names if (m := pattern.match(n))}) == ["lr-sweep", "other"]
+    (loss,) = [p for p in board["panels"] if p["title"] == "Sweep trials: validation loss"]
+    expr = _grafana_to_promql(loss["targets"][0]["expr"]).replace('".*-t[0-9]{3}"', '"lr-sweep-t[0-9]{3}"')
+    series = [{"series": f'trainer_val_loss{{namespace="team-a", jobset="{n}", pod="{n}-worker-0-{p}"}}',
+               "values": "3+0x10"} for n in names for p in range(2)]
+    cases = [{"expr": expr, "eval_time": "5m",
+              "exp_samples": [{"labels": f'{{namespace="team-a", jobset="{n}"}}', "value": 3}
+                              for n in ("lr-sweep-t000", "lr-sweep-t013")]}]
+    render_to(tmp_path, MonitoringSettings())
+    path = tmp_path / "sweep.test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": ["training.yaml"], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": series, "promql_expr_test": cases}]}, sort_keys=False))
     proc = promtool("test", "rules", str(path))
     assert proc.returncode == 0, proc.stdout + proc.stderr

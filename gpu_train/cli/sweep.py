@@ -1,0 +1,281 @@
+"""`gpu-train sweep`: hyperparameter sweeps whose trials are ordinary jobs (docs/sweeps.md).
+
+Usage:
+    gpu-train sweep run --local [examples/sweep-tiny.yaml]   # trials as local torchrun jobs, controlled here
+    gpu-train sweep run SPEC                                 # trials as JobSets in the team's queue, controlled here
+    gpu-train sweep run SPEC --dry-run                       # the first trials' JobSets, as the cluster would get them
+    gpu-train sweep status SPEC                              # the table and the plot's path
+    gpu-train sweep stop SPEC                                # stop the controller running here
+    gpu-train sweep replay SPEC                              # every decision of the journal, taken again
+
+The sweep's state (its journal, Optuna's journal, the plot, the trials' run directories) lives in
+runs/<sweep name>/ (--runs). Running the same command again after the controller was stopped or killed continues
+the same sweep. It needs the sweeps extra (Optuna); --local the trainer as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpu_train.client.cluster import ClientError
+
+CONTROLLER_PID = "controller.pid"
+DEFAULT_SOURCE = "the embedded default sweep"
+# The sweep `gpu-train sweep run --local` runs without a spec: examples/sweep-tiny.yaml, which says why each value
+# (a test keeps the two the same).
+DEFAULT_SWEEP: dict[str, Any] = {
+    "name": "sweep-tiny",
+    "trialTemplate": {"name": "sweep-tiny", "team": "local", "pool": "local", "preset": "tiny", "nodes": "1:1",
+                      "steps": 40, "globalBatchTokens": 4096, "checkpointEvery": 1000, "maxRestarts": 0,
+                      "overrides": {"eval.batches": 4, "eval.sample_tokens": 0, "train.warmup_steps": 4}},
+    "searchSpace": {"train.lr": {"distribution": "logUniform", "min": 3.0e-4, "max": 3.0e-2},
+                    "model.norm": {"distribution": "choice", "values": ["layernorm", "rmsnorm"]}},
+    "objectives": [{"metric": "val_loss", "direction": "minimize"}],
+    "algorithm": {"name": "tpe", "seed": 7, "earlyStopping": {"name": "asha", "minTokens": 20480,
+                                                               "reductionFactor": 2}},
+    "trialConfig": {"numTrials": 8, "parallelTrials": 2, "maxTokensPerTrial": 163840},
+}
+
+
+def register(sub: Any, common: Any) -> None:
+    """The `sweep` command and its subcommands, on the main parser's subparsers."""
+    sw = sub.add_parser("sweep", help="hyperparameter sweeps: ASHA that pauses and promotes trials, within the "
+                                      "team's quota", description="Run, watch, stop and replay a hyperparameter "
+                                      "sweep (docs/sweeps.md).")
+    ss = sw.add_subparsers(dest="sweep_command", required=True, metavar="SUBCOMMAND")
+    r = ss.add_parser("run", help="run a sweep: its controller in this process",
+                      description="Run a sweep spec: trials as JobSets in the team's queue, as local torchrun jobs "
+                                  "(--local), or print the JobSets of its first trials (--dry-run). Run it again to "
+                                  "continue a stopped sweep.")
+    r.add_argument("spec", nargs="?", help="sweep spec file (YAML); --local: default the embedded one (ASHA over the "
+                                           "tiny preset, examples/sweep-tiny.yaml)")
+    mode = r.add_mutually_exclusive_group()
+    mode.add_argument("--local", action="store_true", help="trials on this machine under local torchrun")
+    mode.add_argument("--dry-run", action="store_true", help="print the first trials' JobSets (the one renderer, "
+                                                             "the team's queue, the sweep priority class)")
+    r.add_argument("--nproc", type=int, default=1, help="--local: workers per trial (default 1)")
+    r.add_argument("--data", default="", help="--local: dataset manifest URI (default: the template's file:// "
+                                              "one, else synthetic)")
+    r.add_argument("--runs", default="runs", help="parent of the sweep's directory (default ./runs)")
+    common(r, team=False)
+    for name, text in (("status", "the sweep's trials: parameters, rung, tokens, best loss, state; and its plot"),
+                       ("stop", "stop the sweep's controller running on this machine (--local trials save a "
+                                "checkpoint and stop); the same `sweep run` continues it"),
+                       ("replay", "take every decision of the sweep's journal again and compare")):
+        c = ss.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        c.add_argument("spec", nargs="?", help="sweep spec file (YAML; default the embedded one)")
+        c.add_argument("--runs", default="runs", help="parent of the sweep's directory (default ./runs)")
+
+
+def _need_optuna() -> None:
+    if importlib.util.find_spec("optuna") is None:
+        raise ClientError('`gpu-train sweep` needs Optuna: pip install "gpu-train[cli,sweeps]"')
+
+
+def load(spec: str | None):
+    from gpu_train.spec.errors import SettingsError
+    from gpu_train.sweeps.spec import load_sweep, parse_sweep
+
+    try:
+        return load_sweep(spec) if spec else parse_sweep(DEFAULT_SWEEP, DEFAULT_SOURCE)
+    except SettingsError as exc:
+        raise ClientError("\n".join(exc.problems)) from None
+
+
+def run(args: argparse.Namespace, session_of: Any = None) -> int:
+    _need_optuna()
+    cmd = args.sweep_command
+    sweep = load(args.spec)
+    sweep_dir = Path(args.runs) / sweep.name
+    if cmd == "status":
+        return status(sweep, _journaled(sweep, sweep_dir))
+    if cmd == "replay":
+        return replay(sweep, _journaled(sweep, sweep_dir))
+    if cmd == "stop":
+        return stop(sweep, sweep_dir)
+    if args.local:
+        return run_local(sweep, args.spec or DEFAULT_SOURCE, runs=Path(args.runs), data=args.data, nproc=args.nproc)
+    if not args.spec:
+        raise ClientError("a sweep on the cluster needs a spec file (the embedded default is for --local)")
+    from gpu_train.cli.sweep_cluster import dry_run
+    from gpu_train.client.cluster import load_contract
+
+    session = None if (args.dry_run and args.platform) else session_of(args)
+    contract = load_contract(session, sweep.template.team, args.platform)
+    if args.dry_run:
+        return dry_run(contract, sweep, args.spec)
+    return run_cluster(session, contract, sweep, args.spec, runs=Path(args.runs))
+
+
+def run_cluster(session, contract, sweep, source: str, *, runs: Path) -> int:
+    """The controller in this process, the trials as JobSets in the team's queue (gpu_train.cli.sweep_cluster)."""
+    from gpu_train.cli.sweep_cluster import ClusterBackend, trial_jobsets
+    from gpu_train.sweeps.controller import Controller
+    from gpu_train.sweeps.tracking import SweepTracker
+
+    trial_jobsets(contract, sweep, source)  # every bound checked as `gpu-train submit` checks a job
+    sweep_dir = runs.resolve() / sweep.name
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    tracker = SweepTracker.open(tracking_uri) if tracking_uri else None
+    if not tracking_uri:
+        print("gpu-train: no MLflow parent run for this sweep (set MLFLOW_TRACKING_URI to the server its trials "
+              "log to)", file=sys.stderr)
+    backend = ClusterBackend(session, contract, sweep, source=source, tracking_uri=tracking_uri)
+    controller = Controller(sweep, sweep_dir, backend, tracker=tracker)
+    backend.parent_run_id = controller.parent_run_id
+    team = contract.team(sweep.template.team)
+    print(f"gpu-train: sweep {sweep.name!r}: {sweep.trial_config.num_trials} trials, "
+          f"{sweep.trial_config.parallel_trials} at a time, as JobSets in {team.namespace} (queue {team.local_queue}); "
+          f"journal in {sweep_dir}", file=sys.stderr)
+    return drive(controller, backend.shutdown, sweep, sweep_dir,
+                 stopped="its trials go on in the cluster; the same command takes them up again")
+
+
+def _journaled(sweep, directory: Path) -> Path:
+    if not (directory / "journal.jsonl").exists():
+        raise ClientError(f"sweep {sweep.name!r} has no journal in {directory} (run it first: gpu-train sweep run ...)")
+    return directory
+
+
+def _check_trials(sweep, source: str, nproc: int) -> None:
+    """The template and its extreme trials (each bound, each choice) through `run --local`'s own job checks."""
+    from gpu_train.client.local import local_problems
+    from gpu_train.sweeps.spec import bound_trials
+
+    for params in bound_trials(sweep):
+        problems = local_problems(sweep_job(sweep, params), nproc, key="trialTemplate")
+        if problems:
+            where = ", ".join(f"{k}={v}" for k, v in params.items())
+            raise ClientError("\n".join(f"{source}: {p} (trial with {where})" for p in problems))
+
+
+def sweep_job(sweep, params):
+    from gpu_train.sweeps.spec import trial_job, trial_name
+
+    return trial_job(sweep, trial_name(sweep, 0), params, {})
+
+
+def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int) -> int:
+    from gpu_train.sweeps.controller import Controller
+    from gpu_train.sweeps.local import LocalBackend
+    from gpu_train.sweeps.tracking import SweepTracker, default_tracking_uri
+
+    if nproc < 1:
+        raise ClientError(f"--nproc {nproc} must be >= 1")
+    if importlib.util.find_spec("torch") is None:
+        raise ClientError('`gpu-train sweep run --local` runs the trainer on this machine and needs it installed: '
+                       'pip install "gpu-train[trainer,cli,sweeps]"')
+    _check_trials(sweep, source, nproc)
+    template = sweep.template
+    data_uri = data or (template.dataset_uri if template.dataset_uri.startswith("file://") else "synthetic")
+    sweep_dir = runs.resolve() / sweep.name
+    tracking_uri = default_tracking_uri(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    backend = LocalBackend(sweep, runs=runs, data_uri=data_uri, nproc=nproc, tracking_uri=tracking_uri)
+    controller = Controller(sweep, sweep_dir, backend, tracker=SweepTracker.open(tracking_uri))
+    backend.parent_run_id = controller.parent_run_id
+    print(f"gpu-train: sweep {sweep.name!r}: {sweep.trial_config.num_trials} trials, {sweep.trial_config.parallel_trials}"
+          f" at a time, {nproc} local worker(s) each, on {data_uri}; directory {sweep_dir}", file=sys.stderr)
+    return drive(controller, backend.shutdown, sweep, sweep_dir)
+
+
+def drive(controller, shutdown, sweep, sweep_dir: Path,
+          stopped: str = "its trials checkpointed and stopped; the same command continues it") -> int:
+    """Run a controller to the end: SIGTERM and Ctrl-C call `shutdown` (local trials save a checkpoint and stop)
+    and exit 130, the same command continues; the end writes the plot, completes the MLflow run and prints the
+    table."""
+    from gpu_train.sweeps.controller import SweepFailed
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: controller.stopping.set())
+    pid_file = sweep_dir / CONTROLLER_PID
+    pid_file.write_text(f"{os.getpid()}\n")
+    try:
+        controller.run()
+    except KeyboardInterrupt:
+        print(f"gpu-train: sweep {sweep.name!r} stopped: {stopped}", file=sys.stderr)
+        shutdown()
+        return 130
+    except SweepFailed as exc:
+        shutdown()
+        raise ClientError(str(exc), code=1) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        pid_file.unlink(missing_ok=True)
+    return finish(controller, sweep, sweep_dir)
+
+
+def finish(controller, sweep, sweep_dir: Path) -> int:
+    from gpu_train.sweeps.report import PLOT, plot_sweep, status_table
+
+    plot = plot_sweep(sweep, controller.state, sweep_dir / PLOT)
+    if controller.tracker:
+        controller.tracker.finish(controller.state, plot=plot, journal=controller.journal.path)
+    print(status_table(sweep, controller.state))
+    print(f"plot      {plot}\njournal   {controller.journal.path}")
+    if controller.tracker:
+        print(f"mlflow    parent run {controller.parent_run_id} in {controller.tracker.tracking_uri}")
+    return 0
+
+
+def status(sweep, sweep_dir: Path) -> int:
+    from gpu_train.sweeps.journal import SweepState, read_journal
+    from gpu_train.sweeps.report import PLOT, plot_sweep, status_table
+
+    state = SweepState.replay(read_journal(sweep_dir / "journal.jsonl"))
+    print(status_table(sweep, state))
+    print(f"plot      {plot_sweep(sweep, state, sweep_dir / PLOT)}")
+    parent = (state.start or {}).get("mlflow_parent_run_id")
+    if parent:
+        print(f"mlflow    parent run {parent}")
+    return 0
+
+
+def replay(sweep, sweep_dir: Path) -> int:
+    from gpu_train.sweeps.journal import read_journal
+    from gpu_train.sweeps.replay import replay as replay_journal
+
+    records = read_journal(sweep_dir / "journal.jsonl")
+    checked, differences = replay_journal(sweep, records)
+    for line in differences:
+        print(f"differs: {line}")
+    print(f"replayed {len(records)} records of sweep {sweep.name!r}: {checked} decisions checked, "
+          f"{len(differences)} differ")
+    return 1 if differences else 0
+
+
+def _controller_pid(sweep_dir: Path) -> int | None:
+    """The pid of the controller running the sweep in `sweep_dir`, if one runs (its pid file names a live
+    `gpu-train sweep run` process)."""
+    try:
+        pid = int((sweep_dir / CONTROLLER_PID).read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    return pid if b"sweep" in cmdline and b"run" in cmdline else None
+
+
+def stop(sweep, sweep_dir: Path, timeout_s: float = 360.0) -> int:
+    """SIGTERM to the sweep's controller, then wait until it has exited (its trials checkpointed and stopped)."""
+    pid = _controller_pid(sweep_dir)
+    if pid is None:
+        raise ClientError(f"no controller of sweep {sweep.name!r} runs on this machine ({sweep_dir / CONTROLLER_PID})",
+                       code=1)
+    os.kill(pid, signal.SIGTERM)
+    print(f"gpu-train: stopping sweep {sweep.name!r} (controller pid {pid}): its trials save a checkpoint and stop",
+          file=sys.stderr)
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            raise ClientError(f"the controller (pid {pid}) did not stop within {timeout_s:.0f} s", code=1)
+        time.sleep(0.2)
+    print(f"gpu-train: sweep {sweep.name!r} stopped; the same `gpu-train sweep run --local` continues it",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,69 @@
+"""A token budget under two data-parallel workers: both hold at the budget's step (rank 0 reads the budget, one
+all-reduce shares it, so no rank trains on or hangs alone), status.json reports the all-reduced validation loss
+there, a raised budget trains on in the same processes, and the run ends on the parameters of the same run with
+no budget.
+
+Run: .venv/bin/pytest tests/trainer/test_budget.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.launch import SMALL, kill_group, run_trainer, start, summary
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+BATCH = 384  # SMALL's train.global_batch_tokens
+BASE = [*SMALL, f"train.steps={STEPS}", f"eval.every_steps={STEPS}", "eval.batches=2", "eval.sample_tokens=0",
+        "checkpoint.every_steps=100"]
+
+
+def write_budget(path: Path, tokens: int) -> None:
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps({"tokens": tokens}))
+    tmp.replace(path)
+
+
+def wait_for_state(status: Path, state: str, proc, timeout: float = 240) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            doc = json.loads(status.read_text())
+        except (OSError, ValueError):
+            doc = {}
+        if doc.get("state") == state:
+            return doc
+        assert proc.poll() is None, f"the run exited {proc.returncode} before status {state!r}"
+        assert time.monotonic() < deadline, f"no status {state!r} in {status}: {doc}"
+        time.sleep(0.2)
+
+
+def test_two_workers_hold_at_the_budget_and_train_on_when_it_is_raised(tmp_path):
+    budget = tmp_path / "budget" / "budget.json"
+    budget.parent.mkdir()
+    write_budget(budget, 2 * BATCH)
+    run_dir = tmp_path / "held"
+    proc = start(run_dir, 2, [*BASE, f"train.budget_uri={budget.as_uri()}"])
+    try:
+        held = wait_for_state(budget.parent / "status.json", "held", proc)
+        assert (held["step"], held["tokens"], held["world_size"], held["budget_tokens"]) == (2, 768, 2, 768)
+        assert [(e["step"], e["tokens"]) for e in held["evals"]] == [(2, 768)]  # evaluated where it holds
+        assert held["val_loss"] == held["evals"][0]["val_loss"]
+        write_budget(budget, STEPS * BATCH)
+        assert proc.wait(timeout=240) == 0
+    finally:
+        kill_group(proc)
+    done = json.loads((budget.parent / "status.json").read_text())
+    assert (done["state"], done["step"], done["tokens"]) == ("completed", STEPS, STEPS * BATCH)
+    assert [e["tokens"] for e in done["evals"]] == [768, STEPS * BATCH]
+    assert done["params_sha256"] == summary(run_dir)["params_sha256"]
+
+    reference = run_trainer(tmp_path / "plain", 2, BASE)
+    assert reference.returncode == 0, reference.output[-3000:]
+    assert summary(tmp_path / "plain")["params_sha256"] == done["params_sha256"]

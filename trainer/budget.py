@@ -1,0 +1,183 @@
+"""A token budget for a run: train up to the tokens a budget object allows, then hold there (checkpoint saved, no
+GPU work) until the budget is raised or the run is stopped. This is how a sweep pauses and promotes its trials.
+
+Usage (trainer/train.py does this when `train.budget_uri` is set):
+    budget = TokenBudget.open(cfg.train.budget_uri, endpoint_url=cfg.checkpoint.endpoint_url or None,
+                              rank=env.rank, world_size=env.world_size, device=env.device)
+    budget.limit()                    # tokens the run may train to, agreed by every rank (collective); None = none
+    budget.write_status({...})        # rank 0: status.json beside the budget object
+
+The budget object (`file://`, `s3://` or `gs://`, read with the trainer's storage layer) is JSON
+`{"tokens": N}`, written by whoever controls the run (gpu_train.sweeps). Beside it the trainer writes
+`status.json` (rank 0): its state (`running`, `held`, `completed`, `stopped_early`, `preempted`), step and
+tokens, the world size, every validation loss so far (each one all-reduced, so all ranks hold the same
+number; trainer/evaluate.py reduce_eval) and, at the end, the final weights' hash. The controller reads that
+file and nothing else of the run: no log is parsed.
+
+Holding: at the first step boundary where the tokens seen reach the limit, the trainer evaluates (unless it
+just did at this step), saves a checkpoint synchronously, writes `held`, and polls the budget every
+`POLL_S` seconds with one small all-reduce, so every rank takes the same decision: a raised limit continues
+at once, in the same processes (same data position, RNG, optimizer and schedule, which runs over
+train.steps, never over the budget); SIGTERM or SIGINT stops the run as preempted, the checkpoint already
+written. A missing budget object holds too (one line says so): a run given a budget never trains past what
+it was allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+
+from trainer.data.storage import ObjectNotFoundError, StorageError, open_store
+
+log = logging.getLogger("trainer")
+
+POLL_S = 0.5
+STATUS_NAME = "status.json"
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """(directory URI, object name) of a budget URI: `s3://b/sweeps/t1/budget.json` -> (`s3://b/sweeps/t1`,
+    `budget.json`)."""
+    parsed = urlparse(uri)
+    head, _, name = parsed.path.rstrip("/").rpartition("/")
+    if not name:
+        raise ValueError(f"train.budget_uri {uri!r} names no object")
+    return f"{parsed.scheme}://{parsed.netloc}{head}", name
+
+
+@dataclass
+class TokenBudget:
+    """The budget of one run on this rank; every method but `write_status` is called on every rank."""
+
+    uri: str
+    store: Any  # trainer.data.storage.Store rooted at the budget's directory
+    name: str
+    rank: int
+    world_size: int
+    device: torch.device
+    _missing_said: bool = False
+
+    @classmethod
+    def open(cls, uri: str, *, endpoint_url: str | None, rank: int, world_size: int,
+             device: torch.device) -> TokenBudget:
+        directory, name = split_uri(uri)
+        return cls(uri=uri, store=open_store(directory, endpoint_url), name=name, rank=rank,
+                   world_size=world_size, device=device)
+
+    def _read(self) -> int | None:
+        """Rank 0's reading of the budget: its tokens, or None when the object is missing or unreadable."""
+        try:
+            doc = json.loads(self.store.get_bytes(self.name))
+        except ObjectNotFoundError:
+            if not self._missing_said:
+                log.warning("train.budget_uri %s does not exist (yet): holding until it does", self.uri)
+                self._missing_said = True
+            return None
+        except (StorageError, ValueError) as exc:
+            log.warning("train.budget_uri %s could not be read (%s): holding", self.uri, exc)
+            return None
+        tokens = doc.get("tokens") if isinstance(doc, dict) else None
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            log.warning("train.budget_uri %s holds no whole number of tokens (%r): holding", self.uri, doc)
+            return None
+        return tokens
+
+    def limit(self, stop: float = 0.0, sigint: float = 0.0) -> tuple[int, bool, bool]:
+        """(the tokens every rank may train to: rank 0's reading, 0 when it has none; whether any rank got a stop
+        signal; whether that was SIGINT). Collective: one all-reduce."""
+        tokens = (self._read() or 0) if self.rank == 0 else 0
+        flags = torch.tensor([float(tokens), stop, sigint], dtype=torch.float64, device=self.device)
+        dist.all_reduce(flags)
+        values = flags.tolist()
+        return int(values[0]), values[1] > 0, values[2] > 0
+
+    def write_status(self, status: dict[str, Any]) -> None:
+        """status.json beside the budget (rank 0 only; a failed write is a warning: the controller reads again)."""
+        if self.rank != 0:
+            return
+        doc = {**status, "world_size": self.world_size, "written_unix": time.time()}
+        try:
+            self.store.put_bytes(STATUS_NAME, (json.dumps(doc, indent=1) + "\n").encode())
+        except StorageError as exc:
+            log.warning("could not write %s beside train.budget_uri %s: %s", STATUS_NAME, self.uri, exc)
+
+
+class BudgetHold:
+    """The loop's side of a token budget: when to hold, what to write, how a hold ends (module docstring)."""
+
+    def __init__(self, budget: TokenBudget, trainer: Any) -> None:
+        self.budget, self.trainer = budget, trainer
+        self.evals: list[dict[str, Any]] = []  # this launch's validation losses, for status.json
+        self.allowed, _, _ = budget.limit()  # collective, once per launch: steps train freely below it
+
+    def status(self, state: str, **extra: Any) -> None:
+        t = self.trainer
+        self.budget.write_status({"state": state, "step": t.step, "tokens": t.tokens_seen, "steps": t.cfg.train.steps,
+                                  "budget_tokens": self.allowed, "val_loss": t.evals.last, "val_step": t.evals.last_step,
+                                  "evals": self.evals, "val_loss_reduce": f"all_reduce over {t.env.world_size} ranks",
+                                  **extra})
+
+    def note_eval(self, val_loss: float) -> None:
+        t = self.trainer
+        self.evals.append({"step": t.step, "tokens": t.tokens_seen, "val_loss": val_loss})
+        self.status("running")
+
+    def reached(self) -> bool:
+        return self.trainer.tokens_seen >= self.allowed
+
+    def _saved_here(self) -> bool:
+        """A checkpoint of this very step exists: saved by this launch, or the one this launch resumed from."""
+        t = self.trainer
+        saved = t.checkpointer.saved
+        return bool(saved and saved[-1].step == t.step) or (t.step == t.start_step and t.step > 0)
+
+    def hold(self) -> bool:
+        """At a step boundary with the budget used up: evaluate and checkpoint at this step, write `held`, then wait
+        for a raised budget (False: train on) or a stop signal (True: stopped as preempted, checkpoint saved)."""
+        t = self.trainer
+        self.allowed, stop, sigint = self.budget.limit(*t._stop_flags())
+        if not stop and t.tokens_seen < self.allowed:
+            return False
+        if not stop and t.cfg.eval.every_steps and t.evals.last_step != t.step:
+            t.evaluate()
+        if not self._saved_here():
+            t.save_checkpoint(block=True)
+        t.checkpointer.wait()
+        if not stop:
+            self.status("held")
+            if t.env.rank == 0:
+                log.info("holding at step %d (%d tokens, budget %d): checkpoint saved, waiting for a raised budget "
+                         "or a stop", t.step, t.tokens_seen, self.allowed)
+        t.watchdog.disarm()
+        while not stop and t.tokens_seen >= self.allowed:
+            time.sleep(POLL_S)
+            self.allowed, stop, sigint = self.budget.limit(*t._stop_flags())
+        if stop:
+            t.stop_signal = "SIGINT" if sigint else "SIGTERM"
+            done = self._saved_here()
+            t.preemption.report(t.step, saved=done, elsewhere=t.stop_signal)
+            if t.env.local_rank == 0:
+                from trainer.errors import record_stop
+
+                record_stop(t.step, saved=done, signal=t.stop_signal)
+            return True
+        if t.env.rank == 0:
+            log.info("budget raised to %d tokens: training on from step %d", self.allowed, t.step)
+        self.status("running")
+        return False
+
+
+def hold_for(trainer: Any) -> BudgetHold:
+    """The budget of a Trainer whose train.budget_uri is set (collective: reads the budget once)."""
+    cfg, env = trainer.cfg, trainer.env
+    endpoint = cfg.checkpoint.endpoint_url or None
+    return BudgetHold(TokenBudget.open(cfg.train.budget_uri, endpoint_url=endpoint, rank=env.rank,
+                                       world_size=env.world_size, device=env.device), trainer)
