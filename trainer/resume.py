@@ -3,7 +3,7 @@ CheckpointManager (which saves and verifies model, optimizer and this state, and
 checkpoints).
 
 Usage (trainer/train.py):
-    state = loop_state(trainer)                   # JSON: step, tokens, loss, sampler, schedule, run id, evals
+    state = loop_state(trainer)                   # JSON: step, tokens, loss, sampler, schedule, run id and key, evals
     run_id, resumed_from = resume(trainer)        # collective; (None, None) when there is nothing to resume
 
 A checkpoint the current settings cannot continue (another model shape, another dataset) is refused with one line
@@ -33,7 +33,7 @@ def loop_state(t: Trainer) -> dict[str, Any]:
     """The loop's own state, saved in every checkpoint (JSON)."""
     return {"step": t.step, "tokens": t.tokens_seen, "loss": t.loss_value,
             "sampler": t.sampler.state_dict(), "scheduler": t.scheduler.state_dict(),
-            "mlflow_run_id": t.tracker.run_id, "world_size": t.env.world_size,
+            "mlflow_run_id": t.tracker.run_id, "mlflow_run_key": t.run_key, "world_size": t.env.world_size,
             "dataset": {"uri": t.cfg.data.uri, "manifest_sha256": t.ds.manifest_sha256},
             "eval": t.evals.to_dict()}
 
@@ -70,7 +70,8 @@ def resume(t: Trainer) -> tuple[str | None, str | None]:
             raise CheckpointInvalid(f"sampler is at step {sampler.next_step} but the checkpoint is at step {step}")
         restored.update(sampler=sampler, step=step, tokens_seen=int(state["tokens"]),
                         loss_value=float(state.get("loss", math.nan)), evals=EvalState.from_dict(state.get("eval")),
-                        run_id=state.get("mlflow_run_id") or _manifest_run_id(seen.get("manifest")))
+                        run_id=state.get("mlflow_run_id") or _manifest_run_id(seen.get("manifest")),
+                        run_key=state.get("mlflow_run_key") or None)
 
     found = t.checkpointer.resume(t.model, t.optimizer, check=check, apply=apply)
     if found is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,7 +34,11 @@ def open_outputs(t: Trainer, run_id: str | None, resumed_from: str | None) -> No
     rank0 = env.rank == 0
     if rank0:
         (t.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-    t.tracker = Tracker.create(cfg.tracking, run_dir=t.run_dir, resume_run_id=run_id, enabled=rank0)
+    # The run key goes into every checkpoint from the first one on, before MLflow may have answered with the run
+    # id: a relaunch from a checkpoint that holds no run id finds the run by its key (trainer/tracking.py).
+    t.run_key = t.run_key or uuid.uuid4().hex
+    t.tracker = Tracker.create(cfg.tracking, run_dir=t.run_dir, resume_run_id=run_id, run_key=t.run_key,
+                               enabled=rank0)
     t.exits.callback(lambda: t.tracker.close(status=MLFLOW_STATUS.get(t.status, "FAILED")))
     t.tracker.log_params(flatten(cfg))
     t.tracker.log_dataset(cfg.data.uri, t.ds.manifest_sha256)

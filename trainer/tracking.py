@@ -77,6 +77,9 @@ TAG_DATASET_MANIFEST = "dataset.manifest_sha256"
 TAG_CHECKPOINT_URI = "checkpoint.latest_uri"
 TAG_CHECKPOINT_STEP = "checkpoint.latest_step"
 TAG_RESUMES = "trainer.resumes"
+# A key the trainer makes at a job's first launch and keeps in its checkpoints: a relaunch whose checkpoint was
+# saved before MLflow answered with the run id (a slow server) finds the run by it instead of opening a second one.
+TAG_RUN_KEY = "trainer.run_key"
 # The MLflow UI nests a run under the run this tag names: a sweep's trials under the sweep's run.
 TAG_PARENT_RUN = "mlflow.parentRunId"
 IMAGE_DIGEST_ENV = "TRAINER_IMAGE_DIGEST"
@@ -266,10 +269,10 @@ class Tracker:
     @classmethod
     def start(cls, *, experiment: str, run_name: str, tracking_uri: str = "", run_dir: Path | str | None = None,
               resume_run_id: str | None = None, enabled: bool = True, options: TrackerOptions | None = None,
-              parent_run_id: str = "") -> Tracker:
+              parent_run_id: str = "", run_key: str = "") -> Tracker:
         """A working tracker (or, with `enabled` False, e.g. on every rank but 0, one that ignores calls) logging to
         run `run_name` of `experiment`; `resume_run_id` reopens a run a checkpoint recorded, `parent_run_id` nests a
-        new run under another. `tracking_uri` "" is
+        new run under another; `run_key`, when no `resume_run_id` is known, reopens the run tagged with it. `tracking_uri` "" is
         env MLFLOW_TRACKING_URI, else the embedded SQLite store beside `run_dir` (default runs/<run_name>).
         ValueError names the problem when the URI cannot be a tracking URI; later trouble at the server is logged,
         not raised."""
@@ -287,7 +290,7 @@ class Tracker:
         if db:
             db.parent.mkdir(parents=True, exist_ok=True)
         tags = {TAG_IMAGE_DIGEST: os.environ.get(IMAGE_DIGEST_ENV, "").strip(), TAG_GIT_COMMIT: git_commit() or "",
-                TAG_PARENT_RUN: parent_run_id.strip()}
+                TAG_PARENT_RUN: parent_run_id.strip(), TAG_RUN_KEY: run_key.strip()}
         tracker._tags = {k: v for k, v in tags.items() if v}
         tracker._thread = threading.Thread(target=tracker._work, args=(experiment, run_name, artifacts),
                                            name="mlflow-tracker", daemon=True)
@@ -296,7 +299,7 @@ class Tracker:
         return tracker
 
     @classmethod
-    def create(cls, cfg: TrackingSettings, *, run_dir: Path, resume_run_id: str | None = None,
+    def create(cls, cfg: TrackingSettings, *, run_dir: Path, resume_run_id: str | None = None, run_key: str = "",
                enabled: bool = True, options: TrackerOptions | None = None) -> Tracker:
         """The bundled trainer's tracker from its `tracking` settings: `start` with tracking.uri and
         tracking.experiment, the run named after the run directory."""
@@ -304,7 +307,7 @@ class Tracker:
             raise ValueError("tracking.experiment must not be empty")
         return cls.start(experiment=cfg.experiment, run_name=Path(run_dir).resolve().name, tracking_uri=cfg.uri,
                          run_dir=run_dir, resume_run_id=resume_run_id, enabled=enabled and cfg.enabled,
-                         options=options, parent_run_id=cfg.parent_run_id)
+                         options=options, parent_run_id=cfg.parent_run_id, run_key=run_key)
 
     @property
     def run_id(self) -> str | None:
@@ -469,7 +472,7 @@ class Tracker:
                 # Here, not in create(): with mlflow-skinny (the image) a sqlite:// store fails on the missing
                 # SQLAlchemy, which must turn tracking off, not stop training.
                 self._client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
-                run = self._resumed_run() or self._new_run(experiment, run_name, artifacts)
+                run = self._resumed_run(experiment) or self._new_run(experiment, run_name, artifacts)
             except Exception as exc:
                 if not _is_transient(exc):
                     _LOG.warning("MLflow tracking disabled: no run at %s: %s", self.tracking_uri, _first_line(exc))
@@ -488,14 +491,16 @@ class Tracker:
             return True
         return False
 
-    def _resumed_run(self) -> Any:
-        """The run of `resume_run_id`, set RUNNING again, with what it already holds; None if there is none."""
+    def _resumed_run(self, experiment: str) -> Any:
+        """The run of `resume_run_id` (else the run tagged with this job's run key), set RUNNING again, with what it
+        already holds; None if there is none."""
         from mlflow.exceptions import MlflowException
 
-        if not self._resume_run_id:
+        run = self._keyed_run(experiment) if not self._resume_run_id else None
+        if run is None and not self._resume_run_id:
             return None
         try:
-            run = self._client.get_run(self._resume_run_id)
+            run = run or self._client.get_run(self._resume_run_id)
         except MlflowException as exc:
             if _is_transient(exc):
                 raise
@@ -513,6 +518,19 @@ class Tracker:
         _LOG.info("MLflow run %s resumed (resume #%d); metric steps already stored are skipped (last: %s)",
                   run_id, resumes, max((max(s) for s in self._stored.values() if s), default="none"))
         return run
+
+    def _keyed_run(self, experiment: str) -> Any:
+        """The run tagged with this job's run key, when a checkpoint carried the key but not the run id."""
+        key = self._tags.get(TAG_RUN_KEY, "")
+        found = self._client.get_experiment_by_name(experiment) if key else None
+        if found is None:
+            return None
+        runs = self._client.search_runs([found.experiment_id], filter_string=f"tags.`{TAG_RUN_KEY}` = '{key}'",
+                                        max_results=1)
+        if runs:
+            _LOG.info("MLflow run %s found by the checkpoint's run key (saved before the run id was known)",
+                      runs[0].info.run_id)
+        return runs[0] if runs else None
 
     def _new_run(self, experiment: str, run_name: str, artifacts: Path | None) -> Any:
         from mlflow.exceptions import MlflowException

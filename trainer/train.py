@@ -104,6 +104,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.step, self.tokens_seen, self.loss_value, self.evals = 0, 0, math.nan, EvalState()  # resumed below
         self.first: tuple[int, float] | None = None  # (step, loss) of this launch's first step
         self.start_step, self.elapsed, self._reported_saves = 0, 0.0, 0
+        self.run_key: str | None = None  # names this job's MLflow run in every checkpoint (trainer/run.py)
         self.exits = contextlib.ExitStack()  # everything opened so far, closed in reverse by close()
         try:
             setup_logging(env)

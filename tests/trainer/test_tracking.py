@@ -18,6 +18,7 @@ from trainer.tracking import (
     MAX_PARAM_VALUE,
     TAG_CHECKPOINT_URI,
     TAG_IMAGE_DIGEST,
+    TAG_RUN_KEY,
     Tracker,
     TrackerOptions,
     clip,
@@ -171,6 +172,30 @@ def test_a_resumed_run_gets_exactly_the_steps_it_lacks(tmp_path):
     assert sorted(m.step for m in history) == list(range(10))
     assert {m.step: m.value for m in history} == {**{s: float(s) for s in (0, 1, 2, 3, 4, 6, 7)},
                                                   5: 105.0, 8: 108.0, 9: 109.0}
+
+
+def test_a_checkpoint_saved_before_the_run_id_was_known_finds_its_run_by_the_key(tmp_path):
+    """A slow store: the tracker returns before MLflow answered (start_timeout_s 0), so the first checkpoint holds
+    the job's run key but no run id. The relaunch reopens the run tagged with that key, not another job's run and
+    not a new one; a job with a key no run has gets a new run."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = TrackingConfig(uri=uri, experiment="unit")
+    first = Tracker.create(cfg, run_dir=tmp_path / "a", run_key="job-a", options=TrackerOptions(start_timeout_s=0))
+    for step in range(4):
+        first.log_metrics({"loss": float(step)}, step=step)
+    first.close(status="KILLED")
+    other = Tracker.create(cfg, run_dir=tmp_path / "b", run_key="job-b", options=FAST)  # the newer run
+    other.close()
+    resumed = Tracker.create(cfg, run_dir=tmp_path / "a", resume_run_id=None, run_key="job-a", options=FAST)
+    for step in range(2, 6):  # replayed from the checkpoint at step 2
+        resumed.log_metrics({"loss": 10.0 + step}, step=step)
+    resumed.close()
+    assert resumed.run_id == first.run_id and first.run_id != other.run_id
+    assert sorted(m.step for m in MlflowClient(uri).get_metric_history(first.run_id, "loss")) == list(range(6))
+    fresh = Tracker.create(cfg, run_dir=tmp_path / "c", run_key="job-c", options=FAST)
+    fresh.close()
+    assert fresh.run_id not in (first.run_id, other.run_id)
+    assert MlflowClient(uri).get_run(first.run_id).data.tags[TAG_RUN_KEY] == "job-a"
 
 
 def test_each_tracker_reports_its_own_outage(tmp_path, caplog):
