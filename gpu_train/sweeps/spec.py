@@ -153,6 +153,10 @@ def _problems(s: SweepSpec) -> list[str]:
     p = []
     if not NAME.match(s.name):
         p.append(f"name {s.name!r} must be a lowercase DNS label of at most 24 characters")
+    if not s.template.bundled:
+        p.append(f"trialTemplate.command {s.template.command}: a sweep's trials run the bundled trainer, whose settings "
+                 "the search space sets and whose token budget pauses and promotes them; a team's own command gets "
+                 "neither, so it cannot be a trial")
     if not s.search_space:
         p.append("searchSpace must name at least one trainer setting")
     for key in s.search_space:

@@ -93,6 +93,8 @@ def test_the_template_may_be_a_file_beside_the_spec(tmp_path):
     (lambda d: d["trialConfig"].update(parallelTrials=9), "s.yaml: trialConfig.parallelTrials 9 is more than "
                                                           "numTrials 8"),
     (lambda d: d["trialTemplate"].update(steps="x"), "s.yaml: trialTemplate.steps must be a whole number"),
+    (lambda d: d["trialTemplate"].update(command=["python", "train.py"]),
+     "s.yaml: trialTemplate.command ['python', 'train.py']: a sweep's trials run the bundled trainer"),
     (lambda d: d.update(name="Sweep_1"), "s.yaml: name 'Sweep_1' must be a lowercase DNS label"),
     (lambda d: d.update(objectives=[{"metric": "accuracy"}]), "s.yaml: objectives[0].metric must be"),
 ])
