@@ -10,6 +10,11 @@ K x 2^-24 relative (Higham, "Accuracy and Stability of Numerical Algorithms", 2n
 here is the MLP's, K = 4 x 32 = 128, so 128 x 6e-8 = 7.6e-6 per step, and the few steps of the test stay within
 1e-5 relative. The data must be the same exactly: the batch hash of every step matches.
 
+The final weights. Each layout's last checkpoint exports (trainer.export, one process) to one unsharded model with
+the plain run's parameter names; its values differ from the plain run's by less than 1e-5. AdamW moves a parameter
+by about train.lr (3e-3 at most here) per step whatever the gradient's size, so a layout that lost a gradient
+(a missed sync, a wrong shard, the tied embedding's second copy) is off by a step's size, 100 times that bound.
+
 Each launch has a timeout (run_trainer kills its process group and raises when it passes), so a pipeline that hangs
 in a send or receive fails its test instead of blocking the suite.
 """
@@ -21,22 +26,33 @@ import shutil
 import pytest
 
 from tests.trainer.launch import FAULTS, SMALL, run_trainer, step_records
+from trainer.export import load_checkpoint, newest_checkpoint
 
 pytestmark = pytest.mark.slow
 
 STEPS = 4
 FP32 = [*SMALL, f"train.steps={STEPS}", "train.precision=fp32", "metrics.batch_hash=true", "eval.sample_tokens=0"]
 REL = 1e-5  # the module docstring derives it
+ATOL = 1e-5  # final parameters, likewise
 TIMEOUT = 180
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory) -> dict[int, dict]:
-    """The reference: one process, no parallelism, the same settings."""
+def plain_run(tmp_path_factory):
+    """The reference: one process, no parallelism, the same settings (its checkpoint: the last step's)."""
     run_dir = tmp_path_factory.mktemp("plain") / "run"
     res = run_trainer(run_dir, None, [*FP32, "checkpoint.every_steps=0"], timeout=TIMEOUT)
     assert res.returncode == 0, res.output[-3000:]
-    return step_records(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def plain(plain_run) -> dict[int, dict]:
+    return step_records(plain_run)
+
+
+def exported(run_dir) -> dict:
+    return load_checkpoint(newest_checkpoint(run_dir)).model.state_dict()
 
 
 def assert_matches(records: dict[int, dict], plain: dict[int, dict], steps: range) -> None:
@@ -51,11 +67,16 @@ def assert_matches(records: dict[int, dict], plain: dict[int, dict], steps: rang
     (2, ["train.pp=2", "train.pp_schedule=1f1b"]),
     (4, ["train.pp=2", "train.tp=2", "train.pp_schedule=1f1b"]),
 ], ids=["tp2", "pp2-gpipe", "pp2-1f1b", "pp2xtp2"])
-def test_each_layout_trains_the_plain_runs_losses(tmp_path, plain, nproc, layout):
+def test_each_layout_trains_the_plain_runs_losses_and_weights(tmp_path, plain_run, plain, nproc, layout):
     run_dir = tmp_path / "run"
     res = run_trainer(run_dir, nproc, [*FP32, "checkpoint.every_steps=0", *layout], timeout=TIMEOUT)
     assert res.returncode == 0, res.output[-3000:]
     assert_matches(step_records(run_dir), plain, range(1, STEPS + 1))
+    ours, want = exported(run_dir), exported(plain_run)
+    assert ours.keys() == want.keys()
+    for name, value in want.items():
+        assert ours[name].shape == value.shape, name
+        assert (ours[name] - value).abs().max().item() < ATOL, name
 
 
 def test_a_checkpoint_saved_at_tp2_resumes_at_dp2_and_at_pp2(tmp_path, plain):
