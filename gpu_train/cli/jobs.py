@@ -50,7 +50,7 @@ from gpu_train.jobs.jobset import (
 from gpu_train.spec import naming
 from gpu_train.spec.contract import ContractError, PlatformContract
 from gpu_train.spec.errors import SettingsError
-from gpu_train.spec.job import JobSpec, read_job
+from gpu_train.spec.job import JobSpec, gpus_per_node, memory_line, read_job
 from gpu_train.spec.pod_rules import image_allowed
 from gpu_train.spec.settings_checks import BUCKET_SCHEME
 
@@ -134,11 +134,13 @@ def submit(session: Session | None, contract, spec_path: str, *, dry_run: bool, 
     from gpu_train.spec.carbon.estimate import job_estimate
 
     manifest = render(contract, job, image, provenance(Path(spec_path)))
+    pool = contract.pool(job.pool)
     estimate = job_estimate(job, cloud=contract.cloud, region=contract.region,
-                            instance_type=contract.pool(job.pool).instance_type).line()
+                            instance_type=pool.instance_type).line()
+    memory = memory_line(job, gpus=gpus_per_node(job, pool), gpu_type=pool.gpu_type)
     if dry_run:
         out.write(yaml.safe_dump(manifest, sort_keys=False))
-        sys.stderr.write(estimate + "\n")  # stdout stays the JobSet alone, for kubectl apply -f -
+        sys.stderr.write(f"{estimate}\n{memory}\n")  # stdout stays the JobSet alone, for kubectl apply -f -
         return 0
     if session is None:
         raise CliError("no cluster to submit to (pass --dry-run to only print the JobSet)")
@@ -155,6 +157,7 @@ def submit(session: Session | None, contract, spec_path: str, *, dry_run: bool, 
     team = contract.team(job.team)
     out.write(f"submitted job {job.name!r} to {ns}, queue {team.local_queue} (pool {job.pool}, nodes {job.nodes})\n"
               f"  {estimate}\n"
+              f"  {memory}\n"
               f"  gpu-train status {job.name}     queue position, step, loss, tokens/s, ETA\n"
               f"  gpu-train logs {job.name} -f    rank 0's log, live\n")
     return 0

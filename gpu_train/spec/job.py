@@ -299,3 +299,22 @@ def _layout_problems(job: JobSpec, tcfg: Any, *, gpus: int, gpu_type: str, key: 
         if problem:
             return [f"{key}.pool {job.pool!r}: at world size {where(n)}, {problem}"]
     return []
+
+
+def memory_line(job: JobSpec, *, gpus: int, gpu_type: str) -> str:
+    """The line `gpu-train submit` prints: the memory a GPU needs under the job's layout at MIN nodes, where it is
+    largest (more nodes only add data-parallel ranks, which shard or replicate, never add, what a GPU holds)."""
+    from gpu_train.spec.catalog.gpus import memory_gb
+    from gpu_train.spec.layout import resolve_layout
+    from gpu_train.spec.memory import memory_per_gpu
+    from gpu_train.spec.trainer_config import ConfigError, build_config
+
+    try:
+        tcfg = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()])
+        layout = resolve_layout(tcfg.train, job.nodes.min * gpus)
+        estimate = memory_per_gpu(tcfg, layout)
+    except ConfigError as exc:
+        return f"memory: no estimate ({exc})"
+    capacity = memory_gb(gpu_type)
+    of = f" of a {gpu_type}'s {capacity} GB" if capacity else ""
+    return f"memory: ~{estimate.describe()} per GPU{of}, under {layout} at {job.nodes.min * gpus} GPUs"

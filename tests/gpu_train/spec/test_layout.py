@@ -137,3 +137,15 @@ def test_plan_time_errors_name_the_job_setting():
     (p,) = problems({**base, "pool": "l4", "preset": "gpt2-2.7b", "overrides": {"train.parallel": "ddp",
                      "train.dp_shard": -1, "train.dp_replicate": 1}, "globalBatchTokens": 1048576}, l4)
     assert p.startswith("job.pool 'l4': at world size 8") and "more than 90% of a L4's 24 GB" in p
+
+
+def test_submit_prints_the_memory_a_gpu_needs_at_min_nodes():
+    from gpu_train.spec.job import memory_line
+
+    job = read_job({**SPEC, "preset": "gpt2-2.7b", "nodes": "1:2", "globalBatchTokens": 1048576, "overrides": {}},
+                   key="job")
+    line = memory_line(job, gpus=8, gpu_type="H100")
+    c = build_config("gpt2-2.7b", overrides=["train.global_batch_tokens=1048576"])
+    want = memory_per_gpu(c, Layout(pp=1, dp_replicate=1, dp_shard=8, tp=1)).total / 1e9
+    assert line.startswith(f"memory: ~{want:.1f} GB (") and "per GPU of a H100's 80 GB" in line
+    assert line.endswith("under pp=1 x dp_replicate=1 x dp_shard=8 x tp=1 at 8 GPUs")
