@@ -1,5 +1,6 @@
-"""Tensor, pipeline and hybrid parallelism for real: torchrun with gloo workers in fp32, each layout's losses against
-one plain process's, and a checkpoint saved under one layout resumed under another through DCP.
+"""Tensor, pipeline and hybrid parallelism for real: torchrun with gloo workers in fp32, each layout's training and
+validation losses against one plain process's, and a checkpoint saved under one layout resumed under another
+through DCP.
 
 Run: .venv/bin/pytest tests/trainer/test_layouts.py -q
 
@@ -25,13 +26,15 @@ import shutil
 
 import pytest
 
-from tests.trainer.launch import FAULTS, SMALL, run_trainer, step_records
+from tests.trainer.launch import FAULTS, SMALL, run_trainer, step_records, summary
 from trainer.export import load_checkpoint, newest_checkpoint
 
 pytestmark = pytest.mark.slow
 
 STEPS = 4
-FP32 = [*SMALL, f"train.steps={STEPS}", "train.precision=fp32", "metrics.batch_hash=true", "eval.sample_tokens=0"]
+# Four blocks, so that an interleaved pipeline has 2 stages on each of 2 ranks; an evaluation after steps 2 and 4.
+FP32 = [*SMALL, "model.n_layer=4", f"train.steps={STEPS}", "train.precision=fp32", "metrics.batch_hash=true",
+        "eval.sample_tokens=0", "eval.every_steps=2", "eval.batches=2"]
 REL = 1e-5  # the module docstring derives it
 ATOL = 1e-5  # final parameters, likewise
 TIMEOUT = 180
@@ -65,13 +68,15 @@ def assert_matches(records: dict[int, dict], plain: dict[int, dict], steps: rang
     (2, ["train.tp=2"]),
     (2, ["train.pp=2", "train.pp_schedule=gpipe"]),
     (2, ["train.pp=2", "train.pp_schedule=1f1b"]),
+    (2, ["train.pp=2", "train.pp_schedule=interleaved_1f1b", "train.pp_stages_per_rank=2"]),
     (4, ["train.pp=2", "train.tp=2", "train.pp_schedule=1f1b"]),
-], ids=["tp2", "pp2-gpipe", "pp2-1f1b", "pp2xtp2"])
+], ids=["tp2", "pp2-gpipe", "pp2-1f1b", "pp2-interleaved", "pp2xtp2"])
 def test_each_layout_trains_the_plain_runs_losses_and_weights(tmp_path, plain_run, plain, nproc, layout):
     run_dir = tmp_path / "run"
     res = run_trainer(run_dir, nproc, [*FP32, "checkpoint.every_steps=0", *layout], timeout=TIMEOUT)
     assert res.returncode == 0, res.output[-3000:]
     assert_matches(step_records(run_dir), plain, range(1, STEPS + 1))
+    assert summary(run_dir)["val_loss"] == pytest.approx(summary(plain_run)["val_loss"], rel=REL)
     ours, want = exported(run_dir), exported(plain_run)
     assert ours.keys() == want.keys()
     for name, value in want.items():
