@@ -28,6 +28,13 @@ Formats (``--format``):
 
 A BPE dataset's ``tokenizer.json`` is copied next to the weights (with a ``tokenizer_config.json`` in the
 Hugging Face layout); a byte-level model's token ids are the UTF-8 bytes, 256 being end-of-text.
+
+Checkpoints and exports written when attention had one fused query/key/value matrix (checkpoint format 2 and
+earlier) are read too: each ``attn.qkv.weight`` is split into ``attn.q``, ``attn.k`` and ``attn.v``.
+
+The module is over 400 lines because its parts are one path from a source to a written directory: the pure name
+mappings (ours and Hugging Face's GPT-2, the fused matrix), the three sources, the tokenizer and the writer; split,
+each would import most of the others.
 """
 
 from __future__ import annotations
