@@ -121,6 +121,24 @@ def carbon_problems(s: StackSettings) -> list[str]:
     return p
 
 
+# The platform needs Kubernetes 1.31 or later: the job's Job uses successPolicy, on by default from 1.31 (KEP-3998).
+PLATFORM_MIN_KUBERNETES = (1, 31)
+
+
+def kubernetes_version_problems(version: str, offered: tuple[str, ...], where: str) -> list[str]:
+    """`cluster.kubernetesVersion` against the minors `where` (a cloud's service or channel) offers for new
+    clusters, of which the platform takes those from PLATFORM_MIN_KUBERNETES on."""
+    key = f"{K}cluster.kubernetesVersion"
+    supported = [v for v in offered if tuple(int(x) for x in v.split(".")) >= PLATFORM_MIN_KUBERNETES]
+    if version in supported:
+        return []
+    if version in offered:
+        return [f"{key} {version!r} is older than this platform supports (Job successPolicy needs 1.31 or later; "
+                f"{where} offers {', '.join(supported)})"]
+    return [f"{key} {version!r} is not a Kubernetes minor {where} offers for new clusters "
+            f"(supported: {', '.join(supported)})"]
+
+
 def network(value: str, key: str, problems: list[str]) -> ipaddress.IPv4Network | None:
     """An IPv4 CIDR setting, or None after reporting why it is not one."""
     try:

@@ -16,13 +16,13 @@ import re
 
 from gpu_train.spec.naming import PROJECT
 from gpu_train.spec.settings import StackSettings, TeamSettings
+from gpu_train.spec.settings_checks import kubernetes_version_problems
 
 K = f"{PROJECT}:"
 # Kubernetes minors EKS offers for new clusters, standard and extended support (February 2026,
-# https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html). The platform needs 1.31 or later:
-# the job's Job uses successPolicy, on by default from 1.31 (KEP-3998).
+# https://docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html); the platform takes those from
+# gpu_train.spec.settings_checks.PLATFORM_MIN_KUBERNETES on.
 KUBERNETES_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")
-PLATFORM_MIN_KUBERNETES = (1, 31)
 # Retention periods CloudWatch Logs accepts (PutRetentionPolicy's retentionInDays, botocore's logs model).
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
                       2922, 3288, 3653)
@@ -64,7 +64,7 @@ def problems(s: StackSettings) -> list[str]:
         p.append(f"{K}project is a GCP setting; remove it for cloud aws")
     if s.network.nat == "single" and s.is_prod:
         p.append(f"{K}network.nat must be 'per-zone' in a prod stack (one NAT per AZ survives an AZ outage)")
-    p += kubernetes_version_problems(s.cluster.kubernetes_version)
+    p += kubernetes_version_problems(s.cluster.kubernetes_version, KUBERNETES_VERSIONS, "EKS")
     node_type = s.cluster.system_node_type
     if node_type and not re.fullmatch(r"[a-z][a-z0-9-]*\.[0-9a-z-]+", node_type):
         p.append(f"{K}cluster.systemNodeType {node_type!r} is not an EC2 instance type name (like 'm6i.xlarge')")
@@ -98,18 +98,6 @@ def region_problems(s: StackSettings) -> list[str]:
         p.append(f"{K}zones must list at least two zones on AWS (EKS and RDS need subnets in two Availability Zones; "
                  f"got {list(s.zones)})")
     return p
-
-
-def kubernetes_version_problems(version: str) -> list[str]:
-    key = f"{K}cluster.kubernetesVersion"
-    supported = [v for v in KUBERNETES_VERSIONS if tuple(int(x) for x in v.split(".")) >= PLATFORM_MIN_KUBERNETES]
-    if version in supported:
-        return []
-    if version in KUBERNETES_VERSIONS:
-        return [f"{key} {version!r} is older than this platform supports (Job successPolicy needs 1.31 or later; EKS "
-                f"offers {', '.join(supported)})"]
-    return [f"{key} {version!r} is not a Kubernetes minor EKS offers for new clusters (supported: "
-            f"{', '.join(supported)})"]
 
 
 def member_problems(s: StackSettings) -> list[str]:

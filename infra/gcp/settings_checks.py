@@ -18,15 +18,14 @@ import re
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.naming import PROJECT
 from gpu_train.spec.settings import StackSettings, TeamSettings
-from gpu_train.spec.settings_checks import network, networks
+from gpu_train.spec.settings_checks import kubernetes_version_problems, network, networks
 
 K = f"{PROJECT}:"
 # Kubernetes minors per release channel ("Available minor versions" of
-# https://cloud.google.com/kubernetes-engine/docs/release-notes, February 2026). The platform needs 1.31 or later:
-# the job's Job uses successPolicy, on by default from 1.31 (KEP-3998).
+# https://cloud.google.com/kubernetes-engine/docs/release-notes, February 2026); the platform takes those from
+# gpu_train.spec.settings_checks.PLATFORM_MIN_KUBERNETES on.
 KUBERNETES_VERSIONS = {"RAPID": ("1.32", "1.33", "1.34", "1.35"), "REGULAR": ("1.32", "1.33", "1.34"),
                        "STABLE": ("1.32", "1.33")}
-PLATFORM_MIN_KUBERNETES = (1, 31)
 # https://cloud.google.com/compute/docs/regions-zones (February 2026).
 REGIONS = frozenset({
     "africa-south1", "asia-east1", "asia-east2", "asia-northeast1", "asia-northeast2", "asia-northeast3",
@@ -43,7 +42,9 @@ REGIONS = frozenset({
 def problems(s: StackSettings) -> list[str]:
     p = region_problems(s)
     p += label_problems(s)
-    p += kubernetes_version_problems(s.cluster.kubernetes_version, s.cluster.release_channel)
+    channel = s.cluster.release_channel
+    p += kubernetes_version_problems(s.cluster.kubernetes_version, KUBERNETES_VERSIONS.get(channel, ()),
+                                     f"GKE's {channel} channel")
     node_type = s.cluster.system_node_type
     if node_type and not re.fullmatch(r"[a-z][a-z0-9]*-[a-z0-9-]+", node_type):
         p.append(f"{K}cluster.systemNodeType {node_type!r} is not a GCE machine type name (like 'e2-standard-4')")
@@ -102,19 +103,6 @@ def label_problems(s: StackSettings) -> list[str]:
         if len(value) <= 63 and not re.fullmatch(r"[a-z0-9_-]*", value):
             p.append(f"{K}tags.{tag} value {value!r} is not a valid GCP label value (lowercase letters, digits, _ and -)")
     return p
-
-
-def kubernetes_version_problems(version: str, channel: str) -> list[str]:
-    key = f"{K}cluster.kubernetesVersion"
-    offered, where = KUBERNETES_VERSIONS.get(channel, ()), f"GKE's {channel} channel"
-    supported = [v for v in offered if tuple(int(x) for x in v.split(".")) >= PLATFORM_MIN_KUBERNETES]
-    if version in supported:
-        return []
-    if version in offered:
-        return [f"{key} {version!r} is older than this platform supports (Job successPolicy needs 1.31 or later; "
-                f"{where} offers {', '.join(supported)})"]
-    return [f"{key} {version!r} is not a Kubernetes minor {where} offers for new clusters "
-            f"(supported: {', '.join(supported)})"]
 
 
 def master_cidr_problems(s: StackSettings) -> list[str]:

@@ -139,7 +139,8 @@ def allow_dns() -> Policy:
     }
 
 
-def _cidr_peers(cidrs: Iterable[str]) -> list[dict[str, Any]]:
+def cidr_peers(cidrs: Iterable[str]) -> list[dict[str, Any]]:
+    """NetworkPolicy peers for address ranges."""
     return [{"ipBlock": {"cidr": c}} for c in cidrs]
 
 
@@ -150,7 +151,7 @@ def allow_api_server(cidrs: Sequence[str]) -> Policy:
     return "allow-api-server", {
         "podSelector": {},
         "policyTypes": ["Egress"],
-        "egress": [{"to": _cidr_peers(cidrs),
+        "egress": [{"to": cidr_peers(cidrs),
                     "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}],
     }
 
@@ -160,7 +161,7 @@ def allow_webhooks_from_api_server(cidrs: Sequence[str], ports: Sequence[int]) -
     return "allow-webhooks-from-api-server", {
         "podSelector": {},
         "policyTypes": ["Ingress"],
-        "ingress": [{"from": _cidr_peers(cidrs),
+        "ingress": [{"from": cidr_peers(cidrs),
                      "ports": [{"protocol": "TCP", "port": p} for p in ports]}],
     }
 
@@ -177,7 +178,7 @@ def allow_object_store(cidrs: Sequence[str], identity_egress: Sequence[EgressTar
     return "allow-object-store", {
         "podSelector": {},
         "policyTypes": ["Egress"],
-        "egress": [{"to": _cidr_peers(cidrs), "ports": [{"protocol": "TCP", "port": 443}]}, *identity],
+        "egress": [{"to": cidr_peers(cidrs), "ports": [{"protocol": "TCP", "port": 443}]}, *identity],
     }
 
 

@@ -41,7 +41,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from gpu_train.spec import naming
-from infra.k8s.common import checkov_skip_annotations
+from infra.k8s.common import checkov_skip_annotations, cidr_peers
 from infra.platform import EgressTarget, WorkloadIdentity
 from infra.platform import ManagedDatabase as ExternalDatabase
 
@@ -343,10 +343,6 @@ def _ns(name: str) -> dict[str, Any]:
     return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
 
 
-def _cidr_peers(cidrs: Sequence[str]) -> list[dict[str, Any]]:
-    return [{"ipBlock": {"cidr": c}} for c in cidrs]
-
-
 def network_policy_manifests(*, common: Mapping[str, str], database: str, db_cidrs: Sequence[str] = (),
                              db_port: int = DB_PORT, object_store_cidrs: Sequence[str],
                              api_server_cidrs: Sequence[str],
@@ -369,10 +365,10 @@ def network_policy_manifests(*, common: Mapping[str, str], database: str, db_cid
     if database == "in-cluster":
         server_egress.append({"to": [{"podSelector": db_pods}], "ports": [{"port": DB_PORT, "protocol": "TCP"}]})
     else:
-        server_egress.append({"to": _cidr_peers(db_cidrs), "ports": [{"port": db_port, "protocol": "TCP"}]})
-    server_egress.append({"to": _cidr_peers(object_store_cidrs), "ports": [{"port": 443, "protocol": "TCP"}]})
+        server_egress.append({"to": cidr_peers(db_cidrs), "ports": [{"port": db_port, "protocol": "TCP"}]})
+    server_egress.append({"to": cidr_peers(object_store_cidrs), "ports": [{"port": 443, "protocol": "TCP"}]})
     for target in identity_egress:
-        server_egress.append({"to": _cidr_peers([target.cidr]),
+        server_egress.append({"to": cidr_peers([target.cidr]),
                               "ports": [{"port": target.port, "protocol": target.protocol}]})
 
     policies = [
@@ -409,7 +405,7 @@ def network_policy_manifests(*, common: Mapping[str, str], database: str, db_cid
                 {"to": [{"podSelector": db_pods}],
                  "ports": [{"port": DB_PORT, "protocol": "TCP"}, {"port": CNPG_STATUS_PORT, "protocol": "TCP"}]},
                 # The instance manager watches its Cluster object through the API server.
-                {"to": _cidr_peers(api_server_cidrs), "ports": [{"port": 443, "protocol": "TCP"}]},
+                {"to": cidr_peers(api_server_cidrs), "ports": [{"port": 443, "protocol": "TCP"}]},
             ],
         }))
     return policies

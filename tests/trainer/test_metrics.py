@@ -13,28 +13,29 @@ import urllib.request
 import pytest
 import torch
 
+from tests.trainer.clock import FakeClock
 from tests.trainer.launch import FAULTS, SMALL, free_port, kill_group, start, summary
+from trainer import metrics as metrics_module
 from trainer.metrics import StepClock
 
 # Trains under torchrun and scrapes the metrics endpoints.
 pytestmark = pytest.mark.integration
 
 
-def test_step_clock_splits_own_work_from_waiting():
-    clock = StepClock(torch.device("cpu"))
-    clock.start()
-    time.sleep(0.05)  # this rank's forward/backward
-    clock.grads_ready()
-    time.sleep(0.12)  # blocked until the slowest rank's gradients arrive
-    clock.synced()
-    compute, wait = clock.split()
-    assert 0.05 <= compute < 0.1 and 0.12 <= wait < 0.2
+def test_step_clock_splits_own_work_from_waiting(monkeypatch):
+    clock = FakeClock().install(monkeypatch, metrics_module)
+    step_clock = StepClock(torch.device("cpu"))
+    step_clock.start()
+    clock.advance(0.05)  # this rank's forward/backward
+    step_clock.grads_ready()
+    clock.advance(0.12)  # blocked until the slowest rank's gradients arrive
+    step_clock.synced()
+    assert step_clock.split() == pytest.approx((0.05, 0.12))
     # Without the gradient hook (torch.compile) nothing can be told apart: all of it is compute.
-    clock.start()
-    time.sleep(0.05)
-    clock.synced()
-    compute, wait = clock.split()
-    assert compute >= 0.05 and wait == 0.0
+    step_clock.start()
+    clock.advance(0.05)
+    step_clock.synced()
+    assert step_clock.split() == pytest.approx((0.05, 0.0))
 
 
 def _scrape(port: int) -> dict[str, float]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,9 @@ import torch
 from gpu_train.jobs.launch import nccl_env
 from gpu_train.spec.errors import EXIT_HUNG
 from gpu_train.spec.trainer_config import WatchdogConfig, build_config
+from tests.trainer.clock import FakeClock
 from tests.trainer.launch import FAULTS, SMALL, run_trainer, step_records, summary
+from trainer import watchdog as watchdog_module
 from trainer.watchdog import (
     Watchdog,
     checkpoint_timeout_s,
@@ -76,41 +77,52 @@ def test_nccl_settings_are_names_torch_declares():
     assert int(nccl_env()["TORCH_FR_BUFFER_SIZE"]) > 0 and nccl_env()["TORCH_NCCL_ENABLE_MONITORING"] == "1"
 
 
-def _stuck_in_collective(release: threading.Event) -> None:
-    release.wait(20)
+@pytest.fixture
+def clock(monkeypatch) -> FakeClock:
+    """The watchdog's clock, moved by hand: firing depends on the moves only, never on the machine's load. Its
+    thread still polls in real time, so a check that it fired waits for the event it sets."""
+    return FakeClock().install(monkeypatch, watchdog_module)
 
 
-def _watchdog(**kw) -> tuple[Watchdog, list[float], threading.Event]:
+def _watchdog(clock: FakeClock, dump_dir: Path | None = None,
+              **kw) -> tuple[Watchdog, list[float], threading.Event]:
     fired_at: list[float] = []
     done = threading.Event()
 
     def on_hang() -> None:
-        fired_at.append(time.monotonic())
+        fired_at.append(clock.now)
         done.set()
 
     cfg = WatchdogConfig(floor_s=0.3, startup_s=0.6, warmup_steps=1, factor=3.0, **kw)
-    return Watchdog(cfg, rank=3, local_rank=1, on_hang=on_hang, poll_s=0.02), fired_at, done
+    wd = Watchdog(cfg, rank=3, local_rank=1, on_hang=on_hang, poll_s=0.01, dump_dir=dump_dir)
+    return wd, fired_at, done
 
 
-def test_a_stuck_collective_fires_within_its_bound_naming_rank_phase_and_stacks(capfd):
-    wd, fired_at, done = _watchdog()
+def _stuck_in_collective(clock: FakeClock, seconds: float, done: threading.Event) -> bool:
+    """Hangs (on the watchdog's clock) for `seconds`, then waits for the watchdog's verdict on its real thread."""
+    clock.advance(seconds)
+    return done.wait(10)
+
+
+def test_a_stuck_collective_fires_at_its_bound_naming_rank_phase_and_stacks(clock, capfd):
+    wd, fired_at, done = _watchdog(clock)
     wd.start()
     try:
         for step in (1, 2, 3):  # quick steps: no firing, and they set the median
             wd.begin_step(step)
-            time.sleep(0.01)
+            clock.advance(0.01)
             wd.end_step(0.01)
-        assert not fired_at
         wd.begin_step(4)
         wd.phase("forward_backward")
         wd.phase("collective")
-        t0 = time.monotonic()
-        _stuck_in_collective(done)  # returns once the watchdog fired
+        t0 = clock.now
+        clock.advance(0.29)  # just under the bound: however long the machine takes, no firing
+        assert not done.wait(0.2) and not fired_at
+        assert _stuck_in_collective(clock, 0.02, done), "the watchdog did not fire past its bound"
     finally:
         wd.stop()
-    assert fired_at, "the watchdog did not fire"
     bound = 0.3  # max(floor 0.3, 3 x median 0.01)
-    assert bound <= fired_at[0] - t0 <= bound + 0.5
+    assert fired_at[0] - t0 == pytest.approx(bound + 0.01)
     err = capfd.readouterr().err
     assert "rank 3 (local rank 1 on " in err and "hung in phase 'collective' (step 4)" in err
     assert "bound 0.3s = max(watchdog.floor_s 0.3s, 3 x median 0.010s of the last 3 steps)" in err
@@ -119,23 +131,15 @@ def test_a_stuck_collective_fires_within_its_bound_naming_rank_phase_and_stacks(
     assert "in _stuck_in_collective" in stacks and "in test_a_stuck_collective_fires" in stacks
 
 
-def test_with_a_dump_directory_the_stacks_go_to_a_file_of_the_ranks_own(tmp_path, capfd):
+def test_with_a_dump_directory_the_stacks_go_to_a_file_of_the_ranks_own(clock, tmp_path, capfd):
     """The ranks behind a hung one fire together and torchrun merges their stderr: each rank's stacks go whole to
     a file named after it, and stderr gets one line naming that file."""
-    fired_at: list[float] = []
-    done = threading.Event()
-
-    def on_hang() -> None:
-        fired_at.append(time.monotonic())
-        done.set()
-
-    cfg = WatchdogConfig(floor_s=0.3, startup_s=0.6, warmup_steps=1, factor=3.0)
-    wd = Watchdog(cfg, rank=3, local_rank=1, on_hang=on_hang, poll_s=0.02, dump_dir=tmp_path / "watchdog")
+    wd, fired_at, done = _watchdog(clock, dump_dir=tmp_path / "watchdog")
     wd.start()
     try:
         wd.begin_step(1)
         wd.phase("collective")
-        _stuck_in_collective(done)
+        assert _stuck_in_collective(clock, 0.61, done)  # past the first step's start-up allowance
     finally:
         wd.stop()
     assert fired_at and wd.dump_path is not None
@@ -147,35 +151,38 @@ def test_with_a_dump_directory_the_stacks_go_to_a_file_of_the_ranks_own(tmp_path
     assert "in _stuck_in_collective" in dump and "in test_with_a_dump_directory" in dump
 
 
-def test_checkpoint_and_eval_have_their_own_allowances_and_the_loop_can_finish():
-    wd, fired_at, done = _watchdog(checkpoint_s=1.0)
+def test_checkpoint_and_eval_have_their_own_allowances_and_the_loop_can_finish(clock):
+    wd, fired_at, done = _watchdog(clock, checkpoint_s=1.0)
     wd.start()
     try:
         wd.begin_step(1)
+        clock.advance(0.01)
         wd.end_step(0.01)
         with wd.allowance("checkpoint", 1.0):
-            time.sleep(0.6)  # twice the step bound, within the checkpoint's allowance
-        assert not fired_at
+            clock.advance(0.6)  # twice the step bound, within the checkpoint's allowance
+            assert not done.wait(0.2) and not fired_at
         with wd.allowance("checkpoint", 1.0):
-            done.wait(5)
-        assert fired_at, "a checkpoint past its allowance must fire"
+            clock.advance(1.01)
+            assert done.wait(10), "a checkpoint past its allowance must fire"
     finally:
         wd.stop()
     # Disarmed (the end of the loop): nothing fires, however long it takes.
-    wd2, fired2, _ = _watchdog()
+    wd2, fired2, done2 = _watchdog(clock)
     wd2.start()
     wd2.begin_step(1)
     wd2.disarm()
-    time.sleep(0.8)
+    clock.advance(3600)
+    assert not done2.wait(0.2)
     wd2.stop()
     assert not fired2
 
 
-def test_a_disabled_watchdog_starts_no_thread():
-    wd, fired_at, _ = _watchdog(enabled=False)
+def test_a_disabled_watchdog_starts_no_thread(clock):
+    wd, fired_at, done = _watchdog(clock, enabled=False)
     wd.start()
     wd.begin_step(1)
-    time.sleep(0.8)
+    clock.advance(3600)
+    assert not done.wait(0.2)
     wd.stop()
     assert not fired_at and wd._thread is None
 

@@ -24,6 +24,7 @@ import pytest
 from gpu_train.jobs import jobset as js
 from gpu_train.spec import naming, pod_rules
 from gpu_train.spec.job import JobSpec
+from gpu_train.spec.settings_checks import PLATFORM_MIN_KUBERNETES
 from infra.aws import node_addons as aws_addons
 from infra.aws import settings_checks as aws_checks
 from infra.aws.gpu_nodes import NVME_HOST_PATH as AWS_ROOT
@@ -317,8 +318,7 @@ def test_registry_prefix_and_repository_of():
 
 # Every Kubernetes version a stack may ask for: EKS's, and those of GKE's release channels.
 SUPPORTED = {v for v in (*aws_checks.KUBERNETES_VERSIONS, *(v for vs in gcp_checks.KUBERNETES_VERSIONS.values() for v in vs))
-             if tuple(map(int, v.split("."))) >= max(aws_checks.PLATFORM_MIN_KUBERNETES,
-                                                     gcp_checks.PLATFORM_MIN_KUBERNETES)}
+             if tuple(map(int, v.split("."))) >= PLATFORM_MIN_KUBERNETES}
 
 
 @pytest.mark.parametrize("version", sorted(SUPPORTED))
