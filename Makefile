@@ -6,6 +6,7 @@
 #   make bench              benchmarks, side by side, -> build/bench/results.json
 #   make docs               regenerate docs/configuration.md's settings tables from the settings models
 #   make schemas            maintainers (network + helm): regenerate tests/schemas from the pinned charts and CRDs
+#                           (the stacks' plans and the serving variants' of tools/variants.py)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -89,6 +90,8 @@ bench: setup
 # Chart and CRD snapshots the offline checks use (docs/validation.md): helm pull at every pinned version,
 # what each chart renders for every stack's plan, the repositories' indexes, the CRD files at their tags.
 schemas: plans
+	@for f in $$($(BIN)/python -m tools.variants --out build/variants); do \
+	  $(BIN)/python -m infra.plan --stack-file $$f --out build/plan --quiet || exit 1; done
 	$(BIN)/python -m tools.validation.refresh
 
 # docs/configuration.md's settings tables, regenerated from the settings models (a test keeps them in step).

@@ -30,6 +30,7 @@ SECTIONS = {
     "recovery": "bench.recovery",
     "elastic": "bench.elastic",
     "plan": "bench.plan",
+    "serving": "bench.serving",
 }
 GPU_SECTION = ("gpu", "bench.gpu")
 

@@ -19,6 +19,7 @@ from infra.image import TrainerImage, TrainerImageArgs
 from infra.k8s import build_kubernetes
 from infra.k8s.contract import PlatformContract, PlatformContractArgs
 from infra.k8s.mlflow import MlflowServer, MlflowServerArgs
+from infra.k8s.serving import Serving, ServingArgs
 from infra.k8s.training import TrainingJob, TrainingJobArgs
 
 cfg = settings.load()
@@ -54,11 +55,19 @@ if cfg.mlflow.enabled:
 image = TrainerImage("trainer", TrainerImageArgs(registry=platform.registry, prebuilt=cfg.image.prebuilt))
 tracking_uri = mlflow.tracking_uri if mlflow is not None else ""
 
+serving = None
+if cfg.serving.enabled and mlflow is not None:  # the settings checks refuse serving without MLflow
+    serving = Serving("serving", ServingArgs(
+        platform=platform, settings=cfg.serving, teams=[t.name for t in cfg.teams], image=image.ref,
+        tracking_uri=tracking_uri, artifacts_root=mlflow.artifacts_destination,
+        depends_on=[*kube.ready, mlflow]))
+
 # What a team member's `gpu-train` needs to render and check its own jobs exactly as this program renders the
 # stack's job: exported as `platform` and published in every team namespace (docs/teams.md).
 contract = PlatformContract("platform-contract", PlatformContractArgs(
     platform=platform, cfg=cfg, image=image.ref, cache_endpoint=kube.cache_endpoint,
-    tracking_uri=tracking_uri, team_namespaces=list(kube.team_namespaces.values())))
+    tracking_uri=tracking_uri, team_namespaces=list(kube.team_namespaces.values()),
+    serving=serving.contract if serving is not None else None))
 
 job = None
 if cfg.job is not None:

@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from gpu_train.spec.pod_rules import serving_image
 from policies import pods
 from policies.cidrs import blocks_coverage
 from policies.core import Context, Resource, dig, items
@@ -86,7 +87,7 @@ def training_pod_security(res: Resource, ctx: Context) -> Iterator[str]:
 def _unpinned(obj: Mapping[str, Any], exempt_sidecars: bool = False) -> Iterator[str]:
     for where, spec in pod_specs(obj):
         for name, c in containers(spec):
-            if exempt_sidecars and pods.grant(obj, c) is not None:
+            if exempt_sidecars and (pods.grant(obj, c) is not None or serving_image(c)):
                 continue
             image = c.get("image")
             if not isinstance(image, str) or not _DIGEST.search(image):
@@ -94,7 +95,8 @@ def _unpinned(obj: Mapping[str, Any], exempt_sidecars: bool = False) -> Iterator
 
 
 def training_image_digest(res: Resource, ctx: Context) -> Iterator[str]:
-    """Training pods run images pinned by digest (GPUDirect sidecars exempt: Google tags them)."""
+    """Training pods run images pinned by digest (GPUDirect sidecars and KServe's pinned serving images exempt:
+    Google and KServe tag them)."""
     obj = _object(res)
     if obj is not None and is_training(obj):
         yield from _unpinned(obj, exempt_sidecars=True)

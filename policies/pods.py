@@ -30,6 +30,10 @@ Host paths. Baseline forbids every hostPath; this platform needs three kinds, al
 - TCPXO's `/dev/aperture_devices` (the GPU NICs' DMA apertures).
 Everything else (`/`, `/sys`, `/proc/sys`, `/var/lib`, a node's NVMe root) needs an exemption.
 
+Image exemptions: KServe's model server and storage initializer in serving pods, by container name and exact
+pinned image (`SERVING_IMAGES`: KServe tags its images and publishes no digests), are exempt from the digest and
+registry rules only.
+
 Exemptions: only the platform's own host agents, each matched by object kind, namespace and name
 (`HOST_AGENTS`) and, per container, by container name and image repository (any tag or digest of
 that repository); and Google's GPUDirect receive-datapath sidecars (`RXDM_SIDECARS`) in training
@@ -61,6 +65,7 @@ from gpu_train.spec.pod_rules import (
     HostAgent,
     image_allowed,
     image_repository,
+    serving_image,
 )
 from policies.core import Resource, dig, falsy, items, truthy
 
@@ -292,10 +297,13 @@ def training_problems(obj: Mapping[str, Any]) -> list[str]:
 
 def registry_problems(obj: Mapping[str, Any], registries: Sequence[str], repositories: Sequence[str] = ()) -> list[str]:
     """The team namespaces' image-registry rule (infra/k8s/pod_admission.py) over one object: every container not
-    covered by a GPUDirect sidecar grant runs an image from the platform registry."""
+    covered by a GPUDirect sidecar grant, and not one of KServe's at its pinned image, runs an image from the platform
+    registry."""
     problems = []
     for where, spec in pod_specs(obj):
         for label, c in containers(spec):
+            if serving_image(c):
+                continue
             if grant(obj, c) is None and not image_allowed(c.get("image"), registries, repositories):
                 problems.append(f"{where} {label}: image {c.get('image')!r} is not from the platform registry "
                                 f"({', '.join([*registries, *repositories])}).")

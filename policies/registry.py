@@ -238,7 +238,9 @@ RULES: tuple[Rule, ...] = (
          description="Training pods run images pinned by digest.",
          remediation="Use the image reference repo@sha256:<digest> (the trainer image's digest output).",
          benchmarks=("checkov CKV_K8S_43",),
-         exemptions=_RXDM_EXEMPTION + " Google publishes them by version tag only."),
+         exemptions=_RXDM_EXEMPTION + " Google publishes them by version tag only. KServe's `kserve-container` and "
+                                      "`storage-initializer` running exactly their pinned images (gpu_train/spec/"
+                                      "pod_rules.py SERVING_IMAGES): KServe publishes them by tag only."),
     Rule(id="image-digest", level="advisory", scope="resource", check=kubernetes.image_digest,
          description="Other typed workloads run images pinned by digest.",
          remediation="Pin the image as repo:tag@sha256:<digest>.",

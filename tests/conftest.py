@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tools import variants as serving_variants
+
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
 
@@ -51,7 +53,8 @@ def plans(stack_plans) -> dict[str, dict]:
 
 
 # Fixtures that run the Pulumi program (python -m infra.plan) for every stack: their tests are integration tests.
-PLAN_FIXTURES = frozenset({"plan_dir", "stack_plans", "plans", "variant_plan_dir", "variant_plans", "all_plans"})
+PLAN_FIXTURES = frozenset({"plan_dir", "stack_plans", "plans", "variant_plan_dir", "variant_plans", "serving_plans",
+                           "all_plans"})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -101,21 +104,27 @@ def variant_stack_file(name: str, out_dir: Path) -> Path:
     return path
 
 
+# The dev stacks with serving enabled (tools/variants.py: examples/serving.yaml's block added), planned like the
+# fabric variants: their plans hold cert-manager, KServe, its CRDs and the stack's InferenceService.
+SERVING_VARIANTS = tuple(sorted(serving_variants.SERVING))
+
+
 @pytest.fixture(scope="session")
 def variant_plan_dir(tmp_path_factory) -> Path:
     files = tmp_path_factory.mktemp("variant-stacks")
     out = tmp_path_factory.mktemp("variant-plan")
 
     def plan(name: str) -> tuple[str, subprocess.CompletedProcess]:
+        stack_file = (serving_variants.serving_stack_file(name, files) if name in SERVING_VARIANTS
+                      else variant_stack_file(name, files))
         proc = subprocess.run(
-            [sys.executable, "-m", "infra.plan", "--stack-file", str(variant_stack_file(name, files)),
-             "--out", str(out), "--quiet"],
+            [sys.executable, "-m", "infra.plan", "--stack-file", str(stack_file), "--out", str(out), "--quiet"],
             cwd=ROOT, capture_output=True, text=True, timeout=600,
         )
         return name, proc
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(plan, sorted(VARIANTS)))
+        results = list(pool.map(plan, [*sorted(VARIANTS), *SERVING_VARIANTS]))
     failures = [f"{s}:\n{p.stdout}\n{p.stderr}" for s, p in results if p.returncode != 0]
     assert not failures, "planning failed:\n" + "\n".join(failures)
     return out
@@ -127,6 +136,11 @@ def variant_plans(variant_plan_dir) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="session")
-def all_plans(stack_plans, variant_plans) -> dict[str, dict]:
-    """The four stacks and the fabric variants, by stack name."""
-    return {**stack_plans, **variant_plans}
+def serving_plans(variant_plan_dir) -> dict[str, dict]:
+    return {s: json.loads((variant_plan_dir / f"{s}.json").read_text()) for s in SERVING_VARIANTS}
+
+
+@pytest.fixture(scope="session")
+def all_plans(stack_plans, variant_plans, serving_plans) -> dict[str, dict]:
+    """The four stacks, the fabric variants and the serving variants, by stack name."""
+    return {**stack_plans, **variant_plans, **serving_plans}

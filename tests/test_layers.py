@@ -5,8 +5,12 @@ Run: .venv/bin/pytest tests/test_layers.py -q
 
 Every `import` and `from ... import` of every module counts, including the ones inside functions. The rules:
 - gpu_train.spec (the vocabulary) imports only itself, the standard library, pydantic and yaml;
-  gpu_train.jobs (the renderer) adds itself and the kubernetes client; gpu_train.cli adds itself and the clients
-  it reads the cluster and the log stores with. None imports pulumi, torch, infra, policies, trainer or tools.
+  gpu_train.jobs (the renderer) adds itself and the kubernetes client; gpu_train.serving (serving's programs: the
+  route, the promotion loop, the registry client) adds itself and its clients (kubernetes, MLflow, aiohttp,
+  urllib3, prometheus_client); gpu_train.cli adds itself, serving, and the clients it reads the cluster and the
+  log stores with. None imports pulumi, torch, infra, policies, trainer or tools, with one exception: the local
+  model server (gpu_train.serving.model_server) runs transformers over torch, and is only ever started as its own
+  process (`python -m`), never imported.
 - infra (the Pulumi program) imports the core, never policies, trainer, tools or the team command;
   infra/settings.py imports nothing of infra/aws, infra/gcp, infra/k8s; infra/k8s imports no cloud layer and no
   catalog, and its code compares nothing with a cloud's name.
@@ -92,9 +96,14 @@ MODULES = set(GRAPH)
 ALLOWED = {
     "gpu_train.spec": ("gpu_train.spec", "pydantic", "pydantic_core", "yaml"),
     "gpu_train.jobs": ("gpu_train.spec", "gpu_train.jobs", "kubernetes"),
+    "gpu_train.serving": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.serving", "kubernetes", "mlflow", "aiohttp",
+                          "urllib3", "prometheus_client"),
     "gpu_train.cli": ("gpu_train", "kubernetes", "yaml", "boto3", "botocore", "google", "prometheus_client",
                       "urllib3"),
 }
+# The one module of the core that runs torch: the model server `gpu-train serve --local` starts as a process.
+MODEL_SERVER = "gpu_train.serving.model_server"
+MODEL_SERVER_IMPORTS = ("torch", "transformers", "fastapi", "uvicorn", "pydantic")
 FORBIDDEN = {
     "infra": ("policies", "trainer", "tools", "gpu_train.cli"),
     "policies": ("infra", "trainer", "tools", "gpu_train.cli"),
@@ -111,6 +120,8 @@ def test_the_core_and_the_command_import_only_what_they_may(layer):
         for t in targets:
             if top(t) in STDLIB or top(t) == "__future__":
                 continue
+            if mod == MODEL_SERVER and top(t) in MODEL_SERVER_IMPORTS:
+                continue
             if not any(in_layer(t, allowed) for allowed in ALLOWED[layer]):
                 bad.append(f"{mod} imports {t}")
     assert bad == [], "\n".join(sorted(bad))
@@ -118,8 +129,17 @@ def test_the_core_and_the_command_import_only_what_they_may(layer):
 
 def test_neither_pulumi_nor_torch_in_the_core_or_the_command():
     bad = [f"{m} imports {t}" for m, ts in GRAPH.items() if in_layer(m, "gpu_train") for t in ts
-           if top(t).startswith("pulumi") or top(t) == "torch"]
+           if top(t).startswith("pulumi") or (top(t) in ("torch", "transformers") and m != MODEL_SERVER)]
     assert bad == []
+
+
+def test_the_model_server_is_started_never_imported():
+    """The torch of `serve --local` stays in its own process: no module imports the model server; the local mode
+    starts it as `python -m gpu_train.serving.model_server`."""
+    importers = sorted(m for m, ts in GRAPH.items() if MODEL_SERVER in ts)
+    assert importers == []
+    assert any(top(t) == "torch" for t in GRAPH[MODEL_SERVER])
+    assert f'"-m", "{MODEL_SERVER}"' in (ROOT / "gpu_train" / "serving" / "local.py").read_text()
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))

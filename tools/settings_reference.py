@@ -6,7 +6,7 @@ Usage:
     python -m tools.settings_reference --check docs/configuration.md   # exit 1 when they are out of date
     python -m tools.settings_reference --schema > stack-settings.schema.json
 
-The models (gpu_train/spec/settings.py, gpu_train/spec/job.py) are the one source: each field's key, type,
+The models (gpu_train/spec/settings.py, gpu_train/spec/job.py, gpu_train/spec/serving.py) are the one source: each field's key, type,
 default and description. In the document, each table sits between `<!-- settings: <key> -->` and
 `<!-- /settings -->`; the prose around the tables is written by hand.
 """
@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from gpu_train.spec.job import JobSpec, NodeRange
+from gpu_train.spec.serving import ModelRef
 from gpu_train.spec.settings import StackSettings
 
 BLOCK = re.compile(r"(<!-- settings: (?P<key>[^ ]+) -->\n)(?P<body>.*?)(<!-- /settings -->)", re.S)
@@ -43,6 +44,8 @@ def type_name(tp: Any) -> str:
         return " \\| ".join(repr(a) for a in args)
     if tp is NodeRange:
         return "MIN:MAX"
+    if tp is ModelRef:
+        return "NAME:VERSION, NAME@ALIAS or NAME"
     if isinstance(tp, type) and issubclass(tp, BaseModel) or origin in (dict, typing.Mapping) or tp is dict:
         return "a mapping"
     if origin in (tuple, list):
@@ -92,7 +95,7 @@ def models() -> dict[str, type[BaseModel]]:
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():
             sub = _model_of(field.annotation)
-            if sub is None or sub is NodeRange:
+            if sub is None or sub in (NodeRange, ModelRef):
                 continue
             many = typing.get_origin(field.annotation) in (tuple, list)
             index = "ijk"[prefix.count("[")] if many else ""

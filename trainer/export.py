@@ -27,14 +27,15 @@ Formats (``--format``):
 - ``auto`` (default): ``hf-gpt2`` where the architecture allows, else ``safetensors``.
 
 A BPE dataset's ``tokenizer.json`` is copied next to the weights (with a ``tokenizer_config.json`` in the
-Hugging Face layout); a byte-level model's token ids are the UTF-8 bytes, 256 being end-of-text.
+Hugging Face layout); a byte-level model's token ids are the UTF-8 bytes, 256 being end-of-text, and in the
+Hugging Face layout that tokenizer is written out as a ``tokenizer.json`` too (``byte_tokenizer_json``), so
+``AutoTokenizer`` and the serving runtimes load every export alike.
 
 Checkpoints and exports written when attention had one fused query/key/value matrix (checkpoint format 2 and
 earlier) are read too: each ``attn.qkv.weight`` is split into ``attn.q``, ``attn.k`` and ``attn.v``.
 
-The module is over 400 lines because its parts are one path from a source to a written directory: the pure name
-mappings (ours and Hugging Face's GPT-2, the fused matrix), the three sources, the tokenizer and the writer; split,
-each would import most of the others.
+It runs past 400 lines as the one place that reads models from every source (checkpoint, exported directory)
+and writes both layouts, each with its tokenizer: one mapping of weights and tokenizers for every export.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -424,6 +425,26 @@ def load(
 
 
 # ---------------------------------------------------------------------------------------------- writing
+def byte_tokenizer_json(eot_id: int) -> str:
+    """The byte-level tokenizer as a ``tokenizers`` JSON: ids 0-255 are the UTF-8 bytes and ``eot_id`` is
+    end-of-text. Hugging Face's byte-level pre-tokenizer maps each byte to one character of GPT-2's byte table
+    (openai/gpt-2 src/encoder.py ``bytes_to_unicode``); a BPE over exactly those 256 characters with no merges
+    gives every byte its own token, with the byte's value as its id."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    chars = {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+    tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    if eot_id != 256:
+        raise ExportError(f"a byte-level tokenizer's end-of-text id is 256 (got {eot_id})")
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    return tok.to_str()
+
+
 def _cast(tensors: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", DTYPES[dtype]).contiguous() for k, v in tensors.items()}
 
@@ -456,6 +477,8 @@ def write_model_dir(
     if fmt == "auto":
         fmt = "safetensors" if gpt2_incompatibilities(cfg) else "hf-gpt2"
     out.mkdir(parents=True, exist_ok=True)
+    if fmt == "hf-gpt2" and tokenizer.kind == "byte" and tokenizer.json is None:
+        tokenizer = replace(tokenizer, json=byte_tokenizer_json(tokenizer.eot_id))
     meta = {"model": asdict(cfg), "tokenizer": tokenizer.describe(), "origin": origin or {}}
     if fmt == "hf-gpt2":
         save_file(_cast(to_hf_gpt2(state, cfg), dtype), str(out / WEIGHTS), metadata={"format": "pt"})

@@ -118,6 +118,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--nproc", type=int, default=2, help="local workers (default 2)")
     r.add_argument("--data", default="", help="dataset manifest URI (default: the spec's file:// one, else synthetic)")
     r.add_argument("--runs", default="runs", help="parent of the run directory (default ./runs)")
+
+    from gpu_train.cli.serve import add_parser as add_serve
+
+    add_serve(sub, _common)
     return ap
 
 
@@ -156,6 +160,10 @@ def run(argv: list[str] | None = None) -> int:
         from gpu_train.cli.local import run_local
 
         return run_local(args.spec, nproc=args.nproc, data=args.data, runs=args.runs)
+    if cmd == "serve":
+        from gpu_train.cli.serve import run_serve
+
+        return run_serve(args)
     if cmd == "regions":
         from gpu_train.cli.regions import regions
 

@@ -37,6 +37,7 @@ from fractions import Fraction
 from typing import Any
 
 from gpu_train.jobs import fit, launch
+from gpu_train.jobs.pods import container_security, gpu_resources, pod_security, pool_scheduling
 from gpu_train.spec import naming
 from gpu_train.spec.contract import GpuPool, PlatformContract
 from gpu_train.spec.errors import EXIT_BAD_INPUT
@@ -210,7 +211,7 @@ def trainer_container(job: JobSpec, where: Placement, gpus: int) -> dict[str, An
         "tracking.experiment": job.name, "tracking.register_name": where.register_name or job.name,
         **({"data.endpoint_url": where.cache_endpoint} if proxied else {}),
     }
-    extended = {naming.GPU_RESOURCE: str(gpus), **{k: str(v) for k, v in pool.fabric.resources.items()}}
+    extended = {**gpu_resources(gpus), **{k: str(v) for k, v in pool.fabric.resources.items()}}
     ports = [{"name": f"metrics-{rank}", "containerPort": naming.METRICS_PORT + rank, "protocol": "TCP"}
              for rank in range(gpus)] + [{"name": "rendezvous", "containerPort": launch.RDZV_PORT, "protocol": "TCP"}]
     return {
@@ -231,9 +232,7 @@ def trainer_container(job: JobSpec, where: Placement, gpus: int) -> dict[str, An
         # EFA and RDMA need locked memory for registered buffers; that comes from the node's containerd (memlock
         # unlimited on EKS and GKE GPU images), not from IPC_LOCK: Kubernetes gives added capabilities to a
         # non-root process only through ambient capabilities, which it does not set.
-        "securityContext": {"runAsNonRoot": True, "runAsUser": naming.TRAINER_UID, "runAsGroup": naming.TRAINER_UID,
-                            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": container_security(naming.TRAINER_UID),
     }
 
 
@@ -252,13 +251,11 @@ def pod_template(job: JobSpec, where: Placement, gpus: int) -> dict[str, Any]:
         # (and counted against backoffLimit) and rejoins the rendezvous.
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": launch.TERMINATION_GRACE_S,
-        "nodeSelector": dict(pool.node_selector),
-        "tolerations": [dict(t) for t in pool.tolerations],
+        **pool_scheduling(pool),
         "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": job.name}},
             "topologyKey": "kubernetes.io/hostname"}]}},
-        "securityContext": {"runAsNonRoot": True, "runAsUser": naming.TRAINER_UID, "runAsGroup": naming.TRAINER_UID,
-                            "fsGroup": naming.TRAINER_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security(naming.TRAINER_UID),
         **({"initContainers": sidecars} if sidecars else {}),
         "containers": [trainer_container(job, where, gpus)],
         "volumes": [

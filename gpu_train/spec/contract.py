@@ -11,8 +11,8 @@ own: the cloud and region, each GPU pool with its node selector, tolerations, fa
 annotations, NCCL environment, host volumes, sidecars) and what one of its nodes leaves to a training pod; the
 image and the registries the admission policies accept; the NVMe root; buckets and endpoints; each team's
 namespace, queues, quota and service account; Kueue's queues and flavors; the environment every training pod
-gets from the cloud; and where container logs are kept. It holds no credential: the kubeconfig it carries
-authenticates through the cloud CLI's exec plugin.
+gets from the cloud; where container logs are kept; and, where the stack serves models, what serving needs. It
+holds no credential: the kubeconfig it carries authenticates through the cloud CLI's exec plugin.
 """
 
 from __future__ import annotations
@@ -163,6 +163,22 @@ class CloudLoggingLogs(Model):
 Logs = Annotated[CloudWatchLogs | CloudLoggingLogs, Field(discriminator="kind")]
 
 
+class Serving(Model):
+    """What a team's `gpu-train serve` needs to render its services as the stack renders its own (present only
+    when the stack enables serving)."""
+
+    kserve_version: str
+    # Backend (vllm | huggingface) -> KServe's Hugging Face server image for it (pinned by the platform).
+    runtime_images: dict[str, str]
+    # Where MLflow keeps artifacts (its --artifacts-destination, s3://<bucket>/<prefix> or gs://...): a model
+    # version's files, which the predictor's storage initializer reads with the team's model-server identity.
+    artifacts_root: str
+    cpu_node_selector: dict[str, str]  # where CPU runtimes, routes and promotion loops run
+    gpu_pools: list[str] = Field(default_factory=list)  # GPU pools services may run on (no team quota there)
+    prometheus: str  # the in-cluster Prometheus the promotion loop reads
+    scrape_interval_seconds: int  # how often Prometheus scrapes the routes (part of the reaction bound)
+
+
 class PlatformContract(Model):
     api_version: Literal["gpu-train.io/v1"] = API_VERSION
     kind: Literal["PlatformContract"] = KIND
@@ -185,6 +201,8 @@ class PlatformContract(Model):
     logs: Logs
     # Environment every training container gets from the cloud (e.g. AWS_REGION for the S3 and STS clients).
     pod_env: dict[str, str] = Field(default_factory=dict)
+    # Model serving (KServe); left out of the document when the stack does not enable it.
+    serving: Serving | None = Field(None, exclude_if=lambda v: v is None)
     _source: str = PrivateAttr("")
 
     @property

@@ -43,6 +43,8 @@ MONITORING_RELEASE = "kube-prometheus-stack"
 MLFLOW_NAMESPACE = "mlflow"
 MLFLOW_SERVICE_ACCOUNT = "mlflow"
 MLFLOW_PORT = 5000
+# MLflow keeps artifacts under <artifacts bucket>/<this>/ (its --artifacts-destination); serving reads them there.
+MLFLOW_ARTIFACTS_PREFIX = "mlflow"
 TRAINER_SERVICE_ACCOUNT = "trainer"
 KARPENTER_NAMESPACE = "kube-system"
 KARPENTER_SERVICE_ACCOUNT = "karpenter"
@@ -67,6 +69,16 @@ WORKDIR_ROOT = "gpu-train"
 # as "."; `gpu-train logs` finds a rank's streams by that name.
 TAIL_TAG_PREFIX = "kube."
 STREAM_PREFIX = "containers."
+# Serving (gpu_train/spec/serving.py, gpu_train/jobs/serving.py): KServe's namespace, the service accounts of a
+# team namespace's serving pods, and the labels every serving object carries.
+KSERVE_NAMESPACE = "kserve"
+MODEL_SERVER_SERVICE_ACCOUNT = "model-server"  # predictor pods: reads the MLflow artifact store, nothing else
+ROUTER_SERVICE_ACCOUNT = "serving-router"  # a service's weighted route: reads its route ConfigMap
+PROMOTER_SERVICE_ACCOUNT = "serving-promoter"  # the in-cluster promotion loop
+SERVICE_LABEL = "gpu-train.io/service"
+MODEL_VERSION_LABEL = "gpu-train.io/model-version"
+SERVING_ROLE_LABEL = "gpu-train.io/serving-role"  # model | route | router | promoter
+ROUTE_PORT = 8080  # the route's HTTP port (requests and /metrics)
 # The JobSet's one replicated job, and the pod label JobSet puts on every pod of a JobSet.
 REPLICATED_JOB = "worker"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -154,6 +166,16 @@ def proxy_dataset_uri(dataset_uri: str, datasets_bucket: str) -> str | None:
     if "/" not in rest:
         return None
     return f"s3://{rest}"
+
+
+def route_name(service: str) -> str:
+    """The route (Deployment, ConfigMap) of a served model; its Service keeps the service's own name."""
+    return f"{service}-route"
+
+
+def version_name(service: str, version: int) -> str:
+    """The InferenceService serving one model version of a service."""
+    return f"{service}-v{version}"
 
 
 def rank_stream_prefix(job: str, rank: int) -> str:

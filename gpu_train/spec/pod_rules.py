@@ -5,6 +5,7 @@ Usage:
     pod_rules.HOST_AGENTS          # the platform's own host agents and exactly what each may do on the host
     pod_rules.RXDM_SIDECARS        # GPUDirect's receive-datapath sidecars allowed in training pods
     pod_rules.image_allowed(image, registries, repositories)
+    pod_rules.serving_image(container)  # KServe's pinned model server and storage initializer
 
 One source for two enforcement points: policies/pods.py judges planned objects with it (CrossGuard and offline),
 and infra/k8s/pod_admission.py generates the ValidatingAdmissionPolicies of the team namespaces from it, so what
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_train.spec import naming
+from gpu_train.spec.serving import RUNTIME_IMAGES, STORAGE_INITIALIZER_IMAGE
 
 TEAM_NAMESPACE_PREFIX = naming.team_namespace("")
 
@@ -141,6 +143,21 @@ RXDM_SIDECARS: dict[str, ContainerGrant] = {
     "tcpxo-daemon": ContainerGrant(image=f"{GOOGLE_GPUDIRECT}/gpudirect-tcpxo/tcpgpudmarxd-dev", privileged=True,
                                    host_paths=_RXDM_PATHS),
 }
+
+# KServe's containers in a serving pod (gpu_train/jobs/serving.py): the model server and the storage initializer.
+# KServe publishes its images by tag only, so exactly these references, in containers of exactly these names, are
+# exempt from the digest and registry rules, and from nothing else. The team namespaces' admission policies carry
+# this grant only where the stack serves models (infra/k8s/pod_admission.py).
+SERVING_IMAGES: dict[str, frozenset[str]] = {
+    "kserve-container": frozenset(RUNTIME_IMAGES.values()),
+    "storage-initializer": frozenset({STORAGE_INITIALIZER_IMAGE}),
+}
+
+
+def serving_image(container: Mapping[str, Any]) -> bool:
+    """Whether a container is one of KServe's, by name, running exactly its pinned image."""
+    return container.get("image") in SERVING_IMAGES.get(str(container.get("name", "")), frozenset())
+
 
 _REGISTRY = re.compile(r"^([a-z0-9-]+\.[a-z0-9.-]+|localhost)(:[0-9]+)?$")
 

@@ -30,6 +30,7 @@ from pydantic.alias_generators import to_camel
 from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
 from gpu_train.spec.job import JobSpec
 from gpu_train.spec.naming import PROJECT
+from gpu_train.spec.serving import ServiceSpec
 from gpu_train.spec.values import ValueTextError, parse_bool, parse_float, parse_int
 
 # Namespaces of the stack file that belong to Pulumi and to the providers the program configures.
@@ -176,6 +177,23 @@ class MlflowSettings(Settings):
     register_name: str = Field("", description="model registry name for the job's final model (\"\" = job name)")
 
 
+class ServingSettings(Settings):
+    enabled: bool = Field(False, description="model serving: cert-manager, KServe in standard mode (no Knative), "
+                                             "the serving runtimes, each team's model-server identity, and the "
+                                             "routes' metrics, dashboard and alerts ([serving.md](serving.md))")
+    gpu_pools: tuple[str, ...] = Field((), description="GPU pools services may run on; no team may have GPU quota "
+                                                       "there, since Kueue does not see serving pods")
+    scrape_interval_seconds: Int = Field(15, ge=1, le=300, description="how often Prometheus scrapes the routes "
+                                                                       "(part of every canary's reaction bound)")
+    latency_alert_ms: Int = Field(500, ge=1, description="ServingLatencyHigh fires when a version's p99 latency "
+                                                         "stays above this")
+    error_rate_alert: float = Field(0.01, ge=0, le=1, description="ServingErrorRateHigh fires when a version's "
+                                                                  "share of 5xx answers stays above this")
+    services: tuple[ServiceSpec, ...] = Field((), description="services the stack deploys itself, each pinned to "
+                                                              "a version (teams deploy theirs with "
+                                                              "`gpu-train serve`)")
+
+
 class DeployRunnerSettings(Settings):
     kind: Literal["none", "codebuild"] = Field("none", description="codebuild: a GitHub Actions runner in the VPC "
                                                                    "(AWS only)")
@@ -228,6 +246,8 @@ class StackSettings(Settings):
     mlflow: MlflowSettings = Field(default_factory=MlflowSettings, description="tracking server and registry")
     limits: LimitsSettings = Field(default_factory=LimitsSettings, description="guard rails checked here and by "
                                                                                "policy")
+    serving: ServingSettings = Field(default_factory=ServingSettings, description="serving registered models "
+                                                                                  "(off by default)")
     carbon: CarbonSettings = Field(default_factory=CarbonSettings, description="the plan's carbon estimate and "
                                                                                "region advisory")
     deploy_runner: DeployRunnerSettings = Field(default_factory=DeployRunnerSettings,

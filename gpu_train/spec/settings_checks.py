@@ -6,8 +6,10 @@ layers add their own (infra/aws/settings_checks.py, infra/gcp/settings_checks.py
 What is checked here: the stack name; zones; the address plan (valid, large enough, disjoint); the public
 endpoint; GPU pools against the GPU catalog (gpu_train/spec/catalog), their sizes and capacity types and the
 GPU cap; the cache quorum; monitoring and health values; teams, their groups and quotas; the job against its pool
-and team (gpu_train/spec/job.py); the prebuilt image's digest; and, for a stack marked `deploy: true`, the
-placeholder values that example stacks carry.
+and team (gpu_train/spec/job.py); serving's GPU pools and the stack's services (gpu_train/spec/serving.py); the
+prebuilt image's digest; and, for a stack marked `deploy: true`, the placeholder values that example stacks carry.
+It runs past 400 lines as the one home of the checks that hold on either cloud; what a job or a service spec
+must satisfy on its own lives beside its model (gpu_train/spec/job.py, gpu_train/spec/serving.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pydantic import BaseModel
 from gpu_train.spec import catalog
 from gpu_train.spec.job import DNS_LABEL, job_problems
 from gpu_train.spec.naming import PROJECT
+from gpu_train.spec.serving import service_problems as one_service
+from gpu_train.spec.serving import stack_service_problems
 
 if TYPE_CHECKING:  # the models are only annotations here; gpu_train.spec.settings.parse runs these checks
     from gpu_train.spec.settings import HealthSettings, StackSettings, TeamSettings
@@ -97,6 +101,7 @@ def problems(s: StackSettings) -> list[str]:
     p += network_problems(s) + cluster_problems(s) + pool_problems(s) + service_problems(s)
     p += health_problems(s.health)
     p += team_problems(s)
+    p += serving_problems(s)
     if s.job is not None:
         p += job_problems(s.job, pools=pool_facts(s), teams=team_facts(s), scheme=BUCKET_SCHEME[s.cloud])
     if s.image.prebuilt and not IMAGE_DIGEST.match(s.image.prebuilt):
@@ -284,6 +289,40 @@ def health_problems(h: HealthSettings) -> list[str]:
     if h.dcgm_diag_level not in (1, 2):
         p.append(f"{k}.dcgmDiagLevel must be 1 or 2 (got {h.dcgm_diag_level}): level 3 and 4 run for 30 minutes "
                  "and more, longer than a node may wait before it takes work")
+    return p
+
+
+def serving_problems(s: StackSettings) -> list[str]:
+    """Serving: its GPU pools exist and carry no team quota (Kueue does not see serving pods, so it would admit
+    training onto GPUs a service holds); each of the stack's services fits the platform and pins its version."""
+    sv, p = s.serving, []
+    if not sv.enabled:
+        if sv.services or sv.gpu_pools:
+            p.append(f"{K}serving.services and serving.gpuPools need serving.enabled: true")
+        return p
+    if not s.mlflow.enabled:
+        p.append(f"{K}serving.enabled needs mlflow.enabled: served versions come from MLflow's registry and "
+                 "artifact store")
+    pools = {pool.name for pool in s.gpu_pools}
+    for i, name in enumerate(sv.gpu_pools):
+        if name not in pools:
+            p.append(f"{K}serving.gpuPools[{i}] {name!r} is not one of gpuPools[].name ({', '.join(sorted(pools))})")
+            continue
+        for j, team in enumerate(s.teams):
+            gpus = s.team_quota(team).get(name, 0)
+            if gpus:
+                p.append(f"{K}teams[{j}].gpuQuota gives team {team.name!r} {gpus} GPUs on pool {name!r}, which "
+                         f"serving.gpuPools[{i}] lends to serving: Kueue would admit training onto GPUs a service "
+                         "holds (give the team 0 there)")
+    names: set[str] = set()
+    for i, spec in enumerate(sv.services):
+        key = f"{K}serving.services[{i}]"
+        if spec.name in names:
+            p.append(f"{key}.name {spec.name!r} is used by another service")
+        names.add(spec.name)
+        p += one_service(spec, teams=[t.name for t in s.teams], gpu_pools=list(sv.gpu_pools),
+                         scrape_interval_s=sv.scrape_interval_seconds, key=key)
+        p += stack_service_problems(spec, key)
     return p
 
 

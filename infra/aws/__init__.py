@@ -147,7 +147,8 @@ def build_platform(cfg: StackSettings, tags: dict[str, str]) -> ClusterPlatform:
 
     identities = WorkloadIdentities("identities", WorkloadIdentitiesArgs(
         cluster_name=cluster.cluster_name, role_prefix=cluster_name, account_id=account_id,
-        bindings=bindings([t.name for t in cfg.teams], cache=cfg.cache.enabled, mlflow=cfg.mlflow.enabled),
+        bindings=bindings([t.name for t in cfg.teams], cache=cfg.cache.enabled, mlflow=cfg.mlflow.enabled,
+                          serving=cfg.serving.enabled),
         resources={**storage.names, "s3_key": keys.arns["s3"]}, depends_on=cluster.addons[:1], tags=tags),
         opts=on_aws)
     ready += identities.associations

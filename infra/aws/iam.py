@@ -87,6 +87,21 @@ def mlflow_policy(*, artifacts_bucket: str, s3_key_arn: str) -> dict:
     )
 
 
+def serving_policy(*, artifacts_bucket: str, prefix: str, s3_key_arn: str) -> dict:
+    """A team's model servers (KServe's storage initializer): read the model versions MLflow keeps under
+    <artifacts>/<prefix>/, nothing else; decrypt only."""
+    if not prefix or "*" in prefix:
+        raise ValueError(f"MLflow artifacts prefix {prefix!r} cannot scope an S3 prefix")
+    return _doc(
+        {"Sid": "ArtifactsListPrefix", "Effect": "Allow", "Action": "s3:ListBucket",
+         "Resource": f"arn:aws:s3:::{artifacts_bucket}",
+         "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/", f"{prefix}/*"]}}},
+        {"Sid": "ArtifactsRead", "Effect": "Allow", "Action": "s3:GetObject",
+         "Resource": f"arn:aws:s3:::{artifacts_bucket}/{prefix}/*"},
+        _s3_kms(s3_key_arn, ["kms:Decrypt"]),
+    )
+
+
 def ebs_kms_policy(ebs_key_arn: str) -> dict:
     """Extra permissions for the EBS CSI driver: create volumes encrypted with our key.
 

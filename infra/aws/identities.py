@@ -25,14 +25,15 @@ from infra.platform import WorkloadIdentity
 
 @dataclass(frozen=True, kw_only=True)
 class Binding:
-    key: str  # platform.identities key: "cache", "mlflow", "trainer/<team>"
+    key: str  # platform.identities key: "cache", "mlflow", "trainer/<team>", "serving/<team>"
     namespace: str  # Kubernetes namespace of the service account
     service_account: str  # Kubernetes service account name
     policy: Callable[[Mapping[str, str]], dict]  # resolved names/ARNs -> IAM policy document
 
 
-def bindings(teams: Sequence[str], cache: bool, mlflow: bool) -> list[Binding]:
-    """Which service accounts get which permissions (pure)."""
+def bindings(teams: Sequence[str], cache: bool, mlflow: bool, serving: bool = False) -> list[Binding]:
+    """Which service accounts get which permissions (pure). With serving, each team's model servers may read the
+    model versions in MLflow's artifact store."""
     out = [Binding(key=f"trainer/{team}", namespace=naming.team_namespace(team),
                    service_account=naming.TRAINER_SERVICE_ACCOUNT,
                    policy=lambda r, team=team: iam.trainer_policy(team, datasets_bucket=r["datasets"],
@@ -42,6 +43,13 @@ def bindings(teams: Sequence[str], cache: bool, mlflow: bool) -> list[Binding]:
     if cache:
         out.append(Binding(key="cache", namespace=naming.CACHE_NAMESPACE, service_account=naming.CACHE_SERVICE_ACCOUNT,
                            policy=lambda r: iam.cache_policy(datasets_bucket=r["datasets"], s3_key_arn=r["s3_key"])))
+    if serving:
+        out += [Binding(key=f"serving/{team}", namespace=naming.team_namespace(team),
+                        service_account=naming.MODEL_SERVER_SERVICE_ACCOUNT,
+                        policy=lambda r: iam.serving_policy(artifacts_bucket=r["artifacts"],
+                                                            prefix=naming.MLFLOW_ARTIFACTS_PREFIX,
+                                                            s3_key_arn=r["s3_key"]))
+                for team in teams]
     if mlflow:
         out.append(Binding(key="mlflow", namespace=naming.MLFLOW_NAMESPACE,
                            service_account=naming.MLFLOW_SERVICE_ACCOUNT,

@@ -9,11 +9,15 @@ Who gets what (the bucket grants are built by the pure `bucket_grants`):
   <checkpoints>/<team>/ only (an IAM condition on the object name); list the checkpoints bucket.
 - cache (alluxio/alluxio): read datasets.
 - mlflow (mlflow/mlflow): read/write the artifacts bucket.
+- serving/<team> (team-<team>/model-server, with serving enabled): read objects under <artifacts>/mlflow/ only
+  (the model versions MLflow keeps there); list the artifacts bucket (KServe's storage initializer lists a
+  version's files before it reads them).
 
 Listing nuance: `storage.objects.list` is checked on the bucket, not on object names, so an IAM
 condition on `resource.name` cannot narrow it to a prefix. Trainers therefore also get
 roles/storage.legacyBucketReader (list + bucket metadata, no object reads) on the checkpoints
-bucket: they can see other teams' object names, never their contents or write to them.
+bucket: they can see other teams' object names, never their contents or write to them. Model servers get the same
+on the artifacts bucket.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ def identities(cfg: StackSettings) -> dict[str, tuple[str, str]]:
            "mlflow": (naming.MLFLOW_NAMESPACE, naming.MLFLOW_SERVICE_ACCOUNT)}
     for team in cfg.teams:
         ids[f"trainer/{team.name}"] = (naming.team_namespace(team.name), naming.TRAINER_SERVICE_ACCOUNT)
+    if cfg.serving.enabled:
+        for team in cfg.teams:
+            ids[f"serving/{team.name}"] = (naming.team_namespace(team.name), naming.MODEL_SERVER_SERVICE_ACCOUNT)
     return ids
 
 
@@ -62,6 +69,9 @@ def bucket_grants(key: str) -> list[BucketGrant]:
         return [BucketGrant(bucket="datasets", role=OBJECT_VIEWER),
                 BucketGrant(bucket="checkpoints", role=OBJECT_USER, prefix=team),
                 BucketGrant(bucket="checkpoints", role=BUCKET_LISTER)]
+    if key.startswith("serving/"):
+        return [BucketGrant(bucket="artifacts", role=OBJECT_VIEWER, prefix=naming.MLFLOW_ARTIFACTS_PREFIX),
+                BucketGrant(bucket="artifacts", role=BUCKET_LISTER)]
     raise KeyError(f"no bucket grants defined for identity {key!r}")
 
 

@@ -8,7 +8,8 @@ Usage (infra/__main__.py):
 
 It reads only `platform` and cfg.cache / cfg.monitoring / cfg.health / cfg.teams / cfg.gpu_pools / cfg.is_prod /
 cfg.image.prebuilt (the one image repository the team namespaces' admission policies accept besides the
-platform registry).
+platform registry) / cfg.serving.enabled (the team roles, admission grants and watched namespaces serving adds;
+serving itself is infra/k8s/serving.py, which needs MLflow and the image).
 See docs/kubernetes.md and docs/monitoring.md.
 """
 
@@ -21,7 +22,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from gpu_train.spec import naming
-from gpu_train.spec.pod_rules import repository_of
+from gpu_train.spec.pod_rules import SERVING_IMAGES, repository_of
 from gpu_train.spec.settings import StackSettings
 from infra.k8s import common
 from infra.k8s.cache import Cache, CacheArgs
@@ -31,6 +32,7 @@ from infra.k8s.log_shipping import LogShipper, LogShipperArgs
 from infra.k8s.monitoring import Monitoring, MonitoringArgs, release_labels
 from infra.k8s.nvme import NvmeSetup, NvmeSetupArgs
 from infra.k8s.pod_admission import PodAdmission, PodAdmissionArgs
+from infra.k8s.serving import NAMESPACES as SERVING_NAMESPACES
 from infra.k8s.storage import EncryptedStorage, StorageArgs
 from infra.k8s.tenancy import Tenancy, TenancyArgs
 from infra.platform import ClusterPlatform
@@ -72,7 +74,8 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackSettings) -> Kubernete
                                            team_namespaces=team_ns_names, depends_on=(gpu.namespace,)))
     monitoring = Monitoring("monitoring", MonitoringArgs(
         platform=platform, settings=cfg.monitoring, storage_class=storage.name,
-        team_namespaces=team_ns_names, is_prod=cfg.is_prod, depends_on=(storage,), health=cfg.health))
+        team_namespaces=team_ns_names, is_prod=cfg.is_prod, depends_on=(storage,), health=cfg.health,
+        extra_namespaces=SERVING_NAMESPACES if cfg.serving.enabled else ()))
     health = Health("health", HealthArgs(platform=platform, settings=cfg.health, is_prod=cfg.is_prod,
                                          monitoring_labels=release_labels(), agent_namespace=common.GPU_NAMESPACE,
                                          depends_on=(monitoring.release, gpu.namespace)))
@@ -85,11 +88,12 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackSettings) -> Kubernete
             depends_on=(storage, monitoring.release, nvme)))
 
     tenancy = Tenancy("tenancy", TenancyArgs(platform=platform, teams=tuple(cfg.teams),
-                                             cache_enabled=cfg.cache.enabled))
+                                             cache_enabled=cfg.cache.enabled, serving=cfg.serving.enabled))
     # Team namespaces run at Pod Security "privileged" (NVMe hostPath, GPUDirect sidecars); these policies hold
     # whatever a team submits to the policy pack's pod rules.
     pod_admission = PodAdmission("pod-admission", PodAdmissionArgs(
-        platform=platform, extra_repositories=(repository_of(cfg.image.prebuilt),) if cfg.image.prebuilt else ()))
+        platform=platform, extra_repositories=(repository_of(cfg.image.prebuilt),) if cfg.image.prebuilt else (),
+        serving_images={k: sorted(v) for k, v in SERVING_IMAGES.items()} if cfg.serving.enabled else {}))
     log_shipper = (LogShipper("log-shipper", LogShipperArgs(platform=platform))
                    if platform.log_store is not None else None)
 

@@ -37,11 +37,12 @@ class PlatformContractArgs:
     cache_endpoint: str  # the Alluxio S3 proxy ("" without the cache)
     tracking_uri: pulumi.Input[str]  # MLflow ("" without it)
     team_namespaces: Sequence[pulumi.Resource]  # the ConfigMaps go into these
+    serving: pulumi.Input[dict] | None = None  # the `serving` section (infra/k8s/serving.py), where the stack serves
 
 
 def contract_document(p: ClusterPlatform, cfg: StackSettings, *, cluster_name: str, kubeconfig: dict[str, Any],
                       image: str, repository: str, buckets: dict[str, str], cache_endpoint: str, tracking_uri: str,
-                      logs: dict[str, Any]) -> dict[str, Any]:
+                      logs: dict[str, Any], serving: dict[str, Any] | None = None) -> dict[str, Any]:
     """The contract document from resolved values."""
     pools = list(p.gpu_pools)
     return ContractDocument(
@@ -55,7 +56,7 @@ def contract_document(p: ClusterPlatform, cfg: StackSettings, *, cluster_name: s
         endpoints=Endpoints(object_store=p.object_store_endpoint, cache=cache_endpoint, tracking=tracking_uri),
         identities={key: Identity(namespaces=list(i.namespaces), service_account=i.name)
                     for key, i in sorted(p.identities.items()) if key.startswith("trainer/")},
-        logs=logs, pod_env=dict(p.pod_env),
+        logs=logs, pod_env=dict(p.pod_env), serving=serving,
     ).document()
 
 
@@ -69,18 +70,18 @@ class PlatformContract(pulumi.ComponentResource):
         p, cfg = args.platform, args.cfg
 
         def build(values: list[Any]) -> dict[str, Any]:
-            cluster_name, kubeconfig, image, repo, datasets, checkpoints, artifacts, tracking, logs = values
+            cluster_name, kubeconfig, image, repo, datasets, checkpoints, artifacts, tracking, logs, serving = values
             return contract_document(
                 p, cfg, cluster_name=cluster_name, kubeconfig=json.loads(kubeconfig), image=image, repository=repo,
                 buckets={"datasets": datasets, "checkpoints": checkpoints, "artifacts": artifacts},
-                cache_endpoint=args.cache_endpoint, tracking_uri=tracking or "", logs=logs)
+                cache_endpoint=args.cache_endpoint, tracking_uri=tracking or "", logs=logs, serving=serving)
 
         # The kubeconfig holds no credential (its user runs `aws eks get-token` / gke-gcloud-auth-plugin), so the
         # contract that carries it to team members is not a secret.
         self.document = pulumi.Output.all(
             p.cluster_name, pulumi.Output.unsecret(p.kubeconfig), args.image, p.registry.repository,
             p.buckets.datasets, p.buckets.checkpoints, p.buckets.artifacts, args.tracking_uri,
-            pulumi.Output.from_input(dict(p.logs))).apply(build)
+            pulumi.Output.from_input(dict(p.logs)), args.serving).apply(build)
         text = self.document.apply(lambda d: json.dumps(d, indent=1, sort_keys=True))
         for team in cfg.teams:
             ns = naming.team_namespace(team.name)

@@ -90,7 +90,7 @@ class MlflowServerArgs:
     db_instances: int = 1  # PostgreSQL instances (2+ = streaming replicas with automatic failover)
     install_operator: bool = True  # False when CloudNativePG is already installed in the cluster
     identity_egress: Sequence[EgressTarget] = ()  # extra egress the identity needs (metadata / agent endpoints)
-    artifacts_prefix: str = "mlflow"  # artifacts go to <bucket>/<prefix>/
+    artifacts_prefix: str = naming.MLFLOW_ARTIFACTS_PREFIX  # artifacts go to <bucket>/<prefix>/
     image: str = MLFLOW_IMAGE
     replicas: int = 1
     tmp_size_gb: int = 20  # proxied uploads are spooled here: must hold the largest single artifact file

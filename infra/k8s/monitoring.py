@@ -256,8 +256,10 @@ def trainer_pod_monitor_spec(team_namespaces: list[str], max_local_ranks: int) -
     }
 
 
-def rule_parameters(settings: MonitoringSettings, health_settings: HealthSettings | None = None) -> dict[str, str]:
-    """The values substituted for __NAME__ placeholders in infra/k8s/rules/*.yaml."""
+def rule_parameters(settings: MonitoringSettings, health_settings: HealthSettings | None = None,
+                    extra_namespaces: tuple[str, ...] = ()) -> dict[str, str]:
+    """The values substituted for __NAME__ placeholders in infra/k8s/rules/*.yaml; `extra_namespaces` are watched by
+    PlatformWorkloadUnavailable besides PLATFORM_NAMESPACES (serving's, where the stack serves models)."""
     h = health_settings or HealthSettings()
     return {
         "MAX_CONCURRENT_REPAIRS": str(h.max_concurrent_repairs),
@@ -272,7 +274,7 @@ def rule_parameters(settings: MonitoringSettings, health_settings: HealthSetting
         "CHECKPOINT_MAX_AGE_MINUTES": str(settings.checkpoint_max_age_minutes),
         "TRAINER_JOB": TRAINER_JOB,
         "DCGM_JOB": DCGM_RELEASE,
-        "PLATFORM_NAMESPACES": "|".join(sorted(PLATFORM_NAMESPACES)),
+        "PLATFORM_NAMESPACES": "|".join(sorted({*PLATFORM_NAMESPACES, *extra_namespaces})),
     }
 
 
@@ -286,15 +288,16 @@ def render_rules_text(text: str, params: dict[str, str], source: str) -> str:
 
 
 def load_rule_groups(settings: MonitoringSettings, rules_dir: Path = RULES_DIR,
-                     health_settings: HealthSettings | None = None) -> list[dict[str, Any]]:
+                     health_settings: HealthSettings | None = None,
+                     extra_namespaces: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """All rule groups from rules_dir/*.yaml, rendered for these settings."""
     groups: list[dict[str, Any]] = []
     files = sorted(rules_dir.glob("*.yaml"))
     if not files:
         raise ValueError(f"no alert rule files in {rules_dir}")
     for path in files:
-        doc = yaml.safe_load(render_rules_text(path.read_text(), rule_parameters(settings, health_settings),
-                                               str(path)))
+        doc = yaml.safe_load(render_rules_text(path.read_text(), rule_parameters(settings, health_settings,
+                                                                                 extra_namespaces), str(path)))
         if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
             raise ValueError(f"{path}: expected a Prometheus rule file with a top-level 'groups' list")
         groups.extend(doc["groups"])
@@ -364,6 +367,7 @@ class MonitoringArgs:
     is_prod: bool  # replicas
     depends_on: tuple[pulumi.Resource, ...] = ()
     health: HealthSettings = field(default_factory=HealthSettings)  # cfg.health: thresholds of the health alerts
+    extra_namespaces: tuple[str, ...] = ()  # more namespaces PlatformWorkloadUnavailable watches (serving's)
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -432,7 +436,7 @@ class Monitoring(pulumi.ComponentResource):
             f"{name}-rules",
             api_version="monitoring.coreos.com/v1", kind="PrometheusRule",
             metadata={"name": "gpu-train", "namespace": ns, "labels": labels},
-            spec={"groups": load_rule_groups(s, health_settings=args.health)},
+            spec={"groups": load_rule_groups(s, health_settings=args.health, extra_namespaces=args.extra_namespaces)},
             opts=common.k8s_opts(p, self, crd_deps))
         self.dashboards = [
             k8s.core.v1.ConfigMap(

@@ -18,7 +18,9 @@ created or updated in a namespace labelled `gpu-train.io/team` must, like the pa
 - run every container as non-root, without privilege escalation, with every capability dropped (only
   NET_BIND_SERVICE may be added) and a RuntimeDefault or Localhost seccomp profile, never privileged;
 - run images pinned by digest and only from the platform's registry (the trainer's registry, and the
-  prebuilt image's repository when the stack names one): `registry_problems` is that rule in Python.
+  prebuilt image's repository when the stack names one): `registry_problems` is that rule in Python. Where the
+  stack serves models, KServe's model server and storage initializer, by container name and exact pinned image
+  (`pod_rules.SERVING_IMAGES`), are exempt from these two image rules and from nothing else.
 The one exemption is the pack's: Google's GPUDirect receive-datapath sidecars (`policies.pods.RXDM_SIDECARS`),
 matched by container name and image repository, may be privileged and mount `/sys`, `/proc/sys` and the
 driver directory, and run Google's tagged image. Nothing else is exempt in a team namespace.
@@ -39,8 +41,8 @@ https://kubernetes.io/docs/reference/access-authn-authz/validating-admission-pol
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -145,12 +147,22 @@ class Rule:
     message: str
 
 
-def rules(*, nvme_host_path: str, registries: Sequence[str], repositories: Sequence[str] = ()) -> list[Rule]:
+def serving_image(c: str, images: Mapping[str, Sequence[str]]) -> str:
+    """CEL true when container `c` is one of KServe's by name, running exactly its pinned image
+    (gpu_train.spec.pod_rules.SERVING_IMAGES)."""
+    terms = [f"({c}.name == {_q(name)} && has({c}.image) && {c}.image in {_list(sorted(refs))})"
+             for name, refs in sorted(images.items())]
+    return "(" + " || ".join(terms) + ")"
+
+
+def rules(*, nvme_host_path: str, registries: Sequence[str], repositories: Sequence[str] = (),
+          serving_images: Mapping[str, Sequence[str]] | None = None) -> list[Rule]:
     """The pod rules of a team namespace as CEL over one pod spec `s`.
 
     nvme_host_path: the cluster's NVMe root (ClusterPlatform.nvme_host_path); the namespace's work directory
     is naming.workdir_path(root, request.namespace). registries: image prefixes ("<registry>/"); repositories:
-    single repositories allowed besides (the stack's prebuilt trainer image)."""
+    single repositories allowed besides (the stack's prebuilt trainer image); serving_images: where the stack
+    serves models, KServe's containers and their exact pinned images, exempt from the image rules only."""
     workdir = _q(naming.workdir_path(nvme_host_path, ""))  # "<root>/gpu-train/": the namespace follows
     addable = _caps_regex(sorted(pods.RESTRICTED_ADDABLE))
 
@@ -183,6 +195,7 @@ def rules(*, nvme_host_path: str, registries: Sequence[str], repositories: Seque
                 f"!({_sc('s', 'runAsUser')} && s.securityContext.runAsUser == 0))")
 
     seccomp_ok = _list(pods.SECCOMP_OK)
+    kserve = (lambda c: f" || {serving_image(c, serving_images)}") if serving_images else (lambda c: "")
 
     def seccomp(c: str) -> str:
         return (f"({_sc(c, 'seccompProfile', 'type')} ? {c}.securityContext.seccompProfile.type in {seccomp_ok} : "
@@ -234,10 +247,11 @@ def rules(*, nvme_host_path: str, registries: Sequence[str], repositories: Seque
              "seccomp: every container in a team namespace needs seccompProfile RuntimeDefault or Localhost "
              "(pod or container)"),
         Rule("image-digest",
-             each_container("s", lambda c: f"({granted_any(c)} || (has({c}.image) && {c}.image.matches({_q(_DIGEST)})))"),
+             each_container("s", lambda c: f"({granted_any(c)}{kserve(c)} || (has({c}.image) && "
+                                           f"{c}.image.matches({_q(_DIGEST)})))"),
              "image-digest: images in a team namespace must be pinned by digest (image@sha256:...)"),
         Rule("image-registry",
-             each_container("s", lambda c: f"({granted_any(c)} || {image_allowed(c)})"),
+             each_container("s", lambda c: f"({granted_any(c)}{kserve(c)} || {image_allowed(c)})"),
              "image-registry: images in a team namespace must come from the platform's registry ("
              + ", ".join([*registries, *repositories]) + ")"),
     ]
@@ -252,11 +266,12 @@ def team_namespace_selector() -> dict[str, Any]:
     return {"matchExpressions": [{"key": naming.TEAM_LABEL, "operator": "Exists"}]}
 
 
-def admission_policies(*, nvme_host_path: str, registries: Sequence[str],
-                       repositories: Sequence[str] = ()) -> list[dict[str, Any]]:
+def admission_policies(*, nvme_host_path: str, registries: Sequence[str], repositories: Sequence[str] = (),
+                       serving_images: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
     """A ValidatingAdmissionPolicy and its Binding (Deny) per admitted kind: Pods (what finally runs),
     Jobs and JobSets (what a team member submits, refused at submission rather than when its pods are made)."""
-    checks = rules(nvme_host_path=nvme_host_path, registries=registries, repositories=repositories)
+    checks = rules(nvme_host_path=nvme_host_path, registries=registries, repositories=repositories,
+                   serving_images=serving_images)
     out = []
     for kind, ((group, version, resource), specs) in SPEC_LISTS.items():
         name = policy_name(kind)
@@ -289,6 +304,8 @@ class PodAdmissionArgs:
     platform: ClusterPlatform  # the NVMe root, the registry, the Kubernetes provider
     # Image repositories allowed besides the platform registry (the stack's image.prebuilt repository).
     extra_repositories: Sequence[str] = ()
+    # Where the stack serves models: KServe's containers and their pinned images (pod_rules.SERVING_IMAGES).
+    serving_images: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 class PodAdmission(pulumi.ComponentResource):
@@ -299,7 +316,7 @@ class PodAdmission(pulumi.ComponentResource):
         p = args.platform
         manifests = pulumi.Output.from_input(p.registry.repository).apply(lambda repo: admission_policies(
             nvme_host_path=p.nvme_host_path, registries=[registry_prefix(repo)],
-            repositories=list(args.extra_repositories)))
+            repositories=list(args.extra_repositories), serving_images=args.serving_images))
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=p.provider, depends_on=list(p.ready))
         self.policies = []
         for i, kind in enumerate(SPEC_LISTS):

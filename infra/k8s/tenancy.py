@@ -160,6 +160,27 @@ def submitter_rules() -> list[dict[str, Any]]:
     ]
 
 
+def serving_submitter_rules() -> list[dict[str, Any]]:
+    """What `gpu-train serve` does besides, where the stack serves models: a service's InferenceServices, its route
+    (ConfigMap, Deployment, Service), its predictors through the service proxy (a quality check run in the
+    terminal), and its Events."""
+    write = ["create", "get", "list", "watch", "delete", "patch", "update"]
+    return [
+        {"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": write},
+        {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": write},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": write},
+        {"apiGroups": [""], "resources": ["services/proxy"], "verbs": ["create", "get"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    ]
+
+
+def serving_viewer_rules() -> list[dict[str, Any]]:
+    """What `gpu-train serve status` reads: InferenceServices and the routes' ConfigMaps."""
+    read = ["get", "list", "watch"]
+    return [{"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": read},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": read}]
+
+
 def viewer_rules() -> list[dict[str, Any]]:
     read = ["get", "list", "watch"]
     return [
@@ -234,6 +255,7 @@ class TenancyArgs:
     teams: tuple[TeamSettings, ...]  # cfg.teams
     cache_enabled: bool  # open egress to the cache proxy from team namespaces
     depends_on: tuple[pulumi.Resource, ...] = ()
+    serving: bool = False  # cfg.serving.enabled: the team roles may also serve models (gpu-train serve)
 
 
 class Tenancy(pulumi.ComponentResource):
@@ -295,8 +317,11 @@ class Tenancy(pulumi.ComponentResource):
             k8s.core.v1.LimitRange(
                 f"{name}-{team.name}-limits", metadata={"name": "container-defaults", "namespace": ns_name},
                 spec=limit_range(), opts=common.k8s_opts(p, self, deps))
-            for role, rules, groups in (("job-submitter", submitter_rules(), team.submitters),
-                                        ("viewer", viewer_rules(), team.viewers)):
+            serving = args.serving
+            for role, rules, groups in (
+                    ("job-submitter", submitter_rules() + (serving_submitter_rules() if serving else []),
+                     team.submitters),
+                    ("viewer", viewer_rules() + (serving_viewer_rules() if serving else []), team.viewers)):
                 k8s.rbac.v1.Role(f"{name}-{team.name}-{role}", metadata={"name": role, "namespace": ns_name},
                                  rules=rules, opts=common.k8s_opts(p, self, deps))
                 if groups:

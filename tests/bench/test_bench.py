@@ -48,3 +48,15 @@ def test_bare_reference_loop_runs():
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["from_step"] == 2 and result["to_step"] == 4 and result["seconds_per_step"] > 0
+
+
+def test_serving_section_writes_results(tmp_path):
+    out = tmp_path / "results.json"
+    proc = run_bench("--only", "serving", "--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    figures = {f["name"]: f for f in json.loads(out.read_text())["figures"]}
+    assert len(figures) == 3 and all(f["section"] == "serving" for f in figures.values())
+    latency = figures["p50 latency through the route vs the model server alone, concurrency 1"]
+    assert latency["value"] > 0 and latency["reference"] > 0 and latency["unit"] == "ms"
+    route = latency["extra"]["route"]
+    assert route["ok"] == route["requests"] == 40 and route["p50_ms"] <= route["p95_ms"] <= route["p99_ms"]

@@ -92,9 +92,10 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
         assert required in patterns, required
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), flags=re.M)
     sources = [s for line in copied for s in line.split() if not s.startswith("--")]
-    # The trainer, and the core it imports (the platform's vocabulary and the launcher).
+    # The trainer, the core it imports (the platform's vocabulary and the launcher), and the serving programs
+    # (a service's route, the promotion loop) the platform runs from this image.
     assert set(sources) == {"pyproject.toml", "trainer", "trainer/entrypoint.sh", "gpu_train/__init__.py",
-                            "gpu_train/spec", "gpu_train/jobs"}
+                            "gpu_train/spec", "gpu_train/jobs", "gpu_train/serving"}
     inputs = image.image_inputs()
     for src in sources:
         assert src not in patterns and f"{src}/" not in patterns
@@ -109,7 +110,8 @@ def test_the_tag_covers_exactly_what_the_image_is_made_of():
     assert {"pyproject.toml", "trainer/entrypoint.sh", "trainer/__main__.py", "gpu_train/__init__.py",
             "gpu_train/jobs/launch.py", "gpu_train/spec/trainer_config.py"} <= set(inputs)
     assert {i.split("/")[0] for i in inputs} == {"pyproject.toml", "trainer", "gpu_train"}
-    assert {i.split("/")[1] for i in inputs if i.startswith("gpu_train/") and i.count("/") > 1} == {"spec", "jobs"}
+    assert {i.split("/")[1] for i in inputs if i.startswith("gpu_train/") and i.count("/") > 1} == {"spec", "jobs",
+                                                                                                   "serving"}
     assert not any("__pycache__" in i or i.endswith(".pyc") for i in inputs)
 
 

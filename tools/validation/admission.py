@@ -9,7 +9,8 @@ Usage:
     python -m tools.validation build/plan/*.json # runs it with the chart and CRD checks
 
 Workloads come from two places. Those the program renders itself (typed DaemonSets, Deployments, Jobs, the
-JobSet, ... in the plan) are judged from the plan directly. A Helm release's workloads are read from its
+JobSet, ... in the plan) are judged from the plan directly; an InferenceService by the predictor pod KServe makes
+of it (gpu_train.jobs.serving.predictor_pod, with the storage initializer of the ClusterStorageContainer it names). A Helm release's workloads are read from its
 chart's snapshot (tests/schemas/charts/<chart>-<version>.json, `pods`: what `helm template` rendered for the
 same shape of values, recorded by `make schemas`, tools/validation/chart_pods.py); a release whose values'
 shape has no recorded render fails, naming the keys that differ, until `make schemas` records it.
@@ -99,9 +100,36 @@ def _k8s_object(res: Mapping[str, Any]) -> dict[str, Any] | None:
     return {**inputs, "kind": kind} if kind in pod_security.TEMPLATE_PATHS else None
 
 
-def plan_workloads(plan: Mapping[str, Any]) -> list[Workload]:
-    """The workloads the program renders itself, with the component that creates each."""
+def _inference_services(plan: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], dict[str, Any]]]:
+    """(resource, the predictor pod KServe runs) for each InferenceService of the plan, with the storage initializer
+    of the ClusterStorageContainer it names (gpu_train.jobs.serving.predictor_pod); a missing container is a
+    KeyError naming it."""
+    from gpu_train.jobs.serving import predictor_pod
+
+    objects = [(res, {**(res.get("inputs") or {}), "kind": str(res.get("type")).rsplit(":", 1)[-1]})
+               for res in plan.get("resources") or [] if str(res.get("type") or "").startswith("kubernetes:serving.kserve.io")]
+    storage = {o["metadata"]["name"]: o for _, o in objects if o["kind"] == "ClusterStorageContainer"}
     out = []
+    for res, isvc in objects:
+        if isvc["kind"] != "InferenceService":
+            continue
+        wanted = isvc["spec"]["predictor"].get("storageContainerName", "")
+        if wanted not in storage:
+            raise KeyError(f"InferenceService {isvc['metadata']['name']} names ClusterStorageContainer {wanted!r}, "
+                           "which the plan does not create")
+        out.append((res, predictor_pod(isvc, storage[wanted])))
+    return out
+
+
+def plan_workloads(plan: Mapping[str, Any]) -> list[Workload]:
+    """The workloads the program renders itself, with the component that creates each; an InferenceService's is
+    the predictor pod KServe's controller and webhook make of it."""
+    out = []
+    for res, pod in _inference_services(plan):
+        meta = (res.get("inputs") or {}).get("metadata") or {}
+        parent = str(res.get("parent") or "").rsplit("::", 1)[-1]
+        out.append(Workload(f"component {parent or res.get('name')}", "InferenceService", str(meta.get("name")),
+                            str(meta.get("namespace") or "default"), (("spec.predictor, as KServe runs it", pod),)))
     for res in plan.get("resources") or []:
         obj = _k8s_object(res)
         if obj is None:

@@ -71,7 +71,7 @@ def _pins() -> dict[str, Any]:
     """The versions the program pins, read from its own modules."""
     from infra.aws import cluster, karpenter, load_balancer
     from infra.aws.node_addons import EFA_PLUGIN
-    from infra.k8s import cache, gpu, health, log_shipping, mlflow, monitoring, tenancy
+    from infra.k8s import cache, gpu, health, log_shipping, mlflow, monitoring, serving, tenancy
 
     return {
         "karpenter": (karpenter.CHART, karpenter.CHART_VERSION),
@@ -90,6 +90,9 @@ def _pins() -> dict[str, Any]:
         "aws-for-fluent-bit": (log_shipping.CHART_REPO, log_shipping.CHART_VERSION),
         "node-problem-detector": (health.NPD_CHART, health.NPD_VERSION),
         "node-readiness-controller": (health.NRC_CHART, health.NRC_VERSION),
+        "cert-manager": (serving.CERT_MANAGER_REPO, serving.CERT_MANAGER_VERSION),
+        "kserve-crd": (serving.KSERVE_CRD_CHART, serving.KSERVE_VERSION),
+        "kserve-resources": (serving.KSERVE_CHART, serving.KSERVE_VERSION),
     }
 
 
@@ -139,6 +142,14 @@ def chart_sources(pins: dict[str, Any] | None = None) -> list[ChartSource]:
         ChartSource("node-readiness-controller", p["node-readiness-controller"][1],
                     _oci_repo(p["node-readiness-controller"][0]), "kubernetes-sigs/node-readiness-controller",
                     "charts/node-readiness-controller", f"v{p['node-readiness-controller'][1]}"),
+        # Serving (infra/k8s/serving.py): installed only by stacks that serve models, which tools/variants.py
+        # plans for `make schemas`; KServe tags its chart versions with the leading v.
+        ChartSource("cert-manager", p["cert-manager"][1], p["cert-manager"][0], "cert-manager/cert-manager",
+                    "deploy/charts/cert-manager", p["cert-manager"][1]),
+        ChartSource("kserve-crd", p["kserve-crd"][1], _oci_repo(p["kserve-crd"][0]), "kserve/kserve",
+                    "charts/kserve-crd", p["kserve-crd"][1]),
+        ChartSource("kserve-resources", p["kserve-resources"][1], _oci_repo(p["kserve-resources"][0]),
+                    "kserve/kserve", "charts/kserve-resources", p["kserve-resources"][1]),
     ]
 
 
@@ -177,6 +188,10 @@ def crd_sources(pins: dict[str, Any] | None = None) -> list[CrdSource]:
                   ("config/crds/networking.gke.io_gkenetworkparamsets.yaml", "config/crds/networking.gke.io_networks.yaml")),
         CrdSource("node-readiness", "kubernetes-sigs/node-readiness-controller", f"v{p['node-readiness-controller'][1]}",
                   ("config/crd/bases/readiness.node.x-k8s.io_nodereadinessrules.yaml",)),
+        # The kserve-crd chart renders its ClusterStorageContainer CRD from files/ (a lookup guards the template).
+        CrdSource("kserve", "kserve/kserve", p["kserve-crd"][1],
+                  ("templates/serving.kserve.io_inferenceservices.yaml",
+                   "files/serving.kserve.io_clusterstoragecontainers.yaml"), from_chart="kserve-crd"),
     ]
 
 

@@ -18,7 +18,11 @@ What makes it answer like the real API rather than like the CLI expects:
   with the API server's wording);
 - errors are Status objects with the real reasons and codes (NotFound 404, AlreadyExists 409, Invalid 422);
 - lists carry apiVersion/kind/metadata; created objects get a uid, resourceVersion and creationTimestamp; and,
-  like Kueue, a created JobSet gets a Workload it owns, labelled with its UID.
+  like Kueue, a created JobSet gets a Workload it owns, labelled with its UID;
+- serving: InferenceServices (checked against KServe's CRD, and reported Ready at once, as KServe does once its
+  pods are ready), the routes' ConfigMaps, Deployments and Services (created, replaced with PUT, patched), Events,
+  and a predictor's answer through the service proxy (`completions`); roles `serving-submitter` and
+  `serving-viewer` are the team roles of a stack that serves, `promoter` the promotion loop's own Role.
 """
 
 from __future__ import annotations
@@ -38,13 +42,25 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
+from gpu_train.jobs.serving_platform import promoter_rules
 from infra.k8s import tenancy
 from tests.infra.k8s.vap import Admission
 from tools.validation import crd
 
 NOW = "2026-03-01T10:00:00Z"
-ROLES = {"submitter": tenancy.submitter_rules, "viewer": tenancy.viewer_rules}
-PLURAL_KIND = {"jobsets": "JobSet", "workloads": "Workload", "configmaps": "ConfigMap", "pods": "Pod"}
+# Kinds the team namespaces' admission policies admit (tests/infra/k8s/vap.py).
+ADMITTED = ("Pod", "Job", "JobSet")
+ROLES = {"submitter": tenancy.submitter_rules, "viewer": tenancy.viewer_rules,
+         "serving-submitter": lambda: tenancy.submitter_rules() + tenancy.serving_submitter_rules(),
+         "serving-viewer": lambda: tenancy.viewer_rules() + tenancy.serving_viewer_rules(),
+         "promoter": promoter_rules}
+PLURAL_KIND = {"jobsets": "JobSet", "workloads": "Workload", "configmaps": "ConfigMap", "pods": "Pod",
+               "services": "Service", "events": "Event", "deployments": "Deployment",
+               "inferenceservices": "InferenceService"}
+API_VERSIONS = {"": "v1", "jobset.x-k8s.io": "jobset.x-k8s.io/v1alpha2", "kueue.x-k8s.io": "kueue.x-k8s.io/v1beta2",
+                "apps": "apps/v1", "serving.kserve.io": "serving.kserve.io/v1beta1"}
+CRD_KINDS = ("JobSet", "Workload", "InferenceService")
+PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 
 
 def status(code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -94,6 +110,7 @@ class FakeApi:
         self.metrics: dict[tuple[str, str, int], str] = {}
         self.pending: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.visibility_served = True
+        self.completions: dict[tuple[str, str], str] = {}  # (namespace, service) -> a predictor's completion
         self.requests: list[tuple[str, str, dict[str, list[str]], Any]] = []
         self.server: ThreadingHTTPServer | None = None
 
@@ -187,18 +204,8 @@ class FakeApi:
                 code, out, ctype = api.route(method, unquote(parts.path), query, body, self.headers, user, roles)
                 self._send(code, out, ctype)
 
-            def do_GET(self) -> None:  # noqa: N802
-                self._handle("GET")
-
-            def do_POST(self) -> None:  # noqa: N802
-                self._handle("POST")
-
-            def do_PATCH(self) -> None:  # noqa: N802
-                self._handle("PATCH")
-
-            def do_DELETE(self) -> None:  # noqa: N802
-                self._handle("DELETE")
-
+        for verb in ("GET", "POST", "PATCH", "DELETE", "PUT"):  # do_GET, ...: what BaseHTTPRequestHandler calls
+            setattr(Handler, f"do_{verb}", lambda handler, verb=verb: handler._handle(verb))
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
@@ -211,7 +218,11 @@ class FakeApi:
     # ---------------------------------------------------------------- routing
 
     ROUTES = [
-        (r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<plural>configmaps|pods)(/(?P<name>[^/:]+))?", ""),
+        (r"/api/v1/namespaces/(?P<ns>[^/]+)/(?P<plural>configmaps|pods|services|events)(/(?P<name>[^/:]+))?", ""),
+        (r"/api/v1/namespaces/(?P<ns>[^/]+)/services/(?P<name>[^/:]+):(?P<port>[0-9]+)/proxy/(?P<path>.*)", "svcproxy"),
+        (r"/apis/(?P<group>apps)/v1/namespaces/(?P<ns>[^/]+)/(?P<plural>deployments)(/(?P<name>[^/]+))?", ""),
+        (r"/apis/(?P<group>serving\.kserve\.io)/v1beta1/namespaces/(?P<ns>[^/]+)/(?P<plural>inferenceservices)"
+         r"(/(?P<name>[^/]+))?", ""),
         (r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/:]+)/log", "log"),
         (r"/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/:]+):(?P<port>[0-9]+)/proxy/(?P<path>.*)", "proxy"),
         (r"/apis/(?P<group>jobset\.x-k8s\.io)/v1alpha2/namespaces/(?P<ns>[^/]+)/(?P<plural>jobsets)(/(?P<name>[^/]+))?",
@@ -231,10 +242,12 @@ class FakeApi:
         g = m.groupdict()
         ns, name = g["ns"], g.get("name") or ""
         group = g.get("group") or ("visibility.kueue.x-k8s.io" if sub == "pending" else "")
-        plural = {"log": "pods", "proxy": "pods", "pending": "localqueues"}.get(sub, g.get("plural") or "")
-        subresource = {"log": "log", "proxy": "proxy", "pending": "pendingworkloads"}.get(sub)
+        plural = {"log": "pods", "proxy": "pods", "pending": "localqueues", "svcproxy": "services"}.get(
+            sub, g.get("plural") or "")
+        subresource = {"log": "log", "proxy": "proxy", "pending": "pendingworkloads", "svcproxy": "proxy"}.get(sub)
         resource = f"{plural}/{subresource}" if subresource else plural
-        verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete"}.get(method) or ("get" if name else "list")
+        verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}.get(method) or (
+            "get" if name else "list")
         role = roles.get(ns)
         if role is None or not allowed(ROLES[role](), group, resource, verb, name):
             what = f"{plural}.{group}" if group else plural
@@ -254,6 +267,11 @@ class FakeApi:
                 return 503, status(503, "ServiceUnavailable", "error trying to reach service: dial tcp: connect: "
                                    "connection refused"), "application/json"
             return 200, text, "text/plain; version=0.0.4"
+        if sub == "svcproxy":
+            answer = self.completions.get((ns, name))
+            if answer is None or g["path"] != "openai/v1/completions":
+                return 503, status(503, "ServiceUnavailable", "no endpoints available for service"), "application/json"
+            return 200, {"choices": [{"index": 0, "text": answer, "finish_reason": "length"}]}, "application/json"
         if sub == "pending":
             if not self.visibility_served:
                 return 503, status(503, "ServiceUnavailable", "the server is currently unable to handle the request"), \
@@ -262,8 +280,7 @@ class FakeApi:
                          "metadata": {"creationTimestamp": None}, "items": self.pending.get((ns, name), [])}, \
                 "application/json"
         kind = PLURAL_KIND[plural]
-        api_version = {"": "v1", "jobset.x-k8s.io": "jobset.x-k8s.io/v1alpha2",
-                       "kueue.x-k8s.io": "kueue.x-k8s.io/v1beta2"}[group]
+        api_version = API_VERSIONS[group]
         what = f"{plural}.{group}" if group else plural
         if method == "GET" and not name:
             selector = (query.get("labelSelector") or [""])[0]
@@ -288,14 +305,14 @@ class FakeApi:
         if method == "POST":
             obj = body or {}
             oname = (obj.get("metadata") or {}).get("name", "")
-            problems = crd.validate(obj).problems if kind in ("JobSet", "Workload") else []
+            problems = crd.validate(obj).problems if kind in CRD_KINDS else []
             if problems:
                 return 422, status(422, "Invalid", f'{kind}.{group} "{oname}" is invalid: {"; ".join(problems)}'), \
                     "application/json"
             if (obj.get("metadata") or {}).get("namespace", ns) != ns:
                 return 400, status(400, "BadRequest", "the namespace of the provided object does not match the "
                                    "namespace sent on the request"), "application/json"
-            if self.admission is not None:
+            if self.admission is not None and kind in ADMITTED:
                 denied = self.admission.denials(obj, ns)
                 if denied:
                     return 422, status(422, "Invalid", f'{what} "{oname}" is forbidden: ValidatingAdmissionPolicy '
@@ -304,18 +321,41 @@ class FakeApi:
             if self.get(plural, ns, oname) is not None:
                 return 409, status(409, "AlreadyExists", f'{what} "{oname}" already exists',
                                    {"name": oname, "group": group, "kind": plural}), "application/json"
+            if kind == "Event" and not (obj.get("metadata") or {}).get("name"):
+                oname = f"{obj['metadata']['generateName']}{uuid.uuid4().hex[:5]}"
+                obj = {**obj, "metadata": {**obj["metadata"], "name": oname}}
             stored = self.put(plural, {**obj, "metadata": {**obj["metadata"], "namespace": ns}})
+            if kind == "InferenceService":  # KServe reports it Ready once its pods are
+                stored["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
             if kind == "JobSet" and self.make_workloads:
                 self.put("workloads", self.workload_for(stored))
             return 201, stored, "application/json"
+        if method == "PUT":
+            if existing is None:
+                return 404, status(404, "NotFound", f'{what} "{name}" not found'), "application/json"
+            if (body.get("metadata") or {}).get("resourceVersion") != existing["metadata"]["resourceVersion"]:
+                return 409, status(409, "Conflict", f'Operation cannot be fulfilled on {what} "{name}": the object '
+                                   "has been modified; please apply your changes to the latest version and try again"), \
+                    "application/json"
+            problems = crd.validate(body).problems if kind in CRD_KINDS else []
+            if problems:
+                return 422, status(422, "Invalid", f'{kind}.{group} "{name}" is invalid: {"; ".join(problems)}'), \
+                    "application/json"
+            replaced = copy.deepcopy(body)
+            replaced["metadata"] = {**existing["metadata"], **body["metadata"],
+                                    "resourceVersion": str(int(existing["metadata"]["resourceVersion"]) + 1)}
+            if kind == "InferenceService":
+                replaced["status"] = existing.get("status", {})
+            self.objects[(plural, ns, name)] = replaced
+            return 200, replaced, "application/json"
         if method == "PATCH":
             if existing is None:
                 return 404, status(404, "NotFound", f'{what} "{name}" not found'), "application/json"
-            if headers.get("Content-Type") != "application/merge-patch+json":
+            if headers.get("Content-Type") not in PATCH_TYPES:
                 return 415, status(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
                                    "accepted media types include: application/merge-patch+json"), "application/json"
             patched = merge_patch(existing, body)
-            problems = crd.validate(patched).problems
+            problems = crd.validate(patched).problems if kind in CRD_KINDS else []
             if problems:
                 return 422, status(422, "Invalid", f'{kind}.{group} "{name}" is invalid: {"; ".join(problems)}'), \
                     "application/json"

@@ -71,6 +71,23 @@ def test_help_submit_and_kubeconfig_work_without_pulumi_or_torch(without, tmp_pa
     assert yaml.safe_load(out.read_text())["contexts"][0]["context"]["namespace"] == "team-research"
 
 
+def test_serve_dry_run_works_and_serve_local_says_what_to_install(without, tmp_path):
+    """`gpu-train serve deploy --dry-run` renders with the cli extra alone (no MLflow for a pinned version);
+    `serve --local`, which runs torch, names the extra that brings it."""
+    from tests.gpu_train.cli.test_serve import pinned, platform
+
+    proc = without("serve", "deploy", "tiny-gpt:3", "--team", "research", "--name", "chat", "--spec",
+                   str(pinned(tmp_path)), "--dry-run", "--platform", str(platform(tmp_path)), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [d["kind"] for d in yaml.safe_load_all(proc.stdout)] == ["InferenceService", "ConfigMap", "Deployment",
+                                                                    "Service"]
+    export = tmp_path / "export"
+    export.mkdir()
+    proc = without("serve", "--local", str(export), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert 'pip install "gpu-train[serve-local]"' in proc.stderr
+
+
 def test_run_local_without_the_trainer_says_what_to_install(without, tmp_path):
     proc = without("run", "--local", cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -20,7 +20,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
-COMMANDS = ("kubeconfig", "submit", "list", "status", "logs", "pause", "resume", "cancel", "run")
+COMMANDS = ("kubeconfig", "submit", "list", "status", "logs", "pause", "resume", "cancel", "run", "serve")
 
 
 @pytest.fixture(scope="module")

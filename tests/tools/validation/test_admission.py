@@ -11,6 +11,7 @@ import copy
 import pytest
 
 from infra.k8s import monitoring
+from tests.conftest import SERVING_VARIANTS
 from tools.validation import admission, chart_pods, helm
 
 ENFORCE = admission.ENFORCE
@@ -30,7 +31,7 @@ def release(plan: dict, name: str) -> dict:
 
 
 def test_every_stack_and_variant_is_admitted(all_plans):
-    assert len(all_plans) == 8
+    assert len(all_plans) == 10  # the four stacks, the four fabric variants, the two serving variants
     for stack, plan in all_plans.items():
         result = admission.check_plan(plan)
         assert result.problems == [], f"{stack}:\n" + "\n".join(result.problems)
@@ -40,7 +41,9 @@ def test_every_stack_and_variant_is_admitted(all_plans):
         assert ("DaemonSet", "gpu-preflight") in kinds, stack
         releases = {r.name for r in helm.releases(plan)}
         origins = {w.origin.split(" (")[0].rsplit("/", 1)[-1] for w in result.workloads if w.origin.startswith("release")}
-        assert origins == releases - {"karpenter-crd"}, stack  # the CRD chart installs no workload
+        assert origins == releases - {"karpenter-crd", "kserve-crd"}, stack  # the CRD charts install no workload
+        if stack in SERVING_VARIANTS:  # and the InferenceService by the pod KServe makes of it
+            assert ("InferenceService", "chat-v3") in kinds, stack
 
 
 @pytest.mark.parametrize("stack", ["aws-dev", "gcp-prod"])
