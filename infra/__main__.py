@@ -13,6 +13,7 @@ could ever admit the stack's job and its pods fit their nodes (infra/clouds.py).
 import pulumi
 
 from gpu_train.spec import naming
+from gpu_train.spec.pod_rules import repository_of
 from infra import clouds, settings
 from infra.carbon import plan_notes
 from infra.image import TrainerImage, TrainerImageArgs
@@ -74,7 +75,9 @@ if cfg.job is not None:
     job = TrainingJob("job", TrainingJobArgs(
         platform=platform, job=cfg.job, image=image.ref, cache_endpoint=kube.cache_endpoint,
         tracking_uri=tracking_uri, register_name=cfg.mlflow.register_name,
-        spec_path=f"stacks/Pulumi.{cfg.stack}.yaml", depends_on=[*platform.ready, *kube.ready]))
+        spec_path=f"stacks/Pulumi.{cfg.stack}.yaml", allowed_registries=cfg.image.allowed_registries,
+        allowed_repositories=(repository_of(cfg.image.prebuilt),) if cfg.image.prebuilt else (),
+        depends_on=[*platform.ready, *kube.ready]))
 
 pulumi.export("cloud", cfg.cloud)
 pulumi.export("trainerImage", image.ref)

@@ -5,17 +5,18 @@ Run: .venv/bin/pytest tests/test_layers.py -q
 
 Every `import` and `from ... import` of every module counts, including the ones inside functions. The rules:
 - gpu_train.spec (the vocabulary) imports only itself, the standard library, pydantic and yaml;
-  gpu_train.jobs (the renderer) adds itself and the kubernetes client; gpu_train.serving (serving's programs: the
+  gpu_train.jobs (the renderer) adds itself and the kubernetes client; gpu_train.client (the Python client) adds
+  itself and the clients it reads the cluster and the log stores with; gpu_train.serving (serving's programs: the
   route, the promotion loop, the registry client) adds itself and its clients (kubernetes, MLflow, aiohttp,
-  urllib3, prometheus_client); gpu_train.cli adds itself, serving, and the clients it reads the cluster and the
-  log stores with. None imports pulumi, torch, infra, policies, trainer or tools, with one exception: the local
-  model server (gpu_train.serving.model_server) runs transformers over torch, and is only ever started as its own
-  process (`python -m`), never imported.
-- infra (the Pulumi program) imports the core, never policies, trainer, tools or the team command;
+  urllib3, prometheus_client); gpu_train.cli (the command) adds itself and serving, and builds on the client.
+  None imports pulumi, torch, infra, policies, trainer or tools, with one exception: the local model server
+  (gpu_train.serving.model_server) runs transformers over torch, and is only ever started as its own process
+  (`python -m`), never imported.
+- infra (the Pulumi program) imports the core, never policies, trainer, tools, the client or the team command;
   infra/settings.py imports nothing of infra/aws, infra/gcp, infra/k8s; infra/k8s imports no cloud layer and no
   catalog, and its code compares nothing with a cloud's name.
 - policies import the core and themselves (and pulumi_policy), never infra or trainer.
-- trainer imports the core and itself, never infra, policies, tools or the team command.
+- trainer imports the core and itself, never infra, policies, tools, the client or the team command.
 - No import cycle between modules of the project.
 """
 
@@ -98,6 +99,8 @@ ALLOWED = {
     "gpu_train.jobs": ("gpu_train.spec", "gpu_train.jobs", "kubernetes"),
     "gpu_train.serving": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.serving", "kubernetes", "mlflow", "aiohttp",
                           "urllib3", "prometheus_client"),
+    "gpu_train.client": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.client", "kubernetes", "yaml", "boto3",
+                         "botocore", "google", "prometheus_client", "urllib3"),
     "gpu_train.cli": ("gpu_train", "kubernetes", "yaml", "boto3", "botocore", "google", "prometheus_client",
                       "urllib3"),
 }
@@ -105,9 +108,12 @@ ALLOWED = {
 MODEL_SERVER = "gpu_train.serving.model_server"
 MODEL_SERVER_IMPORTS = ("torch", "transformers", "fastapi", "uvicorn", "pydantic")
 FORBIDDEN = {
-    "infra": ("policies", "trainer", "tools", "gpu_train.cli"),
-    "policies": ("infra", "trainer", "tools", "gpu_train.cli"),
-    "trainer": ("infra", "policies", "tools", "pulumi", "gpu_train.cli"),
+    "infra": ("policies", "trainer", "tools", "gpu_train.cli", "gpu_train.client"),
+    "policies": ("infra", "trainer", "tools", "gpu_train.cli", "gpu_train.client"),
+    "trainer": ("infra", "policies", "tools", "pulumi", "gpu_train.cli", "gpu_train.client"),
+    "gpu_train.spec": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli"),
+    "gpu_train.jobs": ("gpu_train.client", "gpu_train.cli"),
+    "gpu_train.client": ("gpu_train.cli",),
 }
 
 
@@ -214,3 +220,5 @@ def test_the_graph_is_read_from_the_code():
     assert "gpu_train.jobs.jobset" in GRAPH["infra.k8s.training"]
     assert any(top(t) == "torch" for t in GRAPH["trainer.model"])
     assert any(top(t) == "pulumi" for t in GRAPH["infra.k8s.gpu"])
+    assert "gpu_train.client.status" in GRAPH["gpu_train.client.jobs"]
+    assert "gpu_train.client" in GRAPH["gpu_train.cli.show"]

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from gpu_train.jobs.jobset import CLOUD_ENV, REGION_ENV
+from gpu_train.spec.env import CLOUD as CLOUD_ENV
+from gpu_train.spec.env import REGION as REGION_ENV
 
 log = logging.getLogger("trainer")
 COUNTER_ENV = "TRAINER_ENERGY_COUNTER"

@@ -1,17 +1,19 @@
-"""gpu-train-launch: check the trainer's inputs, wait for the dataset and the rendezvous host, run torchrun,
-and turn its end into the container's exit code.
+"""gpu-train-launch: check the bundled trainer's inputs, wait for its dataset and the rendezvous host, run
+torchrun with the job's command, and turn its end into the container's exit code.
 
 Usage (the image's entrypoint, trainer/entrypoint.sh, runs `python -m trainer.launch "$@"`; every argument
-is torchrun's, and the trainer's own arguments follow `-m trainer`):
+is torchrun's, the job's command last: the bundled trainer's own arguments follow `-m trainer`):
     gpu-train-launch --nnodes=2:4 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=JOB-worker-0-0.JOB:29400 \\
         --rdzv-id=JOB --max-restarts=3 --shutdown-timeout=285 -m trainer --preset gpt2-350m --run-dir DIR ...
+    gpu-train-launch ... --max-restarts=3 --shutdown-timeout=285 train.py --lr 3e-4   # a team's own code
 
 Environment:
     TRAINER_DATA_WAIT_S   seconds to wait for the dataset manifest to appear (default 0: check once)
     RDZV_DNS_TIMEOUT      seconds to wait for the rendezvous host's DNS name (default 600)
 
 In order:
-1. Preflight (trainer/preflight.py), before anything waits: the settings, the batch layout at every world
+1. Preflight of the bundled trainer (trainer/preflight.py; a job of its own code checks its own inputs), before
+   anything waits: the settings, the batch layout at every world
    size from MIN to MAX nodes times --nproc-per-node, the metrics ports, writable run and checkpoint
    directories, and the dataset (its manifest, the vocabulary, windows of model.context tokens). A missing
    manifest is waited for up to TRAINER_DATA_WAIT_S with one message naming the URI and how to upload it.
@@ -32,7 +34,8 @@ In order:
    SIGHUP are forwarded to torchrun, once per signal received, which forwards them to the workers and kills them
    --shutdown-timeout seconds later (default 30, torch/distributed/run.py); the workers stop after a final
    checkpoint. A second SIGINT makes torchrun give up on them at once.
-4. Exit: 2 if a worker recorded bad input (its message is printed again); after a forwarded signal N that ended
+4. Exit: 2 if a worker recorded bad input (trainer.errors.stop_retries, which a team's code calls too; its
+   message is printed again); after a forwarded signal N that ended
    torchrun unsuccessfully, one line saying which step's checkpoint the workers saved, and 128 + N (130 for
    SIGINT, 143 for SIGTERM); else torchrun's own exit code (0 when every worker completed). A Ctrl-C before
    torchrun starts: one line, 130.

@@ -2,7 +2,7 @@
 the end-of-run sample and the printed summary.
 
 Usage (trainer/train.py, Trainer.finish):
-    full = runner.full_state_dict()              # collective (trainer/parallelize.py): rank 0 gets the weights
+    full = full_state_dict(model)                # collective: every rank calls it, rank 0 gets the weights
     summary = run_summary(status=..., params_sha256=state_sha256(full), ...)
     write_outputs(RunOutputs(cfg=cfg, run_dir=run_dir, ...), full, summary)   # rank 0 only
 
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from gpu_train.spec.trainer_config import Config
 from trainer import flops
@@ -36,6 +38,17 @@ log = logging.getLogger("trainer")
 # The end-of-run sample decodes as `python -m trainer.sample` does by default.
 SAMPLE_TEMPERATURE = 0.8
 SAMPLE_TOP_K = 40
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) model state dict in host memory on rank 0, {} elsewhere, for a model that is whole on
+    every rank or sharded by FSDP2 (a pipeline stage holds part of the model: its runner's full_state_dict gathers
+    the stages, trainer/pipeline.py).
+
+    Collective: FSDP2 gathers its shards, so every rank must call it (rank 0 alone would wait forever).
+    """
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return sd if dist.get_rank() == 0 else {}
 
 
 def state_sha256(sd: dict[str, torch.Tensor]) -> str:

@@ -2,19 +2,23 @@
 into a flag the loop polls, so that it finishes its step, saves and stops instead of dying mid-write.
 
 Usage, in any training loop:
-    from trainer.preemption import Preemption
+    from trainer import Preemption
     with Preemption(sigint=True) as preemption:       # installs the handlers; restores the old ones on exit
         for step in ...:
             train_step()
-            if preemption.preempted():                # on several ranks: all-reduce it so that all stop together
+            if preemption.any_rank():                 # collective: every rank stops at the same step
+                                                      # (preemption.preempted(): this process only)
                 save_checkpoint()
                 preemption.report(step, saved=True)   # how much of the shutdown grace period the save used
                 break
 
 The handlers only set the flag (and note which signal came first, and when), so they are safe to run between any
 two Python bytecodes. With `second_sigint_exits=True` a second SIGINT (Ctrl-C pressed again while the final
-checkpoint is written) ends the process at once with one line and exit 130, as an impatient user expects. Several ranks must agree before they stop (the trainer all-reduces the flag with the
-step's loss), since torchrun may deliver the signal to one node only. `shutdown_timeout_s` is how long the
+checkpoint is written) ends the process at once with one line and exit 130, as an impatient user expects.
+Several ranks must agree before they stop, since torchrun may deliver the signal to one node only: `any_rank()`
+all-reduces the flag (the bundled trainer sends it in the step's own all-reduce with the loss instead). After the
+final checkpoint a worker exits with EXIT_RESUMABLE (75, gpu_train.spec.errors): preempted, the next launch
+resumes. `shutdown_timeout_s` is how long the
 caller has between the signal and SIGKILL (torchrun's --shutdown-timeout; the trainer passes the launcher's
 TRAINER_SHUTDOWN_TIMEOUT_S): `report` warns when the final save used more than half of it.
 """
@@ -85,6 +89,20 @@ class Preemption:
     def preempted(self) -> bool:
         """A signal arrived (in this process) since the handlers were installed."""
         return self._requested
+
+    def any_rank(self, group: Any = None) -> bool:
+        """Whether a signal reached any rank of the process group `group` (default: the default group; without
+        one, this process): a collective, so call it on every rank at the same point of every step, and every
+        rank stops at the same step."""
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return self._requested
+        cuda = dist.get_backend(group) == "nccl"
+        flag = torch.tensor([1 if self._requested else 0], device="cuda" if cuda else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return bool(flag.item())
 
     @property
     def signal_name(self) -> str | None:

@@ -2,10 +2,12 @@
 never stops or slows training.
 
 Usage (only rank 0 does any work; on other ranks every call returns at once):
-    from trainer.tracking import Tracker
-    tracker = Tracker.create(cfg.tracking, run_dir=run_dir, resume_run_id=saved_run_id, enabled=rank == 0)
+    from trainer import Tracker
+    tracker = Tracker.start(experiment="my-model", run_name="run-1", tracking_uri=job.tracking_uri,
+                            run_dir=job.run_dir, resume_run_id=saved_run_id, enabled=rank == 0)
+    # the bundled trainer: Tracker.create(cfg.tracking, run_dir=run_dir, resume_run_id=..., enabled=rank == 0)
     tracker.log_params(flat_config)                   # dotted keys; over-long values are truncated
-    tracker.set_tags({TAG_DATASET_URI: cfg.data.uri})
+    tracker.log_dataset(cfg.data.uri, manifest_sha256)
     tracker.log_metrics({"loss": 2.31, "tokens_per_s": 1.2e5, "mfu": None}, step=step)   # None is left out
     tracker.log_checkpoint(step, "s3://bucket/run/step_000000100")
     tracker.log_artifact(run_dir / "loss.png")
@@ -13,8 +15,8 @@ Usage (only rank 0 does any work; on other ranks every call returns at once):
     tracker.close(status="FINISHED")
     print(tracker.ui_hint())                          # where the run is and how to open the UI
 
-Where runs go: `tracking.uri`, else env MLFLOW_TRACKING_URI, else an embedded SQLite store beside the run
-directory (`runs/mlflow.db`, artifacts in `runs/mlartifacts/` for `--run-dir runs/NAME`). docs/tracking.md.
+Where runs go: `tracking_uri` (the bundled trainer's `tracking.uri`), else env MLFLOW_TRACKING_URI, else an
+embedded SQLite store beside the run directory (`runs/mlflow.db`, artifacts in `runs/mlartifacts/` for `--run-dir runs/NAME`). docs/tracking.md.
 
 What MLflow does: metrics, the only frequent call, go straight into MLflow's asynchronous queue
 (`MlflowClient.log_batch(..., synchronous=False)`: the call only enqueues, MLflow's threads send), and every
@@ -257,15 +259,19 @@ class Tracker:
         self._levels: dict[str, int] = {}  # logger -> its own level, while the tracker raised it to WARNING
 
     @classmethod
-    def create(cls, cfg: TrackingSettings, *, run_dir: Path, resume_run_id: str | None = None,
-               enabled: bool = True, options: TrackerOptions | None = None) -> Tracker:
-        """A working tracker on rank 0 with tracking.enabled, else one that ignores calls. ValueError names the
-        key when the configured URI cannot be a tracking URI; later trouble at the server is logged, not raised."""
-        if not (enabled and cfg.enabled):
+    def start(cls, *, experiment: str, run_name: str, tracking_uri: str = "", run_dir: Path | str | None = None,
+              resume_run_id: str | None = None, enabled: bool = True, options: TrackerOptions | None = None) -> Tracker:
+        """A working tracker (or, with `enabled` False, e.g. on every rank but 0, one that ignores calls) logging to
+        run `run_name` of `experiment`; `resume_run_id` reopens a run a checkpoint recorded. `tracking_uri` "" is
+        env MLFLOW_TRACKING_URI, else the embedded SQLite store beside `run_dir` (default runs/<run_name>).
+        ValueError names the problem when the URI cannot be a tracking URI; later trouble at the server is logged,
+        not raised."""
+        if not enabled:
             return cls(resume_run_id=resume_run_id)
-        if not cfg.experiment.strip():
-            raise ValueError("tracking.experiment must not be empty")
-        tracker = cls(tracking_uri=resolve_tracking_uri(cfg.uri, run_dir), resume_run_id=resume_run_id,
+        if not experiment.strip():
+            raise ValueError("the MLflow experiment name must not be empty")
+        run_dir = Path(run_dir) if run_dir is not None else Path("runs") / run_name
+        tracker = cls(tracking_uri=resolve_tracking_uri(tracking_uri, run_dir), resume_run_id=resume_run_id,
                       options=options)
         # A SQLite store keeps a new experiment's artifacts beside its database (MLflow's default would be
         # ./mlruns in whatever directory the trainer was started from); ui_hint says so.
@@ -275,11 +281,22 @@ class Tracker:
             db.parent.mkdir(parents=True, exist_ok=True)
         tags = {TAG_IMAGE_DIGEST: os.environ.get(IMAGE_DIGEST_ENV, "").strip(), TAG_GIT_COMMIT: git_commit() or ""}
         tracker._tags = {k: v for k, v in tags.items() if v}
-        tracker._thread = threading.Thread(target=tracker._work, args=(cfg.experiment, Path(run_dir).resolve().name,
-                                           artifacts), name="mlflow-tracker", daemon=True)
+        tracker._thread = threading.Thread(target=tracker._work, args=(experiment, run_name, artifacts),
+                                           name="mlflow-tracker", daemon=True)
         tracker._thread.start()
         tracker._answered.wait(tracker.options.start_timeout_s)
         return tracker
+
+    @classmethod
+    def create(cls, cfg: TrackingSettings, *, run_dir: Path, resume_run_id: str | None = None,
+               enabled: bool = True, options: TrackerOptions | None = None) -> Tracker:
+        """The bundled trainer's tracker from its `tracking` settings: `start` with tracking.uri and
+        tracking.experiment, the run named after the run directory."""
+        if not cfg.experiment.strip():
+            raise ValueError("tracking.experiment must not be empty")
+        return cls.start(experiment=cfg.experiment, run_name=Path(run_dir).resolve().name, tracking_uri=cfg.uri,
+                         run_dir=run_dir, resume_run_id=resume_run_id, enabled=enabled and cfg.enabled,
+                         options=options)
 
     @property
     def run_id(self) -> str | None:
@@ -320,6 +337,10 @@ class Tracker:
         clean = {k: clip(str(v), MAX_TAG_VALUE) for k, v in tags.items() if len(k) <= MAX_KEY}
         self._tags.update(clean)
         self._submit("tags", self._write_tags, clean)
+
+    def log_dataset(self, uri: str, manifest_sha256: str) -> None:
+        """Tag the run with the dataset it reads: its URI and its manifest's sha256 (the registry copies both)."""
+        self.set_tags({TAG_DATASET_URI: uri, TAG_DATASET_MANIFEST: manifest_sha256})
 
     def log_checkpoint(self, step: int, uri: str) -> None:
         """Record a saved checkpoint: a small artifact per checkpoint plus the latest-checkpoint tags."""

@@ -1,4 +1,6 @@
-"""The training loop: a Trainer that builds everything once, then trains step by step (torchtitan's shape).
+"""The bundled GPT trainer: a Trainer that builds everything once, then trains step by step (torchtitan's shape),
+on the library's public parts only (trainer/__init__.py: CheckpointManager, open_dataset + GlobalSampler,
+Tracker, Watchdog, Preemption), as a team's own loop would use them.
 
 Usage (normally through `python -m trainer`, see trainer/__main__.py):
     summary = train(build_config("tiny", overrides=["train.steps=20"]), run_dir=Path("runs/dev"))
@@ -8,28 +10,26 @@ or, inside a process group, what `train` does:
     with Trainer(cfg, run_dir, env, step_callbacks=[...]) as trainer:
         summary = trainer.finish(trainer.train())
 
-`__init__` checks the inputs on every rank and agrees on the verdict, builds everything from the library parts
-(trainer.parallelize, .data, .checkpoint, .tracking, .metrics, .watchdog, .preemption) and resumes from the
-newest checkpoint every rank can load. `train()` repeats `train_step()` (data, `forward_backward_step()`, the
-step's all-reduce, the optimizer), evaluation, checkpoint and metrics until train.steps, SIGTERM, SIGINT or
-early stopping; `finish()` writes the outputs. The step's one all-reduce carries the loss and whether any rank
-got SIGTERM or SIGINT (and which), bad data or a storage failure, so every rank takes the same decision: stop
-after a synchronous checkpoint ("preempted", exit 75, or 130 for Ctrl-C in one process), BadInput (bad data, or a non-finite loss or gradient norm: nothing is
+`__init__` checks the inputs on every rank and agrees on the verdict, builds the model (trainer.parallelize) and
+the library parts, and resumes from the newest checkpoint every rank can load (trainer/resume.py). `train()`
+repeats `train_step()` (data, `forward_backward_step()`, the step's all-reduce, the optimizer), evaluation,
+checkpoint and metrics until train.steps, SIGTERM, SIGINT or early stopping; `finish()` writes the outputs. The
+step's one all-reduce carries the loss and whether any rank got SIGTERM or SIGINT (and which), bad data or a
+storage failure, so every rank takes the same decision: stop after a synchronous checkpoint ("preempted", exit
+75, or 130 for Ctrl-C in one process), BadInput (bad data, or a non-finite loss or gradient norm: nothing is
 saved, since a restart would replay the same step) or TrainingFailed (a storage outage). docs/trainer.md.
 
 Step callbacks, `callback(trainer, point, step)` for the 0-based step being trained (none in production; tests
-inject a killed, hung or slow rank through them, tests/trainer/faults.py):
-- "after_forward": the last micro batch's loss is computed, its backward pass not yet run (with pipeline
-  parallelism, whose schedule interleaves them: once the step's schedule has run);
-- "before_sync": every backward pass is done, the step's all-reduce not yet joined (the watchdog is in the
-  "collective" phase, and the other ranks wait in the all-reduce).
+inject a killed, hung or slow rank through them, tests/trainer/faults.py): "after_forward" (the last micro batch's
+loss computed, its backward not yet run; under pipeline parallelism, whose schedule interleaves them, once the
+step's schedule has run) and "before_sync" (every backward done, the step's all-reduce not yet
+joined: the watchdog is in its "collective" phase and the other ranks wait in the all-reduce).
 """
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
-import json
 import logging
 import math
 import os
@@ -43,44 +43,42 @@ import torch
 import torch.distributed as dist
 
 from gpu_train.jobs.launch import SHUTDOWN_ENV, nccl_env
-from gpu_train.spec.layout import MESH_DIMS
-from gpu_train.spec.trainer_config import Config, batch_layout, flatten, to_dict
-from trainer import energy, flops, outputs
-from trainer import evaluate as evaluation
-from trainer.checkpoint import CheckpointInvalid, CheckpointManager
-from trainer.data import DataError, GlobalSampler, read_step
-from trainer.data.errors import is_transient
-from trainer.distributed import (
+from gpu_train.spec.trainer_config import Config, batch_layout, to_dict
+from trainer import (
+    BadInput,
+    CheckpointManager,
+    DataError,
     DistEnv,
+    GlobalSampler,
+    Preemption,
     agree,
+    checkpoint_timeout_s,
+    collective_timeout_s,
+    energy,
     init_distributed,
+    is_transient,
+    nccl_heartbeat_s,
+    outputs,
     raise_agreed,
+    read_step,
+    record_stop,
+    run,
     seed_everything,
     setup_logging,
     shutdown,
 )
-from trainer.errors import BadInput, TrainingFailed, one_line, record_stop
+from trainer import evaluate as evaluation
+from trainer.errors import one_line
 from trainer.evaluate import EvalState, reduce_eval
 from trainer.export import TOKENIZER
-from trainer.metrics import JsonlLog, MetricsProcessor, StepClock, TrainerMetrics, batch_hash
-from trainer.parallelize import (
-    build_model,
-    build_optimizer,
-    build_scheduler,
-    continue_schedule,
-    model_params,
-    resolve_dtype,
-    schedule_change,
-)
-from trainer.preemption import Preemption
-from trainer.preflight import check_inputs, checkpoint_dir_of, compatibility_problem, open_checked_dataset
-from trainer.tracking import TAG_DATASET_MANIFEST, TAG_DATASET_URI, Tracker
-from trainer.watchdog import Watchdog, checkpoint_timeout_s, collective_timeout_s, nccl_heartbeat_s
+from trainer.metrics import batch_hash
+from trainer.parallelize import build_model, build_optimizer, build_scheduler, resolve_dtype
+from trainer.preflight import check_inputs, checkpoint_dir_of, open_checked_dataset
+from trainer.resume import loop_state, resume
 
 log = logging.getLogger("trainer")
 
 StepCallback = Callable[["Trainer", str, int], None]
-MLFLOW_STATUS = {"completed": "FINISHED", "stopped_early": "FINISHED", "preempted": "KILLED"}
 
 
 def train(cfg: Config, run_dir: Path, *, step_callbacks: Iterable[StepCallback] = ()) -> dict[str, Any]:
@@ -106,7 +104,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.step, self.tokens_seen, self.loss_value, self.evals = 0, 0, math.nan, EvalState()  # resumed below
         self.first: tuple[int, float] | None = None  # (step, loss) of this launch's first step
         self.start_step, self.elapsed, self._reported_saves = 0, 0.0, 0
-        self._exit = contextlib.ExitStack()  # everything opened so far, closed in reverse by close()
+        self.exits = contextlib.ExitStack()  # everything opened so far, closed in reverse by close()
         try:
             setup_logging(env)
             # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at in a hung collective.
@@ -114,7 +112,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             budget = os.environ.get(SHUTDOWN_ENV, "")
             # SIGTERM (torchrun, the kubelet) and SIGINT (Ctrl-C) both stop after a final checkpoint; a second
             # SIGINT stops at once.
-            self.preemption = self._exit.enter_context(Preemption(
+            self.preemption = self.exits.enter_context(Preemption(
                 sigint=True, second_sigint_exits=True,
                 shutdown_timeout_s=float(budget) if budget.isdigit() else None))
             self.stop_signal: str | None = None  # "SIGTERM" or "SIGINT" once a stop was agreed on
@@ -122,16 +120,16 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             self.global_batch, self.accum = batch_layout(cfg, env.world_size)
             seed_everything(cfg.train.seed, cfg.train.deterministic)
             self.dtype = resolve_dtype(cfg, env)
-            self._build_model()
+            self.build_model()
             self.checkpointer = CheckpointManager(
                 checkpoint_dir_of(cfg, self.run_dir), cfg.checkpoint.remote_uri, keep=cfg.checkpoint.keep, env=env,
                 async_save=cfg.checkpoint.async_save, endpoint_url=cfg.checkpoint.endpoint_url or None,
                 timeout_s=checkpoint_timeout_s(cfg.watchdog))
-            self._exit.callback(self.checkpointer.close)
-            run_id, resumed_from = self._resume()
-            self._open_outputs(run_id, resumed_from)
+            self.exits.callback(self.checkpointer.close)
+            run_id, resumed_from = resume(self)
+            run.open_outputs(self, run_id, resumed_from)
         except BaseException:
-            self._exit.close()
+            self.exits.close()
             raise
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -141,7 +139,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
 
     def close(self) -> None:
         """Stop the watchdog, close the tracker (FINISHED, KILLED or FAILED), metrics, checkpoints and data."""
-        self._exit.close()
+        self.exits.close()
 
     # ---------------------------------------------------------------------------------------------- building
     def _open_inputs(self) -> None:
@@ -151,10 +149,10 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         try:
             self.ds = check_inputs(cfg, self.run_dir, world_sizes=[env.world_size],
                                    local_world_size=env.local_world_size)
-            self._exit.callback(self.ds.close)
+            self.exits.callback(self.ds.close)
             if cfg.eval.every_steps:
                 self.val = open_checked_dataset(cfg, split="val")
-                self._exit.callback(self.val.close)
+                self.exits.callback(self.val.close)
             if env.rank == 0:  # saved in every checkpoint, so that sampling and export never need the dataset
                 self.tokenizer = outputs.dataset_tokenizer(cfg)
         except BadInput as exc:
@@ -163,120 +161,22 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         if problem:
             raise BadInput(problem)
 
-    def _build_model(self) -> None:
+    def build_model(self) -> None:
         """Fresh weights from train.seed, optimizer, schedule and sampler (again after a failed partial load)."""
-        # The runner (trainer/parallelize.py, trainer/pipeline.py) runs a step under the layout: DDP, FSDP2, tensor
-        # and pipeline parallelism.
+        # The runner (trainer/runner.py, trainer/pipeline.py) runs a step under the layout: DDP, FSDP2, tensor and
+        # pipeline parallelism.
         self.model, self.runner = build_model(self.cfg, self.env, self.dtype)
         self.optimizer = build_optimizer(self.model, self.cfg, self.env.device)
         self.scheduler = build_scheduler(self.optimizer, self.cfg)
-        self.sampler = self._new_sampler()
+        self.sampler = self.new_sampler()
 
-    def _new_sampler(self) -> GlobalSampler:
+    def new_sampler(self) -> GlobalSampler:
         return GlobalSampler(self.ds.num_windows, global_batch=self.global_batch, seed=self.cfg.train.seed,
                              shard_windows=self.ds.shard_windows, block_shards=self.cfg.data.block_shards)
 
-    def _resume(self) -> tuple[str | None, str | None]:
-        """Load the newest checkpoint every rank can load (refusing an incompatible one before anything is
-        written); returns (its MLflow run id, its path), or (None, None) to start from step 0."""
-        restored: dict[str, Any] = {}
-        seen: dict[str, Any] = {}
-
-        def check(manifest: dict[str, Any], where: str) -> None:
-            reason = compatibility_problem(self.cfg, manifest, where, self.ds.manifest_sha256)
-            if reason:
-                raise BadInput(reason)
-            seen["manifest"] = manifest
-
-        def apply(state: dict[str, Any]) -> None:
-            step = state["step"]
-            if not isinstance(step, int) or step < 0:
-                raise CheckpointInvalid(f"trainer state step {step!r} is not a whole number")
-            sampler = self._new_sampler()
-            sampler.load_state_dict(state["sampler"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            # The schedule is a pure function of (step, current settings): a changed train.lr, min_lr,
-            # warmup_steps or steps (or AdamW's weight decay and betas) takes effect from this step on.
-            continue_schedule(self.optimizer, self.scheduler, self.cfg, step)
-            if sampler.next_step != step:
-                raise CheckpointInvalid(f"sampler is at step {sampler.next_step} but the checkpoint is at step {step}")
-            restored.update(sampler=sampler, step=step, tokens_seen=int(state["tokens"]),
-                            loss_value=float(state.get("loss", math.nan)), evals=EvalState.from_dict(state.get("eval")),
-                            run_id=state.get("mlflow_run_id") or self._manifest_run_id(seen.get("manifest")))
-
-        found = self.checkpointer.resume(self.model, self.optimizer, check=check, apply=apply)
-        if found is None:
-            if self.checkpointer.model_touched:  # a load that failed part-way may have changed parameters
-                self._build_model()
-            return None, None
-        run_id = restored.pop("run_id")
-        for key, value in restored.items():
-            setattr(self, key, value)
-        log.info("resumed from %s at step %d (%d tokens seen)", found, self.step, self.tokens_seen)
-        old_train = ((seen.get("manifest") or {}).get("config") or {}).get("train")
-        change = schedule_change(old_train, self.cfg, self.step) if isinstance(old_train, dict) else None
-        if change and self.env.rank == 0:
-            log.warning("%s", change)
-        return run_id, str(found)
-
-    @staticmethod
-    def _manifest_run_id(manifest: dict[str, Any] | None) -> str | None:
-        """The run id in the manifest's copy of the trainer state (rank 0 reads the manifest rank 0 wrote): what a
-        checkpoint written before every rank saved rank 0's state holds where its DCP copy may not."""
-        state = (manifest or {}).get("trainer")
-        run_id = state.get("mlflow_run_id") if isinstance(state, dict) else None
-        return run_id if isinstance(run_id, str) and run_id else None
-
-    def _open_outputs(self, run_id: str | None, resumed_from: str | None) -> None:
-        """Only now, so that a refused launch changes nothing: config.json, tracking, metrics, the watchdog."""
-        cfg, env, t = self.cfg, self.env, self.cfg.train
-        rank0 = env.rank == 0
-        if rank0:
-            (self.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-        self.tracker = Tracker.create(cfg.tracking, run_dir=self.run_dir, resume_run_id=run_id, enabled=rank0)
-        self._exit.callback(lambda: self.tracker.close(status=MLFLOW_STATUS.get(self.status, "FAILED")))
-        self.tracker.log_params(flatten(cfg))
-        self.tracker.set_tags({TAG_DATASET_URI: cfg.data.uri, TAG_DATASET_MANIFEST: self.ds.manifest_sha256})
-        prometheus = TrainerMetrics(port=cfg.metrics.port + env.local_rank if cfg.metrics.port else 0, rank=env.rank,
-                                    restarts=env.restart_count, val_loss=self.evals.last)
-        n_params, n_nonemb = model_params(cfg.model)  # the whole model's, whatever part this rank holds
-        self.metrics = MetricsProcessor(
-            prometheus=prometheus, jsonl=JsonlLog(self.run_dir / "metrics.jsonl") if rank0 else None,
-            tracker=self.tracker, total_steps=t.steps, tokens_per_step=t.global_batch_tokens,
-            flops_per_token=flops.model_flops_per_token(cfg.model, n_nonemb), world_size=env.world_size,
-            peak_flops=flops.gpu_peak_flops(torch.cuda.get_device_name(env.device) if env.is_cuda else None),
-            log_every=cfg.metrics.log_every, tracking_every=cfg.tracking.log_every, console=rank0, start_step=self.step)
-        self._exit.callback(self.metrics.close)
-        self.metrics.log(self.step, {
-            "event": "start", "world_size": env.world_size, "restart_count": env.restart_count,
-            "resumed_from": resumed_from, "global_batch": self.global_batch, "grad_accum": self.accum,
-            "layout": dict(zip(MESH_DIMS, self.runner.layout.shape, strict=True)),
-            "params": n_params, "non_embedding_params": n_nonemb})
-        if rank0:
-            log.info("model %.2fM params (%.2fM non-embedding), world %d, global batch %d x %d tokens, %d micro "
-                     "batches of %d per rank, %s, %s", n_params / 1e6, n_nonemb / 1e6, env.world_size,
-                     self.global_batch, cfg.model.context, self.accum, t.micro_batch_size, t.parallel,
-                     "bf16" if self.dtype else "fp32")
-        self.watchdog = Watchdog(cfg.watchdog, rank=env.rank, local_rank=env.local_rank,
-                                 dump_dir=self.run_dir / "watchdog")
-        self._exit.callback(self.watchdog.stop)
-        self.clock = StepClock(env.device)
-        # A gradient hook on the token embedding's output marks the end of this rank's own backward work
-        # (trainer/metrics.py); hooks inside a compiled region break torch.compile's graph, so not there.
-        if not t.compile and self.model.tok_emb is not None:
-            self._exit.callback(self.model.tok_emb.register_forward_hook(self._on_embedding).remove)
-
-    def _on_embedding(self, _module: torch.nn.Module, _inputs: Any, out: torch.Tensor) -> None:
+    def on_embedding(self, _module: torch.nn.Module, _inputs: Any, out: torch.Tensor) -> None:
         if out.requires_grad:
             out.register_hook(lambda _grad: self.clock.grads_ready())
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loop's own state, saved in every checkpoint (JSON)."""
-        return {"step": self.step, "tokens": self.tokens_seen, "loss": self.loss_value,
-                "sampler": self.sampler.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "mlflow_run_id": self.tracker.run_id, "world_size": self.env.world_size,
-                "dataset": {"uri": self.cfg.data.uri, "manifest_sha256": self.ds.manifest_sha256},
-                "eval": self.evals.to_dict()}
 
     # ---------------------------------------------------------------------------------------------- the loop
     def train(self) -> str:
@@ -418,9 +318,6 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             indices = []
         return windows.to(self.env.device, non_blocking=True), indices, fault
 
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        return self.runner.autocast()
-
     def evaluate(self) -> float:
         """Validation loss at self.step on every rank (the same value everywhere), recorded and logged."""
         cfg, env = self.cfg, self.env
@@ -443,7 +340,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         with self.watchdog.allowance("checkpoint", self.cfg.watchdog.checkpoint_s):
             tok = self.tokenizer  # rank 0's; the checkpoint manager keeps rank 0's meta and files
             return self.checkpointer.save(
-                self.step, self.model, self.optimizer, self.state_dict(), to_dict(self.cfg), block=block,
+                self.step, self.model, self.optimizer, loop_state(self), to_dict(self.cfg), block=block,
                 meta={"tokenizer": tok.describe()} if tok is not None else None,
                 files={TOKENIZER: tok.json.encode()} if tok is not None and tok.json is not None else None)
 
@@ -472,25 +369,4 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
     # ---------------------------------------------------------------------------------------------- the end
     def finish(self, status: str) -> dict[str, Any]:
         """Wait for the last save, then the summary and (rank 0) the outputs; returns the summary."""
-        t, env, ckpt = self.cfg.train, self.env, self.checkpointer
-        with self.watchdog.allowance("finish", self.cfg.watchdog.checkpoint_s, "watchdog.checkpoint_s, end of run"):
-            ckpt.wait()
-            if status != "preempted" and ckpt.failed and ckpt.failed[-1].step == self.step and (
-                    not ckpt.saved or ckpt.saved[-1].step < self.step):
-                raise TrainingFailed(f"the final checkpoint (step {self.step}) was not saved: {ckpt.failed[-1].error}")
-            tokens_per_s = ((self.step - self.start_step) * t.global_batch_tokens / self.elapsed
-                            if self.step > self.start_step else 0.0)  # this launch's throughput
-            full = self.runner.full_state_dict()  # collective (shards and stages gathered): rank 0 gets it all
-            summary = outputs.run_summary(
-                status=status, step=self.step, tokens=self.tokens_seen, loss=self.loss_value, evals=self.evals,
-                params_sha256=outputs.state_sha256(full) if env.rank == 0 else None, restarts=env.restart_count,
-                tokens_per_s=tokens_per_s, mfu=self.metrics.mfu(tokens_per_s), device=env.device,
-                signal=self.stop_signal if status == "preempted" else None)
-            summary.update(self.energy.finish(env, self.tracker, self.step))  # collective: all GPUs' energy
-            if env.rank == 0:
-                outputs.write_outputs(outputs.RunOutputs(
-                    cfg=self.cfg, run_dir=self.run_dir, tokenizer=self.tokenizer, tracker=self.tracker,
-                    checkpointer=ckpt, evals=self.evals, first=self.first, manifest_sha256=self.ds.manifest_sha256,
-                    device=env.device), full, summary)
-        return summary
-
+        return run.finish(self, status)

@@ -1,8 +1,9 @@
 """Hang detection inside each worker: a thread that ends the process when a step, or a phase of it, runs past a
 bound learnt from the steps before it, after saying which rank and phase it was and dumping every stack.
 
-Usage (trainer/train.py does this on every rank):
-    wd = Watchdog(cfg.watchdog, rank=env.rank, local_rank=env.local_rank)
+Usage (trainer/train.py does this on every rank; any loop may, `Watchdog()` takes the default bounds and torchrun's
+RANK and LOCAL_RANK):
+    wd = Watchdog(cfg.watchdog, rank=env.rank, local_rank=env.local_rank, dump_dir=run_dir / "watchdog")
     wd.start()
     wd.begin_step(step)                        # phase "data"; deadline = now + step_bound()
     wd.phase("forward_backward"); wd.phase("collective"); wd.phase("optimizer")   # same deadline
@@ -112,13 +113,20 @@ def _default_on_hang() -> None:
 class Watchdog:
     """One per worker process; every method is cheap (a lock and a few assignments) and may be called often."""
 
-    def __init__(self, cfg: WatchdogConfig, *, rank: int, local_rank: int = 0,
+    def __init__(self, cfg: WatchdogConfig | None = None, *, rank: int | None = None, local_rank: int | None = None,
                  on_hang: Callable[[], None] = _default_on_hang, poll_s: float | None = None,
-                 dump_dir: Path | None = None) -> None:
+                 dump_dir: Path | str | None = None) -> None:
+        """`cfg`: the bounds (gpu_train.spec.trainer_config.WatchdogConfig, a plain dataclass; None = its
+        defaults); `rank` and `local_rank`: None reads torchrun's RANK and LOCAL_RANK (0 without them); `dump_dir`:
+        where a fired watchdog writes this rank's stacks (None = stderr); `on_hang`: what ends the process."""
+        if cfg is None:
+            from gpu_train.spec.trainer_config import WatchdogConfig
+
+            cfg = WatchdogConfig()
         self.cfg = cfg
-        self.rank = rank
-        self.local_rank = local_rank
-        self.dump_dir = dump_dir  # where this rank's stack dump goes when it fires (module docstring)
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+        self.dump_dir = Path(dump_dir) if dump_dir is not None else None  # where this rank's stack dump goes when it fires (module docstring)
         self.dump_path: Path | None = None  # the file written, once fired
         self.host = socket.gethostname()
         self._on_hang = on_hang

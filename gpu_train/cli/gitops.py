@@ -6,7 +6,7 @@ Usage:
     gpu-train apply jobs/ --team research --prune           # create, leave, replace / report, cancel
     gpu-train apply jobs/ --dry-run                         # what it would do, with each job's carbon estimate
 
-Each spec file goes the way `gpu-train submit` takes it (gpu_train.cli.jobs.read_spec, check_spec: the one job
+Each spec file goes the way `gpu-train submit` takes it (gpu_train.client.jobs.read_spec, check_spec: the one job
 model and check_job), plus the file-level rules of gpu_train.jobs.gitops (jobs/<team>/<name>.yaml). The JobSet is
 the one renderer's, with the spec's path, the git commit and the config hash as annotations. What apply does to a
 changed, deleted or hand-edited JobSet is gpu_train.jobs.gitops.plan's rule.
@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_train.cli.cluster import CliError, Session, call, team_namespace
-from gpu_train.cli.gitrepo import provenance
-from gpu_train.cli.jobs import check_spec, read_spec, render
+from gpu_train.client.cluster import ClientError, Session, call, team_namespace
+from gpu_train.client.gitrepo import provenance
+from gpu_train.client.jobs import check_spec, read_spec, render
 from gpu_train.jobs import gitops
 from gpu_train.jobs.jobset import COMMIT_ANNOTATION, JOBSET_API, Provenance
 from gpu_train.spec.carbon.estimate import job_estimate
@@ -41,7 +41,7 @@ def _specs(root: Path, teams: set[str] | None) -> tuple[list[tuple[Path, str, Ma
             continue
         try:
             raw = read_spec(str(path))
-        except CliError as exc:
+        except ClientError as exc:
             problems.append(str(exc))
             continue
         problems += gitops.file_problems(str(path), team, raw)
@@ -58,7 +58,7 @@ def _checked(specs, contracts: Callable[[str], PlatformContract]) -> tuple[list[
     for path, team, raw in specs:
         try:
             jobs.append((path, check_spec(raw, contracts(team), str(path))))
-        except CliError as exc:
+        except ClientError as exc:
             problems += str(exc).splitlines()
     return jobs, problems
 
@@ -75,7 +75,7 @@ def lint(target: str, contracts: Callable[[str], PlatformContract], out=None) ->
     jobs, more = _checked(specs, contracts)
     problems += more
     if problems:
-        raise CliError("\n".join(problems))
+        raise ClientError("\n".join(problems))
     for path, job in jobs:
         out.write(f"ok  {path}  ({job.team}/{job.name}, pool {job.pool}, nodes {job.nodes})\n"
                   f"    {_carbon(contracts(job.team), job)}\n")
@@ -96,12 +96,12 @@ def apply(session: Session | None, root: str, *, teams: list[str], contracts: Ca
     specs, problems = _specs(Path(root), set(teams) if teams else None)
     jobs, more = _checked(specs, contracts)
     if problems + more:
-        raise CliError("\n".join(problems + more))
+        raise ClientError("\n".join(problems + more))
     by_team: dict[str, dict[str, Mapping[str, Any]]] = {t: {} for t in teams}
     for path, job in jobs:
         where = provenance(path, applied=True, commit=commit)
         if not where.commit:
-            raise CliError(f"{path}: no git commit for this file (not in a git checkout, or changed since the last "
+            raise ClientError(f"{path}: no git commit for this file (not in a git checkout, or changed since the last "
                            "commit): apply deploys what git holds; commit it, or pass --commit")
         by_team.setdefault(job.team, {})[job.name] = _render(contracts(job.team), job, where)
     needs_person = 0
@@ -160,11 +160,11 @@ def _wait_gone(session: Session, ns: str, team: str, name: str) -> None:
         try:
             call(session, session.custom.get_namespaced_custom_object, group, version, ns, "jobsets", name,
                  doing=f"read job {name!r}", namespace=ns, team=team)
-        except CliError as exc:
+        except ClientError as exc:
             if "(404)" in str(exc):
                 return
             raise
         if time.monotonic() > deadline:
-            raise CliError(f"job {name!r} in {ns} was deleted but is still there after {DELETE_WAIT_S} s; run apply "
+            raise ClientError(f"job {name!r} in {ns} was deleted but is still there after {DELETE_WAIT_S} s; run apply "
                            "again once it is gone", code=1)
         time.sleep(1)  # the API server's deletion is asynchronous; poll it, a second apart

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from gpu_train.cli.cluster import CliError, team_namespace
+from gpu_train.client.cluster import ClientError, team_namespace
 from gpu_train.spec.contract import ContractError
 
 
@@ -33,14 +33,14 @@ def team_kubeconfig(contract, team: str, *, aws_profile: str = "", role_arn: str
         info = contract.team(team)
         base = copy.deepcopy(dict(contract.cluster.kubeconfig))
     except ContractError as exc:
-        raise CliError(str(exc)) from None
+        raise ClientError(str(exc)) from None
     clusters, users = base.get("clusters") or [], base.get("users") or []
     if len(clusters) != 1 or len(users) != 1:
-        raise CliError(f"{contract.source}: the contract's kubeconfig must name one cluster and one user")
+        raise ClientError(f"{contract.source}: the contract's kubeconfig must name one cluster and one user")
     user = users[0]["user"]
     exec_ = user.get("exec") or {}
     if (aws_profile or role_arn) and contract.cloud != "aws":
-        raise CliError("--aws-profile and --role-arn apply to EKS; on GKE sign in with gcloud")
+        raise ClientError("--aws-profile and --role-arn apply to EKS; on GKE sign in with gcloud")
     if role_arn:
         exec_["args"] = [*exec_.get("args", []), "--role-arn", role_arn]
     if aws_profile:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpu_train.cli.cluster import CliError
+from gpu_train.client.cluster import ClientError
 
 PROG = "gpu-train"
 
@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
                                    "admit it, and create it in the team's namespace.")
     s.add_argument("spec", help="job spec file (YAML)")
     s.add_argument("--dry-run", action="store_true", help="print the JobSet instead of submitting it")
-    s.add_argument("--image", default="", help="another trainer image from the platform registry, pinned by digest")
+    s.add_argument("--image", default="", help="the job's image (replaces the spec's `image`), pinned by digest, from the platform registry or an allowed one")
     _common(s, team=False)
 
     ls = sub.add_parser("list", help="your team's jobs and their states",
@@ -118,6 +118,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--nproc", type=int, default=2, help="local workers (default 2)")
     r.add_argument("--data", default="", help="dataset manifest URI (default: the spec's file:// one, else synthetic)")
     r.add_argument("--runs", default="runs", help="parent of the run directory (default ./runs)")
+    r.add_argument("--workdir", default=None,
+                   help="where a job of your own code runs (default: the spec file's folder, as the image's "
+                        "/workspace holds the folder it was built from)")
 
     from gpu_train.cli.serve import add_parser as add_serve
 
@@ -125,24 +128,23 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _session(args):
-    from gpu_train.cli.cluster import connect
+def _client(args):
+    from gpu_train.client import Client
 
-    return connect(args.kubeconfig, args.context)
+    team = getattr(args, "team", None)
+    return Client(kubeconfig=args.kubeconfig, context=args.context, team=team if isinstance(team, str) else None,
+                  platform=args.platform)
 
 
 def _gitops(args) -> int:
     """lint and apply: the contract of each team (from --platform, or the team's namespace), read once."""
-    import functools
-
     from gpu_train.cli import gitops
-    from gpu_train.cli.cluster import load_contract
 
-    session = None if (args.platform and (args.command == "lint" or args.dry_run)) else _session(args)
-    contracts = functools.cache(lambda team: load_contract(session, team, args.platform))
+    client = _client(args)
+    session = None if (args.platform and (args.command == "lint" or args.dry_run)) else client.session
     if args.command == "lint":
-        return gitops.lint(args.target, contracts)
-    return gitops.apply(session, args.dir, teams=args.team, contracts=contracts, prune=args.prune,
+        return gitops.lint(args.target, client.contract)
+    return gitops.apply(session, args.dir, teams=args.team, contracts=client.contract, prune=args.prune,
                         dry_run=args.dry_run, replace_running=args.replace_running, commit=args.commit)
 
 
@@ -150,16 +152,16 @@ def run(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     cmd = args.command
     if cmd == "kubeconfig":
-        from gpu_train.cli.cluster import load_contract
         from gpu_train.cli.kubeconfig import write_kubeconfig
+        from gpu_train.client.cluster import load_contract
 
         contract = load_contract(None, args.team, args.platform)
         return write_kubeconfig(contract, args.team, output=args.output, aws_profile=args.aws_profile,
                                 role_arn=args.role_arn)
     if cmd == "run":
-        from gpu_train.cli.local import run_local
+        from gpu_train.client import run_local
 
-        return run_local(args.spec, nproc=args.nproc, data=args.data, runs=args.runs)
+        return run_local(args.spec, nproc=args.nproc, data=args.data, runs=args.runs, workdir=args.workdir)
     if cmd == "serve":
         from gpu_train.cli.serve import run_serve
 
@@ -171,47 +173,35 @@ def run(argv: list[str] | None = None) -> int:
                        max_latency_ms=args.max_latency_ms, explain=args.explain)
     if cmd in ("lint", "apply"):
         return _gitops(args)
+    from gpu_train.cli import show
+
     if cmd == "submit":
-        from gpu_train.cli.cluster import load_contract
-        from gpu_train.cli.jobs import read_spec, submit
-
-        team = str(read_spec(args.spec).get("team") or "")
-        if not team:
-            raise CliError(f"{args.spec}: job.team is required (your team's name)")
-        session = None if (args.dry_run and args.platform) else _session(args)
-        contract = load_contract(session, team, args.platform)
-        return submit(session, contract, args.spec, dry_run=args.dry_run, image=args.image)
-
-    from gpu_train.cli import jobs
-    from gpu_train.cli.cluster import resolve_team
-
-    session = _session(args)
-    team = resolve_team(args.team, session)
+        return show.submitted(_client(args).submit(args.spec, image=args.image, dry_run=args.dry_run))
+    client = _client(args)
     if cmd == "list":
-        return jobs.list_jobs(session, team)
-    name = jobs.job_name_ok(args.job)
+        return show.job_list(client.list(), client.team)
     if cmd == "status":
-        return jobs.status(session, team, name)
-    if cmd in ("pause", "resume"):
-        return jobs.set_active(session, team, name, active=cmd == "resume")
+        return show.job_status(client.status(args.job))
+    if cmd == "pause":
+        return show.paused(args.job, client.pause(args.job))
+    if cmd == "resume":
+        return show.resumed(args.job, client.resume(args.job))
     if cmd == "cancel":
-        return jobs.cancel(session, team, name)
+        client.cancel(args.job)
+        return show.cancelled(args.job)
     if cmd == "logs":
-        from gpu_train.cli.cluster import load_contract
-        from gpu_train.cli.logs import logs
-
-        return logs(session, lambda: load_contract(session, team, args.platform), team, name, rank=args.rank,
-                    follow=args.follow, container=args.container, since=args.since, tail=args.tail)
-    raise CliError(f"unknown command {cmd!r}")
+        return show.text(client.logs(args.job, rank=args.rank, follow=args.follow, container=args.container,
+                                     since=args.since, tail=args.tail))
+    raise ClientError(f"unknown command {cmd!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpu_train.cli.cluster import quiet_client_logs
+    from gpu_train.client.cluster import quiet_client_logs
 
     quiet_client_logs()
     try:
         return run(argv)
-    except CliError as exc:
+    except ClientError as exc:
         for line in str(exc).splitlines():
             print(f"{PROG}: error: {line}", file=sys.stderr)
         return exc.code

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from gpu_train.cli.cluster import CliError
+from gpu_train.client.cluster import ClientError
 from gpu_train.spec import carbon, catalog
 from gpu_train.spec.carbon import advisor
 
@@ -23,7 +23,7 @@ def cloud_of(instance_type: str) -> str:
     clouds = [c for c in ("aws", "gcp") if catalog.shape(c, instance_type) is not None]
     if not clouds:
         known = ", ".join(catalog.known("aws") + catalog.known("gcp"))
-        raise CliError(f"--pool-type {instance_type!r} is in neither catalog ({known})")
+        raise ClientError(f"--pool-type {instance_type!r} is in neither catalog ({known})")
     return clouds[0]
 
 
@@ -42,9 +42,9 @@ def regions(*, pool_type: str, allow: str = "", home: str = "", max_latency_ms: 
         if home:
             carbon.region(cloud, home)
     except carbon.CarbonDataError as exc:
-        raise CliError(f"--{'home' if home and 'region' in str(exc) else 'allow'}: {exc}") from None
+        raise ClientError(f"--{'home' if home and 'region' in str(exc) else 'allow'}: {exc}") from None
     if max_latency_ms is not None and not home:
-        raise CliError("--max-latency-ms needs --home REGION (the latency is estimated from there)")
+        raise ClientError("--max-latency-ms needs --home REGION (the latency is estimated from there)")
     ranking = advisor.rank(cloud, pool_type, allow=allowed, home=home, max_latency_ms=max_latency_ms)
     shape = catalog.shape(cloud, pool_type)
     out.write(f"{pool_type} ({shape.gpus} x {shape.gpu_type}) on {cloud}: regions by grid carbon intensity"

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpu_train.cli.cluster import CliError
 from gpu_train.cli.service_spec import LOCAL_EXTRA, build_spec, registry
+from gpu_train.client.cluster import ClientError
 
 
 def _canary_flags(p: argparse.ArgumentParser) -> None:
@@ -138,21 +138,21 @@ def run_local(args: argparse.Namespace) -> int:
 
     for module in ("torch", "transformers", "aiohttp", "fastapi", "uvicorn"):
         if importlib.util.find_spec(module) is None:
-            raise CliError(f"`gpu-train serve --local` runs the model on this machine and needs {module}: {LOCAL_EXTRA}")
+            raise ClientError(f"`gpu-train serve --local` runs the model on this machine and needs {module}: {LOCAL_EXTRA}")
     from gpu_train.serving.local import LocalError, LocalOptions, parse_model, serve_local
 
     try:
         found = parse_model(args.local)
     except LocalError as exc:
-        raise CliError(str(exc)) from None
+        raise ClientError(str(exc)) from None
     name = args.local_name or (found.name if isinstance(found, Path) else found.name)
     name = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:32] or "model"
     spec = build_spec(args, spec_file=args.local_spec, name=name, team="local",
                       model=f"{name}:1" if isinstance(found, Path) else str(found))
     if args.local_auto and not (args.canary and args.local_prometheus):
-        raise CliError("--auto needs --canary MODEL and --prometheus URL (a Prometheus scraping the route)")
+        raise ClientError("--auto needs --canary MODEL and --prometheus URL (a Prometheus scraping the route)")
     if not 1 <= args.canary_weight <= 99:
-        raise CliError(f"--canary-weight {args.canary_weight} must be 1..99")
+        raise ClientError(f"--canary-weight {args.canary_weight} must be 1..99")
     opts = LocalOptions(port=args.port, canary_weight=args.canary_weight, threads=args.threads,
                         workdir=Path(args.workdir), canary_inject_errors=args.canary_inject_errors,
                         canary_inject_delay_ms=args.canary_inject_delay_ms,
@@ -161,7 +161,7 @@ def run_local(args: argparse.Namespace) -> int:
     try:
         return serve_local(spec, args.local, args.canary, opts, lambda: registry(args.local_tracking_uri, True))
     except LocalError as exc:
-        raise CliError(str(exc), code=1) from None
+        raise ClientError(str(exc), code=1) from None
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -176,7 +176,7 @@ def run_bench(args: argparse.Namespace) -> int:
             with urllib.request.urlopen(f"{args.url.rstrip('/')}/v1/models", timeout=10) as resp:
                 model = json.load(resp)["data"][0]["id"]
         except OSError as exc:
-            raise CliError(f"no model list at {args.url}/v1/models ({exc}): is the service up?", code=1) from None
+            raise ClientError(f"no model list at {args.url}/v1/models ({exc}): is the service up?", code=1) from None
     summary = asyncio.run(load(args.url, model=model, requests=args.requests, concurrency=args.concurrency,
                                max_tokens=args.max_tokens, prompt=args.prompt)).summary()
     print(json.dumps(summary, sort_keys=True) if args.json else format_summary(summary))
@@ -187,7 +187,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.local:
         return run_local(args)
     if args.action is None:
-        raise CliError("gpu-train serve needs an action (deploy, canary, promote, rollback, status, bench) or --local")
+        raise ClientError("gpu-train serve needs an action (deploy, canary, promote, rollback, status, bench) or --local")
     if args.action == "bench":
         return run_bench(args)
     from gpu_train.cli import serve_cluster

@@ -1,7 +1,7 @@
 """`gpu-train serve deploy | canary | promote | rollback | status`: the cluster side of `gpu-train serve`.
 
 Usage: gpu_train/cli/serve.py hands these actions here with the parsed arguments; the operations are
-gpu_train.serving.client's, run with the user's kubeconfig (gpu_train.cli.cluster) and, for the registry, MLflow
+gpu_train.serving.client's, run with the user's kubeconfig (gpu_train.client.cluster) and, for the registry, MLflow
 at --tracking-uri (or MLFLOW_TRACKING_URI). Manifests print as YAML documents with --dry-run; with --dry-run and
 --platform FILE nothing is read from the cluster, and a spec that pins its version (NAME:VERSION with `source`
 and `runId`) needs no MLflow either.
@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from gpu_train.cli.cluster import CliError, connect, load_contract, resolve_team
 from gpu_train.cli.service_spec import SERVE_EXTRA, build_spec, registry
+from gpu_train.client.cluster import ClientError, connect, load_contract, resolve_team
 
 
 def _yaml(objects: list[dict[str, Any]]) -> str:
@@ -29,7 +29,7 @@ def _client(args: argparse.Namespace, team: str, *, need_cluster: bool):
         from gpu_train.serving.client import ServingClient
         from gpu_train.serving.cluster import ServingCluster
     except ImportError as exc:
-        raise CliError(f"`gpu-train serve` needs {exc.name}: {SERVE_EXTRA}") from None
+        raise ClientError(f"`gpu-train serve` needs {exc.name}: {SERVE_EXTRA}") from None
     session = connect(args.kubeconfig, args.context) if need_cluster else None
     contract = load_contract(session, team, args.platform)
     cluster = ServingCluster(session.api, contract.team(team).namespace) if session is not None else None
@@ -37,16 +37,16 @@ def _client(args: argparse.Namespace, team: str, *, need_cluster: bool):
     return ServingClient(contract, cluster=cluster, registry=None, progress=progress), session
 
 
-def _fail(exc: Exception, doing: str, namespace: str, team: str, server: str = "") -> CliError:
+def _fail(exc: Exception, doing: str, namespace: str, team: str, server: str = "") -> ClientError:
     """Any failure of an operation as one line: the user's to fix (2) or the cluster's or registry's (1)."""
-    from gpu_train.cli.cluster import api_error
+    from gpu_train.client.cluster import api_error
     from gpu_train.jobs.serving import ServingError as RenderError
     from gpu_train.serving.client import ServingError
 
     if isinstance(exc, ServingError | RenderError):
-        return CliError(str(exc), code=2)
+        return ClientError(str(exc), code=2)
     if type(exc).__name__ in ("RegistryError", "LookupError", "PrometheusError"):
-        return CliError(str(exc), code=1)
+        return ClientError(str(exc), code=1)
     return api_error(exc, doing=doing, namespace=namespace, team=team, server=server)
 
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     team = args.team or ""
     if args.action in ("deploy", "canary") and args.dry_run and args.platform:
         if not team:
-            raise CliError("--dry-run --platform needs --team (no cluster to read the team from)")
+            raise ClientError("--dry-run --platform needs --team (no cluster to read the team from)")
         client, session = _client(args, team, need_cluster=False)
     else:
         session = connect(args.kubeconfig, args.context)
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     client.registry = registry(args.tracking_uri, required=False)
     try:
         return _act(args, client, team)
-    except CliError:
+    except ClientError:
         raise
     except Exception as exc:  # API, registry and Prometheus failures, said in one line
         raise _fail(exc, f"serve {args.action} {args.name}", namespace, team,
@@ -100,10 +100,10 @@ def _act(args: argparse.Namespace, client, team: str) -> int:
 
 def _canary(args: argparse.Namespace, client, team: str) -> int:
     if args.here and not (args.auto and args.prometheus):
-        raise CliError("--here runs the promotion loop in this terminal: it needs --auto and --prometheus URL (for "
+        raise ClientError("--here runs the promotion loop in this terminal: it needs --auto and --prometheus URL (for "
                        "example a kubectl port-forward to the platform's Prometheus)")
     if not 1 <= args.traffic <= 99:
-        raise CliError(f"--traffic {args.traffic} must be 1..99 percent")
+        raise ClientError(f"--traffic {args.traffic} must be 1..99 percent")
     spec = build_spec(args, spec_file=args.spec, name=args.name, team=team, model=args.model)
     driver = ("cli" if args.here else "cluster") if args.auto else "manual"
     objects, state = client.canary(spec, traffic=args.traffic, driver=driver, dry_run=args.dry_run,

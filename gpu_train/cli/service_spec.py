@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gpu_train.cli.cluster import CliError
+from gpu_train.client.cluster import ClientError
 
 SERVE_EXTRA = 'pip install "gpu-train[serve]"'
 LOCAL_EXTRA = 'pip install "gpu-train[serve-local]"'
@@ -35,11 +35,11 @@ CANARY_FLAGS = {
 def _read_yaml(path_text: str, flag: str) -> Any:
     path = Path(path_text).expanduser()
     if not path.is_file():
-        raise CliError(f"{flag} {path_text}: no such file")
+        raise ClientError(f"{flag} {path_text}: no such file")
     try:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise CliError(f"{path_text}: not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ClientError(f"{path_text}: not valid YAML: {str(exc).splitlines()[0]}") from None
 
 
 def _flag_value(flag: str, value: str, kind: Any) -> Any:
@@ -47,7 +47,7 @@ def _flag_value(flag: str, value: str, kind: Any) -> Any:
         return kind(value)
     except ValueError:
         what = kind.__name__ if kind in (int, float) else "a list of percentages like 10,50"
-        raise CliError(f"--{flag.replace('_', '-')} {value!r} is not {what}") from None
+        raise ClientError(f"--{flag.replace('_', '-')} {value!r} is not {what}") from None
 
 
 def build_spec(args: argparse.Namespace, *, spec_file: str | None, name: str, team: str, model: str,
@@ -58,7 +58,7 @@ def build_spec(args: argparse.Namespace, *, spec_file: str | None, name: str, te
 
     raw = _read_yaml(spec_file, "--spec") if spec_file else {}
     if not isinstance(raw, dict):
-        raise CliError(f"{spec_file}: a service spec is a mapping (name, team, model, canary, ...)")
+        raise ClientError(f"{spec_file}: a service spec is a mapping (name, team, model, canary, ...)")
     raw.update({"name": name or raw.get("name", ""), "team": team or raw.get("team", ""),
                 "model": model or raw.get("model", "")})
     raw.update({k: v for k, v in (extra or {}).items() if v is not None})
@@ -75,7 +75,7 @@ def build_spec(args: argparse.Namespace, *, spec_file: str | None, name: str, te
     try:
         return read_service(raw, key="service")
     except SettingsError as exc:
-        raise CliError("\n".join(exc.problems)) from None
+        raise ClientError("\n".join(exc.problems)) from None
 
 
 def registry(uri: str | None, required: bool):
@@ -86,5 +86,5 @@ def registry(uri: str | None, required: bool):
     try:
         from gpu_train.serving.registry import MlflowRegistry
     except ImportError:
-        raise CliError(f"the model registry needs MLflow's client: {SERVE_EXTRA}") from None
+        raise ClientError(f"the model registry needs MLflow's client: {SERVE_EXTRA}") from None
     return MlflowRegistry(uri)

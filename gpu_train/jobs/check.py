@@ -5,7 +5,8 @@ Usage:
     problems = check_job(job, pools=contract.pools, teams=contract.teams, kueue=contract.kueue,
                          nvme_host_path=contract.nvme_host_path, scheme="s3://", pod_env=contract.pod_env)
 
-Every problem is one line naming the setting: the job's own (gpu_train.spec.job.job_problems), then why Kueue
+Every problem is one line naming the setting: the job's own (gpu_train.spec.job.job_problems: its settings, its
+command, its image pinned and from an admitted registry), then why Kueue
 would never admit its JobSet, all MAX pods at once (gpu_train.jobs.fit.queue_problems), and what a pod asks beyond
 what a node of its pool leaves it (fit.node_problems).
 """
@@ -26,12 +27,16 @@ PLACEHOLDER_IMAGE = "registry.invalid/gpu-train/trainer@sha256:" + "0" * 64
 
 def check_job(job: JobSpec, *, pools: Sequence[GpuPool], teams: Sequence[Team], kueue: Kueue, nvme_host_path: str,
               scheme: str, pod_env: Mapping[str, str] | None = None, key: str = f"{naming.PROJECT}:job",
-              queue: str = "", pool_key: str = "", quota_key: str = "") -> list[str]:
+              queue: str = "", pool_key: str = "", quota_key: str = "", registries: Sequence[str] | None = None,
+              repositories: Sequence[str] = ()) -> list[str]:
     """Every reason the job cannot run on this platform ([] when it can), each naming its setting. `queue` is the
     LocalQueue it goes to (default: its team's). Where the platform's own settings are at hand (the stack's plan),
     `pool_key` names the pool's instance type setting, the culprit when a pod cannot fit a node, and `quota_key` the
-    team's quota setting, the culprit when Kueue lacks the quota; by default both problems name the job's."""
-    problems = job_problems(job, pools=pools, teams=teams, scheme=scheme, key=key)
+    team's quota setting, the culprit when Kueue lacks the quota; by default both problems name the job's.
+    `registries` and `repositories` are the images the team namespaces admit (the contract's); None checks a job's
+    own image for its digest only."""
+    problems = job_problems(job, pools=pools, teams=teams, scheme=scheme, key=key, registries=registries,
+                            repositories=repositories)
     pool = next((p for p in pools if p.name == job.pool), None)
     team = next((t for t in teams if t.name == job.team), None)
     if problems or pool is None or team is None:

@@ -58,10 +58,6 @@ COMMIT_ANNOTATION = "gpu-train.io/git-commit"
 # Set on the JobSets `gpu-train apply` creates: the ones it may replace and prune.
 MANAGED_ANNOTATION = "gpu-train.io/managed-by"
 MANAGED_BY_APPLY = "gpu-train-apply"
-# The job's cloud and region in the trainer's environment: the trainer converts its measured energy with that
-# region's carbon factors (trainer/energy.py).
-CLOUD_ENV = "GPU_TRAIN_CLOUD"
-REGION_ENV = "GPU_TRAIN_REGION"
 # Smallest share of a node the trainer is given: below this, the pool's instance type is too small once the node
 # agents have their share.
 MIN_TRAINER_CPU = 1
@@ -87,7 +83,7 @@ class Placement:
     """Where a job runs: everything the renderer needs besides the job spec, all values resolved."""
 
     pool: GpuPool
-    image: str  # digest-pinned
+    image: str  # digest-pinned: the platform's trainer image (a job naming its own image runs that instead)
     queue: str  # the Kueue LocalQueue it is submitted to
     nvme_host_path: str
     datasets_bucket: str
@@ -168,27 +164,30 @@ def local_queue(job: JobSpec) -> dict[str, Any]:
     }
 
 
+def site(job: JobSpec, where: Placement) -> launch.Site:
+    """Where the job runs on this platform, as the launcher's environment names it: its directory on the node's
+    NVMe, its buckets (the dataset through the read cache when the cache serves its bucket), MLflow, metrics."""
+    dataset_uri, checkpoint_uri = default_uris(job, where.datasets_bucket, where.checkpoints_bucket)
+    proxied = (naming.proxy_dataset_uri(dataset_uri, where.datasets_bucket)
+               if where.cache_endpoint and where.datasets_bucket else None)
+    return launch.Site(run_dir=f"{NVME_MOUNT}/runs/{job.name}", dataset_uri=proxied or dataset_uri,
+                       checkpoint_uri=checkpoint_uri, data_cache_dir=f"{NVME_MOUNT}/cache/{job.name}",
+                       data_endpoint=where.cache_endpoint if proxied else "", tracking_uri=where.tracking_uri,
+                       metrics_port=naming.METRICS_PORT, cloud=where.cloud if where.region else "",
+                       region=where.region if where.cloud else "", image_digest=image_digest(job.image or where.image))
+
+
+def container_env() -> dict[str, str]:
+    """Writable places under a read-only root filesystem: home and matplotlib's cache in /tmp, the compiler caches
+    on the node's NVMe so torch.compile reuses them across restarts on that node."""
+    return {"HOME": "/tmp", "MPLCONFIGDIR": "/tmp/matplotlib", "TRITON_CACHE_DIR": f"{NVME_MOUNT}/cache/triton",
+            "TORCHINDUCTOR_CACHE_DIR": f"{NVME_MOUNT}/cache/inductor"}
+
+
 def trainer_env(job: JobSpec, where: Placement) -> dict[str, str]:
-    """The training container's environment: the trainer's ports and caches, the launcher's settings, then the
-    cloud's and the fabric's."""
-    env = {
-        "TRAINER_METRICS_PORT": str(naming.METRICS_PORT),
-        "TRAINER_IMAGE_DIGEST": image_digest(where.image),
-        # Writable places under a read-only root filesystem: home and matplotlib's cache in /tmp, the compiler
-        # caches on the node's NVMe so torch.compile reuses them across restarts on that node.
-        "HOME": "/tmp",
-        "MPLCONFIGDIR": "/tmp/matplotlib",
-        "TRITON_CACHE_DIR": f"{NVME_MOUNT}/cache/triton",
-        "TORCHINDUCTOR_CACHE_DIR": f"{NVME_MOUNT}/cache/inductor",
-        **launch.nccl_env(),
-        # NCCL's flight recorder dumps to the node's NVMe beside the run.
-        "TORCH_FR_DUMP_TEMP_FILE": f"{NVME_MOUNT}/runs/{job.name}/nccl_trace_rank_",
-        **launch.rendezvous_env(job),
-    }
-    if where.tracking_uri:
-        env["MLFLOW_TRACKING_URI"] = where.tracking_uri
-    if where.cloud and where.region:
-        env[CLOUD_ENV], env[REGION_ENV] = where.cloud, where.region
+    """The training container's environment: the job's (the launcher's contract, gpu_train.spec.env), the
+    container's writable places, then the cloud's and the fabric's."""
+    env = {**launch.launch_env(job, site(job, where)), **container_env()}
     env.update(where.pod_env)
     fabric_env = where.pool.fabric.nccl_env
     clash = sorted(set(env) & set(fabric_env))
@@ -198,29 +197,21 @@ def trainer_env(job: JobSpec, where: Placement) -> dict[str, str]:
 
 
 def trainer_container(job: JobSpec, where: Placement, gpus: int) -> dict[str, Any]:
-    """The trainer container: the launcher with torchrun's and the trainer's arguments, resources, mounts."""
-    pool = where.pool
+    """The training container: the launcher with torchrun's arguments and the job's command, resources, mounts.
+    Its image and command are all that differ between the bundled trainer and a job of a team's own code."""
+    pool, here = where.pool, site(job, where)
     cpu, memory, _ = pod_resources(pool, gpus)
-    dataset_uri, checkpoint_uri = default_uris(job, where.datasets_bucket, where.checkpoints_bucket)
-    proxied = (naming.proxy_dataset_uri(dataset_uri, where.datasets_bucket)
-               if where.cache_endpoint and where.datasets_bucket else None)
-    run_dir = f"{NVME_MOUNT}/runs/{job.name}"
-    platform = {
-        "checkpoint.local_dir": f"{run_dir}/checkpoints", "checkpoint.remote_uri": checkpoint_uri,
-        "data.uri": proxied or dataset_uri, "data.cache_dir": f"{NVME_MOUNT}/cache/{job.name}",
-        "tracking.experiment": job.name, "tracking.register_name": where.register_name or job.name,
-        **({"data.endpoint_url": where.cache_endpoint} if proxied else {}),
-    }
+    settings = {**launch.bundled_settings(job, here), "tracking.register_name": where.register_name or job.name}
     extended = {**gpu_resources(gpus), **{k: str(v) for k, v in pool.fabric.resources.items()}}
     ports = [{"name": f"metrics-{rank}", "containerPort": naming.METRICS_PORT + rank, "protocol": "TCP"}
              for rank in range(gpus)] + [{"name": "rendezvous", "containerPort": launch.RDZV_PORT, "protocol": "TCP"}]
     return {
         "name": CONTAINER,
-        "image": where.image,
+        "image": job.image or where.image,
         "imagePullPolicy": "IfNotPresent",
         "command": [launch.LAUNCHER],
         "args": launch.torchrun_args(job, nproc=gpus, endpoint=f"{rendezvous_host(job.name)}:{launch.RDZV_PORT}",
-                                     run_dir=run_dir, settings=trainer_settings(job, platform),
+                                     run_dir=here.run_dir, settings=trainer_settings(job, settings),
                                      shutdown_timeout=launch.shutdown_timeout_s()),
         "env": [{"name": k, "value": v} for k, v in trainer_env(job, where).items()],
         "ports": ports,

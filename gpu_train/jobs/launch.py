@@ -1,17 +1,24 @@
-"""The one launcher: torchrun's arguments and environment for a job, wherever it runs.
+"""The one launcher: torchrun's arguments and a job's environment, wherever it runs.
 
 Usage:
-    args = torchrun_args(job, nproc=8, endpoint="JOB-worker-0-0.JOB:29400", run_dir="/mnt/nvme/runs/JOB",
-                         settings=trainer_settings(job, {...}))      # the JobSet's container args
-    env = launch_env(job)                                            # rendezvous, store, data and DNS waits
+    site = Site(run_dir="/mnt/nvme/runs/JOB", dataset_uri="s3://ds/JOB/manifest.json", ...)   # where it runs
+    env = launch_env(job, site)                                      # the environment contract (gpu_train.spec.env)
+    args = torchrun_args(job, nproc=8, endpoint="JOB-worker-0-0.JOB:29400", run_dir=site.run_dir,
+                         settings=trainer_settings(job, bundled_settings(job, site)))   # the JobSet's container args
     local_command(job, nproc=2, run_dir=Path("runs/x"), settings=...)   # `gpu-train run --local`, `make train`
 
 Every path that starts a job goes through here: the stack's JobSet and `gpu-train submit` (gpu_train.jobs.jobset),
 `gpu-train run --local`, `make train` and the benchmarks. The in-image launcher (`gpu-train-launch` =
-`python -m trainer.launch`) then checks the inputs, waits for the dataset and the rendezvous host, and runs
-torchrun with this environment (a value the caller already set wins).
+`python -m trainer.launch`) then checks the bundled trainer's inputs, waits for the dataset and the rendezvous
+host, and runs torchrun with this environment (a value the caller already set wins).
+
+What runs (`command_args`): the job's command, mapped to torchrun's own forms: `["python", "-m", "pkg.mod", ...]`
+to its module form (`-m pkg.mod ...`), `["python", "path/script.py", ...]` to its script form, anything else to
+`--no-python argv...`; torchrun starts each worker with this interpreter in the first two forms. The bundled
+trainer (no command) is `-m trainer --preset P --run-dir D section.key=value...`: only it reads trainer settings.
 
 What is spelled here and nowhere else:
+- the job's environment (launch_env): the variables gpu_train.spec.env.ENV_CONTRACT lists with source "job";
 - the rendezvous: c10d on port RDZV_PORT of pod 0, elastic `--nnodes=MIN:MAX`, the join timeout;
 - the rendezvous-store switch: every round gets a fresh store instead of the agent's shared TCPStore, whose keys
   go stale when the agents' restart counts differ after one node fails
@@ -31,9 +38,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpu_train.spec import env as contract
 from gpu_train.spec.job import JobSpec, NodeRange, override_text
 
 LAUNCHER = "gpu-train-launch"  # trainer/entrypoint.sh in the image: `python -m trainer.launch "$@"`
@@ -42,10 +51,11 @@ RDZV_PORT = 29400
 # preset's sharded state to local NVMe plus the upload of one checkpoint at object-store speeds.
 TERMINATION_GRACE_S = 300
 SHUTDOWN_MARGIN_S = 15
-STORE_SWITCH = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-DATA_WAIT_ENV = "TRAINER_DATA_WAIT_S"  # seconds the launcher waits for the dataset manifest, then exits 2
-DNS_TIMEOUT_ENV = "RDZV_DNS_TIMEOUT"  # seconds it waits for the rendezvous host's DNS name
-SHUTDOWN_ENV = "TRAINER_SHUTDOWN_TIMEOUT_S"  # torchrun's shutdown timeout, for the workers' final checkpoint
+STORE_SWITCH = contract.STORE_SWITCH
+DATA_WAIT_ENV = contract.DATA_WAIT  # seconds the launcher waits for the dataset manifest, then exits 2
+DNS_TIMEOUT_ENV = contract.DNS_TIMEOUT  # seconds it waits for the rendezvous host's DNS name
+SHUTDOWN_ENV = contract.SHUTDOWN  # torchrun's shutdown timeout, for the workers' final checkpoint
+PYTHONS = ("python", "python3")  # a command starting with one of these runs in torchrun's own interpreter
 
 
 class LaunchSpecError(ValueError):
@@ -72,9 +82,60 @@ def rendezvous_env(job: JobSpec) -> dict[str, str]:
     }
 
 
-def launch_env(job: JobSpec) -> dict[str, str]:
-    """Everything the launcher's environment carries for this job (NCCL's watchdog, the store, the waits)."""
-    return {**nccl_env(), **rendezvous_env(job)}
+@dataclass(frozen=True, kw_only=True)
+class Site:
+    """Where a job's processes run: the paths and endpoints its environment names (gpu_train.spec.env)."""
+
+    run_dir: str  # the job's directory on the node's disk
+    dataset_uri: str  # the manifest URI as the job reads it (through the cache when data_endpoint is set)
+    checkpoint_uri: str = ""  # "" = no object store (a run on one machine)
+    data_cache_dir: str = ""  # "" = <run_dir>/../cache/<job>
+    data_endpoint: str = ""  # the read cache's S3 endpoint for dataset_uri
+    tracking_uri: str = ""  # MLflow
+    metrics_port: int = 0  # 0 = no scraping (a run on one machine)
+    cloud: str = ""
+    region: str = ""
+    image_digest: str = ""
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return f"{self.run_dir}/checkpoints"
+
+    def cache_dir(self, job: JobSpec) -> str:
+        return self.data_cache_dir or f"{self.run_dir.rsplit('/', 1)[0]}/cache/{job.name}"
+
+
+def launch_env(job: JobSpec, site: Site) -> dict[str, str]:
+    """The job's environment (the contract's "job" variables): the same for the bundled trainer and any command."""
+    env = {
+        contract.JOB_NAME: job.name,
+        contract.RUN_DIR: site.run_dir,
+        contract.CHECKPOINT_DIR: site.checkpoint_dir,
+        contract.CHECKPOINT_URI: site.checkpoint_uri,
+        contract.DATASET_URI: site.dataset_uri,
+        contract.DATA_CACHE_DIR: site.cache_dir(job),
+        contract.EXPERIMENT: job.name,
+        **nccl_env(),
+        contract.FR_DUMP: f"{site.run_dir}/nccl_trace_rank_",
+        **rendezvous_env(job),
+    }
+    optional = {contract.DATA_ENDPOINT: site.data_endpoint, contract.TRACKING_URI: site.tracking_uri,
+                contract.METRICS_PORT: str(site.metrics_port) if site.metrics_port else "",
+                contract.CLOUD: site.cloud, contract.REGION: site.region, contract.IMAGE_DIGEST: site.image_digest}
+    env.update({k: v for k, v in optional.items() if v})
+    if site.cloud and not site.region:
+        raise LaunchSpecError(f"job {job.name!r}: a cloud ({site.cloud}) without its region")
+    return env
+
+
+def bundled_settings(job: JobSpec, site: Site) -> dict[str, Any]:
+    """The bundled trainer's settings for where it runs: the same places its environment names."""
+    settings: dict[str, Any] = {
+        "checkpoint.local_dir": site.checkpoint_dir, "checkpoint.remote_uri": site.checkpoint_uri,
+        "data.uri": site.dataset_uri, "data.cache_dir": site.cache_dir(job), "tracking.experiment": job.name}
+    if site.data_endpoint:
+        settings["data.endpoint_url"] = site.data_endpoint
+    return settings
 
 
 def shutdown_timeout_s(grace_s: int = TERMINATION_GRACE_S) -> int:
@@ -85,16 +146,26 @@ def shutdown_timeout_s(grace_s: int = TERMINATION_GRACE_S) -> int:
     return grace_s - SHUTDOWN_MARGIN_S
 
 
-def trainer_args(job: JobSpec, run_dir: str | Path, settings: Mapping[str, Any]) -> list[str]:
-    """The bundled trainer's module and arguments: its preset, run directory and dotted settings."""
-    return ["-m", "trainer", "--preset", job.preset, "--run-dir", str(run_dir),
-            *(override_text(k, v) for k, v in settings.items())]
+def command_args(job: JobSpec, run_dir: str | Path, settings: Mapping[str, Any]) -> list[str]:
+    """What torchrun runs on every node, in its own form (module docstring): the bundled trainer with its preset,
+    run directory and dotted `settings`, or the job's command (`settings` are the bundled trainer's only)."""
+    if job.bundled:
+        return ["-m", "trainer", "--preset", job.preset, "--run-dir", str(run_dir),
+                *(override_text(k, v) for k, v in settings.items())]
+    argv = job.argv
+    if not argv or not argv[0]:
+        raise LaunchSpecError(f"job {job.name!r}: job.command is empty")
+    if argv[0] in PYTHONS and len(argv) >= 3 and argv[1] == "-m":
+        return ["-m", *argv[2:]]
+    if argv[0] in PYTHONS and len(argv) >= 2 and not argv[1].startswith("-"):
+        return argv[1:]
+    return ["--no-python", *argv]
 
 
 def torchrun_args(job: JobSpec, *, nproc: int, endpoint: str, run_dir: str | Path, settings: Mapping[str, Any],
                   nodes: NodeRange | None = None, rdzv_conf: Sequence[str] = (),
                   shutdown_timeout: int | None = None) -> list[str]:
-    """torchrun's arguments (which the launcher takes as they are), then the trainer's.
+    """torchrun's arguments (which the launcher takes as they are), then what it runs (command_args).
 
     `nodes` defaults to the job's MIN:MAX; `rdzv_conf` adds rendezvous options after the join timeout (which is at
     least as long as Kueue gives the pods to become ready: gpu_train.spec.job.timeout_problems)."""
@@ -111,7 +182,7 @@ def torchrun_args(job: JobSpec, *, nproc: int, endpoint: str, run_dir: str | Pat
     ]
     if shutdown_timeout is not None:
         args.append(f"--shutdown-timeout={shutdown_timeout}")
-    return [*args, *trainer_args(job, run_dir, settings)]
+    return [*args, *command_args(job, run_dir, settings)]
 
 
 def local_command(job: JobSpec, *, nproc: int, run_dir: Path, settings: Mapping[str, Any],

@@ -5,13 +5,19 @@ Usage:
     problems = job_problems(job, pools=pools, teams=teams, scheme="s3://")   # against the platform's pools/teams
     job.nodes.min, job.nodes.max                            # "2:4" parsed once
     trainer_settings(job, {"data.uri": ...})                # the trainer's dotted settings, in launch order
+    job.bundled, job.argv                                   # runs the bundled trainer?; the command it runs
 
-A job names a team (its namespace and queue), a pool (its nodes), a trainer preset with dotted overrides
-(`train.lr: 3e-4`, checked against the trainer's own schema, gpu_train.spec.trainer_config), MIN:MAX nodes for
-torchrun's elastic rendezvous, and the settings the platform itself reads: steps and global batch tokens (the
-batch must divide at every world size the job may run at; the carbon and sweep budgets count tokens),
-checkpoint interval, restarts and waits. Those five trainer keys are set only through their job settings, never
-through `overrides`, so a job has one value for each.
+A job names a team (its namespace and queue), a pool (its nodes), MIN:MAX nodes for torchrun's elastic
+rendezvous, restarts and waits, and what runs: `image` (the platform's trainer image unless set: then pinned by
+digest and from a registry the platform allows) and `command`, the argv the launcher runs under torchrun on
+every node (gpu_train.jobs.launch maps it to torchrun's module, script or --no-python form). Without a command
+the job runs the bundled trainer, `python -m trainer`, which alone reads the trainer settings: a preset with dotted
+overrides (`train.lr: 3e-4`, checked against the trainer's own schema, gpu_train.spec.trainer_config) and the
+settings the platform itself reads: steps and global batch tokens (the batch must divide at every world size the
+job may run at; the carbon and sweep budgets count tokens) and the checkpoint interval. Those trainer keys are set
+only through their job settings, never through `overrides`, so a job has one value for each. A job of its own
+code gets its arguments from its command and everything else from the launcher's environment (docs/your-code.md),
+so it may set none of the trainer settings.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
-from gpu_train.spec.naming import PROJECT
+from gpu_train.spec.naming import DNS_LABEL, PROJECT
 
 # From Kueue's admission to a running trainer container on a fresh GPU node: the provisioner's decision, instance
 # launch and boot, GPU driver and fabric setup, the NVMe DaemonSet, and pulling the trainer image.
@@ -52,7 +58,12 @@ MANAGED_OVERRIDES = {
     "checkpoint.remote_uri": "checkpointUri",
     "data.uri": "datasetUri",
 }
-DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")
+# The bundled trainer's command: a job without a `command` runs this, with its trainer settings as arguments.
+BUNDLED_TRAINER = ("python", "-m", "trainer")
+# Settings only the bundled trainer reads (job field -> its camelCase name in a spec).
+TRAINER_ONLY = {"preset": "preset", "overrides": "overrides", "steps": "steps",
+                "global_batch_tokens": "globalBatchTokens", "checkpoint_every": "checkpointEvery"}
+IMAGE_DIGEST = re.compile(r"^[a-z0-9.\-/:_]+@sha256:[0-9a-f]{64}$")
 Int = Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)]
 
 
@@ -91,6 +102,15 @@ class JobSpec(BaseModel):
     name: str = Field(description="DNS label; the JobSet name")
     team: str = Field(description="one of teams[].name: picks the namespace and LocalQueue")
     pool: str = Field(description="one of gpuPools[].name: where the pods run")
+    image: str = Field("", description="the container image, pinned by digest (repo@sha256:...), from the platform "
+                                       "registry or one of image.allowedRegistries; \"\" = the platform's trainer "
+                                       "image")
+    command: list[str] | None = Field(None, description="what every node runs under torchrun: [\"python\", \"-m\", "
+                                                         "\"pkg.mod\", args...], [\"python\", \"script.py\", "
+                                                         "args...] or any executable with its arguments; absent = "
+                                                         "the bundled trainer (python -m trainer), which alone reads "
+                                                         "preset, overrides, steps, globalBatchTokens and "
+                                                         "checkpointEvery")
     preset: str = Field("gpt2-124m", description="trainer preset (python -m trainer --preset)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="trainer dotted-key overrides, checked against "
                                                                         "the trainer's own schema")
@@ -109,6 +129,16 @@ class JobSpec(BaseModel):
                                                    "failing the job")
     rendezvous_timeout_minutes: Int = Field(35, description="torchrun join timeout; at least Kueue's pods-ready "
                                                             "timeout (30)")
+
+    @property
+    def bundled(self) -> bool:
+        """Whether the job runs the bundled trainer (no command, or exactly `python -m trainer`)."""
+        return self.command is None or tuple(self.command) == BUNDLED_TRAINER
+
+    @property
+    def argv(self) -> list[str]:
+        """The command every node runs (the bundled trainer's without its settings, which the launcher adds)."""
+        return list(BUNDLED_TRAINER if self.command is None else self.command)
 
 
 def read_job(raw: Any, key: str = f"{PROJECT}:job") -> JobSpec:
@@ -179,12 +209,46 @@ def timeout_problems(*, rendezvous_s: int, key: str, node_startup_s: int = GPU_N
     return problems
 
 
+def image_problems(image: str, *, registries: Sequence[str] | None, repositories: Sequence[str] = (),
+                   key: str = f"{PROJECT}:job.image") -> list[str]:
+    """A job's own image: pinned by digest, and (when the platform's `registries` prefixes are known) from one of
+    them or one of the allowed `repositories`, which the team namespaces' admission policies also require."""
+    from gpu_train.spec.pod_rules import image_allowed
+
+    if not IMAGE_DIGEST.match(image):
+        return [f"{key} {image!r} must be pinned by digest, like <registry>/<repository>@sha256:<64 hex> (push it, "
+                "then use the digest the push printed)"]
+    if registries is not None and not image_allowed(image, registries, repositories):
+        allowed = ", ".join([*registries, *repositories]) or "none"
+        return [f"{key} {image}: team namespaces admit only images from the platform registry or an allowed one "
+                f"({allowed}; the stack setting image.allowedRegistries adds registries)"]
+    return []
+
+
+def command_problems(job: JobSpec, key: str = f"{PROJECT}:job") -> list[str]:
+    """The command is present when given, and a job of its own code sets none of the bundled trainer's settings."""
+    if job.command is None:
+        return []
+    if not job.command or not job.command[0].strip():
+        return [f"{key}.command is empty: give the argv every node runs (like [\"python\", \"train.py\"]), or leave "
+                "it out to run the bundled trainer"]
+    if job.bundled:
+        return []
+    return [f"{key}.{camel} is a setting of the bundled trainer, and {key}.command runs your own code: pass it in "
+            f"{key}.command's arguments instead" for name, camel in TRAINER_ONLY.items() if name in job.model_fields_set]
+
+
 def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[TeamFacts], scheme: str | None,
-                 key: str = f"{PROJECT}:job") -> list[str]:
+                 key: str = f"{PROJECT}:job", registries: Sequence[str] | None = None,
+                 repositories: Sequence[str] = ()) -> list[str]:
     """Everything wrong with a job on a platform with these pools and teams, each problem naming its setting.
     `scheme` is the object store's ("s3://", "gs://"), which dataset and checkpoint URIs must use; None on a
-    machine without one."""
-    p: list[str] = []
+    machine without one. `registries` are the image prefixes the platform admits (its own registry and the allowed
+    ones) and `repositories` the single repositories it admits besides; None where they are not known yet (the
+    image is then checked for its digest only)."""
+    p: list[str] = command_problems(job, key)
+    if job.image:
+        p += image_problems(job.image, registries=registries, repositories=repositories, key=f"{key}.image")
     if not DNS_LABEL.match(job.name):
         p.append(f"{key}.name {job.name!r} must be a lowercase DNS label of at most 32 characters")
     team = next((t for t in teams if t.name == job.team), None)
@@ -214,7 +278,7 @@ def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[Te
             p.append(f"{key}.{camel} must be {scheme}<bucket>/<path> (got {uri!r})")
     shape_ok = _override_shape_problems(job, key, p)
     gpus = gpus_per_node(job, pool)
-    if shape_ok and job.steps >= 1 and job.global_batch_tokens >= 1 and job.checkpoint_every >= 1:
+    if shape_ok and job.bundled and job.steps >= 1 and job.global_batch_tokens >= 1 and job.checkpoint_every >= 1:
         p.extend(trainer_problems(job, gpus=gpus, gpu_type=pool.gpu_type if pool is not None else "", key=key))
     if team is not None and pool is not None:
         nominal = int(team.gpu_quota.get(pool.name, 0))

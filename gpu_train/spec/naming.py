@@ -19,6 +19,8 @@ import re
 from collections.abc import Mapping
 
 PROJECT = "gpu-train"
+# A name that becomes part of Kubernetes object names (a stack, pool, team, job or service): a short DNS label.
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,30}[a-z0-9])?$")
 
 # Labels every GPU node carries (set by the cloud layer, read by the Kubernetes layer and the job).
 POOL_LABEL = "gpu-train.io/pool"

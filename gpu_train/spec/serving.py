@@ -42,7 +42,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
-from gpu_train.spec.job import DNS_LABEL
+from gpu_train.spec.naming import DNS_LABEL
 
 # KServe, pinned: v0.20.0 is the newest release in its public repository (github.com/kserve/kserve tags), whose
 # charts (kserve-crd, kserve-resources) and CRDs the offline checks hold the plan against. Its Hugging Face

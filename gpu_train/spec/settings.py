@@ -167,6 +167,11 @@ class LogsSettings(Settings):
 
 class ImageSettings(Settings):
     prebuilt: str = Field("", description="digest-pinned image (repo@sha256:...) to use instead of building one")
+    allowed_registries: tuple[str, ...] = Field((), description="registries besides the platform's own whose "
+                                                               "digest-pinned images jobs may run (team jobs and "
+                                                               "the stack's `job.image`), as image prefixes ending "
+                                                               "in `/`, like `ghcr.io/acme/`; the team namespaces' "
+                                                               "admission policies admit them too")
 
 
 class MlflowSettings(Settings):

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from gpu_train.spec import catalog
-from gpu_train.spec.job import DNS_LABEL, job_problems
-from gpu_train.spec.naming import PROJECT
+from gpu_train.spec.job import IMAGE_DIGEST, job_problems
+from gpu_train.spec.naming import DNS_LABEL, PROJECT
 from gpu_train.spec.serving import service_problems as one_service
 from gpu_train.spec.serving import stack_service_problems
 
@@ -37,7 +37,9 @@ K = f"{PROJECT}:"
 # quarantined because a user's kernel faulted.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d|w|y)$")
-IMAGE_DIGEST = re.compile(r"^[a-z0-9.\-/:_]+@sha256:[0-9a-f]{64}$")
+# An allowed registry: a host with a dot or a port (Docker's rule for telling a registry from a repository path),
+# then path segments, ending in "/" so that "ghcr.io/acme/" never matches "ghcr.io/acme-evil/...".
+REGISTRY_PREFIX = re.compile(r"^(?:[a-z0-9-]+(?:\.[a-z0-9-]+)+|[a-z0-9-]+:[0-9]+|localhost)(?::[0-9]+)?/(?:[a-z0-9._-]+/)*$")
 # The object store's URI scheme on each cloud: job URIs must name a bucket there.
 BUCKET_SCHEME = {"aws": "s3://", "gcp": "gs://"}
 RESERVED_LABEL_PREFIXES = ("gpu-train.io/", "nvidia.com/", "karpenter.sh/")
@@ -107,6 +109,10 @@ def problems(s: StackSettings) -> list[str]:
     if s.image.prebuilt and not IMAGE_DIGEST.match(s.image.prebuilt):
         p.append(f"{K}image.prebuilt must be pinned by digest, like repo/name@sha256:<64 hex> "
                  f"(got {s.image.prebuilt!r})")
+    for i, prefix in enumerate(s.image.allowed_registries):
+        if not REGISTRY_PREFIX.match(prefix):
+            p.append(f"{K}image.allowedRegistries[{i}] must be a registry host and optional path ending in '/', like "
+                     f"'ghcr.io/acme/' (got {prefix!r})")
     p += carbon_problems(s)
     if s.deploy:
         p += placeholder_problems(s)

@@ -7,9 +7,9 @@ Usage (infra/__main__.py):
     # kube.cache_endpoint, kube.local_queue[team], kube.team_namespaces[team], kube.ready, ...
 
 It reads only `platform` and cfg.cache / cfg.monitoring / cfg.health / cfg.teams / cfg.gpu_pools / cfg.is_prod /
-cfg.image.prebuilt (the one image repository the team namespaces' admission policies accept besides the
-platform registry) / cfg.serving.enabled (the team roles, admission grants and watched namespaces serving adds;
-serving itself is infra/k8s/serving.py, which needs MLflow and the image).
+cfg.image.prebuilt and cfg.image.allowedRegistries (the image repository and registries the team namespaces'
+admission policies accept besides the platform registry) / cfg.serving.enabled (the team roles, admission grants
+and watched namespaces serving adds; serving itself is infra/k8s/serving.py, which needs MLflow and the image).
 See docs/kubernetes.md and docs/monitoring.md.
 """
 
@@ -93,7 +93,8 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackSettings) -> Kubernete
     # whatever a team submits to the policy pack's pod rules.
     pod_admission = PodAdmission("pod-admission", PodAdmissionArgs(
         platform=platform, extra_repositories=(repository_of(cfg.image.prebuilt),) if cfg.image.prebuilt else (),
-        serving_images={k: sorted(v) for k, v in SERVING_IMAGES.items()} if cfg.serving.enabled else {}))
+        serving_images={k: sorted(v) for k, v in SERVING_IMAGES.items()} if cfg.serving.enabled else {},
+        extra_registries=cfg.image.allowed_registries))
     log_shipper = (LogShipper("log-shipper", LogShipperArgs(platform=platform))
                    if platform.log_store is not None else None)
 

@@ -32,7 +32,7 @@ from infra.platform import ClusterPlatform
 @dataclass(frozen=True, kw_only=True)
 class PlatformContractArgs:
     platform: ClusterPlatform  # the cloud contract
-    cfg: StackSettings  # stack name, project, teams, image.prebuilt
+    cfg: StackSettings  # stack name, project, teams, image.prebuilt and image.allowedRegistries
     image: pulumi.Input[str]  # the digest-pinned trainer image (TrainerImage.ref)
     cache_endpoint: str  # the Alluxio S3 proxy ("" without the cache)
     tracking_uri: pulumi.Input[str]  # MLflow ("" without it)
@@ -48,7 +48,7 @@ def contract_document(p: ClusterPlatform, cfg: StackSettings, *, cluster_name: s
     return ContractDocument(
         stack=cfg.stack, cloud=p.cloud, region=p.region, project=cfg.project,
         kubernetes_version=p.kubernetes_version, cluster=Cluster(name=cluster_name, kubeconfig=kubeconfig),
-        image=image, registries=[registry_prefix(repository)],
+        image=image, registries=[registry_prefix(repository), *cfg.image.allowed_registries],
         repositories=[repository_of(cfg.image.prebuilt)] if cfg.image.prebuilt else [],
         nvme_host_path=p.nvme_host_path, pools=pools, teams=kueue.team_entries(cfg.teams, pools, p.nvme_host_path),
         kueue=kueue.kueue_objects(cfg.teams, pools),

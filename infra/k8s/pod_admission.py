@@ -17,10 +17,11 @@ created or updated in a namespace labelled `gpu-train.io/team` must, like the pa
   GKE's GPU driver and NCCL plugin directories read-only, and TCPXO's `/dev/aperture_devices`;
 - run every container as non-root, without privilege escalation, with every capability dropped (only
   NET_BIND_SERVICE may be added) and a RuntimeDefault or Localhost seccomp profile, never privileged;
-- run images pinned by digest and only from the platform's registry (the trainer's registry, and the
-  prebuilt image's repository when the stack names one): `registry_problems` is that rule in Python. Where the
-  stack serves models, KServe's model server and storage initializer, by container name and exact pinned image
-  (`pod_rules.SERVING_IMAGES`), are exempt from these two image rules and from nothing else.
+- run images pinned by digest and only from the platform's registry (the trainer's registry, the registries of
+  the stack's image.allowedRegistries, and the prebuilt image's repository when the stack names one):
+  `registry_problems` is that rule in Python. Where the stack serves models, KServe's model server and storage
+  initializer, by container name and exact pinned image (`pod_rules.SERVING_IMAGES`), are exempt from these two
+  image rules and from nothing else.
 The one exemption is the pack's: Google's GPUDirect receive-datapath sidecars (`policies.pods.RXDM_SIDECARS`),
 matched by container name and image repository, may be privileged and mount `/sys`, `/proc/sys` and the
 driver directory, and run Google's tagged image. Nothing else is exempt in a team namespace.
@@ -306,6 +307,8 @@ class PodAdmissionArgs:
     extra_repositories: Sequence[str] = ()
     # Where the stack serves models: KServe's containers and their pinned images (pod_rules.SERVING_IMAGES).
     serving_images: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # Registries allowed besides the platform's, as image prefixes (the stack's image.allowedRegistries).
+    extra_registries: Sequence[str] = ()
 
 
 class PodAdmission(pulumi.ComponentResource):
@@ -315,7 +318,7 @@ class PodAdmission(pulumi.ComponentResource):
         super().__init__("gpu-train:k8s:PodAdmission", name, None, opts)
         p = args.platform
         manifests = pulumi.Output.from_input(p.registry.repository).apply(lambda repo: admission_policies(
-            nvme_host_path=p.nvme_host_path, registries=[registry_prefix(repo)],
+            nvme_host_path=p.nvme_host_path, registries=[registry_prefix(repo), *args.extra_registries],
             repositories=list(args.extra_repositories), serving_images=args.serving_images))
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=p.provider, depends_on=list(p.ready))
         self.policies = []

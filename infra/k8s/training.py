@@ -5,7 +5,8 @@ Usage (in infra/__main__.py, after the image, the Kubernetes layer and MLflow):
     pulumi.export("jobName", job.job_name)
 
 The JobSet is rendered exactly as `gpu-train submit` renders a team's job, from the job spec and the platform's
-facts; the one difference is the queue: the stack's job has a LocalQueue of its own, whose stopPolicy pauses it
+facts (the platform's trainer image, or the job's own `image`, which must come from the platform registry or an
+allowed one: checked here, once the registry's name is known); the one difference is the queue: the stack's job has a LocalQueue of its own, whose stopPolicy pauses it
 (`job.suspend` with `pulumi up`: HoldAndDrain evicts it and releases the quota, None admits it again). Whether
 Kueue can admit the job and its pods fit their nodes was checked before any resource was created
 (gpu_train/jobs/check.py, from infra/__main__.py). docs/deploy-job.md gives the job's shape and what happens on
@@ -23,7 +24,9 @@ import pulumi_kubernetes as k8s
 
 from gpu_train.jobs.jobset import JOBSET_API, Placement, Provenance, jobset, local_queue
 from gpu_train.spec import naming
-from gpu_train.spec.job import JobSpec
+from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.job import JobSpec, image_problems
+from gpu_train.spec.pod_rules import registry_prefix
 from infra.platform import ClusterPlatform
 
 
@@ -36,6 +39,10 @@ class TrainingJobArgs:
     tracking_uri: pulumi.Input[str] = ""  # MLflow tracking URL; "" = the trainer's local store on NVMe
     register_name: str = ""  # MLflow registered model name for the final model ("" = the job name)
     spec_path: str = ""  # where the job's settings live (stacks/Pulumi.<stack>.yaml), for the JobSet's annotation
+    # Images the team namespaces admit besides the platform registry (image.allowedRegistries, image.prebuilt's
+    # repository): a `job.image` must come from one of them or from the platform registry.
+    allowed_registries: Sequence[str] = ()
+    allowed_repositories: Sequence[str] = ()
     # What must exist first (KubernetesLayer.ready: CRDs, the team's namespace and ClusterQueue, SA).
     depends_on: Sequence[pulumi.Resource] = ()
 
@@ -60,7 +67,13 @@ class TrainingJob(pulumi.ComponentResource):
             metadata=lq["metadata"], spec=lq["spec"], opts=k8s_opts)
 
         def build(values: list[Any]) -> dict[str, Any]:
-            image, datasets, checkpoints, cache, tracking = values
+            image, datasets, checkpoints, cache, tracking, repository = values
+            if job.image:  # the platform registry is known only now: the settings checks saw the digest alone
+                problems = image_problems(job.image, registries=[registry_prefix(repository),
+                                                                 *args.allowed_registries],
+                                          repositories=args.allowed_repositories, key=f"{naming.PROJECT}:job.image")
+                if problems:
+                    raise SettingsError(problems)
             return jobset(job, Placement(
                 pool=pool, image=image, queue=naming.job_queue_name(job.name), nvme_host_path=platform.nvme_host_path,
                 datasets_bucket=datasets, checkpoints_bucket=checkpoints, cache_endpoint=cache or "",
@@ -68,7 +81,7 @@ class TrainingJob(pulumi.ComponentResource):
                 cloud=platform.cloud, region=platform.region, provenance=Provenance(path=args.spec_path)))
 
         manifest = pulumi.Output.all(args.image, platform.buckets.datasets, platform.buckets.checkpoints,
-                                     args.cache_endpoint, args.tracking_uri).apply(build)
+                                     args.cache_endpoint, args.tracking_uri, platform.registry.repository).apply(build)
         self.jobset = k8s.apiextensions.CustomResource(
             f"{name}-jobset",
             api_version=JOBSET_API,

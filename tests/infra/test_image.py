@@ -76,6 +76,9 @@ def test_dockerfile_is_multi_stage_pinned_and_runs_as_the_jobs_uid():
     assert {"org.opencontainers.image.title", "org.opencontainers.image.revision",
             "org.opencontainers.image.version", "org.opencontainers.image.licenses"} <= labels
     assert 'CMD ["python", "-m", "trainer", "--help"]' in runtime
+    # A team's image adds its code to /workspace, where every job's command runs (docs/your-code.md).
+    assert re.findall(r"^WORKDIR\s+(\S+)", runtime, flags=re.M)[-1] == "/workspace"
+    assert "install -d -o 10001 -g 10001 /workspace" in runtime
     # torch pinned to the project's version and installed from the CUDA index in the builder.
     pyproject = (ROOT / "pyproject.toml").read_text()
     torch_pin = re.search(r'"torch==([0-9.]+)"', pyproject).group(1)
@@ -88,7 +91,7 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
                 if ln.strip() and not ln.startswith("#")]
     # The team command and the developer tools stay out of the image with the rest.
     for required in (".git", ".venv*", "runs/", "build/", "tests/", "bench/", "**/__pycache__", "infra/",
-                     "gpu_train/cli/", "tools/"):
+                     "gpu_train/cli/", "gpu_train/client/", "examples/", "tools/"):
         assert required in patterns, required
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), flags=re.M)
     sources = [s for line in copied for s in line.split() if not s.startswith("--")]

@@ -285,6 +285,17 @@ BAD = [
     ("aws-dev", _set("job.overrides.train.micro_batch_size", 64),
      "gpu-train:job.globalBatchTokens 65536 does not divide at world size 2 (2 nodes x 1 GPUs"),
     ("aws-dev", _set("image.prebuilt", "trainer:latest"), "gpu-train:image.prebuilt must be pinned by digest"),
+    ("aws-dev", _set("image.allowedRegistries", ["ghcr.io/acme"]),
+     "gpu-train:image.allowedRegistries[0] must be a registry host and optional path ending in '/', like "
+     "'ghcr.io/acme/' (got 'ghcr.io/acme')"),
+    ("aws-dev", _set("image.allowedRegistries", ["ghcr.io/acme/", "acme/"]),
+     "gpu-train:image.allowedRegistries[1] must be a registry host"),
+    # The stack's own job: its command, and its image's digest (the registry is checked once it exists).
+    ("aws-dev", _set("job.command", []), "gpu-train:job.command is empty"),
+    ("aws-dev", _both(_set("job.command", ["python", "train.py"]), _set("job.overrides", {})),
+     "gpu-train:job.preset is a setting of the bundled trainer, and gpu-train:job.command runs your own code"),
+    ("aws-dev", _set("job.image", "ghcr.io/acme/own:v1"), "gpu-train:job.image 'ghcr.io/acme/own:v1' must be pinned "
+                                                          "by digest"),
     ("aws-dev", _set("monitoring.retention", "two weeks"), "gpu-train:monitoring.retention must be a Prometheus"),
     ("aws-prod", _set("cache.masters", 1), "gpu-train:cache.masters must be 3 or 5 in a prod stack"),
     ("aws-dev", _set("cache.masters", 2), "gpu-train:cache.masters must be 1, 3 or 5"),

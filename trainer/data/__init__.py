@@ -31,6 +31,7 @@ from trainer.data.errors import (
     ShardError,
     ShardIntegrityError,
     ShardMissingError,
+    is_transient,
 )
 from trainer.data.sampler import DEFAULT_BLOCK_SHARDS, GlobalSampler
 from trainer.data.synthetic import BYTE_EOT_ID, BYTE_VOCAB_SIZE, VAL_STREAM, synthetic_shards
@@ -46,6 +47,7 @@ __all__ = [
     "ShardError",
     "ShardIntegrityError",
     "ShardMissingError",
+    "is_transient",
     "open_dataset",
     "open_tokenizer",
     "read_step",

@@ -12,7 +12,8 @@ The formula (docs/carbon.md): kg CO2e = GPUs x power x hours x PUE x grid intens
 - power = the GPU model's TDP (gpu_train/spec/catalog/gpus.py): an upper bound, no utilisation factor below it;
 - hours = the run's training FLOPs / (GPUs x the GPU's dense BF16 peak x ASSUMED_MFU), with FLOPs = train.steps x
   train.global_batch_tokens x FLOPs per token of the preset's model shape (gpu_train/spec/flops.py); the job spec
-  has no run time of its own, and the work it asks for is known exactly;
+  has no run time of its own, and the work it asks for is known exactly; a job of its own code (`command`) says
+  nothing of its work, so it gets no estimate;
 - PUE = the cloud's published fleet figure, grid intensity = the region's (gpu_train/spec/carbon).
 GPUs cancel out: a run's energy depends on its work and the GPU's efficiency, not on how many GPUs share it.
 """
@@ -81,6 +82,8 @@ def job_estimate(job: JobSpec, *, cloud: str, region: str, instance_type: str) -
         where = carbon.region(cloud, region)
     except carbon.CarbonDataError as exc:
         return _unknown(base, str(exc))
+    if not job.bundled:
+        return _unknown(base, "the job runs its own code (job.command): the work it does is not known before it runs")
     try:
         model = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()]).model
     except ConfigError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train.cli import jobs
+from gpu_train.client import status as jobs
 from tests.gpu_train.cli.conftest import ALICE, BOB, VIEWER, only_error_lines, requests_of, spec
 from tests.gpu_train.cli.fake_api import pod
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch.distributed.run as torchrun
 
-from gpu_train.cli import local
+from gpu_train.client import local
 from gpu_train.jobs.launch import local_command, shutdown_timeout_s
 from gpu_train.spec.job import read_job, trainer_settings
 from gpu_train.spec.trainer_config import build_config

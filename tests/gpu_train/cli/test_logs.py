@@ -20,7 +20,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from gpu_train.cli import logs as cli_logs
+from gpu_train.client import logs as cli_logs
 from gpu_train.spec import naming
 from infra.k8s import log_shipping
 from infra.platform import LogStore, WorkloadIdentity

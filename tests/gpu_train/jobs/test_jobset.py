@@ -327,6 +327,48 @@ def test_torchrun_shutdown_timeout_fits_in_the_grace_period():
         launch.shutdown_timeout_s(10)
 
 
+OWN_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/research/own@sha256:" + "e" * 64
+
+
+def split_image_and_command(manifest: dict) -> tuple[dict, str, list[str]]:
+    """(the JobSet without its image, its command and what derives from them, the image, the command's arguments).
+    What derives: the image's digest in the environment, and the config hash over the whole JobSet."""
+    m = copy.deepcopy(manifest)
+    c = trainer_container(m)
+    image = c.pop("image")
+    env = env_of(c)
+    assert env["TRAINER_IMAGE_DIGEST"] == image.split("@", 1)[1]
+    c["env"] = [e for e in c["env"] if e["name"] != "TRAINER_IMAGE_DIGEST"]
+    flags = [a for a in c["args"] if a.startswith("--") and "=" in a]  # torchrun's own, all --name=value
+    command = c["args"][len(flags):]
+    assert c["args"][:len(flags)] == flags
+    c["args"] = flags
+    del m["metadata"]["annotations"][js.HASH_ANNOTATION]
+    return m, image, command
+
+
+@pytest.mark.parametrize("command", [["python", "-m", "pkg.train", "--lr", "1e-3"], ["python", "train.py"],
+                                     ["bash", "-c", "exec ./run.sh"]])
+def test_a_job_of_its_own_code_differs_from_the_bundled_trainers_only_in_image_and_command(command):
+    """Same name, team, pool, nodes and restarts: everything the bundled trainer gets (rendezvous, environment
+    contract, fabric, NVMe, ports, failure rules) a job of its own code gets too."""
+    base = dict(name="mixed", team="research", pool="l4-spot", nodes="1:2", gpus_per_node=1, max_restarts=5)
+    bundled = build(JobSpec.model_validate(base), l4_pool())
+    own = build(JobSpec.model_validate({**base, "image": OWN_IMAGE, "command": command}), l4_pool())
+    rest_a, image_a, command_a = split_image_and_command(bundled)
+    rest_b, image_b, command_b = split_image_and_command(own)
+    assert rest_a == rest_b
+    assert (image_a, image_b) == (IMAGE, OWN_IMAGE)
+    assert command_a[:4] == ["-m", "trainer", "--preset", "gpt2-124m"]
+    assert command_b == launch.command_args(JobSpec.model_validate({**base, "command": command}), "", {})
+    validate_pod(own)
+    env = env_of(trainer_container(own))
+    assert env["GPU_TRAIN_CHECKPOINT_URI"] == "s3://ck-bucket/research/mixed"
+    # Through the read cache, which serves the datasets bucket's folders as buckets (gpu_train.spec.naming).
+    assert (env["GPU_TRAIN_DATASET_URI"], env["GPU_TRAIN_DATA_ENDPOINT"]) == ("s3://mixed/manifest.json", CACHE)
+    assert env["MLFLOW_TRACKING_URI"] == MLFLOW and env["TRAINER_METRICS_PORT"] == str(naming.METRICS_PORT)
+
+
 # ------------------------------------------------------------------------------------------- a node's share
 
 

@@ -1,14 +1,18 @@
 """The one launcher: torchrun's own parser reads its arguments as the JobSet, `run --local` and `make train` pass
-them, and the environment spells the rendezvous store, the waits and NCCL's watchdog in one place.
+them, a job's command in torchrun's module, script and --no-python forms, and the environment contract
+(gpu_train.spec.env): every variable of source "job" set by launch_env and nothing else, the rendezvous store,
+the waits and NCCL's watchdog spelled in one place.
 
 Run: .venv/bin/pytest tests/gpu_train/jobs/test_launch.py -q
 """
 
 from __future__ import annotations
 
+import pytest
 import torch.distributed.run as torchrun
 
 from gpu_train.jobs import launch
+from gpu_train.spec import env as contract
 from gpu_train.spec.job import NodeRange, read_job, trainer_settings
 from trainer.__main__ import parser as trainer_parser
 
@@ -42,8 +46,15 @@ def test_local_runs_use_the_same_arguments_on_this_machine(tmp_path):
     assert parsed.shutdown_timeout == launch.shutdown_timeout_s()
 
 
+SITE = launch.Site(run_dir="/mnt/nvme/runs/llm", dataset_uri="s3://ds/llm/manifest.json")
+FULL = launch.Site(run_dir="/mnt/nvme/runs/llm", dataset_uri="http://cache/ds/llm/manifest.json",
+                   checkpoint_uri="s3://ck/research/llm", data_cache_dir="/mnt/nvme/cache/llm",
+                   data_endpoint="http://cache:39999/api/v1/s3", tracking_uri="http://mlflow:5000", metrics_port=9400,
+                   cloud="aws", region="us-east-1", image_digest="sha256:" + "a" * 64)
+
+
 def test_the_environment_is_the_store_switch_the_waits_and_nccls_watchdog():
-    env = launch.launch_env(JOB)
+    env = launch.launch_env(JOB, SITE)
     assert env[launch.STORE_SWITCH] == "1"
     assert (env["TRAINER_DATA_WAIT_S"], env["RDZV_DNS_TIMEOUT"]) == ("180", "2400")
     # torch 2.13's names (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp): tear down without a communicator
@@ -58,6 +69,62 @@ def test_a_grace_period_too_short_for_torchrun_is_refused():
 
     with pytest.raises(launch.LaunchSpecError, match="leaves torchrun no time"):
         launch.shutdown_timeout_s(15)
+
+
+def test_launch_env_sets_exactly_the_contracts_job_variables():
+    """Everywhere: the variables the contract marks as always set; on the cluster (every place known) all of them."""
+    assert set(launch.launch_env(JOB, SITE)) == contract.names("job", always=True)
+    full = launch.launch_env(JOB, FULL)
+    assert set(full) == contract.names("job")
+    assert contract.names("job", always=False) == {"GPU_TRAIN_DATA_ENDPOINT", "MLFLOW_TRACKING_URI",
+                                                   "TRAINER_METRICS_PORT", "GPU_TRAIN_CLOUD", "GPU_TRAIN_REGION",
+                                                   "TRAINER_IMAGE_DIGEST"}
+    assert (full["GPU_TRAIN_CHECKPOINT_DIR"], full["GPU_TRAIN_CHECKPOINT_URI"]) == (
+        "/mnt/nvme/runs/llm/checkpoints", "s3://ck/research/llm")
+    assert (full["GPU_TRAIN_DATASET_URI"], full["GPU_TRAIN_DATA_ENDPOINT"]) == (
+        "http://cache/ds/llm/manifest.json", "http://cache:39999/api/v1/s3")
+    assert (full["MLFLOW_EXPERIMENT_NAME"], full["GPU_TRAIN_JOB_NAME"], full["TRAINER_METRICS_PORT"]) == (
+        "llm", "llm", "9400")
+    # Without a data cache directory of its own, the job's shard cache sits beside its run directory.
+    assert launch.launch_env(JOB, SITE)["GPU_TRAIN_DATA_CACHE_DIR"] == "/mnt/nvme/runs/cache/llm"
+
+
+def test_the_bundled_trainer_reads_the_same_places_as_settings():
+    settings = launch.bundled_settings(JOB, FULL)
+    env = launch.launch_env(JOB, FULL)
+    assert settings == {"checkpoint.local_dir": env["GPU_TRAIN_CHECKPOINT_DIR"],
+                        "checkpoint.remote_uri": env["GPU_TRAIN_CHECKPOINT_URI"], "data.uri": env["GPU_TRAIN_DATASET_URI"],
+                        "data.cache_dir": env["GPU_TRAIN_DATA_CACHE_DIR"], "tracking.experiment": "llm",
+                        "data.endpoint_url": env["GPU_TRAIN_DATA_ENDPOINT"]}
+
+
+def _own(command: list[str]):
+    job = read_job({"name": "own", "team": "research", "pool": "h100", "nodes": "1:2", "command": command}, key="job")
+    args = launch.torchrun_args(job, nproc=2, endpoint="own-worker-0-0.own:29400", run_dir="/r",
+                                settings={"train.steps": 5})
+    return torchrun.get_args_parser().parse_args(args)  # torch's own parser, as the launcher reads them
+
+
+@pytest.mark.parametrize(("command", "module", "no_python", "script", "rest"), [
+    (["python", "-m", "pkg.train", "--lr", "3e-4"], True, False, "pkg.train", ["--lr", "3e-4"]),
+    (["python3", "-m", "train"], True, False, "train", []),
+    (["python", "train.py", "--steps", "40"], False, False, "train.py", ["--steps", "40"]),
+    (["python", "-u", "train.py"], False, True, "python", ["-u", "train.py"]),
+    (["bash", "-c", "echo $RANK"], False, True, "bash", ["-c", "echo $RANK"]),
+    (["/opt/venv/bin/accelerate", "launch"], False, True, "/opt/venv/bin/accelerate", ["launch"]),
+])
+def test_a_command_maps_to_torchruns_module_script_or_no_python_form(command, module, no_python, script, rest):
+    parsed = _own(command)
+    assert (parsed.module, parsed.no_python, parsed.training_script, parsed.training_script_args) == (
+        module, no_python, script, rest)
+    # The bundled trainer's settings are its own: a job of its own code never gets them.
+    assert not any("train.steps" in a for a in parsed.training_script_args)
+
+
+def test_python_m_trainer_is_the_bundled_trainer_with_its_settings():
+    parsed = _own(["python", "-m", "trainer"])
+    assert parsed.module and parsed.training_script == "trainer"
+    assert parsed.training_script_args == ["--preset", "gpt2-124m", "--run-dir", "/r", "train.steps=5"]
 
 
 def test_the_layout_travels_as_trainer_settings_and_keeps_tensor_parallel_groups_on_one_node():

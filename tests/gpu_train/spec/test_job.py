@@ -120,3 +120,53 @@ def test_uris_must_name_the_platforms_object_store_unless_there_is_none():
     assert problems(job) == ["job.datasetUri must be s3://<bucket>/<path> (got 'gs://bucket/x/manifest.json')"]
     # On a machine without an object store (`gpu-train run --local`) URIs are not checked here.
     assert job_problems(job, pools=[Pool()], teams=[Team(gpu_quota={"h100": 64})], scheme=None, key="job") == []
+
+
+OWN = {"name": "own", "team": "research", "pool": "h100", "nodes": "1:2", "command": ["python", "train.py"]}
+REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com/"
+PINNED = REGISTRY + "research/own@sha256:" + "a" * 64
+
+
+def test_a_job_without_a_command_runs_the_bundled_trainer():
+    job = read_job(SPEC, key="job")
+    assert job.bundled and job.argv == ["python", "-m", "trainer"] and job.image == ""
+    assert read_job({**SPEC, "command": ["python", "-m", "trainer"]}, key="job").bundled
+    own = read_job(OWN, key="job")
+    assert not own.bundled and own.argv == ["python", "train.py"]
+    assert problems(own) == []
+
+
+def test_an_empty_command_is_refused_naming_it():
+    for empty in ([], [""]):
+        assert problems(read_job({**OWN, "command": empty}, key="job")) == [
+            'job.command is empty: give the argv every node runs (like ["python", "train.py"]), or leave it out to '
+            "run the bundled trainer"]
+    with pytest.raises(SettingsError, match="job.command"):
+        read_job({**OWN, "command": "python train.py"}, key="job")  # an argv list, not a shell line
+
+
+def test_a_job_of_its_own_code_sets_none_of_the_bundled_trainers_settings():
+    found = problems(read_job({**OWN, "preset": "tiny", "steps": 10, "overrides": {"train.lr": 1e-3}}, key="job"))
+    assert found == [f"job.{k} is a setting of the bundled trainer, and job.command runs your own code: pass it in "
+                     "job.command's arguments instead" for k in ("preset", "overrides", "steps")]
+    # Nor is its batch checked against the trainer's layout: 1000 steps of 524288 tokens are the defaults' only.
+    assert problems(read_job({**OWN, "nodes": "1:3"}, key="job"), pool=Pool(max_nodes=4)) == []
+
+
+def test_the_image_is_pinned_and_from_an_admitted_registry():
+    def image(ref: str, registries=(REGISTRY,), repositories=()) -> list[str]:
+        return job_problems(read_job({**OWN, "image": ref}, key="job"), pools=[Pool()],
+                            teams=[Team(gpu_quota={"h100": 64})], scheme="s3://", key="job", registries=registries,
+                            repositories=repositories)
+
+    assert image(PINNED) == []
+    (tag,) = image(REGISTRY + "research/own:v1")
+    assert tag.startswith(f"job.image '{REGISTRY}research/own:v1' must be pinned by digest")
+    other = "ghcr.io/acme/own@sha256:" + "b" * 64
+    (outside,) = image(other)
+    assert outside == (f"job.image {other}: team namespaces admit only images from the platform registry or an "
+                       f"allowed one ({REGISTRY}; the stack setting image.allowedRegistries adds registries)")
+    assert image(other, registries=(REGISTRY, "ghcr.io/acme/")) == []
+    assert image(other, repositories=("ghcr.io/acme/own",)) == []
+    # Where the registries are not known yet (the stack's settings, before its registry exists), only the digest.
+    assert image(other, registries=None) == []

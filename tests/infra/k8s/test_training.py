@@ -21,6 +21,7 @@ from pulumi.runtime.mocks import MockMonitor
 
 from gpu_train.jobs.jobset import JOBSET_API, QUEUE_LABEL, Placement, jobset
 from gpu_train.spec import naming
+from gpu_train.spec.job import JobSpec
 from infra import clouds
 from infra.aws import node_addons as aws_addons
 from infra.aws.gpu_nodes import NVME_HOST_PATH
@@ -94,6 +95,9 @@ def test_the_platforms_pod_monitor_scrapes_every_local_rank_of_the_stacks_job(la
 # ------------------------------------------------------------------------------------------- component
 
 
+ECR = "123456789012.dkr.ecr.us-east-1.amazonaws.com/"
+
+
 def _platform() -> tuple[ClusterPlatform, object]:
     out = pulumi.Output.from_input
     (pool,) = aws_addons.gpu_pools(stack_cfg([EFA_POOL]))
@@ -106,7 +110,8 @@ def _platform() -> tuple[ClusterPlatform, object]:
         object_store_endpoint="https://s3.us-east-1.amazonaws.com", object_store_cidrs=[], api_server_cidrs=[],
         vpc_cidr="10.20.0.0/16", pod_cidr="100.64.0.0/16",
         storage_class=StorageClassSpec(name="enc", provisioner="ebs.csi.aws.com", parameters={}),
-        identities={}, registry=Registry(repository=out("r"), server=out("s"), username=out("u"), password=out("p")),
+        identities={}, registry=Registry(repository=out(ECR + "gpu-train-aws-prod-trainer"), server=out("s"),
+                                          username=out("u"), password=out("p")),
         internal_lb_annotations={}, pod_env={"AWS_REGION": "us-east-1"},
     ), pool
 
@@ -174,6 +179,41 @@ def test_component_creates_the_queue_and_the_renderers_jobset_under_mocks():
     assert opts["ignoreChanges"] == ["spec.suspend"]
     assert "spec.replicatedJobs" in opts["replaceOnChanges"]
     assert any(d.endswith("::job-localqueue") for d in opts["dependencies"])
+
+
+def _stack_job(job, **kw) -> dict:
+    """The TrainingJob component's JobSet under fresh mocks (what `pulumi up` would create)."""
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    mocks = PlanMocks(MockContext(region="us-east-1"))
+    monitor = MockMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="gpu-train", stack="aws-prod", preview=False, monitor=monitor)
+
+    @pulumi.runtime.test
+    def build():
+        platform, _ = _platform()
+        comp = t.TrainingJob("job", t.TrainingJobArgs(platform=platform, job=job, image=pulumi.Output.from_input(IMAGE),
+                                                      cache_endpoint=CACHE, **kw))
+        return comp.jobset.spec
+
+    build()
+    regs = [state for _, _, state in monitor.get_registered_resources().values()]
+    return next(s for s in regs if s.get("kind") == "JobSet")
+
+
+def test_the_stacks_job_runs_its_own_image_from_the_platform_or_an_allowed_registry():
+    """The registry's name is known only once the cloud layer has made it: the component checks `job.image` then,
+    and a refusal fails the plan naming the setting (Pulumi reports it as the JobSet's input error)."""
+    own = JobSpec.model_validate(dict(name="own-model", team="research", pool="h100-reserved", nodes="2:4",
+                                      gpus_per_node=8, image=ECR + "research/own@sha256:" + "e" * 64,
+                                      command=["python", "train.py"]))
+    container = _stack_job(own)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == own.image and container["args"][-1] == "train.py"
+    ghcr = own.model_copy(update={"image": "ghcr.io/acme/own@sha256:" + "f" * 64})
+    assert _stack_job(ghcr, allowed_registries=("ghcr.io/acme/",))["metadata"]["name"] == own.name
+    with pytest.raises(ValueError) as err:
+        _stack_job(ghcr)
+    assert (f"gpu-train:job.image {ghcr.image}: team namespaces admit only images from the platform registry or an "
+            f"allowed one ({ECR}; the stack setting image.allowedRegistries adds registries)") in str(err.value)
 
 
 # ------------------------------------------------------------------------------------------ job lifecycle

@@ -1,7 +1,7 @@
 """The cluster as a team member reaches it: their kubeconfig, their team's namespace, the platform contract,
 and API errors turned into one line that says what to do.
 
-Usage (the subcommands do this):
+Usage (gpu_train.client.Client does this):
     session = connect(kubeconfig=args.kubeconfig, context=args.context)
     team = resolve_team(args.team, session)
     contract = load_contract(session, team, platform_file=args.platform)
@@ -31,8 +31,9 @@ from gpu_train.spec import naming
 DOCS = "docs/teams.md"
 
 
-class CliError(Exception):
-    """One line for the user; `code` is the exit status (2: fix the input, 1: the operation failed)."""
+class ClientError(Exception):
+    """One line per problem for the user; `code` is the exit status `gpu-train` gives it (2: fix the input, 1: the
+    operation failed)."""
 
     def __init__(self, message: str, code: int = 2):
         super().__init__(message)
@@ -61,7 +62,7 @@ def kubeconfig_path(explicit: str | None) -> Path:
     if explicit:
         path = Path(explicit).expanduser()
         if not path.is_file():
-            raise CliError(f"--kubeconfig {explicit}: no such file")
+            raise ClientError(f"--kubeconfig {explicit}: no such file")
         return path
     env = os.environ.get("KUBECONFIG", "")
     for entry in (e for e in env.split(os.pathsep) if e):
@@ -71,7 +72,7 @@ def kubeconfig_path(explicit: str | None) -> Path:
     if default.is_file():
         return default
     where = f"KUBECONFIG={env} names no existing file" if env else f"{default} does not exist and KUBECONFIG is not set"
-    raise CliError(f"no kubeconfig: {where}. Get one for your team with `gpu-train kubeconfig --platform "
+    raise ClientError(f"no kubeconfig: {where}. Get one for your team with `gpu-train kubeconfig --platform "
                    f"platform.json --team <team>` ({DOCS})")
 
 
@@ -80,16 +81,16 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Sessio
     try:
         contexts, current = k8s_config.list_kube_config_contexts(config_file=str(path))
     except ConfigException as exc:
-        raise CliError(f"{path}: not a usable kubeconfig: {exc}") from None
+        raise ClientError(f"{path}: not a usable kubeconfig: {exc}") from None
     chosen = next((c for c in contexts if c["name"] == context), None) if context else current
     if context and chosen is None:
-        raise CliError(f"{path}: no context named {context!r} (contexts: {', '.join(c['name'] for c in contexts)})")
+        raise ClientError(f"{path}: no context named {context!r} (contexts: {', '.join(c['name'] for c in contexts)})")
     if not chosen:
-        raise CliError(f"{path}: no current context; name one with --context")
+        raise ClientError(f"{path}: no current context; name one with --context")
     try:
         api = k8s_config.new_client_from_config(config_file=str(path), context=chosen["name"])
     except ConfigException as exc:
-        raise CliError(f"{path}: context {chosen['name']!r} cannot be used: {exc}") from None
+        raise ClientError(f"{path}: context {chosen['name']!r} cannot be used: {exc}") from None
     return Session(kubeconfig=path, context=chosen["name"], namespace=str(chosen["context"].get("namespace") or ""),
                    server=api.configuration.host, api=api)
 
@@ -107,7 +108,7 @@ def resolve_team(explicit: str | None, session: Session | None) -> str:
         return session.namespace[len(prefix):]
     where = f"context {session.context!r} has namespace {session.namespace!r}" if session and session.namespace \
         else "the kubeconfig context sets no team namespace"
-    raise CliError(f"which team? {where}; pass --team <team>, or use a kubeconfig from `gpu-train kubeconfig "
+    raise ClientError(f"which team? {where}; pass --team <team>, or use a kubeconfig from `gpu-train kubeconfig "
                    f"--team <team>`, whose context namespace is the team's")
 
 
@@ -150,30 +151,30 @@ def _unreachable(exc: Exception) -> str:
     return m.group(0).strip() if m else (text.splitlines()[0] if text else type(exc).__name__)
 
 
-def api_error(exc: Exception, *, doing: str, namespace: str = "", team: str = "", server: str = "") -> CliError:
+def api_error(exc: Exception, *, doing: str, namespace: str = "", team: str = "", server: str = "") -> ClientError:
     """An API failure as one line that says what to do. `doing`: e.g. "create jobsets"."""
     if not isinstance(exc, ApiException):
-        return CliError(f"cannot reach the Kubernetes API server{f' at {server}' if server else ''} to {doing}: "
+        return ClientError(f"cannot reach the Kubernetes API server{f' at {server}' if server else ''} to {doing}: "
                         f"{_unreachable(exc)}", code=1)
     message = _status_message(exc)
     where = f" in namespace {namespace}" if namespace else ""
     if exc.status == 401:
         plugin = f" (the kubeconfig's credential command failed: {PLUGIN_ERRORS.messages[-1]})" \
             if PLUGIN_ERRORS.messages else ""
-        return CliError(f"the API server did not accept your credentials (401 Unauthorized) to {doing}{where}{plugin}: "
+        return ClientError(f"the API server did not accept your credentials (401 Unauthorized) to {doing}{where}{plugin}: "
                         "sign in again (aws sso login / gcloud auth login) and check that your kubeconfig's user runs "
                         f"the cloud CLI ({DOCS})", code=1)
     if exc.status == 403:
         who = f"team {team!r}" if team else "this team"
-        return CliError(f"you may not {doing}{where} (403 Forbidden: {message}): you are not a member of {who}, or "
+        return ClientError(f"you may not {doing}{where} (403 Forbidden: {message}): you are not a member of {who}, or "
                         f"your role there is viewer; ask the platform administrators to add you ({DOCS})", code=1)
     if exc.status == 404:
-        return CliError(f"not found (404) while trying to {doing}{where}: {message}", code=1)
+        return ClientError(f"not found (404) while trying to {doing}{where}: {message}", code=1)
     if exc.status == 409:
-        return CliError(f"conflict (409) while trying to {doing}{where}: {message}", code=1)
+        return ClientError(f"conflict (409) while trying to {doing}{where}: {message}", code=1)
     if exc.status == 422:
-        return CliError(f"the cluster refused to {doing}{where} (422 Invalid): {message}", code=2)
-    return CliError(f"the API server answered {exc.status} {exc.reason} to {doing}{where}: {message}", code=1)
+        return ClientError(f"the cluster refused to {doing}{where} (422 Invalid): {message}", code=2)
+    return ClientError(f"the API server answered {exc.status} {exc.reason} to {doing}{where}: {message}", code=1)
 
 
 def load_contract(session: Session | None, team: str, platform_file: str | None = None):
@@ -184,16 +185,16 @@ def load_contract(session: Session | None, team: str, platform_file: str | None 
         if platform_file:
             path = Path(platform_file).expanduser()
             if not path.is_file():
-                raise CliError(f"--platform {platform_file}: no such file")
+                raise ClientError(f"--platform {platform_file}: no such file")
             return PlatformContract.from_json(path.read_text(), str(path))
         if session is None:
-            raise CliError("no cluster to read the platform contract from: pass --platform FILE")
+            raise ClientError("no cluster to read the platform contract from: pass --platform FILE")
         ns = team_namespace(team)
         try:
             cm = session.core.read_namespaced_config_map(naming.PLATFORM_CONFIGMAP, ns)
         except ApiException as exc:
             if exc.status == 404:
-                raise CliError(f"no platform contract in namespace {ns} (ConfigMap {naming.PLATFORM_CONFIGMAP}): team "
+                raise ClientError(f"no platform contract in namespace {ns} (ConfigMap {naming.PLATFORM_CONFIGMAP}): team "
                                f"{team!r} is not on this cluster, or the kubeconfig points at another cluster "
                                f"({session.server})", code=2) from None
             raise api_error(exc, doing=f"read the platform contract (configmap {naming.PLATFORM_CONFIGMAP})",
@@ -202,18 +203,18 @@ def load_contract(session: Session | None, team: str, platform_file: str | None 
             raise api_error(exc, doing="read the platform contract", server=session.server) from None
         text = (cm.data or {}).get(naming.PLATFORM_CONFIGMAP_KEY)
         if not text:
-            raise CliError(f"configmap {ns}/{naming.PLATFORM_CONFIGMAP} has no {naming.PLATFORM_CONFIGMAP_KEY}",
+            raise ClientError(f"configmap {ns}/{naming.PLATFORM_CONFIGMAP} has no {naming.PLATFORM_CONFIGMAP_KEY}",
                            code=1)
         return PlatformContract.from_json(text, f"configmap {ns}/{naming.PLATFORM_CONFIGMAP}")
     except ContractError as exc:
-        raise CliError(str(exc)) from None
+        raise ClientError(str(exc)) from None
 
 
 def call(session: Session, fn, *args: Any, doing: str, namespace: str = "", team: str = "", **kwargs: Any) -> Any:
-    """Run one API call; any failure becomes a CliError naming what was being done."""
+    """Run one API call; any failure becomes a ClientError naming what was being done."""
     try:
         return fn(*args, **kwargs)
-    except CliError:
+    except ClientError:
         raise
     except Exception as exc:  # ApiException, urllib3 errors, exec plugin failures
         raise api_error(exc, doing=doing, namespace=namespace, team=team, server=session.server) from None

@@ -1,7 +1,9 @@
 """`gpu-train logs`: one rank's log, live from its pod while the pod exists, and from the platform's log store
 once the pod (or its node) is gone.
 
-Usage: `logs(session, contract, team, job, rank=0, follow=False, container="trainer", since=...)`.
+Usage: `for text in logs(session, load_contract, team, job, rank=0, follow=False): print(text, end="")`
+(gpu_train.client.Client.logs wraps it). Every check (the rank, a pod not started yet, the log store's access)
+runs when `logs` is called; the text then streams from the returned iterator.
 
 Where the log comes from:
 - the rank's newest pod (label batch.kubernetes.io/job-completion-index = rank) through the API server,
@@ -20,13 +22,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpu_train.cli.cluster import CliError, Session, call, team_namespace
-from gpu_train.cli.jobs import INDEX_LABEL
+from gpu_train.client.cluster import ClientError, Session, call, team_namespace
+from gpu_train.client.status import INDEX_LABEL
 from gpu_train.jobs import jobset as jobset_api
 from gpu_train.spec import naming
 
@@ -39,7 +40,7 @@ def _since(text: str | None) -> dt.timedelta:
         return DEFAULT_SINCE
     m = re.fullmatch(r"([0-9]+)([smhd])", text)
     if not m:
-        raise CliError(f"--since {text!r} is not a duration like 30m, 12h or 7d")
+        raise ClientError(f"--since {text!r} is not a duration like 30m, 12h or 7d")
     return dt.timedelta(**{{"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m.group(2)]: int(m.group(1))})
 
 
@@ -50,22 +51,23 @@ def rank_pods(session: Session, ns: str, team: str, job: str, rank: int) -> list
     return sorted(pods, key=lambda p: p.metadata.creation_timestamp or dt.datetime.min.replace(tzinfo=dt.UTC))
 
 
-def from_pod(session: Session, ns: str, team: str, pod: Any, container: str, follow: bool, tail: int | None,
-             out=None) -> int:
-    out = out or sys.stdout
+def from_pod(session: Session, ns: str, team: str, pod: Any, container: str, follow: bool,
+             tail: int | None) -> Iterator[str]:
+    """The pod's log as it arrives (the request is made when this is called, the text read while iterating)."""
     name = pod.metadata.name
     kwargs: dict[str, Any] = {"container": container, "follow": follow, "_preload_content": False}
     if tail is not None:
         kwargs["tail_lines"] = tail
     resp = call(session, session.core.read_namespaced_pod_log, name, ns, doing=f"read the log of pod {name}",
                 namespace=ns, team=team, **kwargs)
-    try:
-        for chunk in resp.stream(4096):
-            out.write(chunk.decode("utf-8", errors="replace"))
-            out.flush()
-    finally:
-        resp.release_conn()
-    return 0
+
+    def chunks() -> Iterator[str]:
+        try:
+            for chunk in resp.stream(4096):
+                yield chunk.decode("utf-8", errors="replace")
+        finally:
+            resp.release_conn()
+    return chunks()
 
 
 # ------------------------------------------------------------------------------------------ CloudWatch Logs
@@ -95,39 +97,35 @@ def cloudwatch_events(client: Any, group: str, prefix: str, marker: str, start_m
     return iter(events)
 
 
-def from_cloudwatch(contract, team, job: str, rank: int, container: str, since: dt.timedelta, out=None) -> int:
-    out = out or sys.stdout
+def from_cloudwatch(contract, team, job: str, rank: int, container: str, since: dt.timedelta) -> list[str]:
     import boto3
     import botocore.exceptions
 
     logs = contract.logs
     group = logs.groups.get(team.namespace)
     if not group:
-        raise CliError(f"the platform contract names no log group for {team.namespace}", code=1)
+        raise ClientError(f"the platform contract names no log group for {team.namespace}", code=1)
     start = int((dt.datetime.now(dt.UTC) - since).timestamp() * 1000)
     client = boto3.client("logs", region_name=logs.region or contract.region)
     try:
         events = list(cloudwatch_events(client, group, naming.rank_stream_prefix(job, rank), f"_{team.namespace}_{container}-",
                                         start))
     except botocore.exceptions.NoCredentialsError:
-        raise CliError("no AWS credentials to read CloudWatch Logs: sign in (aws sso login, or AWS_PROFILE)", code=1) \
+        raise ClientError("no AWS credentials to read CloudWatch Logs: sign in (aws sso login, or AWS_PROFILE)", code=1) \
             from None
     except botocore.exceptions.ClientError as exc:
         err = exc.response.get("Error", {})
         if err.get("Code") in ("AccessDeniedException", "UnrecognizedClientException"):
-            raise CliError(f"CloudWatch Logs refused to read {group} ({err.get('Code')}): your AWS identity needs the "
+            raise ClientError(f"CloudWatch Logs refused to read {group} ({err.get('Code')}): your AWS identity needs the "
                            f"team's log reader policy (docs/teams.md)", code=1) from None
         if err.get("Code") == "ResourceNotFoundException":
-            raise CliError(f"log group {group} does not exist ({err.get('Message')})", code=1) from None
-        raise CliError(f"CloudWatch Logs: {err.get('Code')}: {err.get('Message')}", code=1) from None
+            raise ClientError(f"log group {group} does not exist ({err.get('Message')})", code=1) from None
+        raise ClientError(f"CloudWatch Logs: {err.get('Code')}: {err.get('Message')}", code=1) from None
     except botocore.exceptions.BotoCoreError as exc:
-        raise CliError(f"CloudWatch Logs: {exc}", code=1) from None
+        raise ClientError(f"CloudWatch Logs: {exc}", code=1) from None
     if not events:
-        raise CliError(f"no log of rank {rank} of job {job!r} in {group} since {since} (no pod left either)", code=1)
-    for e in events:
-        message = e.get("message", "")
-        out.write(message if message.endswith("\n") else message + "\n")
-    return 0
+        raise ClientError(f"no log of rank {rank} of job {job!r} in {group} since {since} (no pod left either)", code=1)
+    return [m if m.endswith("\n") else m + "\n" for m in (e.get("message", "") for e in events)]
 
 
 # ------------------------------------------------------------------------------------------ Cloud Logging
@@ -151,9 +149,8 @@ def cloud_logging_filter(cluster: str, namespace: str, container: str, job: str,
             f'resource.labels.pod_name=~"{pods}" AND timestamp>="{since_iso}"')
 
 
-def from_cloud_logging(contract, team, job: str, rank: int, container: str, since: dt.timedelta, out=None,
-                       client: Any = None) -> int:
-    out = out or sys.stdout
+def from_cloud_logging(contract, team, job: str, rank: int, container: str, since: dt.timedelta,
+                       client: Any = None) -> list[str]:
     logs = contract.logs
     project = logs.project
     start = (dt.datetime.now(dt.UTC) - since).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -167,49 +164,50 @@ def from_cloud_logging(contract, team, job: str, rank: int, container: str, sinc
         entries = list(client.list_entries(resource_names=[f"projects/{project}"], filter_=query,
                                            order_by="timestamp asc", page_size=1000))
     except auth_exc.DefaultCredentialsError:
-        raise CliError("no Google credentials to read Cloud Logging: gcloud auth application-default login",
+        raise ClientError("no Google credentials to read Cloud Logging: gcloud auth application-default login",
                        code=1) from None
     except gexc.PermissionDenied as exc:
-        raise CliError(f"Cloud Logging refused to read project {project} (403: {exc.message}): your account needs "
+        raise ClientError(f"Cloud Logging refused to read project {project} (403: {exc.message}): your account needs "
                        "roles/logging.viewer on it (docs/teams.md)", code=1) from None
     except gexc.GoogleAPICallError as exc:
-        raise CliError(f"Cloud Logging: {exc.code} {exc.message}", code=1) from None
+        raise ClientError(f"Cloud Logging: {exc.code} {exc.message}", code=1) from None
     if not entries:
-        raise CliError(f"no log of rank {rank} of job {job!r} in Cloud Logging since {start} (no pod left either)",
+        raise ClientError(f"no log of rank {rank} of job {job!r} in Cloud Logging since {start} (no pod left either)",
                        code=1)
+    lines = []
     for entry in entries:
         payload = entry.payload
         line = payload.get("message", str(payload)) if isinstance(payload, dict) else str(payload or "")
-        out.write(line if line.endswith("\n") else line + "\n")
-    return 0
+        lines.append(line if line.endswith("\n") else line + "\n")
+    return lines
 
 
-# ------------------------------------------------------------------------------------------ the command
+# ------------------------------------------------------------------------------------------ either
 
 
 def logs(session: Session, contract_loader: Callable[[], Any], team: str, job: str, *, rank: int = 0,
-         follow: bool = False, container: str = "", since: str | None = None, tail: int | None = None,
-         out=None) -> int:
-    """`contract_loader()` gives the platform contract, read only when the log must come from the store."""
-    out = out or sys.stdout
+         follow: bool = False, container: str = "", since: str | None = None,
+         tail: int | None = None) -> Iterator[str]:
+    """One rank's log text; `contract_loader()` gives the platform contract, read only when the log must come from
+    the store."""
     if rank < 0:
-        raise CliError(f"--rank {rank} must be >= 0")
+        raise ClientError(f"--rank {rank} must be >= 0")
     container = container or jobset_api.CONTAINER
     ns = team_namespace(team)
     pods = rank_pods(session, ns, team, job, rank)
     if pods and pods[-1].status.phase == "Pending" and not any(
             cs.state and (cs.state.running or cs.state.terminated) for cs in pods[-1].status.container_statuses or []):
-        raise CliError(f"rank {rank}'s pod {pods[-1].metadata.name} has not started yet (Pending: waiting for a node "
+        raise ClientError(f"rank {rank}'s pod {pods[-1].metadata.name} has not started yet (Pending: waiting for a node "
                        f"or its image); `gpu-train status {job}` says why", code=1)
     if pods:
-        return from_pod(session, ns, team, pods[-1], container, follow, tail, out)
+        return from_pod(session, ns, team, pods[-1], container, follow, tail)
     window = _since(since)
     contract = contract_loader()
     info = contract.team(team)
-    out.write(f"# rank {rank} of job {job!r} has no pod now; its log from the platform's log store:\n")
+    head = f"# rank {rank} of job {job!r} has no pod now; its log from the platform's log store:\n"
     kind = contract.logs.kind
     if kind == "cloudwatch":
-        return from_cloudwatch(contract, info, job, rank, container, window, out)
+        return iter([head, *from_cloudwatch(contract, info, job, rank, container, window)])
     if kind == "cloud-logging":
-        return from_cloud_logging(contract, info, job, rank, container, window, out)
-    raise CliError(f"the platform contract names an unknown log store {kind!r}", code=1)
+        return iter([head, *from_cloud_logging(contract, info, job, rank, container, window)])
+    raise ClientError(f"the platform contract names an unknown log store {kind!r}", code=1)

@@ -1,0 +1,145 @@
+"""A plain PyTorch loop on the platform: a small next-byte model trained with DistributedDataParallel, on the
+trainer library's deterministic dataset and verified checkpoints.
+
+Run (2 CPU workers, the built-in synthetic dataset; the same command resumes):
+    gpu-train run --local examples/plain-loop/job.yaml
+    python train.py --steps 20          # one process, no launcher: every place falls back to runs/local
+
+What the library gives this loop (docs/your-code.md):
+- JobEnv: where the launcher says to write and read (run directory, checkpoint directory and store, dataset);
+- open_dataset + GlobalSampler: step s reads the same global batch at any world size, so a resumed job (after a
+  killed worker, a preemption, or with fewer nodes) continues the exact sample order;
+- CheckpointManager: asynchronous verified saves (keep 2), resume from the newest checkpoint every rank can load,
+  past a damaged one, at any world size (the model, the optimizer, each rank's RNG and the sampler's position);
+- Preemption: SIGTERM (or Ctrl-C) becomes a final checkpoint and exit 75, which the platform restarts;
+- Watchdog: a step that hangs ends the worker with its stacks instead of holding the job forever.
+
+At the end rank 0 writes result.json (the step, the world size, the sha256 of the final weights), and each step's
+loss and sample indices go to steps.jsonl: what proves two runs trained the same model on the same samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer import (
+    EXIT_RESUMABLE,
+    CheckpointManager,
+    GlobalSampler,
+    JobEnv,
+    Preemption,
+    Watchdog,
+    bind_to_agent,
+    full_state_dict,
+    init_distributed,
+    open_dataset,
+    read_step,
+    seed_everything,
+    setup_logging,
+    shutdown,
+    state_sha256,
+)
+
+
+class NextByte(nn.Module):
+    """Embeds each byte of a window with its position and predicts the next one through a small MLP."""
+
+    def __init__(self, vocab: int, context: int, width: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(context, width)
+        self.mlp = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
+        return self.head(h + self.mlp(h))
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--global-batch", type=int, default=8, help="windows per step over all ranks")
+    p.add_argument("--context", type=int, default=32)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    job = JobEnv.from_environ()
+    bind_to_agent()  # die with torchrun's agent rather than train on alone
+    env = init_distributed()
+    setup_logging(env)
+    seed_everything(args.seed, deterministic=True)
+    ds = open_dataset(job.dataset_uri, context=args.context, cache_dir=job.data_cache_dir,
+                      endpoint_url=job.data_endpoint)
+    sampler = GlobalSampler(ds.num_windows, global_batch=args.global_batch, seed=args.seed,
+                            shard_windows=ds.shard_windows)
+    model = NextByte(ds.vocab_size, args.context, args.width).to(env.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    ckpt = CheckpointManager(job.checkpoint_dir, job.checkpoint_uri, keep=2)
+    resumed = ckpt.resume(model, optimizer, apply=lambda state: sampler.load_state_dict(state["sampler"]))
+    if resumed is None and ckpt.model_touched:
+        sys.exit(f"no checkpoint in {job.checkpoint_dir} could be loaded and a partial load changed the model; "
+                 "the next launch starts afresh")
+    ddp = DistributedDataParallel(model)
+    log = (job.run_dir / "steps.jsonl").open("a") if env.rank == 0 else None
+    watchdog = Watchdog(rank=env.rank, local_rank=env.local_rank, dump_dir=job.run_dir / "watchdog")
+    watchdog.start()
+    step = sampler.next_step
+    with Preemption(sigint=True, shutdown_timeout_s=job.shutdown_timeout_s) as preemption:
+        while step < args.steps:
+            watchdog.begin_step(step + 1)
+            started = time.perf_counter()
+            rows, _ = read_step(ds, sampler, step, env.rank, env.world_size, end_step=args.steps)
+            xy = torch.from_numpy(rows.astype("int64")).to(env.device)
+            loss = F.cross_entropy(ddp(xy[:, :-1]).flatten(0, 1), xy[:, 1:].flatten())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # DDP averages the gradients over the ranks
+            optimizer.step()
+            watchdog.phase("collective")
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            step += 1
+            watchdog.end_step(time.perf_counter() - started)
+            if log is not None:
+                log.write(json.dumps({"step": step - 1, "loss": mean.item() / env.world_size,
+                                      "samples": sampler.global_batch(step - 1), "world_size": env.world_size,
+                                      "restart": env.restart_count}) + "\n")
+                log.flush()
+            stop = preemption.any_rank()
+            if step % args.checkpoint_every == 0 or step == args.steps or stop:
+                with watchdog.allowance("checkpoint", watchdog.cfg.checkpoint_s):
+                    ckpt.save(step, model, optimizer, {"step": step, "sampler": sampler.state_dict()}, vars(args),
+                              block=stop or step == args.steps)
+            if stop:
+                preemption.report(step, saved=True)
+                break
+    watchdog.stop()
+    ckpt.wait()
+    full = full_state_dict(model)  # collective
+    if env.rank == 0:
+        (job.run_dir / "result.json").write_text(json.dumps(
+            {"step": step, "world_size": env.world_size, "params_sha256": state_sha256(full)}) + "\n")
+    ckpt.close()
+    ds.close()
+    shutdown()
+    return EXIT_RESUMABLE if step < args.steps else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""A team's jobs: read and check a spec, render and create its JobSet, pause, resume and cancel it.
+
+Usage (gpu_train.client.Client wraps these; each takes a Session, gpu_train/client/cluster.py):
+    raw = read_spec("job.yaml")                                   # the file's mapping
+    prepared = prepare(contract, raw, "job.yaml", path=Path("job.yaml"))   # checked and rendered, nothing sent
+    created = create(session, prepared)                           # the JobSet in the team's namespace
+    set_active(session, "research", "gpt2-smoke", active=False)   # pause; True resumes
+    cancel(session, "research", "gpt2-smoke")
+
+A job spec file holds the stack's `job` settings (docs/configuration.md, "job"), read by the one job model
+(gpu_train.spec.job), checked as the plan checks the stack's job (gpu_train.jobs.check: against the contract's
+pools, teams and registries, then whether the team's queue could ever admit it and its pods fit their nodes) and
+rendered by the one JobSet renderer (gpu_train.jobs.jobset). The one difference from the stack's job: a submitted
+job waits in its team's LocalQueue, where the stack's job has a LocalQueue of its own so that `pulumi up` can
+pause it.
+
+Pause and resume go through what Kueue supports for a single workload: its Workload's `spec.active`
+(false: Kueue evicts it, the pods get SIGTERM and checkpoint, the quota is released; true: it queues
+again). The Workload is found by its owner (gpu_train.client.status.find_workload).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_train.client.cluster import ClientError, Session, call, team_namespace
+from gpu_train.client.status import (
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    find_workload,
+    get_jobset,
+    jobset_api,
+    succeeded,
+)
+from gpu_train.jobs.check import check_job
+from gpu_train.jobs.jobset import JobSpecError, Placement, Provenance, jobset
+from gpu_train.spec.contract import ContractError, PlatformContract
+from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.job import JobSpec, read_job
+from gpu_train.spec.settings_checks import BUCKET_SCHEME
+
+JOB_NAME = re.compile(r"[a-z]([-a-z0-9]{0,30}[a-z0-9])?")
+
+
+def read_spec(path: str | Path) -> Mapping[str, Any]:
+    """A job spec file's settings (YAML; the settings may also be wrapped in `job:`, as in the stack file)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ClientError(f"{path}: no such job spec file")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ClientError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if isinstance(raw, Mapping) and set(raw) == {"job"}:
+        raw = raw["job"]
+    if not isinstance(raw, Mapping):
+        raise ClientError(f"{path}: a job spec is a mapping of the job settings (name, team, pool, ...), got "
+                          f"{type(raw).__name__}")
+    return raw
+
+
+def check_spec(raw: Mapping[str, Any], contract: PlatformContract, source: str) -> JobSpec:
+    """The spec as a JobSpec, with every check the stack's plan runs on its own job: the settings against the
+    platform's pools, teams and image registries, then the rendered JobSet against the team's queue and the pool's
+    nodes (gpu_train.jobs.check)."""
+    try:
+        job = read_job(dict(raw), key="job")
+    except SettingsError as exc:
+        raise ClientError("\n".join(f"{source}: {p}" for p in exc.problems)) from None
+    problems = check_job(job, pools=contract.pools, teams=contract.teams, kueue=contract.kueue,
+                         nvme_host_path=contract.nvme_host_path, scheme=BUCKET_SCHEME[contract.cloud],
+                         pod_env=contract.pod_env, key="job", registries=contract.registries,
+                         repositories=contract.repositories)
+    if problems:
+        raise ClientError("\n".join(f"{source}: {p}" for p in problems))
+    return job
+
+
+def render(contract: PlatformContract, job: JobSpec, provenance: Provenance | None = None) -> dict[str, Any]:
+    """The JobSet of a submitted job: the one renderer fed by the contract, in the team's queue, annotated with
+    where its spec came from."""
+    try:
+        return jobset(job, Placement.from_contract(contract, job, provenance=provenance))
+    except ContractError as exc:
+        raise ClientError(str(exc)) from None
+    except JobSpecError as exc:
+        raise ClientError(f"job {job.name!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A job checked and rendered and, once `created`, in its team's namespace."""
+
+    job: JobSpec
+    namespace: str
+    queue: str  # the team's LocalQueue
+    manifest: Mapping[str, Any]  # the JobSet
+    estimate: str  # the carbon estimate's one line (gpu_train.spec.carbon.estimate)
+    memory: str = ""  # the memory a GPU needs under the job's layout (gpu_train.spec.job.memory_line)
+    created: bool = False
+
+
+def prepare(contract: PlatformContract, raw: Mapping[str, Any], source: str, *, image: str = "",
+            path: Path | None = None) -> Submitted:
+    """A spec checked and rendered for this platform, nothing sent; `image` replaces the spec's `image` (and is
+    checked as the spec's would be), `path` is the spec file for the JobSet's provenance annotations."""
+    if image:
+        raw = {**raw, "image": image}
+    job = check_spec(raw, contract, source)
+    from gpu_train.client.gitrepo import provenance
+    from gpu_train.spec.carbon.estimate import job_estimate
+    from gpu_train.spec.job import gpus_per_node, memory_line
+
+    manifest = render(contract, job, provenance(path) if path is not None else None)
+    pool = contract.pool(job.pool)
+    estimate = job_estimate(job, cloud=contract.cloud, region=contract.region,
+                            instance_type=pool.instance_type).line()
+    memory = memory_line(job, gpus=gpus_per_node(job, pool), gpu_type=pool.gpu_type)
+    return Submitted(job=job, namespace=manifest["metadata"]["namespace"], queue=contract.team(job.team).local_queue,
+                     manifest=manifest, estimate=estimate, memory=memory)
+
+
+def create(session: Session, prepared: Submitted) -> Submitted:
+    """Create a prepared job's JobSet in its team's namespace; a second job of the same name is refused."""
+    job, ns = prepared.job, prepared.namespace
+    group, version = jobset_api()
+    try:
+        call(session, session.custom.create_namespaced_custom_object, group, version, ns, "jobsets",
+             dict(prepared.manifest), doing="create jobsets", namespace=ns, team=job.team)
+    except ClientError as exc:
+        if "(409)" in str(exc):
+            raise ClientError(f"job {job.name!r} already exists in {ns}: `gpu-train status {job.name}` shows it, "
+                              f"`gpu-train cancel {job.name}` removes it", code=1) from None
+        raise
+    return dataclasses.replace(prepared, created=True)
+
+
+def set_active(session: Session, team: str, name: str, active: bool) -> str:
+    """Pause (active False) or resume (True) a job through its Workload's spec.active; returns the queue it waits
+    in."""
+    ns = team_namespace(team)
+    js = get_jobset(session, ns, name, team)
+    done = succeeded(js)
+    if done is not None:
+        raise ClientError(f"job {name!r} has {'completed' if done else 'failed'}; there is nothing "
+                          f"to {'resume' if active else 'pause'}")
+    workload = find_workload(session, ns, team, js)
+    if workload is None:
+        raise ClientError(f"job {name!r} has no Workload yet (Kueue creates one as soon as it sees the JobSet); try "
+                          "again in a few seconds", code=1)
+    wl = workload["metadata"]["name"]
+    call(session, session.custom.patch_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION, ns, "workloads", wl,
+         {"spec": {"active": active}}, doing=f"{'resume' if active else 'pause'} workload {wl}", namespace=ns,
+         team=team)
+    return (js["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name", "")
+
+
+def cancel(session: Session, team: str, name: str) -> None:
+    """Delete a job's JobSet (Kueue's Workload goes with it); its checkpoints stay in the bucket."""
+    ns = team_namespace(team)
+    group, version = jobset_api()
+    try:
+        call(session, session.custom.delete_namespaced_custom_object, group, version, ns, "jobsets", name,
+             propagation_policy="Background", doing=f"delete job {name!r}", namespace=ns, team=team)
+    except ClientError as exc:
+        if "(404)" in str(exc):
+            raise ClientError(f"no job {name!r} in {ns} (`gpu-train list` shows the team's jobs)") from None
+        raise
+
+
+def job_name_ok(name: str) -> str:
+    """A job name, or ClientError: a lowercase DNS label of at most 32 characters."""
+    if not JOB_NAME.fullmatch(name):
+        raise ClientError(f"{name!r} is not a job name (a lowercase DNS label of at most 32 characters)")
+    return name

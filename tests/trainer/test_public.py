@@ -1,0 +1,128 @@
+"""The library's public surface (trainer/__init__.py): every name imports, `import trainer` stays cheap, the bundled
+trainer reaches the library pieces only through these names, and the pieces take plain arguments (the job's
+environment, the process group's) rather than the trainer's config.
+
+Run: .venv/bin/pytest tests/trainer/test_public.py -q
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import trainer
+from gpu_train.spec import env as contract
+from gpu_train.spec.trainer_config import WatchdogConfig
+from tests.trainer.launch import ROOT, child_env
+
+# The library's pieces: the bundled trainer's own modules import them through `trainer` only.
+LIBRARY = ("trainer.checkpoint", "trainer.data", "trainer.tracking", "trainer.watchdog", "trainer.preemption",
+           "trainer.distributed", "trainer.jobenv")
+BUNDLED = ("train.py", "resume.py", "run.py")
+
+
+def test_every_public_name_imports_from_its_module():
+    for name in trainer.__all__:
+        value = getattr(trainer, name)
+        assert value is getattr(__import__(trainer.PUBLIC[name], fromlist=[name]), name), name
+    with pytest.raises(AttributeError, match="no attribute 'Trainer'"):
+        trainer.Trainer  # noqa: B018 -- the bundled GPT loop is not part of the library
+
+
+def test_importing_the_package_imports_no_piece_and_no_torch():
+    code = "import sys, trainer; print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('trainer.')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def _library_imports(path: Path) -> list[tuple[str, list[str]]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.append((node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names]
+    return found
+
+
+@pytest.mark.parametrize("module", BUNDLED)
+def test_the_bundled_trainer_uses_the_public_names_only(module):
+    imports = _library_imports(ROOT / "trainer" / module)
+    private = [m for m, _ in imports if any(m == lib or m.startswith(lib + ".") for lib in LIBRARY)]
+    assert private == [], f"trainer/{module} reaches into {private}: import the public names from `trainer`"
+    names = {n for m, ns in imports if m == "trainer" for n in ns}
+    pieces = names & set(trainer.__all__)
+    assert pieces, f"trainer/{module} uses no library piece"
+    # Anything else it imports from the package is a module of the bundled trainer, not a piece of the library.
+    assert all((ROOT / "trainer" / f"{n}.py").is_file() for n in names - pieces), names - pieces
+
+
+def test_train_uses_every_piece_of_the_library():
+    used = {n for module in BUNDLED for m, ns in _library_imports(ROOT / "trainer" / module) if m == "trainer"
+            for n in ns}
+    assert {"CheckpointManager", "GlobalSampler", "read_step", "Tracker", "Watchdog", "Preemption",
+            "init_distributed"} <= used
+
+
+def test_job_env_reads_the_contract_and_falls_back_on_one_machine(tmp_path):
+    env = {contract.JOB_NAME: "own", contract.RUN_DIR: "/mnt/nvme/runs/own",
+           contract.CHECKPOINT_DIR: "/mnt/nvme/runs/own/checkpoints", contract.CHECKPOINT_URI: "s3://ck/research/own",
+           contract.DATASET_URI: "s3://own/manifest.json", contract.DATA_CACHE_DIR: "/mnt/nvme/cache/own",
+           contract.DATA_ENDPOINT: "http://cache:39999/api/v1/s3", contract.TRACKING_URI: "http://mlflow:5000",
+           contract.EXPERIMENT: "own", contract.METRICS_PORT: "9400", contract.SHUTDOWN: "285", "RANK": "5",
+           "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RESTART_COUNT": "2"}
+    job = trainer.JobEnv.from_environ(env)
+    assert (job.job_name, job.run_dir, job.checkpoint_dir, job.checkpoint_uri) == (
+        "own", Path("/mnt/nvme/runs/own"), Path("/mnt/nvme/runs/own/checkpoints"), "s3://ck/research/own")
+    assert (job.dataset_uri, job.data_cache_dir, job.data_endpoint) == (
+        "s3://own/manifest.json", "/mnt/nvme/cache/own", "http://cache:39999/api/v1/s3")
+    assert (job.tracking_uri, job.experiment, job.metrics_port) == ("http://mlflow:5000", "own", 9401)
+    assert (job.rank, job.local_rank, job.world_size, job.restart_count, job.shutdown_timeout_s) == (5, 1, 8, 2, 285)
+    alone = trainer.JobEnv.from_environ({})
+    assert (alone.job_name, alone.run_dir, alone.checkpoint_dir, alone.checkpoint_uri, alone.dataset_uri) == (
+        "local", Path("runs/local"), Path("runs/local/checkpoints"), "", "synthetic")
+    assert (alone.metrics_port, alone.rank, alone.world_size, alone.tracking_uri) == (0, 0, 1, "")
+    with pytest.raises(ValueError, match="WORLD_SIZE must be a whole number"):
+        trainer.JobEnv.from_environ({"WORLD_SIZE": "two"})
+
+
+def test_every_contract_path_of_the_job_env_is_a_contract_variable():
+    """JobEnv reads nothing the contract does not list."""
+    source = (ROOT / "trainer" / "jobenv.py").read_text()
+    read = {getattr(contract, n.attr) for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "contract"}
+    literal = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant)
+               and isinstance(n.value, str) and n.value.isupper() and "_" in n.value}
+    assert read | literal <= contract.names()
+    assert read >= {contract.RUN_DIR, contract.CHECKPOINT_URI, contract.DATASET_URI, contract.TRACKING_URI}
+
+
+def test_the_watchdog_takes_its_bounds_and_torchruns_ranks(monkeypatch, tmp_path):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    wd = trainer.Watchdog(dump_dir=str(tmp_path))
+    assert (wd.rank, wd.local_rank, wd.cfg, wd.dump_dir) == (3, 1, WatchdogConfig(), tmp_path)
+    wd = trainer.Watchdog(WatchdogConfig(floor_s=5), rank=0, local_rank=0)
+    assert (wd.rank, wd.cfg.floor_s) == (0, 5)
+
+
+def test_preemption_outside_a_process_group_is_this_process():
+    with trainer.Preemption() as preemption:
+        assert preemption.any_rank() is False
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert preemption.any_rank() is True
+
+
+def test_the_guide_documents_every_public_name_and_every_contract_variable():
+    """docs/your-code.md is where a team reads the library's API and the environment its code gets."""
+    guide = (ROOT / "docs" / "your-code.md").read_text()
+    undocumented = [n for n in trainer.__all__ if f"`{n}" not in guide and f"{n}(" not in guide and f" {n}," not in guide]
+    assert undocumented == [], undocumented
+    assert [v.name for v in contract.ENV_CONTRACT if f"`{v.name}`" not in guide] == []
