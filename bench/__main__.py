@@ -48,6 +48,7 @@ def _fmt(value) -> str:
 
 def print_table(figures) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="gpu-train benchmarks (measured side by side in this run)")
@@ -56,7 +57,8 @@ def print_table(figures) -> None:
     for f in figures:
         mark = "" if f.meets_target is None else (" ✓" if f.meets_target else " ✗")
         ref = f"{_fmt(f.reference)} ({f.reference_name})" if f.reference is not None else ""
-        table.add_row(f.section, f.name + (f" [{f.notes}]" if f.notes else ""), f"{_fmt(f.value)} {f.unit}", ref,
+        # escape: the notes' brackets are text, not rich markup (which would drop them)
+        table.add_row(f.section, escape(f.name + (f" [{f.notes}]" if f.notes else "")), f"{_fmt(f.value)} {f.unit}", ref,
                       _fmt(f.ratio), f.target + mark)
     Console(width=160).print(table)
 

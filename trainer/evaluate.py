@@ -74,11 +74,17 @@ def evaluate(
     world: int = 1,
     device: torch.device | str = "cpu",
     autocast: AbstractContextManager[Any] | Callable[[], AbstractContextManager[Any]] | None = None,
+    window_losses: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None,
 ) -> EvalResult:
     """This rank's part of the validation loss (see the module docstring); restores the model's mode.
 
     ``model(x)`` must return ``(logits, ...)`` as ``trainer.model.GPT`` (raw, DDP- or FSDP-wrapped) does.
     ``autocast`` is a context manager (or a factory of one) entered around each forward pass.
+    ``window_losses(x, y)``, when given, computes each window's mean loss instead of ``model`` (a tensor or
+    pipeline parallel model: trainer.parallelize.StepRunner.window_losses), or None on a rank that computes none
+    (a pipeline stage other than the last): that rank's part counts no windows. ``rank`` and ``world`` are then
+    the data-parallel rank and degree: the ranks that share a part (tensor parallel, pipeline stages) compute it
+    together.
     """
     if batches < 1 or micro_batch_size < 1:
         raise ValueError(f"batches and micro_batch_size must be >= 1 (got {batches}, {micro_batch_size})")
@@ -88,6 +94,7 @@ def evaluate(
     lo, hi = rank_share(windows.size, rank, world)
     mine = windows[lo:hi]
     total = torch.zeros((), dtype=torch.float64)
+    counted = True  # whether this rank computed its windows' losses
     was_training = model.training
     model.eval()
     try:
@@ -99,17 +106,23 @@ def evaluate(
                     idx = windows[:1]
                 xy = torch.from_numpy(dataset.batch(idx.tolist())).to(device)
                 x, y = xy[:, :-1], xy[:, 1:]
-                ctx = autocast() if callable(autocast) else (autocast or contextlib.nullcontext())
-                with ctx:
-                    logits = model(x)[0]
-                per_token = F.cross_entropy(
-                    logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none"
-                )
-                per_window = per_token.view(y.shape).mean(dim=1)
+                if window_losses is not None:
+                    per_window = window_losses(x, y)
+                    if per_window is None:
+                        counted = False
+                        continue
+                else:
+                    ctx = autocast() if callable(autocast) else (autocast or contextlib.nullcontext())
+                    with ctx:
+                        logits = model(x)[0]
+                    per_token = F.cross_entropy(
+                        logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none"
+                    )
+                    per_window = per_token.view(y.shape).mean(dim=1)
                 total += per_window[:real].sum().double().cpu()
     finally:
         model.train(was_training)
-    return EvalResult(float(total), int(mine.size))
+    return EvalResult(float(total), int(mine.size) if counted else 0)
 
 
 def reduce_eval(part: EvalResult, device: torch.device | str = "cpu", group: Any = None) -> float:

@@ -31,6 +31,9 @@ Hugging Face layout); a byte-level model's token ids are the UTF-8 bytes, 256 be
 Hugging Face layout that tokenizer is written out as a ``tokenizer.json`` too (``byte_tokenizer_json``), so
 ``AutoTokenizer`` and the serving runtimes load every export alike.
 
+Checkpoints and exports written when attention had one fused query/key/value matrix (checkpoint format 2 and
+earlier) are read too: each ``attn.qkv.weight`` is split into ``attn.q``, ``attn.k`` and ``attn.v``.
+
 It runs past 400 lines as the one place that reads models from every source (checkpoint, exported directory)
 and writes both layouts, each with its tokenizer: one mapping of weights and tokenizers for every export.
 """
@@ -171,8 +174,9 @@ def to_hf_gpt2(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, to
         out.update({
             dst + "ln_1.weight": state[src + "norm1.weight"],
             dst + "ln_1.bias": state[src + "norm1.bias"],
-            dst + "attn.c_attn.weight": t(src + "attn.qkv.weight"),
-            dst + "attn.c_attn.bias": zeros(3 * d, src + "attn.qkv.weight"),
+            # GPT-2's c_attn is query, key and value side by side (Conv1D: in x 3 out).
+            dst + "attn.c_attn.weight": torch.cat([t(src + f"attn.{w}.weight") for w in "qkv"], dim=1),
+            dst + "attn.c_attn.bias": zeros(3 * d, src + "attn.q.weight"),
             dst + "attn.c_proj.weight": t(src + "attn.proj.weight"),
             dst + "attn.c_proj.bias": zeros(d, src + "attn.proj.weight"),
             dst + "ln_2.weight": state[src + "norm2.weight"],
@@ -208,7 +212,8 @@ def from_hf_gpt2(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, tor
         out.update({
             dst + "norm1.weight": get(src + "ln_1.weight"),
             dst + "norm1.bias": get(src + "ln_1.bias"),
-            dst + "attn.qkv.weight": get(src + "attn.c_attn.weight").t(),
+            **dict(zip((dst + f"attn.{w}.weight" for w in "qkv"), get(src + "attn.c_attn.weight").t().chunk(3),
+                       strict=True)),
             dst + "attn.proj.weight": get(src + "attn.c_proj.weight").t(),
             dst + "norm2.weight": get(src + "ln_2.weight"),
             dst + "norm2.bias": get(src + "ln_2.bias"),
@@ -225,9 +230,25 @@ def own_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------- loading
+FUSED_QKV = "attn.qkv.weight"  # checkpoint format 2 and earlier exports: query, key and value rows in one matrix
+
+
+def split_fused_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights written when attention had one fused projection: each `attn.qkv.weight` (3d x d: the query's rows,
+    then the key's, then the value's) becomes `attn.q.weight`, `attn.k.weight` and `attn.v.weight`."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if key.endswith(FUSED_QKV):
+            base = key[: -len("qkv.weight")]
+            out.update({f"{base}{w}.weight": part for w, part in zip("qkv", value.chunk(3), strict=True)})
+        else:
+            out[key] = value
+    return out
+
+
 def _build(cfg: ModelConfig, state: dict[str, torch.Tensor], where: str) -> GPT:
     model = GPT(cfg)
-    state = dict(state)
+    state = split_fused_qkv(dict(state))
     state.setdefault("lm_head.weight", state.get("tok_emb.weight"))
     try:
         model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
@@ -326,6 +347,11 @@ def load_checkpoint(
     cfg = model_config_from(config.get("model", {}), f"{step_dir}/manifest.json 'config.model'")
     model = GPT(cfg)
     state = {"model": model.state_dict()}
+    if manifest.get("format", 0) < 3:  # written with one fused q/k/v matrix per block
+        fused = {k.replace("attn.q.weight", FUSED_QKV): torch.cat([v, v, v]) for k, v in state["model"].items()
+                 if k.endswith("attn.q.weight")}
+        state["model"] = {**{k: v for k, v in state["model"].items() if not k.endswith(("attn.q.weight",
+                          "attn.k.weight", "attn.v.weight"))}, **fused}
     try:
         # No process group: DCP reads every shard itself, whatever the world size that wrote them.
         with warnings.catch_warnings():
@@ -333,7 +359,7 @@ def load_checkpoint(
             dcp.load(state, checkpoint_id=str(step_dir))
     except Exception as exc:  # DCP raises CheckpointException / RuntimeError with a long cause chain
         raise ExportError(f"{step_dir}: DCP could not load the model ({type(exc).__name__})") from exc
-    model.load_state_dict(state["model"])
+    model.load_state_dict(split_fused_qkv(state["model"]))
     model.eval()
     uri = data_uri or (config.get("data") or {}).get("uri") or "synthetic"
     endpoint = endpoint_url or (config.get("data") or {}).get("endpoint_url") or None

@@ -9,11 +9,19 @@ Usage:
 Pre-norm blocks (norm -> attention -> residual, norm -> MLP -> residual), causal attention through
 F.scaled_dot_product_attention (which picks flash/memory-efficient kernels on GPU), input and output embeddings
 tied, LayerNorm or RMSNorm, learned absolute positions or rotary embeddings (RoPE, https://arxiv.org/abs/2104.09864).
+
+What lets other code split the model without knowing its insides (trainer/parallelize.py, trainer/pipeline.py):
+- query, key and value are three projections (`attn.q`, `attn.k`, `attn.v`) and the head count is read from the
+  projection's output width, so a tensor-parallel rank that holds some heads' columns runs the same code;
+- `blocks` is a ModuleDict keyed by the block's index ("0", "1", ...): a pipeline stage that keeps some blocks
+  keeps their names, so every parameter has the same name (`blocks.7.mlp.fc.weight`) in every layout;
+- `forward` is `embed`, `run_blocks`, `logits`, `loss`, each usable alone by a stage that holds part of the model.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -49,21 +57,23 @@ class Attention(nn.Module):
         super().__init__()
         self.n_head = cfg.n_head
         self.head_dim = cfg.d_model // cfg.n_head
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.v = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, self.head_dim).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        # -1 heads: all of them, or this tensor-parallel rank's share (its columns of q, k and v).
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (self.q(x), self.k(x), self.v(x)))
         if rope is not None:
             cos, sin = rope[0][:t], rope[1][:t]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )
-        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, -1))
 
 
 class MLP(nn.Module):
@@ -97,7 +107,7 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model) if cfg.pos == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
         self.norm_f = make_norm(cfg.norm, cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied input/output embeddings
@@ -110,8 +120,13 @@ class GPT(nn.Module):
         self.init_buffers()
         self.reset_parameters()
 
-    def init_buffers(self) -> None:
-        """(Re)compute derived buffers, e.g. after `to_empty()` materialised a meta-device model."""
+    def init_buffers(self, device: torch.device | None = None) -> None:
+        """(Re)compute derived buffers, e.g. after `to_empty()` materialised a meta-device model; `device`: where
+        to create those still on the meta device (when only parts of the model were materialised)."""
+        if device is not None:
+            for name, buf in list(self.named_buffers(recurse=False)):
+                if buf.device.type == "meta":
+                    self.register_buffer(name, torch.empty_like(buf, device=device), persistent=False)
         if self.cfg.pos == "rope":
             cos, sin = rope_tables(self.cfg.context, self.cfg.d_model // self.cfg.n_head)
             if self.rope_cos.device.type != "meta":
@@ -137,24 +152,39 @@ class GPT(nn.Module):
                 n -= self.pos_emb.weight.numel()
         return n
 
-    def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def rope(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return (self.rope_cos, self.rope_sin) if self.cfg.pos == "rope" else None
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token (and learned position) embeddings of (B, T) token ids."""
         _, t = idx.shape
         if t > self.cfg.context:
             raise ValueError(f"sequence length {t} exceeds model.context {self.cfg.context}")
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(t, device=idx.device))
-        x = self.drop(x)
-        rope = (self.rope_cos, self.rope_sin) if self.cfg.pos == "rope" else None
-        for block in self.blocks:
+        return self.drop(x)
+
+    def run_blocks(self, x: torch.Tensor, blocks: Iterable[nn.Module] | None = None) -> torch.Tensor:
+        """The residual stream through `blocks` (default: all of this model's, in order)."""
+        rope = self.rope()
+        for block in self.blocks.values() if blocks is None else blocks:
             if self.activation_checkpointing and self.training:
                 x = checkpoint(block, x, rope, use_reentrant=False)
             else:
                 x = block(x, rope)
-        logits = self.lm_head(self.norm_f(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm_f(x))
+
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross entropy in fp32."""
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = self.logits(self.run_blocks(self.embed(idx)))
+        return logits, None if targets is None else self.loss(logits, targets)

@@ -41,7 +41,9 @@ SAMPLE_TOP_K = 40
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full (unsharded) model state dict in host memory on rank 0, {} elsewhere.
+    """The full (unsharded) model state dict in host memory on rank 0, {} elsewhere, for a model that is whole on
+    every rank or sharded by FSDP2 (a pipeline stage holds part of the model: its runner's full_state_dict gathers
+    the stages, trainer/pipeline.py).
 
     Collective: FSDP2 gathers its shards, so every rank must call it (rank 0 alone would wait forever).
     """

@@ -1,24 +1,29 @@
-"""The model on the devices: its initial weights, its data-parallel wrapping (DDP or FSDP2), the autocast dtype,
-the optimizer and the learning-rate schedule. trainer/model.py knows nothing of any of this.
+"""The model on the devices: its initial weights, how it is spread over the ranks (DDP, FSDP2, tensor and pipeline
+parallelism on one DeviceMesh), the autocast dtype, the optimizer and the learning-rate schedule. trainer/model.py
+knows nothing of any of this.
 
 Usage:
     from trainer.parallelize import build_model, build_optimizer, build_scheduler, resolve_dtype
     dtype = resolve_dtype(cfg, env)                          # bf16 on CUDA by default, None = fp32
-    model, wrapped = build_model(cfg, env, dtype)            # raw GPT (state dict names) and the module to call
-    with grad_sync(model, wrapped, cfg, last=micro == accum - 1): loss.backward()   # sync on the last only
+    model, runner = build_model(cfg, env, dtype)             # this rank's GPT (state dict names) and its StepRunner
+    loss = runner.forward_backward(windows, micro_batches)   # a step's forward and backward passes
+    norm = runner.clip_grad_norm_(cfg.train.grad_clip)       # the global gradient norm, over every rank
     optimizer = build_optimizer(model, cfg, env.device)
     scheduler = build_scheduler(optimizer, cfg)              # linear warmup, then cosine to train.min_lr
     continue_schedule(optimizer, scheduler, cfg, step)       # after a resume: at `step` under cfg's settings
 
-`parallelize(model, cfg, env, dtype)` is the one place that decides how a model is spread over the devices:
-it takes the model and the distributed environment and returns the module the loop calls. Data parallelism
-(DDP, or FSDP2's fully_shard per block + root) is what it does today; tensor and pipeline parallelism belong
-here too, as torchtitan's parallelize functions do (torchtitan/models/*/parallelize.py).
+The layout (gpu_train/spec/layout.py) says how many ranks each kind of parallelism gets. With train.tp = train.pp
+= 1 and train.parallel=ddp the model is wrapped in DDP; otherwise the ranks form a DeviceMesh of shape (pp,
+dp_replicate, dp_shard, tp), and, as torchtitan's parallelize functions do (torchtitan/models/llama3/infra/
+parallelize.py): pipeline stages are cut first (trainer/pipeline.py), tensor parallelism is applied on the "tp"
+dimension (trainer/runner.py), then FSDP2's fully_shard per block and per stage on the data-parallel dimensions ("dp_shard", or
+("dp_replicate", "dp_shard") for HSDP; under train.parallel=ddp a shard group of one, so parameters stay
+replicated and FSDP2 all-reduces the gradients). Every parameter keeps its name in every layout, so DCP reshards
+a checkpoint from one layout to another.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 
@@ -26,9 +31,13 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpu_train.spec.trainer_config import Config
+from gpu_train.spec.layout import Layout, resolve_layout
+from gpu_train.spec.trainer_config import Config, ModelConfig
 from trainer.distributed import DistEnv
+from trainer.errors import BadInput
 from trainer.model import GPT
+from trainer.pipeline import PipelineRunner
+from trainer.runner import StepRunner, build_mesh, dp_mesh, fully_shard_model, tensor_parallel
 
 
 def resolve_dtype(cfg: Config, env: DistEnv) -> torch.dtype | None:
@@ -39,71 +48,74 @@ def resolve_dtype(cfg: Config, env: DistEnv) -> torch.dtype | None:
     return None
 
 
-def parallelize(model: GPT, cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> torch.nn.Module:
-    """Wrap for data parallelism; returns the module to call (the raw model keeps the state dict names)."""
-    if cfg.train.parallel == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mesh = init_device_mesh(env.device.type, (env.world_size,))
-        # Parameters gathered in bf16, gradients reduced in fp32
-        # (https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html).
-        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh, mp_policy=mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
-        wrapped: torch.nn.Module = model
-    else:
-        wrapped = DDP(model, device_ids=[env.local_rank] if env.is_cuda else None)
-    if cfg.train.compile:
-        wrapped = torch.compile(wrapped)
-    return wrapped
+def model_params(model: ModelConfig) -> tuple[int, int]:
+    """(all parameters, non-embedding parameters) of the whole model, whatever part of it this rank holds."""
+    with torch.device("meta"):
+        full = GPT(model)
+    return full.num_params(non_embedding=False), full.num_params(non_embedding=True)
 
 
-def grad_sync(model: GPT, wrapped: torch.nn.Module, cfg: Config, *, last: bool) -> contextlib.AbstractContextManager:
-    """Around one micro batch's backward pass: gradients are reduced across ranks on the last micro batch only
-    (DDP's no_sync before it; FSDP2's set_requires_gradient_sync)."""
-    if cfg.train.parallel == "fsdp":
-        model.set_requires_gradient_sync(last)
-        return contextlib.nullcontext()
-    ddp = getattr(wrapped, "_orig_mod", wrapped)  # under torch.compile, DDP is inside
-    return contextlib.nullcontext() if last else ddp.no_sync()
+# ---------------------------------------------------------------------------------------------- layout
+def rank_layout(cfg: Config, env: DistEnv) -> Layout:
+    """The layout at this world size; BadInput naming the setting when it does not fit (the plan checks the same
+    before a job starts, gpu_train/spec/layout.py)."""
+    layout = resolve_layout(cfg.train, env.world_size)  # ConfigError is a BadInput
+    if env.local_world_size % layout.tp:
+        raise BadInput(f"train.tp={layout.tp} does not divide the {env.local_world_size} workers of this node: a "
+                       "tensor-parallel group would span two nodes")
+    return layout
 
 
-def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[GPT, torch.nn.Module]:
-    """Initial weights from train.seed, identical for DDP and FSDP2; returns (raw model, module to call).
+def _initial_weights(cfg: Config, env: DistEnv) -> dict[str, torch.Tensor]:
+    """Rank 0's full initial weights from train.seed in host memory ({} elsewhere): the same in every layout."""
+    if env.rank != 0:
+        return {}
+    torch.manual_seed(cfg.train.seed)
+    return GPT(cfg.model).state_dict()
 
-    DDP: every rank builds the model on its device from the same seed. FSDP2: the model is built on the meta
-    device and sharded, so no rank ever holds all parameters on its accelerator; rank 0 initialises the full
-    weights in host memory and they are scattered shard by shard (set_model_state_dict with
-    broadcast_from_rank0, https://pytorch.org/docs/stable/distributed.checkpoint.html).
+
+def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[GPT, StepRunner]:
+    """Initial weights from train.seed, identical in every layout; returns (this rank's model, its StepRunner).
+
+    DDP: every rank builds the model on its device from the same seed. Otherwise the model is built on the meta
+    device, cut into this rank's pipeline stages, split and sharded, so no rank ever holds all parameters on its
+    accelerator; rank 0 initialises the full weights in host memory and they are scattered shard by shard
+    (set_model_state_dict with broadcast_from_rank0, https://pytorch.org/docs/stable/distributed.checkpoint.html).
     """
-    if cfg.train.parallel == "fsdp":
-        with torch.device("meta"):
-            model = GPT(cfg.model)
-        model.activation_checkpointing = cfg.train.activation_checkpointing
-        full: dict[str, torch.Tensor] = {}
-        if env.rank == 0:
-            torch.manual_seed(cfg.train.seed)
-            full = GPT(cfg.model).state_dict()
-        wrapped = parallelize(model, cfg, env, dtype)
-        model.to_empty(device=env.device)
-        model.init_buffers()
-        set_model_state_dict(
-            model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        )
-        del full
-    else:
+    layout = rank_layout(cfg, env)
+    if not layout.sharded and cfg.train.parallel == "ddp":
         torch.manual_seed(cfg.train.seed)
         with torch.device(env.device):
             model = GPT(cfg.model)
         model.activation_checkpointing = cfg.train.activation_checkpointing
-        wrapped = parallelize(model, cfg, env, dtype)
+        wrapped = DDP(model, device_ids=[env.local_rank] if env.is_cuda else None)
+        runner: StepRunner = StepRunner(layout, env, model, torch.compile(wrapped) if cfg.train.compile else wrapped,
+                                        autocast_dtype=dtype)
+    else:
+        mesh = build_mesh(layout, env)
+        with torch.device("meta"):
+            model = GPT(cfg.model)
+        model.activation_checkpointing = cfg.train.activation_checkpointing
+        full = _initial_weights(cfg, env)
+        if layout.pp > 1:
+            runner = PipelineRunner(cfg, layout, env, model, mesh, dtype)  # cuts, splits, shards, materialises
+        else:
+            if layout.tp > 1:
+                tensor_parallel(model, mesh["tp"])
+            fully_shard_model([model], list(model.blocks.values()), dp_mesh(mesh, layout), dtype)
+            runner = StepRunner(layout, env, model, torch.compile(model) if cfg.train.compile else model, mesh=mesh)
+            model.to_empty(device=env.device)
+            model.init_buffers()
+        # Rank 0's full weights hold other stages' blocks too: each rank keeps its own (strict only without a pipeline).
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                   strict=layout.pp == 1))
+        del full
     # From here on each rank draws from its own stream (dropout); restored per rank on resume.
     torch.manual_seed(cfg.train.seed + 1 + env.rank)
-    return model, wrapped
+    return model, runner
 
 
+# ---------------------------------------------------------------------------------------------- optimizer
 def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (norm gains/biases are not decayed)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]

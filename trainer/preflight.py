@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.spec.trainer_config import MAX_PORT, Config, ConfigError, batch_layout, to_dict
+from trainer.checkpoint.manifest import FORMAT_VERSION
 from trainer.errors import BadInput
 
 # Keys that fix the parameter shapes: a checkpoint made with other values cannot be loaded.
@@ -168,6 +169,10 @@ def compatibility_problem(cfg: Config, manifest: dict[str, Any], where: str, man
     Everything else (steps, learning rate, world size, ddp/fsdp, evaluation, watchdog) may change; the learning
     rate schedule continues at the checkpoint's step under the new settings (trainer.parallelize.continue_schedule).
     """
+    if manifest.get("format", 0) < FORMAT_VERSION:
+        return (f"checkpoint {where} is in format {manifest.get('format')} (one fused query/key/value matrix per "
+                f"block, optimizer state by group): this trainer writes and resumes format {FORMAT_VERSION}. Export "
+                "its weights (python -m trainer.export reads both) or start a new run directory")
     ck_cfg = manifest.get("config") or {}
     ck_model = ck_cfg.get("model")
     mine = to_dict(cfg)

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpu_train.spec.layout import MESH_DIMS
 from gpu_train.spec.trainer_config import flatten, to_dict
-from trainer import Tracker, TrainingFailed, Watchdog, flops, full_state_dict, outputs, state_sha256
+from trainer import Tracker, TrainingFailed, Watchdog, flops, outputs, state_sha256
 from trainer.metrics import JsonlLog, MetricsProcessor, StepClock, TrainerMetrics
+from trainer.parallelize import model_params
 
 if TYPE_CHECKING:
     from trainer.train import Trainer
@@ -44,7 +46,7 @@ def open_outputs(t: Trainer, run_id: str | None, resumed_from: str | None) -> No
     t.tracker.log_dataset(cfg.data.uri, t.ds.manifest_sha256)
     prometheus = TrainerMetrics(port=cfg.metrics.port + env.local_rank if cfg.metrics.port else 0, rank=env.rank,
                                 restarts=env.restart_count, val_loss=t.evals.last)
-    n_params, n_nonemb = t.model.num_params(non_embedding=False), t.model.num_params(non_embedding=True)
+    n_params, n_nonemb = model_params(cfg.model)  # the whole model's, whatever part of it this rank holds
     t.metrics = MetricsProcessor(
         prometheus=prometheus, jsonl=JsonlLog(t.run_dir / "metrics.jsonl") if rank0 else None,
         tracker=t.tracker, total_steps=tc.steps, tokens_per_step=tc.global_batch_tokens,
@@ -55,6 +57,7 @@ def open_outputs(t: Trainer, run_id: str | None, resumed_from: str | None) -> No
     t.metrics.log(t.step, {
         "event": "start", "world_size": env.world_size, "restart_count": env.restart_count,
         "resumed_from": resumed_from, "global_batch": t.global_batch, "grad_accum": t.accum,
+        "layout": dict(zip(MESH_DIMS, t.runner.layout.shape, strict=True)),
         "params": n_params, "non_embedding_params": n_nonemb})
     if rank0:
         log.info("model %.2fM params (%.2fM non-embedding), world %d, global batch %d x %d tokens, %d micro "
@@ -66,7 +69,7 @@ def open_outputs(t: Trainer, run_id: str | None, resumed_from: str | None) -> No
     t.clock = StepClock(env.device)
     # A gradient hook on the token embedding's output marks the end of this rank's own backward work
     # (trainer/metrics.py); hooks inside a compiled region break torch.compile's graph, so not there.
-    if not tc.compile:
+    if not tc.compile and t.model.tok_emb is not None:  # a middle pipeline stage has no embedding
         t.exits.callback(t.model.tok_emb.register_forward_hook(t.on_embedding).remove)
 
 
@@ -80,7 +83,7 @@ def finish(t: Trainer, status: str) -> dict[str, Any]:
             raise TrainingFailed(f"the final checkpoint (step {t.step}) was not saved: {ckpt.failed[-1].error}")
         tokens_per_s = ((t.step - t.start_step) * tc.global_batch_tokens / t.elapsed
                         if t.step > t.start_step else 0.0)  # this launch's throughput
-        full = full_state_dict(t.model)  # collective (FSDP gathers shards): rank 0 gets the full state
+        full = t.runner.full_state_dict()  # collective (shards and stages gathered): rank 0 gets it all
         summary = outputs.run_summary(
             status=status, step=t.step, tokens=t.tokens_seen, loss=t.loss_value, evals=t.evals,
             params_sha256=state_sha256(full) if env.rank == 0 else None, restarts=env.restart_count,

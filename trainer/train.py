@@ -21,7 +21,8 @@ saved, since a restart would replay the same step) or TrainingFailed (a storage 
 
 Step callbacks, `callback(trainer, point, step)` for the 0-based step being trained (none in production; tests
 inject a killed, hung or slow rank through them, tests/trainer/faults.py): "after_forward" (the last micro batch's
-loss computed, its backward not yet run) and "before_sync" (every backward done, the step's all-reduce not yet
+loss computed, its backward not yet run; under pipeline parallelism, whose schedule interleaves them, once the
+step's schedule has run) and "before_sync" (every backward done, the step's all-reduce not yet
 joined: the watchdog is in its "collective" phase and the other ranks wait in the all-reduce).
 """
 
@@ -72,7 +73,7 @@ from trainer.errors import one_line
 from trainer.evaluate import EvalState, reduce_eval
 from trainer.export import TOKENIZER
 from trainer.metrics import batch_hash
-from trainer.parallelize import build_model, build_optimizer, build_scheduler, grad_sync, resolve_dtype
+from trainer.parallelize import build_model, build_optimizer, build_scheduler, resolve_dtype
 from trainer.preflight import check_inputs, checkpoint_dir_of, open_checked_dataset
 from trainer.resume import loop_state, resume
 
@@ -165,7 +166,9 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
 
     def build_model(self) -> None:
         """Fresh weights from train.seed, optimizer, schedule and sampler (again after a failed partial load)."""
-        self.model, self.wrapped = build_model(self.cfg, self.env, self.dtype)
+        # The runner (trainer/runner.py, trainer/pipeline.py) runs a step under the layout: DDP, FSDP2, tensor and
+        # pipeline parallelism.
+        self.model, self.runner = build_model(self.cfg, self.env, self.dtype)
         self.optimizer = build_optimizer(self.model, self.cfg, self.env.device)
         self.scheduler = build_scheduler(self.optimizer, self.cfg)
         self.sampler = self.new_sampler()
@@ -188,7 +191,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         status = self._nothing_to_train()
         if status is None:
             status = "completed"
-            self.wrapped.train()
+            self.runner.train()
         while status == "completed" and self.step < t.steps:
             if self.budget is not None and self.budget.reached() and self.budget.hold():
                 status = "preempted"  # stopped while held at its budget, the checkpoint of this step saved
@@ -276,8 +279,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             raise BadInput(self._diverged(step + 1, f"loss {loss}"))
         wd.phase("optimizer")
         if self.cfg.train.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
-            norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            norm = self.runner.clip_grad_norm_(self.cfg.train.grad_clip)
             if not math.isfinite(norm):
                 raise BadInput(self._diverged(step + 1, f"gradient norm {norm}"))
         lr = self.optimizer.param_groups[0]["lr"]  # this step's learning rate (the scheduler moves on below)
@@ -295,46 +297,32 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         if self.cfg.metrics.batch_hash:
             gathered: list[list[int] | None] = [None] * env.world_size
             dist.all_gather_object(gathered, indices)
-            timings["batch_sha256"] = batch_hash([i for part in gathered for i in part])
+            timings["batch_sha256"] = batch_hash([i for r in self.runner.data_ranks for i in gathered[r]])
         if values[1] > 0:
             self.stop_signal = "SIGINT" if values[4] > 0 else "SIGTERM"
         return timings, values[1] > 0
 
     def forward_backward_step(self, windows: torch.Tensor) -> torch.Tensor:
-        """Forward and backward over this rank's micro batches, gradients synced on the last one only;
-        returns the sum of the micro-batch losses, each divided by the number of micro batches."""
-        size = self.cfg.train.micro_batch_size
-        loss_sum = torch.zeros((), device=self.env.device)
-        for micro in range(self.accum):
-            chunk, last = windows[micro * size:(micro + 1) * size], micro == self.accum - 1
-            with grad_sync(self.model, self.wrapped, self.cfg, last=last), self._autocast():
-                _, loss = self.wrapped(chunk[:, :-1], targets=chunk[:, 1:])
-                for callback in self.step_callbacks if last else ():
-                    callback(self, "after_forward", self.step)
-                loss = loss / self.accum
-                loss.backward()
-            loss_sum += loss.detach()
-        return loss_sum
+        """Forward and backward over this rank's micro batches, gradients synced on the last one, through the
+        layout's runner; returns this rank's share of the step's loss (summed over the ranks and divided by the
+        world size in the step's all-reduce)."""
+        return self.runner.forward_backward(windows, self.accum, lambda: [
+            callback(self, "after_forward", self.step) for callback in self.step_callbacks])
 
     def _load_batch(self, step: int) -> tuple[torch.Tensor, list[int], tuple[str, str] | None]:
         """This rank's windows of global batch `step` on the device, and the shards of the next two blocks
         fetched in the background. A data failure is returned, with zeros that keep the collectives in step."""
         try:
-            rows, indices = read_step(self.ds, self.sampler, step, self.env.rank, self.env.world_size,
+            rows, indices = read_step(self.ds, self.sampler, step, self.runner.data_rank, self.runner.data_world,
                                       end_step=self.cfg.train.steps)
             windows, fault = torch.from_numpy(rows), None
         except DataError as exc:
             kind = "failed" if is_transient(exc) else "bad"
             fault = (kind, one_line(f"rank {self.env.rank}, step {step + 1}: data.uri: {exc}"))
-            windows = torch.zeros((self.global_batch // self.env.world_size, self.cfg.model.context + 1),
+            windows = torch.zeros((self.global_batch // self.runner.data_world, self.cfg.model.context + 1),
                                   dtype=torch.int64)
             indices = []
         return windows.to(self.env.device, non_blocking=True), indices, fault
-
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.dtype is not None and self.cfg.train.parallel == "ddp":
-            return torch.autocast(self.env.device.type, dtype=self.dtype)
-        return contextlib.nullcontext()
 
     def evaluate(self) -> float:
         """Validation loss at self.step on every rank (the same value everywhere), recorded and logged."""
@@ -346,7 +334,8 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             # forward (DDP would broadcast buffers) and a compiled wrapper is not recompiled for eval mode;
             # under FSDP2 `model` is the sharded module itself and gathers its parameters in each forward.
             part = evaluation.evaluate(self.model, self.val, batches=cfg.eval.batches, micro_batch_size=micro,
-                                       rank=env.rank, world=env.world_size, device=env.device, autocast=self._autocast)
+                                       rank=self.runner.data_rank, world=self.runner.data_world, device=env.device,
+                                       window_losses=self.runner.window_losses)
             val_loss = reduce_eval(part, device=env.device)
         self.metrics.log(self.step, {**self.evals.record(self.step, val_loss), "eval_s": time.perf_counter() - t0,
                                      "windows": cfg.eval.batches * micro})

@@ -21,12 +21,13 @@ def submitted(job: Job, out=None) -> int:
     assert done is not None  # Client.submit always returns what it rendered
     if not done.created:
         out.write(yaml.safe_dump(dict(done.manifest), sort_keys=False))
-        sys.stderr.write(done.estimate + "\n")
+        sys.stderr.write(f"{done.estimate}\n{done.memory}\n")  # stdout stays the JobSet alone
         return 0
     spec = done.job
     out.write(f"submitted job {spec.name!r} to {done.namespace}, queue {done.queue} (pool {spec.pool}, nodes "
               f"{spec.nodes})\n"
               f"  {done.estimate}\n"
+              f"  {done.memory}\n"
               f"  gpu-train status {spec.name}     queue position, step, loss, tokens/s, ETA\n"
               f"  gpu-train logs {spec.name} -f    rank 0's log, live\n")
     return 0

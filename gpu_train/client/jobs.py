@@ -103,6 +103,7 @@ class Submitted:
     queue: str  # the team's LocalQueue
     manifest: Mapping[str, Any]  # the JobSet
     estimate: str  # the carbon estimate's one line (gpu_train.spec.carbon.estimate)
+    memory: str = ""  # the memory a GPU needs under the job's layout (gpu_train.spec.job.memory_line)
     created: bool = False
 
 
@@ -115,12 +116,15 @@ def prepare(contract: PlatformContract, raw: Mapping[str, Any], source: str, *, 
     job = check_spec(raw, contract, source)
     from gpu_train.client.gitrepo import provenance
     from gpu_train.spec.carbon.estimate import job_estimate
+    from gpu_train.spec.job import gpus_per_node, memory_line
 
     manifest = render(contract, job, provenance(path) if path is not None else None)
+    pool = contract.pool(job.pool)
     estimate = job_estimate(job, cloud=contract.cloud, region=contract.region,
-                            instance_type=contract.pool(job.pool).instance_type).line()
+                            instance_type=pool.instance_type).line()
+    memory = memory_line(job, gpus=gpus_per_node(job, pool), gpu_type=pool.gpu_type)
     return Submitted(job=job, namespace=manifest["metadata"]["namespace"], queue=contract.team(job.team).local_queue,
-                     manifest=manifest, estimate=estimate)
+                     manifest=manifest, estimate=estimate, memory=memory)
 
 
 def create(session: Session, prepared: Submitted) -> Submitted:

@@ -67,6 +67,10 @@ class _Here:
         return 1
 
     @property
+    def gpu_type(self) -> str:
+        return ""  # no GPU memory to check the layout against
+
+    @property
     def gpu_quota(self) -> dict[str, int]:
         return {self.pool or self.name: self.nproc}
 

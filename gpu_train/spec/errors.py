@@ -40,6 +40,11 @@ class BadInput(Exception):
     """Input that no retry can fix; the message is one line and names the setting, file, URI or checkpoint."""
 
 
+class ConfigError(BadInput, ValueError):
+    """A trainer setting is unknown, of the wrong type, or inconsistent with another one (gpu_train.spec.
+    trainer_config and the layout checks of gpu_train.spec.layout raise it)."""
+
+
 class SettingsError(ValueError):
     """One or more invalid settings; `problems` holds one line per problem, each naming its full key."""
 

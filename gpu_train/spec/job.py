@@ -162,6 +162,7 @@ class PoolFacts(Protocol):
     instance_type: str
     gpus_per_node: int
     max_nodes: int
+    gpu_type: str  # the catalog's GPU model ("H100"); "" when unknown (no memory check)
 
 
 class TeamFacts(Protocol):
@@ -281,7 +282,7 @@ def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[Te
     shape_ok = _override_shape_problems(job, key, p)
     gpus = gpus_per_node(job, pool)
     if shape_ok and job.bundled and job.steps >= 1 and job.global_batch_tokens >= 1 and job.checkpoint_every >= 1:
-        p.extend(trainer_problems(job, gpus=gpus, key=key))
+        p.extend(trainer_problems(job, gpus=gpus, gpu_type=pool.gpu_type if pool is not None else "", key=key))
     if team is not None and pool is not None:
         nominal = int(team.gpu_quota.get(pool.name, 0))
         need = job.nodes.min * gpus
@@ -310,10 +311,11 @@ def _override_shape_problems(job: JobSpec, key: str, p: list[str]) -> bool:
     return ok
 
 
-def trainer_problems(job: JobSpec, *, gpus: int, key: str = f"{PROJECT}:job") -> list[str]:
-    """The job's preset and trainer settings through the trainer's own schema, and its global batch at every world
-    size from MIN to MAX nodes of `gpus` GPUs (skipped when the GPUs per node are not known)."""
-    from gpu_train.spec.trainer_config import ConfigError, batch_layout, build_config
+def trainer_problems(job: JobSpec, *, gpus: int, gpu_type: str = "", key: str = f"{PROJECT}:job") -> list[str]:
+    """The job's preset and trainer settings through the trainer's own schema, then its layout and global batch at
+    every world size from MIN to MAX nodes of `gpus` GPUs, and the memory a GPU needs against `gpu_type`'s (both
+    skipped when the GPUs per node are not known)."""
+    from gpu_train.spec.trainer_config import ConfigError, build_config
 
     try:
         tcfg = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()])
@@ -321,23 +323,65 @@ def trainer_problems(job: JobSpec, *, gpus: int, key: str = f"{PROJECT}:job") ->
         text = str(exc)
         if text.startswith("--preset"):
             return [f"{key}.preset {job.preset!r}: {text.split(':', 1)[1].strip()}"]
-        name = text.split(":", 1)[0].split(" ", 1)[0]
-        setting = next((f"{key}.{v}" for k, v in MANAGED_OVERRIDES.items() if k == name), None)
-        where = setting or (f"{key}.overrides.{name}" if name in job.overrides else f"{key}.preset {job.preset!r}")
-        return [f"{where}: the trainer refuses it: {text}"]
+        name = re.match(r"[a-z_]*(\.[a-z_0-9]+)?", text).group(0)  # type: ignore[union-attr]
+        return [f"{_setting_key(job, name, key)}: the trainer refuses it: {text}"]
     if gpus < 1:
         return []
+    return _layout_problems(job, tcfg, gpus=gpus, gpu_type=gpu_type, key=key)
+
+
+def _setting_key(job: JobSpec, name: str, key: str) -> str:
+    """Where the job sets trainer key `name`: its own setting, an override, or (neither) its preset."""
+    if name in MANAGED_OVERRIDES:
+        return f"{key}.{MANAGED_OVERRIDES[name]}"
+    return f"{key}.overrides.{name}" if name in job.overrides else f"{key}.preset {job.preset!r}"
+
+
+def _layout_problems(job: JobSpec, tcfg: Any, *, gpus: int, gpu_type: str, key: str) -> list[str]:
+    """The first world size from MIN to MAX nodes where the layout or the batch does not fit, or the model does not
+    fit a GPU's memory (gpu_train/spec/layout.py, gpu_train/spec/memory.py)."""
+    from gpu_train.spec.layout import resolve_layout, world_problems
+    from gpu_train.spec.memory import memory_problem
+
     lo, hi = job.nodes.min, job.nodes.max
+    model_parallel = tcfg.train.pp * tcfg.train.tp
+
+    def where(n: int) -> str:
+        return f"{n * gpus} ({n} nodes x {gpus} GPUs, within {key}.nodes {job.nodes})"
+
     for n in range(lo, hi + 1):
-        try:
-            batch_layout(tcfg, n * gpus)
-        except ConfigError as exc:
+        for setting, text in world_problems(tcfg, n * gpus, gpus_per_node=gpus):
+            if setting != "train.global_batch_tokens":
+                return [f"{_setting_key(job, setting, key)}: the layout does not fit world size {where(n)}: {text}"]
             per_step = tcfg.train.micro_batch_size * tcfg.model.context
             sizes = [m * gpus for m in range(lo, hi + 1)]
-            lcm = math.lcm(*sizes) * per_step
+            lcm = math.lcm(*(size // model_parallel for size in sizes)) * per_step
             hint = (f"A multiple of {lcm} tokens works at every world size from {sizes[0]} to {sizes[-1]}"
                     if lcm <= 1 << 32 else f"No global batch of practical size divides every world size from "
                     f"{sizes[0]} to {sizes[-1]}; narrow {key}.nodes")
-            return [f"{key}.globalBatchTokens {job.global_batch_tokens} does not divide at world size "
-                    f"{n * gpus} ({n} nodes x {gpus} GPUs, within {key}.nodes {job.nodes}): {exc}. {hint}"]
+            return [f"{key}.globalBatchTokens {job.global_batch_tokens} does not divide at world size {where(n)}: "
+                    f"{text}. {hint}"]
+    for n in range(lo, hi + 1) if gpu_type else ():
+        problem = memory_problem(tcfg, resolve_layout(tcfg.train, n * gpus), gpu_type, preset=job.preset)
+        if problem:
+            return [f"{key}.pool {job.pool!r}: at world size {where(n)}, {problem}"]
     return []
+
+
+def memory_line(job: JobSpec, *, gpus: int, gpu_type: str) -> str:
+    """The line `gpu-train submit` prints: the memory a GPU needs under the job's layout at MIN nodes, where it is
+    largest (more nodes only add data-parallel ranks, which shard or replicate, never add, what a GPU holds)."""
+    from gpu_train.spec.catalog.gpus import memory_gb
+    from gpu_train.spec.layout import resolve_layout
+    from gpu_train.spec.memory import memory_per_gpu
+    from gpu_train.spec.trainer_config import ConfigError, build_config
+
+    try:
+        tcfg = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()])
+        layout = resolve_layout(tcfg.train, job.nodes.min * gpus)
+        estimate = memory_per_gpu(tcfg, layout)
+    except ConfigError as exc:
+        return f"memory: no estimate ({exc})"
+    capacity = memory_gb(gpu_type)
+    of = f" of a {gpu_type}'s {capacity} GB" if capacity else ""
+    return f"memory: ~{estimate.describe()} per GPU{of}, under {layout} at {job.nodes.min * gpus} GPUs"

@@ -66,6 +66,7 @@ class PoolFacts:
     instance_type: str
     gpus_per_node: int
     max_nodes: int
+    gpu_type: str = ""  # "" when the catalog does not know the instance type
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ def pool_facts(s: StackSettings) -> list[PoolFacts]:
     out = []
     for pool in s.gpu_pools:
         shape = catalog.shape(s.cloud, pool.instance_type)
-        out.append(PoolFacts(pool.name, pool.instance_type, shape.gpus if shape else 0, pool.max_nodes))
+        out.append(PoolFacts(pool.name, pool.instance_type, shape.gpus if shape else 0, pool.max_nodes,
+                             shape.gpu_type if shape else ""))
     return out
 
 

@@ -11,6 +11,9 @@ key's type, or a value outside the key's range (a non-finite number, a port abov
 unknown scheme, ...) raises ConfigError naming the key; the command line turns that into exit code 2. It lives
 in the platform's core (no torch) because a job spec's trainer settings are checked against it wherever a job
 is made: the plan, `gpu-train submit` and `run --local`, and the trainer itself.
+
+The module is over 400 lines because the schema, its presets and its one parser are read together everywhere; the
+checks that span several keys and a world size (the parallel layout) are gpu_train/spec/layout.py's.
 """
 
 from __future__ import annotations
@@ -27,12 +30,9 @@ from urllib.parse import urlparse
 
 import yaml
 
-from gpu_train.spec.errors import BadInput
+from gpu_train.spec.errors import ConfigError
+from gpu_train.spec.layout import check_static, micro_batches, resolve_layout
 from gpu_train.spec.values import NonFiniteError, ValueTextError, as_uri, parse_bool, parse_float, parse_int
-
-
-class ConfigError(BadInput, ValueError):
-    """A configuration value is unknown, of the wrong type, or inconsistent with another one."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +61,16 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     seed: int = 1234
-    parallel: Literal["ddp", "fsdp"] = "ddp"
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # data parallelism: replicate (ddp) or shard (fsdp, FSDP2) the model
+    # Model parallelism (docs/trainer.md, Choosing a layout; gpu_train/spec/layout.py): ranks form a mesh
+    # (pp, dp_replicate, dp_shard, tp) with tp innermost, so a tensor-parallel group is one node's GPUs.
+    tp: int = 1  # tensor-parallel degree: each block's matmuls split over this many GPUs of one node
+    pp: int = 1  # pipeline-parallel degree: the blocks split into consecutive stages over this many GPUs
+    dp_replicate: int = 1  # fsdp: replica groups (HSDP across nodes); -1 = what train.dp_shard leaves
+    dp_shard: int = -1  # fsdp: GPUs a model is sharded over; -1 = world / (pp x tp x dp_replicate)
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    pp_microbatches: int = 0  # micro batches per pipeline schedule run; 0 = all of the step's in one run
+    pp_stages_per_rank: int = 1  # interleaved_1f1b: stages each pipeline rank holds (2 or more)
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False  # torch.compile the model
     activation_checkpointing: bool = False  # recompute each block in backward to save memory
@@ -215,11 +224,26 @@ def seven_b() -> Config:
     )
 
 
+def gpt2_2_7b() -> Config:
+    """GPT-3 2.7B's shape in GPT-2's architecture (32 x 2560, 32 heads, 2048 context; Brown et al. 2020, table
+    2.1): ~2.65B parameters. The layout here is the one for 8-GPU NVLink nodes (H100, H200, A100, B200); on other
+    GPUs use the overrides gpu_train.spec.memory.RECOMMENDED_LAYOUTS names for them (docs/trainer.md)."""
+    return Config(
+        model=ModelConfig(n_layer=32, n_head=32, d_model=2560, context=2048, vocab_size=GPT2_VOCAB),
+        train=TrainConfig(
+            steps=50000, global_batch_tokens=1048576, micro_batch_size=4, lr=1.6e-4, min_lr=1.6e-5,
+            warmup_steps=1000, parallel="fsdp", dp_shard=8, dp_replicate=-1,
+        ),
+        checkpoint=CheckpointConfig(every_steps=250),
+    )
+
+
 PRESETS: dict[str, Callable[[], Config]] = {
     "tiny": tiny,
     "gpt2-124m": gpt2_124m,
     "gpt2-350m": gpt2_350m,
     "1b": one_b,
+    "gpt2-2.7b": gpt2_2_7b,
     "7b": seven_b,
 }
 
@@ -452,6 +476,7 @@ def validate(cfg: Config) -> None:
             f"train.global_batch_tokens / model.context = {sequences} sequences is not divisible by "
             f"train.micro_batch_size ({t.micro_batch_size})"
         )
+    check_static(cfg)  # the parallel degrees that cannot work at any world size
     _check_uri("data.uri", cfg.data.uri, extra=("synthetic",))
     if cfg.data.read_mode == "direct" and urlparse(cfg.data.uri).scheme != "file":
         raise ConfigError(f"data.read_mode=direct memory-maps shards where they are and needs a file:// data.uri "
@@ -468,19 +493,14 @@ def validate(cfg: Config) -> None:
 
 
 def batch_layout(cfg: Config, world_size: int) -> tuple[int, int]:
-    """(global batch in sequences, micro batches per rank per step) for this world size.
+    """(global batch in sequences, micro batches per data-parallel rank per step) for this world size.
 
-    The global batch is fixed by the config; the number of accumulation steps absorbs the world size.
+    The global batch is fixed by the config; the number of micro batches absorbs the data-parallel degree, which
+    is the world size divided by train.pp x train.tp (gpu_train/spec/layout.py).
     """
-    sequences = cfg.train.global_batch_tokens // cfg.model.context
-    per_step = world_size * cfg.train.micro_batch_size
-    if sequences % per_step:
-        raise ConfigError(
-            f"train.global_batch_tokens / model.context = {sequences} sequences is not divisible by "
-            f"world size ({world_size}) x train.micro_batch_size ({cfg.train.micro_batch_size}) = {per_step}; "
-            "change train.global_batch_tokens or train.micro_batch_size"
-        )
-    return sequences, sequences // per_step
+    layout = resolve_layout(cfg.train, world_size)
+    return cfg.train.global_batch_tokens // cfg.model.context, micro_batches(cfg, layout)
+
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

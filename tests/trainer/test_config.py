@@ -90,6 +90,8 @@ def test_resolved_config_round_trips(tmp_path):
     ("gpt2-124m", 123e6, 126e6),
     ("gpt2-350m", 350e6, 360e6),
     ("1b", 1.0e9, 1.2e9),
+    # 32 blocks x 12 x 2560^2 = 2.517e9, token embeddings 50304 x 2560 = 0.129e9, positions 2048 x 2560 = 0.005e9
+    ("gpt2-2.7b", 2.64e9, 2.66e9),
     ("7b", 6.3e9, 7.0e9),
 ])
 def test_preset_parameter_counts(preset, low, high):

@@ -99,7 +99,7 @@ def test_cpu_run_lowers_loss_and_writes_outputs(tmp_path):
         h = f"transformer.h.{i}."
         ours.update({
             f"blocks.{i}.norm1.weight": hf[h + "ln_1.weight"], f"blocks.{i}.norm1.bias": hf[h + "ln_1.bias"],
-            f"blocks.{i}.attn.qkv.weight": hf[h + "attn.c_attn.weight"].t(),
+            **dict(zip((f"blocks.{i}.attn.{w}.weight" for w in "qkv"), hf[h + "attn.c_attn.weight"].t().chunk(3), strict=True)),
             f"blocks.{i}.attn.proj.weight": hf[h + "attn.c_proj.weight"].t(),
             f"blocks.{i}.norm2.weight": hf[h + "ln_2.weight"], f"blocks.{i}.norm2.bias": hf[h + "ln_2.bias"],
             f"blocks.{i}.mlp.fc.weight": hf[h + "mlp.c_fc.weight"].t(),

@@ -40,7 +40,9 @@ checkpoint group, so no rank waits for another in a barrier; the save is recorde
 its remote copy gets no manifest, and training goes on (the previous checkpoint stands).
 
 Model and optimizer state go through torch.distributed.checkpoint.state_dict.get_state_dict/set_state_dict, so
-DDP and FSDP2 share one code path and DCP reshards on load when the world size changed. Async saves use
+DDP, FSDP2, tensor and pipeline parallelism share one code path, and DCP reshards on load when the world size or
+the layout changed: every parameter has the same name in every layout (trainer/model.py, trainer/pipeline.py),
+and each rank loads the parts of the parameters it holds now. Async saves use
 dcp.async_save on a dedicated gloo group so that background collectives never interleave with the training
 collectives on the default group
 (https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.state_dict_saver.async_save).
@@ -66,7 +68,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from trainer.checkpoint.manifest import (
     FORMAT_VERSION,
@@ -92,6 +94,11 @@ from trainer.errors import BadInput, one_line
 
 log = logging.getLogger("trainer.checkpoint")
 
+# The optimizer's state keyed by parameter name, each parameter's group settings beside it
+# ("state.blocks.7.mlp.fc.weight.exp_avg", "param_groups.blocks.7.mlp.fc.weight.lr"): a rank's keys are the
+# names of the parameters it holds, whatever the layout, where the nested form lists each group's parameters
+# per rank and so could not move between pipeline layouts.
+STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 _TRAINER_KEY = "trainer_state"  # a JSON string inside the DCP state dict: step, tokens, sampler, run id, ...
 _PROBE = ".probe-"
 
@@ -279,7 +286,7 @@ class CheckpointManager:
         except OSError as exc:
             early = early or f"cannot write {path}: {exc.strerror or exc}"
 
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=STATE_DICT_OPTIONS)
         state = {"model": model_sd, "optim": optim_sd, _TRAINER_KEY: json.dumps(trainer_state, sort_keys=True)}
         record = SaveRecord(step=step, path=path, started=time.time())
         extra = {**meta, "trainer": trainer_state, "config": config}
@@ -591,10 +598,11 @@ class CheckpointManager:
 
     def _load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
               manifest: dict[str, Any], apply: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=STATE_DICT_OPTIONS)
         state = {"model": model_sd, "optim": optim_sd, _TRAINER_KEY: ""}
         dcp.load(state, checkpoint_id=str(path), process_group=self._pg)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=STATE_DICT_OPTIONS)
         trainer_state = json.loads(state[_TRAINER_KEY])
         if not isinstance(trainer_state, dict):
             raise CheckpointInvalid(f"{path}: trainer state is not a mapping")

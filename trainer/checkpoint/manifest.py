@@ -31,7 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 STEP_RE = re.compile(r"^step_(\d{9})$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 

@@ -1,7 +1,8 @@
-"""Power of each GPU model the instance catalogs name: the board's maximum power (TDP) in watts.
+"""Power and memory of each GPU model the instance catalogs name: the board's maximum power (TDP) in watts and its
+memory in GB.
 
-Usage: `from gpu_train.spec.catalog.gpus import tdp_watts; tdp_watts("H100")` -> 700, None when no figure is
-published (AWS Trainium).
+Usage: `from gpu_train.spec.catalog.gpus import tdp_watts, memory_gb; tdp_watts("H100")` -> 700, None when no figure
+is published (AWS Trainium); `memory_gb("L4")` -> 24.
 
 The carbon estimate (gpu_train/spec/carbon/estimate.py) multiplies the job's GPUs by this figure: an upper bound
 of what a GPU draws under a training load. Figures from the vendors' data sheets for the parts the clouds use:
@@ -14,6 +15,11 @@ of what a GPU draws under a training load. Figures from the vendors' data sheets
 - L4: 72 W (https://www.nvidia.com/en-us/data-center/l4/);
 - A10G (AWS g5): 300 W (https://d1.awsstatic.com/product-marketing/ec2/NVIDIA_AWS_A10G_DataSheet_FINAL_02_17_2022.pdf).
 AWS publishes no power figure for its Trainium chips, so jobs on trn1 get no energy estimate.
+
+Memory (what the plan's per-GPU memory estimate, gpu_train/spec/memory.py, is checked against) from the same data
+sheets: H100 SXM5 80 GB, H200 141 GB, A100 40 or 80 GB, B200 180 GB (HGX B200: 1,440 GB over 8 GPUs), L40S 48 GB,
+L4 24 GB, A10G 24 GB; a Trainium chip has 32 GB (trn1.32xlarge: 512 GB over 16 chips,
+https://aws.amazon.com/ec2/instance-types/trn1/).
 """
 
 from __future__ import annotations
@@ -28,6 +34,24 @@ GPU_TDP_W: dict[str, int] = {
     "L4": 72,
     "A10G": 300,
 }
+
+
+GPU_MEMORY_GB: dict[str, int] = {
+    "H100": 80,
+    "H200": 141,
+    "A100-40GB": 40,
+    "A100-80GB": 80,
+    "B200": 180,
+    "L40S": 48,
+    "L4": 24,
+    "A10G": 24,
+    "Trainium": 32,
+}
+
+
+def memory_gb(gpu_type: str) -> int | None:
+    """The GPU model's memory in GB (10^9 bytes, as the data sheets count); None for a model not in the table."""
+    return GPU_MEMORY_GB.get(gpu_type)
 
 
 def tdp_watts(gpu_type: str) -> int | None:

@@ -101,6 +101,8 @@ def test_submit_creates_the_jobset_in_the_team_namespace(api, tmp_path, cli):
     code, out, err = cli("submit", spec(tmp_path), "--kubeconfig", kubeconfig)
     assert code == 0, err
     assert "submitted job 'gpt2-smoke' to team-research, queue research-queue" in out
+    # The memory a GPU needs under the job's layout, against the pool's GPU (the estimate: gpu_train/spec/memory.py).
+    assert "  memory: ~" in out and " per GPU of a " in out and "under pp=1 x dp_replicate=" in out
     (post,) = [r for r in api.requests if r[0] == "POST"]
     assert post[1] == "/apis/jobset.x-k8s.io/v1alpha2/namespaces/team-research/jobsets"
     sent = post[3]

@@ -125,3 +125,30 @@ def test_python_m_trainer_is_the_bundled_trainer_with_its_settings():
     parsed = _own(["python", "-m", "trainer"])
     assert parsed.module and parsed.training_script == "trainer"
     assert parsed.training_script_args == ["--preset", "gpt2-124m", "--run-dir", "/r", "train.steps=5"]
+
+
+def test_the_layout_travels_as_trainer_settings_and_keeps_tensor_parallel_groups_on_one_node():
+    """A job's layout is trainer overrides through the one launcher; torchrun gives a node's 8 workers consecutive
+    ranks, and the mesh is torch's row-major arange over (pp, dp_replicate, dp_shard, tp), so each tensor-parallel
+    group (the innermost dimension) is on one node and the pipeline stages are on different nodes."""
+    import torch
+
+    from gpu_train.spec.layout import resolve_layout
+    from gpu_train.spec.trainer_config import build_config
+
+    job = read_job({"name": "llm", "team": "research", "pool": "h100", "preset": "gpt2-350m", "nodes": "2:4",
+                    "globalBatchTokens": 1048576, "overrides": {"train.tp": 4, "train.pp": 2,
+                                                                 "train.parallel": "fsdp"}}, key="job")
+    args = launch.torchrun_args(job, nproc=8, endpoint="llm-worker-0-0.llm:29400", run_dir="/runs/llm",
+                                settings=trainer_settings(job))
+    parsed = torchrun.get_args_parser().parse_args(args)
+    trainer = trainer_parser().parse_args(parsed.training_script_args)
+    assert {"train.tp=4", "train.pp=2", "train.parallel=fsdp"} <= set(trainer.overrides)
+    cfg = build_config(trainer.preset, overrides=trainer.overrides)
+    for nodes in (2, 3, 4):
+        layout = resolve_layout(cfg.train, nodes * int(parsed.nproc_per_node))
+        mesh = torch.arange(layout.world).view(layout.shape)
+        node_of = mesh // 8
+        assert (node_of == node_of[..., :1]).all()  # every tp group on one node
+        assert layout.dp == nodes  # pp x tp = 8 GPUs: the data-parallel degree is what the nodes add
+    assert layout.shape == (2, 1, 4, 4)

@@ -32,6 +32,7 @@ class Pool:
     instance_type: str = "p5.48xlarge"
     gpus_per_node: int = 8
     max_nodes: int = 4
+    gpu_type: str = "H100"
 
 
 @dataclass(frozen=True)
