@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_train.jobs.launch import detach_launcher, launch_env, local_command
+from gpu_train.jobs.launch import Site, detach_launcher, launch_env, local_command
 from gpu_train.spec.errors import EXIT_RESUMABLE
 from gpu_train.spec.job import JobSpec, trainer_settings
 from gpu_train.sweeps.journal import TrialState
@@ -91,7 +91,8 @@ class LocalBackend:
             wait_for_exit(run_dir / LAUNCHER_PID, run_dir)  # one a killed controller started, now stopping
         cmd = local_command(job, nproc=self.nproc, run_dir=run_dir,
                             settings=trainer_settings(job, {"data.uri": self.data_uri}))
-        env = {**launch_env(job), **os.environ}
+        site = Site(run_dir=str(run_dir), dataset_uri=self.data_uri)  # this machine: no object store, no cache
+        env = {**launch_env(job, site), **os.environ}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         with open(run_dir / LAUNCHER_LOG, "ab") as logf:
             self.procs[t.id] = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,

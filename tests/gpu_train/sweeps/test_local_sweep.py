@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_train.jobs.launch import launch_env, local_command
+from gpu_train.jobs.launch import Site, launch_env, local_command
 from gpu_train.spec.job import trainer_settings
 from gpu_train.sweeps.journal import read_journal
 from gpu_train.sweeps.spec import load_sweep, trial_job
@@ -61,9 +61,13 @@ def gpu_train(*args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def wait_for(journal: Path, event: str) -> None:
+def wait_for(journal: Path, event: str, controller: subprocess.Popen) -> None:
+    """Until the journal holds `event`; a controller that exits first fails the test with what it printed."""
     deadline = time.monotonic() + DEADLINE_S
     while not any(r["event"] == event for r in read_journal(journal)):
+        if controller.poll() is not None:
+            raise AssertionError(f"the controller exited {controller.returncode} before a {event} record:\n"
+                                 f"{controller.communicate()[0][-3000:]}")
         assert time.monotonic() < deadline, f"no {event} record in {journal}"
         time.sleep(0.2)
 
@@ -74,7 +78,8 @@ def plain_run(sweep, trial: str, params: dict, run_dir: Path) -> subprocess.Pope
     cmd = local_command(job, nproc=1, run_dir=run_dir, settings=trainer_settings(job, {"data.uri": "synthetic"}))
     run_dir.parent.mkdir(parents=True)
     with open(run_dir.parent / "launcher.log", "wb") as log:
-        return subprocess.Popen(cmd, env={**launch_env(job), **env()}, stdout=log, stderr=subprocess.STDOUT)
+        site = Site(run_dir=str(run_dir), dataset_uri="synthetic")
+        return subprocess.Popen(cmd, env={**launch_env(job, site), **env()}, stdout=log, stderr=subprocess.STDOUT)
 
 
 def test_a_killed_asha_sweep_continues_pauses_promotes_and_matches_unpaused_training(tmp_path):
@@ -85,7 +90,7 @@ def test_a_killed_asha_sweep_continues_pauses_promotes_and_matches_unpaused_trai
     journal = sweep_dir / "journal.jsonl"
 
     first = gpu_train("sweep", "run", "--local", spec, "--runs", runs)
-    wait_for(journal, "pause")
+    wait_for(journal, "pause", first)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=60)
 
