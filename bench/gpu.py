@@ -36,9 +36,12 @@ LAYOUTS = (
 
 def run(quick: bool = False) -> list[Figure]:
     if not torch.cuda.is_available():
-        return [Figure("gpu", f"gpt2-350m {row} bf16", None, "tokens/s/GPU",
-                       notes="needs a CUDA device with 2 GPUs or more (torch.cuda.is_available() is False here)")
-                for row, _ in LAYOUTS]
+        why = "torch.cuda.is_available() is False here"
+        return [*(Figure("gpu", f"{preset} {parallel} bf16+compile vs bare loop", None, "tokens/s/GPU",
+                         notes=f"needs a CUDA device ({why})")
+                  for preset in ("gpt2-124m", "gpt2-350m") for parallel in ("DDP", "FSDP")),
+                *(Figure("gpu", f"gpt2-350m {row} bf16 vs FSDP2", None, "tokens/s/GPU",
+                         notes=f"needs a CUDA device with 2 GPUs or more ({why})") for row, _ in LAYOUTS)]
     figures = _data_parallel(quick)
     return figures + _model_parallel(quick, fsdp=next(f for f in figures if f.name.startswith("gpt2-350m FSDP")))
 
