@@ -142,8 +142,12 @@ def _stack_settings(name: str):
     from gpu_train.spec.settings import parse
     from tests.conftest import VARIANTS
 
-    base, instance_type = VARIANTS.get(name, (name, None))
+    from tools.variants import SERVING, SERVING_BLOCK
+
+    base, instance_type = VARIANTS.get(name, (SERVING.get(name, name), None))
     raw = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{base}.yaml").read_text())["config"]
+    if name in SERVING:  # a dev stack with serving enabled (tools/variants.py)
+        raw.update(yaml.safe_load(SERVING_BLOCK.read_text()))
     if instance_type:
         for pool in raw["gpu-train:gpuPools"]:
             pool["instanceType"] = instance_type
