@@ -141,7 +141,6 @@ def _kueue_configuration(plan: dict) -> dict:
 def _stack_settings(name: str):
     from gpu_train.spec.settings import parse
     from tests.conftest import VARIANTS
-
     from tools.variants import SERVING, SERVING_BLOCK
 
     base, instance_type = VARIANTS.get(name, (SERVING.get(name, name), None))
