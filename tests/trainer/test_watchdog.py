@@ -225,7 +225,9 @@ def test_a_rank_sleeping_in_a_collective_is_found_and_the_group_resumes(tmp_path
     assert mine, out[-6000:]
     assert "rank 1 (local rank 1 on " in mine[0] and "hung in phase 'collective' (step 7)" in mine[0]
     spent, bound = (float(x) for x in re.search(r": ([\d.]+)s, bound ([\d.]+)s = ", mine[0]).groups())
-    assert bound == pytest.approx(4.0, abs=0.05) and spent <= bound + 1.5
+    # Fired past its bound, and long before the 600 s sleep could have ended by itself: the watchdog ended the
+    # hang. How soon past the bound depends on the machine's load, so that is not asserted.
+    assert bound == pytest.approx(4.0, abs=0.05) and bound <= spent < 60
     # Its stacks, whole, in its own file beside the run (rank 0's fire at the same time and would interleave with
     # them on torchrun's merged stderr): the main thread asleep in the fault's step callback, called by the
     # Trainer's train_step before the step's all-reduce.
