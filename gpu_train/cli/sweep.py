@@ -4,13 +4,16 @@ Usage:
     gpu-train sweep run --local [examples/sweep-tiny.yaml]   # trials as local torchrun jobs, controlled here
     gpu-train sweep run SPEC                                 # trials as JobSets in the team's queue, controlled here
     gpu-train sweep run SPEC --dry-run                       # the first trials' JobSets, as the cluster would get them
-    gpu-train sweep status SPEC                              # the table and the plot's path
-    gpu-train sweep stop SPEC                                # stop the controller running here
+    gpu-train sweep submit SPEC [--dry-run]                  # the controller in the cluster, in the team's namespace
+    gpu-train sweep status SPEC [--cluster]                  # the table and the plot's path
+    gpu-train sweep stop SPEC [--cluster]                    # stop the controller running here [in the cluster]
     gpu-train sweep replay SPEC                              # every decision of the journal, taken again
 
 The sweep's state (its journal, Optuna's journal, the plot, the trials' run directories) lives in
-runs/<sweep name>/ (--runs). Running the same command again after the controller was stopped or killed continues
-the same sweep. It needs the sweeps extra (Optuna); --local the trainer as well.
+runs/<sweep name>/ (--runs); a cluster sweep's journal is also copied to the checkpoints bucket after every record,
+so `sweep run SPEC` here and `sweep submit SPEC` continue each other. Running the same command again after the
+controller was stopped or killed continues the same sweep. It needs the sweeps extra (Optuna); --local the trainer
+as well.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.client.cluster import ClientError
+from gpu_train.sweeps.journal import CONTROLLER_PID
 
-CONTROLLER_PID = "controller.pid"
 DEFAULT_SOURCE = "the embedded default sweep"
 # The sweep `gpu-train sweep run --local` runs without a spec: examples/sweep-tiny.yaml, which says why each value
 # (a test keeps the two the same).
@@ -65,13 +68,26 @@ def register(sub: Any, common: Any) -> None:
                                               "one, else synthetic)")
     r.add_argument("--runs", default="runs", help="parent of the sweep's directory (default ./runs)")
     common(r, team=False)
+    s = ss.add_parser("submit", help="run a sweep's controller in the cluster, in the team's namespace",
+                      description="Start the sweep's controller as a Deployment in the team's namespace (its spec in its "
+                                  "environment), running as the namespace's sweep-controller account; submitting again "
+                                  "replaces it and continues the same sweep.")
+    s.add_argument("spec", help="sweep spec file (YAML)")
+    s.add_argument("--dry-run", action="store_true", help="print the Deployment instead")
+    s.add_argument("--runs", default="runs", help="parent of the sweep's local directory (default ./runs)")
+    common(s, team=False)
     for name, text in (("status", "the sweep's trials: parameters, rung, tokens, best loss, state; and its plot"),
                        ("stop", "stop the sweep's controller running on this machine (--local trials save a "
-                                "checkpoint and stop); the same `sweep run` continues it"),
+                                "checkpoint and stop), or in the cluster (--cluster: its trials are paused); the "
+                                "same `sweep run` or `sweep submit` continues it"),
                        ("replay", "take every decision of the sweep's journal again and compare")):
         c = ss.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         c.add_argument("spec", nargs="?", help="sweep spec file (YAML; default the embedded one)")
         c.add_argument("--runs", default="runs", help="parent of the sweep's directory (default ./runs)")
+        if name != "replay":
+            c.add_argument("--cluster", action="store_true", help="the sweep's controller in the cluster (`sweep "
+                                                                  "submit`): its journal's copy in the object store")
+            common(c, team=False)
 
 
 def _need_optuna() -> None:
@@ -94,30 +110,36 @@ def run(args: argparse.Namespace, session_of: Any = None) -> int:
     cmd = args.sweep_command
     sweep = load(args.spec)
     sweep_dir = Path(args.runs) / sweep.name
-    if cmd == "status":
-        return status(sweep, _journaled(sweep, sweep_dir))
-    if cmd == "replay":
-        return replay(sweep, _journaled(sweep, sweep_dir))
-    if cmd == "stop":
-        return stop(sweep, sweep_dir)
-    if args.local:
+    cluster = cmd == "submit" or getattr(args, "cluster", False) or (cmd == "run" and not args.local)
+    if cmd == "replay" or (cmd in ("status", "stop") and not cluster):
+        return {"status": status, "replay": replay, "stop": stop}[cmd](
+            sweep, sweep_dir if cmd == "stop" else _journaled(sweep, sweep_dir))
+    if cmd == "run" and args.local:
         return run_local(sweep, args.spec or DEFAULT_SOURCE, runs=Path(args.runs), data=args.data, nproc=args.nproc)
     if not args.spec:
         raise ClientError("a sweep on the cluster needs a spec file (the embedded default is for --local)")
-    from gpu_train.cli.sweep_cluster import dry_run
+    from gpu_train.cli import sweep_cluster
     from gpu_train.client.cluster import load_contract
 
-    session = None if (args.dry_run and args.platform) else session_of(args)
+    dry = getattr(args, "dry_run", False)
+    session = None if (dry and args.platform) or (cmd == "status" and args.platform) else session_of(args)
     contract = load_contract(session, sweep.template.team, args.platform)
-    if args.dry_run:
-        return dry_run(contract, sweep, args.spec)
+    if cmd == "status":
+        sweep_cluster.pull_state(contract, sweep, sweep_dir)
+        return status(sweep, sweep_dir)
+    if cmd == "stop":
+        return sweep_cluster.stop(session, sweep, sweep_dir, contract)
+    if cmd == "submit":
+        return sweep_cluster.submit(session, contract, sweep, args.spec, dry_run_only=dry)
+    if dry:
+        return sweep_cluster.dry_run(contract, sweep, args.spec)
     return run_cluster(session, contract, sweep, args.spec, runs=Path(args.runs))
 
 
 def run_cluster(session, contract, sweep, source: str, *, runs: Path) -> int:
-    """The controller in this process, the trials as JobSets in the team's queue (gpu_train.cli.sweep_cluster)."""
-    from gpu_train.cli.sweep_cluster import ClusterBackend, trial_jobsets
-    from gpu_train.sweeps.controller import Controller
+    """The controller in this process, the trials as JobSets in the team's queue (gpu_train.sweeps.cluster)."""
+    from gpu_train.sweeps.cluster import cluster_controller, trial_jobsets
+    from gpu_train.sweeps.run import drive
     from gpu_train.sweeps.tracking import SweepTracker
 
     trial_jobsets(contract, sweep, source)  # every bound checked as `gpu-train submit` checks a job
@@ -128,9 +150,8 @@ def run_cluster(session, contract, sweep, source: str, *, runs: Path) -> int:
     if not tracking_uri:
         print("gpu-train: no MLflow parent run for this sweep (set MLFLOW_TRACKING_URI to the server its trials "
               "log to)", file=sys.stderr)
-    backend = ClusterBackend(session, contract, sweep, source=source, tracking_uri=tracking_uri)
-    controller = Controller(sweep, sweep_dir, backend, tracker=tracker)
-    backend.parent_run_id = controller.parent_run_id
+    controller, backend = cluster_controller(session, contract, sweep, source, sweep_dir, tracking_uri=tracking_uri,
+                                             tracker=tracker)
     team = contract.team(sweep.template.team)
     print(f"gpu-train: sweep {sweep.name!r}: {sweep.trial_config.num_trials} trials, "
           f"{sweep.trial_config.parallel_trials} at a time, as JobSets in {team.namespace} (queue {team.local_queue}); "
@@ -166,6 +187,7 @@ def sweep_job(sweep, params):
 def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int) -> int:
     from gpu_train.sweeps.controller import Controller
     from gpu_train.sweeps.local import LocalBackend
+    from gpu_train.sweeps.run import drive
     from gpu_train.sweeps.tracking import SweepTracker, default_tracking_uri
 
     if nproc < 1:
@@ -185,44 +207,6 @@ def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int) -> int:
     print(f"gpu-train: sweep {sweep.name!r}: {sweep.trial_config.num_trials} trials, {sweep.trial_config.parallel_trials}"
           f" at a time, {nproc} local worker(s) each, on {data_uri}; directory {sweep_dir}", file=sys.stderr)
     return drive(controller, backend.shutdown, sweep, sweep_dir)
-
-
-def drive(controller, shutdown, sweep, sweep_dir: Path,
-          stopped: str = "its trials checkpointed and stopped; the same command continues it") -> int:
-    """Run a controller to the end: SIGTERM and Ctrl-C call `shutdown` (local trials save a checkpoint and stop)
-    and exit 130, the same command continues; the end writes the plot, completes the MLflow run and prints the
-    table."""
-    from gpu_train.sweeps.controller import SweepFailed
-
-    previous = signal.signal(signal.SIGTERM, lambda *_: controller.stopping.set())
-    pid_file = sweep_dir / CONTROLLER_PID
-    pid_file.write_text(f"{os.getpid()}\n")
-    try:
-        controller.run()
-    except KeyboardInterrupt:
-        print(f"gpu-train: sweep {sweep.name!r} stopped: {stopped}", file=sys.stderr)
-        shutdown()
-        return 130
-    except SweepFailed as exc:
-        shutdown()
-        raise ClientError(str(exc), code=1) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        pid_file.unlink(missing_ok=True)
-    return finish(controller, sweep, sweep_dir)
-
-
-def finish(controller, sweep, sweep_dir: Path) -> int:
-    from gpu_train.sweeps.report import PLOT, plot_sweep, status_table
-
-    plot = plot_sweep(sweep, controller.state, sweep_dir / PLOT)
-    if controller.tracker:
-        controller.tracker.finish(controller.state, plot=plot, journal=controller.journal.path)
-    print(status_table(sweep, controller.state))
-    print(f"plot      {plot}\njournal   {controller.journal.path}")
-    if controller.tracker:
-        print(f"mlflow    parent run {controller.parent_run_id} in {controller.tracker.tracking_uri}")
-    return 0
 
 
 def status(sweep, sweep_dir: Path) -> int:

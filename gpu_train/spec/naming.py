@@ -80,6 +80,10 @@ PROMOTER_SERVICE_ACCOUNT = "serving-promoter"  # the in-cluster promotion loop
 SERVICE_LABEL = "gpu-train.io/service"
 MODEL_VERSION_LABEL = "gpu-train.io/model-version"
 SERVING_ROLE_LABEL = "gpu-train.io/serving-role"  # model | route | router | promoter
+# Sweeps (gpu_train/jobs/sweep_platform.py): the in-cluster sweep controllers' service account (one per team
+# namespace, made by the platform) and the label on each controller's objects, valued with the sweep's name.
+SWEEP_CONTROLLER_SERVICE_ACCOUNT = "sweep-controller"
+SWEEP_LABEL = "gpu-train.io/sweep"
 ROUTE_PORT = 8080  # the route's HTTP port (requests and /metrics)
 # The JobSet's one replicated job, and the pod label JobSet puts on every pod of a JobSet.
 REPLICATED_JOB = "worker"

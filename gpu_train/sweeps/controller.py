@@ -6,11 +6,15 @@ Usage:
     controller = Controller(sweep, sweep_dir, backend, tracker=SweepTracker.open(...), out=sys.stderr)
     best = controller.run()      # until every trial is finished, pruned or failed; a TrialState or None
 
-A backend (gpu_train.sweeps.local.LocalBackend; the cluster's in gpu_train.cli.sweep_cluster) does what the
+A backend (gpu_train.sweeps.local.LocalBackend; the cluster's in gpu_train.sweeps.cluster) does what the
 controller asks of a trial: `settings(trial)` (the trainer settings that tie the trial to the sweep: its budget
 object, its MLflow parent), `write_budget`, `launch` (start, or resume from its checkpoint: idempotent),
 `pause` (stop it, its checkpoint kept; in the cluster the same Workload suspend as `gpu-train pause`), `stop`,
 `read_status` (its status.json) and `ended` (None while its job runs, else how it ended).
+
+`on_record` is called after each journal record, before the action it records (the cluster's controllers copy
+the journal to the object store there: gpu_train.sweeps.mirror); `heartbeat`, a file touched at every pass (the
+in-cluster controller's liveness probe reads its age).
 
 Restart: the journal (gpu_train.sweeps.journal) and Optuna's journal are read back; trials Optuna asked for that
 the journal missed are adopted with their parameters, never asked again; every trial the journal says is running
@@ -24,16 +28,16 @@ import logging
 import math
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from gpu_train.spec.job import JobSpec
 from gpu_train.sweeps.algorithms import Policy, journal_storage
-from gpu_train.sweeps.journal import ACTIVE, Journal, SweepState, TrialState, read_journal
+from gpu_train.sweeps.journal import ACTIVE, JOURNAL, Journal, SweepState, TrialState, read_journal
 from gpu_train.sweeps.spec import SweepSpec, trial_job, trial_name
 
 log = logging.getLogger("gpu_train.sweeps")
-JOURNAL = "journal.jsonl"
 
 
 class SweepFailed(RuntimeError):
@@ -54,9 +58,11 @@ class Backend(Protocol):
 
 class Controller:
     def __init__(self, sweep: SweepSpec, sweep_dir: Path, backend: Backend, *, tracker: Any = None,
-                 out: TextIO | None = None) -> None:
+                 out: TextIO | None = None, on_record: Callable[[], None] | None = None,
+                 heartbeat: Path | None = None) -> None:
         self.sweep, self.dir, self.backend, self.tracker = sweep, Path(sweep_dir), backend, tracker
         self.out = out or sys.stderr
+        self.on_record, self.heartbeat = on_record, heartbeat
         self.dir.mkdir(parents=True, exist_ok=True)
         self.state = SweepState.replay(read_journal(self.dir / JOURNAL))
         self.journal = Journal(self.dir / JOURNAL)
@@ -69,6 +75,8 @@ class Controller:
         """Journal first (fsync'd), then apply to the state: an action follows its record, never precedes it."""
         r = self.journal.append(event, **fields)
         self.state.apply(r)
+        if self.on_record:
+            self.on_record()
         return r
 
     def say(self, text: str) -> None:
@@ -238,6 +246,8 @@ class Controller:
             return self.state.best()
         self.resume_active()
         while self.step():
+            if self.heartbeat:
+                self.heartbeat.touch()
             if self.stopping.wait(self.backend.poll_s):
                 raise KeyboardInterrupt
         best = self.state.best()

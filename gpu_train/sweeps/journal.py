@@ -30,6 +30,8 @@ from typing import Any
 
 log = logging.getLogger("gpu_train.sweeps")
 
+JOURNAL = "journal.jsonl"  # its file in the sweep's directory
+CONTROLLER_PID = "controller.pid"  # the running controller's pid, beside it (`gpu-train sweep stop`)
 ACTIVE = ("running", "held")  # states that hold a trial slot (and, in the cluster, quota)
 TERMINAL = ("completed", "pruned", "failed")
 

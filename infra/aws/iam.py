@@ -52,12 +52,11 @@ def _read_bucket(sid: str, bucket: str) -> list[dict]:
     ]
 
 
-def trainer_policy(team: str, *, datasets_bucket: str, checkpoints_bucket: str, s3_key_arn: str) -> dict:
-    """A team's trainer: read datasets; read/write only <checkpoints>/<team>/; the S3 key only."""
+def _team_checkpoints(team: str, checkpoints_bucket: str) -> list[dict]:
+    """List, read and write <checkpoints>/<team>/ only."""
     if not team or "/" in team or "*" in team:
         raise ValueError(f"team name {team!r} cannot scope an S3 prefix")
-    return _doc(
-        *_read_bucket("Datasets", datasets_bucket),
+    return [
         {"Sid": "CheckpointsListTeamPrefix", "Effect": "Allow", "Action": "s3:ListBucket",
          "Resource": f"arn:aws:s3:::{checkpoints_bucket}",
          "Condition": {"StringLike": {"s3:prefix": [f"{team}/", f"{team}/*"]}}},
@@ -65,9 +64,24 @@ def trainer_policy(team: str, *, datasets_bucket: str, checkpoints_bucket: str, 
          "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
                     "s3:ListMultipartUploadParts"],
          "Resource": f"arn:aws:s3:::{checkpoints_bucket}/{team}/*"},
+    ]
+
+
+def trainer_policy(team: str, *, datasets_bucket: str, checkpoints_bucket: str, s3_key_arn: str) -> dict:
+    """A team's trainer: read datasets; read/write only <checkpoints>/<team>/; the S3 key only."""
+    return _doc(
+        *_read_bucket("Datasets", datasets_bucket),
+        *_team_checkpoints(team, checkpoints_bucket),
         # Decrypt to read, GenerateDataKey to write objects under SSE-KMS.
         _s3_kms(s3_key_arn, ["kms:Decrypt", "kms:GenerateDataKey"]),
     )
+
+
+def sweep_controller_policy(team: str, *, checkpoints_bucket: str, s3_key_arn: str) -> dict:
+    """A team's in-cluster sweep controllers: its trials' budget and status objects and the sweeps' journals, all
+    under <checkpoints>/<team>/; no datasets."""
+    return _doc(*_team_checkpoints(team, checkpoints_bucket),
+                _s3_kms(s3_key_arn, ["kms:Decrypt", "kms:GenerateDataKey"]))
 
 
 def cache_policy(*, datasets_bucket: str, s3_key_arn: str) -> dict:

@@ -25,7 +25,7 @@ from infra.platform import WorkloadIdentity
 
 @dataclass(frozen=True, kw_only=True)
 class Binding:
-    key: str  # platform.identities key: "cache", "mlflow", "trainer/<team>", "serving/<team>"
+    key: str  # platform.identities key: "cache", "mlflow", "trainer/<team>", "sweeps/<team>", "serving/<team>"
     namespace: str  # Kubernetes namespace of the service account
     service_account: str  # Kubernetes service account name
     policy: Callable[[Mapping[str, str]], dict]  # resolved names/ARNs -> IAM policy document
@@ -40,6 +40,12 @@ def bindings(teams: Sequence[str], cache: bool, mlflow: bool, serving: bool = Fa
                                                                   checkpoints_bucket=r["checkpoints"],
                                                                   s3_key_arn=r["s3_key"]))
            for team in teams]
+    # Each team's in-cluster sweep controllers (gpu-train sweep submit): its prefix of the checkpoints bucket.
+    out += [Binding(key=f"sweeps/{team}", namespace=naming.team_namespace(team),
+                    service_account=naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT,
+                    policy=lambda r, team=team: iam.sweep_controller_policy(team, checkpoints_bucket=r["checkpoints"],
+                                                                            s3_key_arn=r["s3_key"]))
+            for team in teams]
     if cache:
         out.append(Binding(key="cache", namespace=naming.CACHE_NAMESPACE, service_account=naming.CACHE_SERVICE_ACCOUNT,
                            policy=lambda r: iam.cache_policy(datasets_bucket=r["datasets"], s3_key_arn=r["s3_key"])))

@@ -55,7 +55,7 @@ def contract_document(p: ClusterPlatform, cfg: StackSettings, *, cluster_name: s
         buckets=buckets,
         endpoints=Endpoints(object_store=p.object_store_endpoint, cache=cache_endpoint, tracking=tracking_uri),
         identities={key: Identity(namespaces=list(i.namespaces), service_account=i.name)
-                    for key, i in sorted(p.identities.items()) if key.startswith("trainer/")},
+                    for key, i in sorted(p.identities.items()) if key.startswith(("trainer/", "sweeps/"))},
         logs=logs, pod_env=dict(p.pod_env), serving=serving,
     ).document()
 

@@ -30,6 +30,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
+from gpu_train.jobs.sweep_platform import team_sweep_objects
 from gpu_train.spec import naming
 from gpu_train.spec.contract import GpuPool
 from gpu_train.spec.job import PODS_READY_TIMEOUT_S
@@ -167,6 +168,8 @@ def submitter_rules() -> list[dict[str, Any]]:
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": read},
         # patch: pause and resume a submitted job through its Workload's spec.active.
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": [*read, "patch"]},
+        # `gpu-train sweep submit` and `sweep stop --cluster`: a sweep's controller (gpu_train/jobs/sweep_platform.py).
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": write},
         *_team_read_rules(),
     ]
 
@@ -361,6 +364,7 @@ class Tenancy(pulumi.ComponentResource):
                 metadata={"name": identity.name, "namespace": ns_name, "annotations": dict(identity.annotations)},
                 automount_service_account_token=False,
                 opts=common.k8s_opts(p, self, deps))
+            self._sweep_controllers(name, p, team.name, ns_name, deps)
             lq = local_queue(team.name)
             k8s.apiextensions.CustomResource(
                 f"{name}-{team.name}-localqueue", api_version=lq["apiVersion"], kind=lq["kind"],
@@ -369,3 +373,24 @@ class Tenancy(pulumi.ComponentResource):
 
         self.register_outputs({"local_queue": self.local_queue,
                                "team_namespaces": {t: naming.team_namespace(t) for t in self.team_namespaces}})
+
+    def _sweep_controllers(self, name: str, p: ClusterPlatform, team: str, ns: str,
+                           deps: list[pulumi.Resource]) -> None:
+        """The account the namespace's in-cluster sweep controllers run as, and its Role, where the cloud layer gave
+        it an identity (`gpu-train sweep submit`; gpu_train/jobs/sweep_platform.py)."""
+        identity = p.identities.get(f"sweeps/{team}")
+        if identity is None:
+            return
+        if identity.name != naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT or ns not in identity.namespaces:
+            raise ValueError(f"platform.identities['sweeps/{team}'] is bound to {list(identity.namespaces)}/"
+                             f"{identity.name}, not {ns}/{naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT}")
+        opts = common.k8s_opts(p, self, deps)
+        for obj in team_sweep_objects(ns, identity_annotations=dict(identity.annotations)):
+            res, meta = f"{name}-{team}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj["metadata"]
+            if obj["kind"] == "ServiceAccount":
+                k8s.core.v1.ServiceAccount(res, metadata=meta, opts=opts,
+                                           automount_service_account_token=obj["automountServiceAccountToken"])
+            elif obj["kind"] == "Role":
+                k8s.rbac.v1.Role(res, metadata=meta, rules=obj["rules"], opts=opts)
+            else:
+                k8s.rbac.v1.RoleBinding(res, metadata=meta, role_ref=obj["roleRef"], subjects=obj["subjects"], opts=opts)

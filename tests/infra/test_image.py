@@ -91,14 +91,15 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
                 if ln.strip() and not ln.startswith("#")]
     # The team command and the developer tools stay out of the image with the rest.
     for required in (".git", ".venv*", "runs/", "build/", "tests/", "bench/", "**/__pycache__", "infra/",
-                     "gpu_train/cli/", "gpu_train/client/", "examples/", "tools/"):
+                     "gpu_train/cli/", "examples/", "tools/"):
         assert required in patterns, required
     copied = re.findall(r"^COPY (?!--from)(.+) \S+$", DOCKERFILE.read_text(), flags=re.M)
     sources = [s for line in copied for s in line.split() if not s.startswith("--")]
-    # The trainer, the core it imports (the platform's vocabulary and the launcher), and the serving programs
-    # (a service's route, the promotion loop) the platform runs from this image.
+    # The trainer, the core it imports (the platform's vocabulary and the launcher), and the programs the platform
+    # runs from this image: serving's (a service's route, the promotion loop) and the sweep controller, on the client.
     assert set(sources) == {"pyproject.toml", "trainer", "trainer/entrypoint.sh", "gpu_train/__init__.py",
-                            "gpu_train/spec", "gpu_train/jobs", "gpu_train/serving"}
+                            "gpu_train/spec", "gpu_train/jobs", "gpu_train/serving", "gpu_train/client",
+                            "gpu_train/sweeps"}
     inputs = image.image_inputs()
     for src in sources:
         assert src not in patterns and f"{src}/" not in patterns
@@ -113,8 +114,8 @@ def test_the_tag_covers_exactly_what_the_image_is_made_of():
     assert {"pyproject.toml", "trainer/entrypoint.sh", "trainer/__main__.py", "gpu_train/__init__.py",
             "gpu_train/jobs/launch.py", "gpu_train/spec/trainer_config.py"} <= set(inputs)
     assert {i.split("/")[0] for i in inputs} == {"pyproject.toml", "trainer", "gpu_train"}
-    assert {i.split("/")[1] for i in inputs if i.startswith("gpu_train/") and i.count("/") > 1} == {"spec", "jobs",
-                                                                                                   "serving"}
+    assert {i.split("/")[1] for i in inputs if i.startswith("gpu_train/") and i.count("/") > 1} == {
+        "spec", "jobs", "serving", "client", "sweeps"}
     assert not any("__pycache__" in i or i.endswith(".pyc") for i in inputs)
 
 

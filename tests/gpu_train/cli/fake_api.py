@@ -22,7 +22,8 @@ What makes it answer like the real API rather than like the CLI expects:
 - serving: InferenceServices (checked against KServe's CRD, and reported Ready at once, as KServe does once its
   pods are ready), the routes' ConfigMaps, Deployments and Services (created, replaced with PUT, patched), Events,
   and a predictor's answer through the service proxy (`completions`); roles `serving-submitter` and
-  `serving-viewer` are the team roles of a stack that serves, `promoter` the promotion loop's own Role.
+  `serving-viewer` are the team roles of a stack that serves, `promoter` the promotion loop's own Role,
+  `sweep-controller` the in-cluster sweep controller's.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import yaml
 
 from gpu_train.jobs.serving_platform import promoter_rules
+from gpu_train.jobs.sweep_platform import sweep_controller_rules
 from infra.k8s import tenancy
 from tests.infra.k8s.vap import Admission
 from tools.validation import crd
@@ -53,7 +55,7 @@ ADMITTED = ("Pod", "Job", "JobSet")
 ROLES = {"submitter": tenancy.submitter_rules, "viewer": tenancy.viewer_rules,
          "serving-submitter": lambda: tenancy.submitter_rules() + tenancy.serving_submitter_rules(),
          "serving-viewer": lambda: tenancy.viewer_rules() + tenancy.serving_viewer_rules(),
-         "promoter": promoter_rules}
+         "promoter": promoter_rules, "sweep-controller": sweep_controller_rules}
 PLURAL_KIND = {"jobsets": "JobSet", "workloads": "Workload", "configmaps": "ConfigMap", "pods": "Pod",
                "services": "Service", "events": "Event", "deployments": "Deployment",
                "inferenceservices": "InferenceService"}

@@ -16,11 +16,11 @@ import socket
 import boto3
 import pytest
 
-from gpu_train.cli.sweep_cluster import ClusterBackend
 from gpu_train.client.cluster import connect
 from gpu_train.jobs.jobset import PRIORITY_LABEL, QUEUE_LABEL
 from gpu_train.spec import naming
 from gpu_train.spec.contract import PlatformContract
+from gpu_train.sweeps.cluster import ClusterBackend
 from gpu_train.sweeps.controller import Controller
 from gpu_train.sweeps.spec import parse_sweep
 from tests.gpu_train.cli.conftest import ALICE, contract_doc, requests_of

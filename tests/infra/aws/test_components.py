@@ -109,8 +109,10 @@ def _check_full(platform, monitor, values):
     assert by_name["a100"].fabric.nccl_env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert by_name["l40s-odcr"].fabric.kind == "none"
     assert by_name["l4-od"].node_selector == {naming.POOL_LABEL: "l4-od"}
-    assert set(platform.identities) == {"trainer/vision", "cache", "mlflow"}
+    assert set(platform.identities) == {"trainer/vision", "sweeps/vision", "cache", "mlflow"}
     assert platform.identities["trainer/vision"].namespaces == ["team-vision"]
+    assert (platform.identities["sweeps/vision"].namespaces, platform.identities["sweeps/vision"].name) == \
+        (["team-vision"], "sweep-controller")
     # nodeadm mounts the instance store at the NVMe root itself: no raw devices for the Kubernetes layer to RAID.
     assert platform.nvme_host_path == "/mnt/k8s-disks/0" and platform.node_addons.nvme_device_glob == ""
     # What the GPU nodes need: NVIDIA's device plugin, the EFA plugin for the a100 pool, its 4 EFA devices in the

@@ -56,13 +56,20 @@ def test_cache_is_read_only_and_mlflow_only_artifacts():
 
 def test_bindings_match_kubernetes_names():
     bs = {b.key: b for b in identities.bindings(["research", "applied"], cache=True, mlflow=True)}
-    assert set(bs) == {"trainer/research", "trainer/applied", "cache", "mlflow"}
+    assert set(bs) == {"trainer/research", "trainer/applied", "sweeps/research", "sweeps/applied", "cache", "mlflow"}
     assert (bs["trainer/applied"].namespace, bs["trainer/applied"].service_account) == ("team-applied", "trainer")
+    assert (bs["sweeps/applied"].namespace, bs["sweeps/applied"].service_account) == ("team-applied",
+                                                                                        "sweep-controller")
     assert (bs["cache"].namespace, bs["cache"].service_account) == ("alluxio", "alluxio")
     assert (bs["mlflow"].namespace, bs["mlflow"].service_account) == ("mlflow", "mlflow")
     names = {"datasets": "ds", "checkpoints": "ck", "artifacts": "art", "s3_key": KEY}
     assert "arn:aws:s3:::ck/applied/*" in _resources(bs["trainer/applied"].policy(names))
     assert "arn:aws:s3:::ck/research/*" not in _resources(bs["trainer/applied"].policy(names))
+    # A team's sweep controllers: its prefix of the checkpoints bucket and the key, no dataset and no other team.
+    sweeps = bs["sweeps/applied"].policy(names)
+    assert _resources(sweeps) == {"arn:aws:s3:::ck", "arn:aws:s3:::ck/applied/*", KEY}
+    (listing,) = [st for st in sweeps["Statement"] if st["Action"] == "s3:ListBucket"]
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["applied/", "applied/*"]}}
     assert set(identities.bindings(["x"], cache=False, mlflow=False)[0].key.split("/")) == {"trainer", "x"}
 
 
