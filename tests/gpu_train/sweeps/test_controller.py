@@ -50,6 +50,7 @@ class SimBackend:
 
     def __init__(self, sweep):
         self.sweep = sweep
+        self.every = int(sweep.template.overrides.get("eval.every_steps") or 0) * sweep.batch_tokens
         self.budget, self.position, self.evals, self.params = {}, {}, {}, {}
         self.running: set[str] = set()
         self.launches: Counter = Counter()
@@ -82,7 +83,7 @@ class SimBackend:
         while pos < budget:
             pos += batch
             self.trained += batch
-            if pos == budget or pos == self.sweep.max_tokens:
+            if pos == budget or pos == self.sweep.max_tokens or (self.every and pos % self.every == 0):
                 self.evals[t.id].append({"tokens": pos, "val_loss": loss(self.params[t.id], pos)})
         self.position[t.id] = pos
         done = pos >= self.sweep.max_tokens
@@ -213,3 +214,32 @@ def test_a_trial_that_stops_early_on_its_own_patience_is_finished_there(tmp_path
     records = read_journal(tmp_path / "e" / "journal.jsonl")
     (finish,) = [r for r in records if r["event"] == "finish"]
     assert finish["tokens"] == 12288 and controller.state.best().id == finish["trial"]
+
+
+def test_the_median_rule_stops_a_trial_worse_than_the_median_of_the_finished_ones(tmp_path):
+    """Optuna's MedianPruner, worked out by hand on the curve: after n_startup_trials (3 of 6) trials finished,
+    a trial is stopped at its first evaluation past minTokens when its loss there is above the median of the
+    finished trials' losses at the same point; one at a time, so the finished set is known at each trial."""
+    import statistics
+
+    doc = raw()
+    doc["algorithm"] = {"name": "random", "seed": 3, "earlyStopping": {"name": "median", "minTokens": 40960}}
+    doc["trialTemplate"]["overrides"]["eval.every_steps"] = 5  # every 20,480 tokens
+    doc["trialConfig"].update(numTrials=6, parallelTrials=1)
+    sweep = parse_sweep(doc, "s.yaml")
+    _, _, records = run_through(tmp_path, sweep)
+    suggested = [r["params"] for r in records if r["event"] == "suggest"]
+    assert len(suggested) == 6
+    finished: list[dict] = []
+    expected = []
+    for number, params in enumerate(suggested):
+        at = 40960  # the first evaluation the pruner may act on (its warm-up is minTokens)
+        if len(finished) >= 3 and loss(params, at) > statistics.median(loss(p, at) for p in finished):
+            expected.append(("prune", f"{sweep.name}-t{number:03d}", at))
+        else:
+            finished.append(params)
+            expected.append(("finish", f"{sweep.name}-t{number:03d}", None))
+    got = [(r["event"], r["trial"], r.get("tokens") if r["event"] == "prune" else None)
+           for r in records if r["event"] in ("prune", "finish")]
+    assert got == expected
+    assert any(e == "prune" for e, _, _ in expected), "this seed should stop at least one trial"
