@@ -33,6 +33,8 @@ PUBLIC: dict[str, str] = {
     "is_transient": "trainer.data",
     # MLflow tracking that never blocks the loop (trainer/tracking.py)
     "Tracker": "trainer.tracking",
+    # this worker's Prometheus endpoint, under the metric names the platform's dashboards and alerts read
+    "TrainerMetrics": "trainer.metrics",
     # hang detection (trainer/watchdog.py) and the timeouts that agree with it
     "Watchdog": "trainer.watchdog",
     "WatchdogConfig": "gpu_train.spec.trainer_config",

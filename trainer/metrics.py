@@ -148,6 +148,17 @@ class TrainerMetrics:
         self.mfu.set(math.nan if mfu is None else mfu)
         self.last_step_ts.set(now)
 
+    def record_step(self, *, step: int, loss: float, tokens: int, step_s: float, now: float | None = None) -> None:
+        """What a loop of a team's own sets after each step (docs/your-code.md): the step, its loss, the tokens it
+        trained on (global), its wall time and so the throughput; the dashboards' step, loss and tokens/s panels and
+        the stalled-job alert read these. The breakdowns of the bundled trainer's steps stay unset."""
+        self.step.set(step)
+        self.loss.set(loss)
+        self.tokens.inc(tokens)
+        self.step_seconds.observe(step_s)
+        self.tokens_per_second.set(tokens / step_s if step_s > 0 else math.nan)
+        self.last_step_ts.set(time.time() if now is None else now)
+
     def observe_rank(self, *, step_s: float, compute_s: float, data_wait_s: float, collective_wait_s: float) -> None:
         self.rank_step.set(step_s)
         self.rank_compute.set(compute_s)

@@ -9,7 +9,8 @@ Run (2 CPU workers, the built-in synthetic byte dataset; the same command resume
 The library calls are the plain loop's (examples/plain-loop/train.py, docs/your-code.md): JobEnv for the places,
 open_dataset + GlobalSampler for the sample order at any world size, CheckpointManager for the model, the
 optimizer, each rank's RNG (so dropout replays exactly after a restart) and this loop's own state (the sampler's
-position and the schedule), Preemption for SIGTERM, Tracker for MLflow (only when the job has a tracking URI).
+position and the schedule), Preemption for SIGTERM, Tracker for MLflow (only when the job has a tracking URI),
+TrainerMetrics for each step's loss and throughput on the worker's Prometheus port.
 At the end rank 0 writes result.json with the sha256 of the final weights, and steps.jsonl holds each step's
 loss and sample indices.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -32,6 +34,7 @@ from trainer import (
     JobEnv,
     Preemption,
     Tracker,
+    TrainerMetrics,
     bind_to_agent,
     full_state_dict,
     init_distributed,
@@ -91,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     tracker.log_dataset(job.dataset_uri, ds.manifest_sha256)
     ddp = DistributedDataParallel(model)
     log = (job.run_dir / "steps.jsonl").open("a") if env.rank == 0 else None
+    prometheus = TrainerMetrics(port=job.metrics_port, rank=env.rank, restarts=env.restart_count)
     step = sampler.next_step
     with Preemption(sigint=True, shutdown_timeout_s=job.shutdown_timeout_s) as preemption:
         while step < args.steps:
+            started = time.perf_counter()
             rows, _ = read_step(ds, sampler, step, env.rank, env.world_size, end_step=args.steps)
             ids = torch.from_numpy(rows.astype("int64")).to(env.device)
             loss = ddp(input_ids=ids, labels=ids).loss  # the model shifts the labels by one itself
@@ -107,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             step += 1
             metrics = {"loss": mean.item() / env.world_size, "lr": schedule.get_last_lr()[0]}
             tracker.log_metrics(metrics, step=step)
+            prometheus.record_step(step=step, loss=metrics["loss"], tokens=args.global_batch * args.context,
+                                   step_s=time.perf_counter() - started)
             if log is not None:
                 log.write(json.dumps({"step": step - 1, **metrics, "samples": sampler.global_batch(step - 1),
                                       "world_size": env.world_size, "restart": env.restart_count}) + "\n")
@@ -120,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             if stop:
                 preemption.report(step, saved=True)
                 break
+    prometheus.close()
     ckpt.wait()
     full = full_state_dict(model)  # collective
     if env.rank == 0:

@@ -12,7 +12,8 @@ What the library gives this loop (docs/your-code.md):
 - CheckpointManager: asynchronous verified saves (keep 2), resume from the newest checkpoint every rank can load,
   past a damaged one, at any world size (the model, the optimizer, each rank's RNG and the sampler's position);
 - Preemption: SIGTERM (or Ctrl-C) becomes a final checkpoint and exit 75, which the platform restarts;
-- Watchdog: a step that hangs ends the worker with its stacks instead of holding the job forever.
+- Watchdog: a step that hangs ends the worker with its stacks instead of holding the job forever;
+- TrainerMetrics: each step's loss and throughput on this worker's Prometheus port, which the platform scrapes.
 
 At the end rank 0 writes result.json (the step, the world size, the sha256 of the final weights), and each step's
 loss and sample indices go to steps.jsonl: what proves two runs trained the same model on the same samples.
@@ -37,6 +38,7 @@ from trainer import (
     GlobalSampler,
     JobEnv,
     Preemption,
+    TrainerMetrics,
     Watchdog,
     bind_to_agent,
     full_state_dict,
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                  "the next launch starts afresh")
     ddp = DistributedDataParallel(model)
     log = (job.run_dir / "steps.jsonl").open("a") if env.rank == 0 else None
+    prometheus = TrainerMetrics(port=job.metrics_port, rank=env.rank, restarts=env.restart_count)
     watchdog = Watchdog(rank=env.rank, local_rank=env.local_rank, dump_dir=job.run_dir / "watchdog")
     watchdog.start()
     step = sampler.next_step
@@ -115,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             mean = loss.detach().clone()
             dist.all_reduce(mean)
             step += 1
-            watchdog.end_step(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            watchdog.end_step(elapsed)
+            prometheus.record_step(step=step, loss=mean.item() / env.world_size, step_s=elapsed,
+                                   tokens=args.global_batch * args.context)
             if log is not None:
                 log.write(json.dumps({"step": step - 1, "loss": mean.item() / env.world_size,
                                       "samples": sampler.global_batch(step - 1), "world_size": env.world_size,
@@ -130,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 preemption.report(step, saved=True)
                 break
     watchdog.stop()
+    prometheus.close()
     ckpt.wait()
     full = full_state_dict(model)  # collective
     if env.rank == 0:

@@ -19,6 +19,8 @@ def submitted(job: Job, out=None) -> int:
     out = out or sys.stdout
     done = job.submitted
     assert done is not None  # Client.submit always returns what it rendered
+    for note in done.notes:
+        sys.stderr.write(f"gpu-train: note: {note}\n")
     if not done.created:
         out.write(yaml.safe_dump(dict(done.manifest), sort_keys=False))
         sys.stderr.write(f"{done.estimate}\n{done.memory}\n")  # stdout stays the JobSet alone

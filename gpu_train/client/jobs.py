@@ -104,6 +104,7 @@ class Submitted:
     manifest: Mapping[str, Any]  # the JobSet
     estimate: str  # the carbon estimate's one line (gpu_train.spec.carbon.estimate)
     memory: str = ""  # the memory a GPU needs under the job's layout (gpu_train.spec.job.memory_line)
+    notes: tuple[str, ...] = ()  # what the user should know before it runs (one line each)
     created: bool = False
 
 
@@ -123,8 +124,11 @@ def prepare(contract: PlatformContract, raw: Mapping[str, Any], source: str, *, 
     estimate = job_estimate(job, cloud=contract.cloud, region=contract.region,
                             instance_type=pool.instance_type).line()
     memory = memory_line(job, gpus=gpus_per_node(job, pool), gpu_type=pool.gpu_type)
+    notes = () if job.bundled or job.image else (
+        f"{source}: command {' '.join(job.argv)!r} runs in the platform's trainer image ({contract.image}), which holds "
+        "the trainer library but not your code: build your image on it and set `image` (docs/your-code.md)",)
     return Submitted(job=job, namespace=manifest["metadata"]["namespace"], queue=contract.team(job.team).local_queue,
-                     manifest=manifest, estimate=estimate, memory=memory)
+                     manifest=manifest, estimate=estimate, memory=memory, notes=notes)
 
 
 def create(session: Session, prepared: Submitted) -> Submitted:

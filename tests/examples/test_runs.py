@@ -143,3 +143,49 @@ def test_a_run_resumed_at_another_world_size_keeps_the_sample_order(uninterrupte
     # order of the gradient sums, which differs with the number of ranks).
     assert steps[STEPS // 2]["loss"] == pytest.approx(reference[STEPS // 2]["loss"], rel=1e-5)
     assert _result(run)["step"] == STEPS
+
+
+def _scrape(port: int) -> dict[str, float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_an_example_serves_its_steps_on_the_port_the_platform_scrapes(example, tmp_path):
+    """One worker with the launcher's TRAINER_METRICS_PORT: the step, loss and throughput under the names the
+    platform's dashboards read, while it trains; SIGTERM then saves and exits 75 as always."""
+    import socket
+    import urllib.error
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAINER_METRICS_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / example / "train.py"), "--steps", "100000"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        seen: dict[str, float] = {}
+        deadline = time.monotonic() + 240
+        while seen.get("trainer_step", 0) < 3:  # the signal: the endpoint itself reports three steps
+            assert proc.poll() is None, proc.communicate()[0][-4000:]
+            assert time.monotonic() < deadline, f"no third step on port {port}: {seen}"
+            try:
+                seen = _scrape(port)
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)  # the worker is still importing torch
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 75, out[-4000:]
+    tokens_per_step = 8 * 32  # the examples' default --global-batch and --context
+    assert seen["trainer_tokens_total"] >= 3 * tokens_per_step and seen["trainer_tokens_total"] % tokens_per_step == 0
+    assert 0 < seen["trainer_loss"] < 10 and seen["trainer_tokens_per_second"] > 0
+    assert seen["trainer_last_step_timestamp_seconds"] > 0

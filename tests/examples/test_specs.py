@@ -86,6 +86,21 @@ def test_an_examples_jobset_is_the_bundled_trainers_but_for_image_and_command(ex
     assert mine == theirs
 
 
+def test_a_command_without_an_image_is_rendered_with_a_note_that_the_platform_image_lacks_the_code(tmp_path, cli,
+                                                                                                     doc):
+    platform = tmp_path / "platform.json"
+    platform.write_text(json.dumps(doc))
+    spec = ROOT / "examples" / "plain-loop" / "job.yaml"
+    code, out, err = cli("submit", spec, "--dry-run", "--platform", platform)
+    assert code == 0 and _container(yaml.safe_load(out))["image"] == IMAGE
+    (note,) = [line for line in err.splitlines() if line.startswith("gpu-train: note: ")]
+    assert note == (f"gpu-train: note: {spec}: command 'python train.py --steps 200 --checkpoint-every 10' runs in "
+                    f"the platform's trainer image ({IMAGE}), which holds the trainer library but not your code: "
+                    "build your image on it and set `image` (docs/your-code.md)")
+    _, _, err = cli("submit", spec, "--dry-run", "--platform", platform, "--image", _image("plain-loop"))
+    assert "gpu-train: note:" not in err
+
+
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_the_team_namespaces_admission_policies_admit_an_examples_job(example, api, tmp_path, cli):
     kubeconfig = api.kubeconfig(tmp_path, ALICE, "team-research")
