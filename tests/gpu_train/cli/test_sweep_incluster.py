@@ -175,6 +175,13 @@ def test_submit_creates_and_replaces_the_controller_and_stop_pauses_what_the_nex
     first, _ = cluster_controller(controller_session(api, tmp_path), contract, load_sweep(spec), spec,
                                   tmp_path / "pod-1")
     assert first.step()
+    # What a member sees from a laptop: the journal's copy in the object store.
+    code, out, err = cli("sweep", "status", spec, "--cluster", "--kubeconfig", kubeconfig, "--runs",
+                         tmp_path / "laptop")
+    assert code == 0, err
+    assert all(f"lr-sweep-t00{n}" in out for n in range(3)) and "lr-sweep-t003" not in out
+    assert (tmp_path / "laptop" / "lr-sweep" / "journal.jsonl").read_bytes() == \
+        (tmp_path / "pod-1" / "journal.jsonl").read_bytes()
     code, out, err = cli("sweep", "stop", spec, "--cluster", "--kubeconfig", kubeconfig, "--runs", tmp_path / "runs")
     assert code == 0, err
     assert api.get("deployments", NS, DEPLOYMENT) is None
