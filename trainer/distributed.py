@@ -217,8 +217,20 @@ def agree(error: str | None, world_size: int) -> str | None:
     return next((e for e in every if e), None)
 
 
+# Process groups left by shutdown(), kept until the process ends (shutdown's docstring says why).
+_RETIRED: list[Any] = []
+
+
 def shutdown() -> None:
+    """Leave every process group (destroy_process_group: NCCL's communicators are shut down), keeping the groups'
+    objects alive until the process ends. Freed at once, a gloo group can deadlock the process right after a
+    collective: its worker thread frees the collective's tensors, which takes the GIL, while it holds the lock that
+    the group's destructor waits for with the GIL held (found in a live stack of a rank that stayed up after a
+    finished run on a loaded machine). The bundled trainer leaves with os._exit, so its groups are never freed; a
+    script that returns frees them when the interpreter ends, long after its last collective."""
     if dist.is_initialized():
+        # Every group, the default one included: torch keeps no public list of them.
+        _RETIRED.extend(dist.distributed_c10d._world.pg_map)
         dist.destroy_process_group()
 
 

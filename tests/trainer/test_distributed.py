@@ -125,3 +125,39 @@ def test_a_worker_whose_agent_died_while_it_started_dies_too(tmp_path, mode):
     finally:
         if _alive(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_shutdown_leaves_the_groups_but_frees_none_of_them_before_the_process_ends(tmp_path):
+    """shutdown() leaves torch.distributed, and no group's destructor runs afterwards when the last object that held
+    the group (here DDP's reducer) goes: a gloo group freed right after a collective can deadlock (its worker thread
+    needs the GIL to free the collective's tensors while it holds the lock the destructor waits for)."""
+    code = """
+import gc, json, os, weakref
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from trainer.distributed import shutdown
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + os.environ["PORT"])
+sub = dist.new_group(backend="gloo")
+model = DistributedDataParallel(torch.nn.Linear(4, 4))
+model(torch.ones(2, 4)).sum().backward()
+t = torch.ones(3); dist.all_reduce(t); dist.all_reduce(t, group=sub)
+groups = [weakref.ref(dist.group.WORLD), weakref.ref(sub)]
+shutdown()
+del model, sub
+gc.collect()
+runloops = sum(open(f"/proc/self/task/{x}/comm").read().strip() == "pt_gloo_runloop" for x in os.listdir("/proc/self/task"))
+print(json.dumps({"initialized": dist.is_initialized(), "alive": [g() is not None for g in groups],
+                  "runloops": runloops}))
+"""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env({"PORT": str(port)}),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # Two gloo groups with their worker threads (two each), alive and idle until the process ends.
+    assert got == {"initialized": False, "alive": [True, True], "runloops": 4}
