@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpu_train.client.cluster import ClientError, Session, call, team_namespace
 from gpu_train.client.status import (
     KUEUE_GROUP,
@@ -43,27 +41,18 @@ from gpu_train.jobs.check import check_job
 from gpu_train.jobs.jobset import JobSpecError, Placement, Provenance, jobset
 from gpu_train.spec.contract import ContractError, PlatformContract
 from gpu_train.spec.errors import SettingsError
-from gpu_train.spec.job import JobSpec, read_job
+from gpu_train.spec.job import JobSpec, read_job, read_job_file
 from gpu_train.spec.settings_checks import BUCKET_SCHEME
 
 JOB_NAME = re.compile(r"[a-z]([-a-z0-9]{0,30}[a-z0-9])?")
 
 
 def read_spec(path: str | Path) -> Mapping[str, Any]:
-    """A job spec file's settings (YAML; the settings may also be wrapped in `job:`, as in the stack file)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ClientError(f"{path}: no such job spec file")
+    """A job spec file's settings (gpu_train.spec.job.read_job_file), its problems as one ClientError."""
     try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ClientError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    if isinstance(raw, Mapping) and set(raw) == {"job"}:
-        raw = raw["job"]
-    if not isinstance(raw, Mapping):
-        raise ClientError(f"{path}: a job spec is a mapping of the job settings (name, team, pool, ...), got "
-                          f"{type(raw).__name__}")
-    return raw
+        return read_job_file(path)
+    except SettingsError as exc:
+        raise ClientError("\n".join(exc.problems)) from None
 
 
 def check_spec(raw: Mapping[str, Any], contract: PlatformContract, source: str) -> JobSpec:

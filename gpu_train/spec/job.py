@@ -26,6 +26,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
@@ -142,6 +143,28 @@ class JobSpec(BaseModel):
     def argv(self) -> list[str]:
         """The command every node runs (the bundled trainer's without its settings, which the launcher adds)."""
         return list(BUNDLED_TRAINER if self.command is None else self.command)
+
+
+def read_job_file(path: str | Path, title: str = "invalid job spec") -> dict[str, Any]:
+    """A job spec file's settings (YAML; they may also be wrapped in `job:`, as in a stack file), the file named in
+    every problem (SettingsError)."""
+    import yaml
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise SettingsError([f"{path}: no such job spec file"], title=title)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise SettingsError([f"{path}: {exc.strerror or exc}"], title=title) from None
+    except yaml.YAMLError as exc:
+        raise SettingsError([f"{path}: not valid YAML: {str(exc).splitlines()[0]}"], title=title) from None
+    if isinstance(raw, dict) and set(raw) == {"job"}:
+        raw = raw["job"]
+    if not isinstance(raw, dict):
+        raise SettingsError([f"{path}: a job spec is a mapping of the job settings (name, team, pool, ...), got "
+                             f"{type(raw).__name__}"], title=title)
+    return raw
 
 
 def read_job(raw: Any, key: str = f"{PROJECT}:job") -> JobSpec:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from gpu_train.spec.errors import SettingsError, validation_problems
-from gpu_train.spec.job import MANAGED_OVERRIDES, JobSpec, read_job
+from gpu_train.spec.job import MANAGED_OVERRIDES, JobSpec, read_job, read_job_file
 
 SWEEP_PRIORITY = "sweep"
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$")  # leaves room for "-t000" in a 32-character job name
@@ -188,23 +188,6 @@ def _problems(s: SweepSpec) -> list[str]:
     if tc.parallel_trials > tc.num_trials:
         p.append(f"trialConfig.parallelTrials {tc.parallel_trials} is more than numTrials {tc.num_trials}")
     return p
-
-
-def read_job_file(path: Path) -> dict[str, Any]:
-    """A job spec file as `gpu-train submit` reads it: a mapping of the job settings, or one under `job:`."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise SettingsError([f"{path}: {exc.strerror}"], title="invalid sweep spec") from None
-    except yaml.YAMLError as exc:
-        raise SettingsError([f"{path}: not valid YAML: {str(exc).splitlines()[0]}"], title="invalid sweep spec") \
-            from None
-    if isinstance(raw, dict) and set(raw) == {"job"}:
-        raw = raw["job"]
-    if not isinstance(raw, dict):
-        raise SettingsError([f"{path}: a job spec is a mapping of the job settings (name, team, pool, ...)"],
-                            title="invalid sweep spec")
-    return raw
 
 
 def load_sweep(path: str | Path) -> SweepSpec:

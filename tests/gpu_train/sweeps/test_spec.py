@@ -105,7 +105,7 @@ def test_each_mistake_names_its_field(change, expected):
 
 def test_a_missing_template_file_is_named(tmp_path):
     assert problems(lambda d: d.update(trialTemplate="nope.yaml"), base=tmp_path) == [
-        f"s.yaml: trialTemplate: {tmp_path / 'nope.yaml'}: No such file or directory"]
+        f"s.yaml: trialTemplate: {tmp_path / 'nope.yaml'}: no such job spec file"]
 
 
 def test_grid_search_needs_a_spacing_for_a_float():
