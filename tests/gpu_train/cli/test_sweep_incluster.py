@@ -245,3 +245,21 @@ def test_the_in_cluster_controller_names_a_bad_spec_and_a_foreign_namespace(monk
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"gpu_train.sweeps: ${SPEC_ENV}: trialTemplate.team 'research' runs in namespace team-research, "
                    "not in team-platform, where this controller runs"]
+
+
+def test_in_the_pod_the_controller_reaches_the_api_server_with_its_service_account(monkeypatch, tmp_path):
+    """The pod's projected token and CA and the service's address, as the kubelet and Kubernetes give them."""
+    from kubernetes.config import incluster_config
+
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("sa-token-123")
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.100.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    session = incluster.in_cluster_session(NS)
+    assert (session.server, session.namespace, session.context) == ("https://10.100.0.1:443", NS, "in-cluster")
+    # What the client sends with every request: the account's token.
+    assert session.api.configuration.auth_settings()["BearerToken"]["value"] == "bearer sa-token-123"
+    assert session.api.configuration.ssl_ca_cert == str(ca)
