@@ -5,13 +5,14 @@ Run: .venv/bin/pytest tests/test_layers.py -q
 
 Every `import` and `from ... import` of every module counts, including the ones inside functions. The rules:
 - gpu_train.spec (the vocabulary) imports only itself, the standard library, pydantic and yaml;
+  gpu_train.storage (the object stores) adds itself and boto3;
   gpu_train.jobs (the renderer) adds itself and the kubernetes client; gpu_train.client (the Python client) adds
   itself and the clients it reads the cluster and the log stores with; gpu_train.serving (serving's programs: the
   route, the promotion loop, the registry client) adds itself and its clients (kubernetes, MLflow, aiohttp,
   urllib3, prometheus_client); gpu_train.sweeps (the sweep controller, also run in the cluster from the trainer
   image) imports the core, the renderer, the client (its cluster trials are the client's jobs), Optuna, the
-  libraries of its outputs (numpy, matplotlib, mlflow) and the S3 client of its journal's copy, never the team
-  command; gpu_train.cli (the
+  libraries of its outputs (numpy, matplotlib, mlflow) and the object stores (gpu_train.storage: file://, s3://,
+  gs:// over boto3, which the trainer reads and writes through too), never the team command; gpu_train.cli (the
   command) adds itself, serving and sweeps, builds on the client, and may import Optuna. None imports pulumi,
   torch, infra, policies, trainer or tools, with one exception: the local model server
   (gpu_train.serving.model_server) runs transformers over torch, and is only ever started as its own process
@@ -101,6 +102,7 @@ MODULES = set(GRAPH)
 # (layer, what it may import besides the standard library)
 ALLOWED = {
     "gpu_train.spec": ("gpu_train.spec", "pydantic", "pydantic_core", "yaml"),
+    "gpu_train.storage": ("gpu_train.spec", "gpu_train.storage", "boto3", "botocore", "s3transfer"),
     "gpu_train.jobs": ("gpu_train.spec", "gpu_train.jobs", "kubernetes"),
     "gpu_train.serving": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.serving", "kubernetes", "mlflow", "aiohttp",
                           "urllib3", "prometheus_client"),
@@ -108,8 +110,9 @@ ALLOWED = {
                          "botocore", "google", "prometheus_client", "urllib3"),
     "gpu_train.cli": ("gpu_train", "kubernetes", "yaml", "boto3", "botocore", "google", "prometheus_client",
                       "urllib3", "optuna"),
-    "gpu_train.sweeps": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.client", "gpu_train.sweeps", "pydantic",
-                         "yaml", "optuna", "numpy", "matplotlib", "mlflow", "kubernetes", "boto3", "botocore"),
+    "gpu_train.sweeps": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.client", "gpu_train.storage",
+                         "gpu_train.sweeps", "pydantic", "yaml", "optuna", "numpy", "matplotlib", "mlflow",
+                         "kubernetes", "boto3", "botocore"),
 }
 # The one module of the core that runs torch: the model server `gpu-train serve --local` starts as a process.
 MODEL_SERVER = "gpu_train.serving.model_server"
@@ -119,7 +122,8 @@ FORBIDDEN = {
     "policies": ("infra", "trainer", "tools", "gpu_train.cli", "gpu_train.client"),
     "trainer": ("infra", "policies", "tools", "pulumi", "gpu_train.cli", "gpu_train.client", "gpu_train.sweeps",
                 "optuna"),
-    "gpu_train.spec": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps"),
+    "gpu_train.spec": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps", "gpu_train.storage"),
+    "gpu_train.storage": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps"),
     "gpu_train.jobs": ("gpu_train.client", "gpu_train.cli", "gpu_train.sweeps"),
     "gpu_train.client": ("gpu_train.cli", "gpu_train.sweeps"),
     "gpu_train.sweeps": ("gpu_train.cli",),

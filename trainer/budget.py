@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
-from trainer.data.storage import ObjectNotFoundError, StorageError, open_store
+from gpu_train.storage import ObjectNotFoundError, StorageError, open_store
 
 log = logging.getLogger("trainer")
 
@@ -58,7 +58,7 @@ class TokenBudget:
     """The budget of one run on this rank; every method but `write_status` is called on every rank."""
 
     uri: str
-    store: Any  # trainer.data.storage.Store rooted at the budget's directory
+    store: Any  # gpu_train.storage.Store rooted at the budget's directory
     name: str
     rank: int
     world_size: int

@@ -289,7 +289,7 @@ def newest_checkpoint(run_dir: Path, warn: Callable[[str], None] | None = None) 
 
 def dataset_tokenizer(uri: str, endpoint_url: str | None = None, options: Any = None) -> TokenizerSpec:
     """The tokenizer of the dataset at ``uri`` (sha256-checked against its manifest); `options` are the store's
-    (trainer.data.storage.StoreOptions)."""
+    (gpu_train.storage.StoreOptions)."""
     from trainer.data import open_tokenizer
 
     tok = open_tokenizer(uri, endpoint_url, options=options)
@@ -317,7 +317,7 @@ def checkpoint_tokenizer(step_dir: Path, info: Any) -> TokenizerSpec:
 def _old_checkpoint_tokenizer(step_dir: Path, uri: str, endpoint: str | None) -> TokenizerSpec:
     """For a checkpoint written before checkpoints carried their tokenizer: the dataset's, asked for once with
     short timeouts, or one line saying what to do."""
-    from trainer.data.storage import StoreOptions
+    from gpu_train.storage import StoreOptions
 
     try:
         return dataset_tokenizer(uri, endpoint, StoreOptions(max_attempts=2, connect_timeout=5.0, read_timeout=30.0))

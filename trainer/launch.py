@@ -108,9 +108,9 @@ def _local_world_size(nproc_per_node: str) -> int:
 
 def _wait_for_manifest(uri: str, endpoint: str | None, wait_s: int) -> None:
     """Poll for the dataset manifest up to wait_s seconds, saying once what is missing and how to fix it."""
+    from gpu_train.storage import open_store
     from trainer.data.errors import DataError
     from trainer.data.shards import split_manifest_uri
-    from trainer.data.storage import open_store
 
     root, key = split_manifest_uri(uri)
     try:

@@ -45,7 +45,7 @@ def dataset_options(cfg: Config) -> dict[str, Any]:
         "cache_disk_fraction": d.cache_disk_fraction,
         "prefetch_shards": d.prefetch_shards,
         "endpoint_url": d.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None,
-        # "auto" leaves env TRAINER_S3_AUTH its say (trainer/data/storage.py); the other two force a mode.
+        # "auto" leaves env TRAINER_S3_AUTH its say (gpu_train/storage.py); the other two force a mode.
         "endpoint_auth": None if d.endpoint_auth == "auto" else d.endpoint_auth,
         "packing": d.packing,
         "read_mode": d.read_mode,

@@ -26,9 +26,9 @@ from gpu_train.jobs.jobset import PRIORITY_LABEL
 from gpu_train.jobs.sweep_platform import controller_name, sweep_deployment
 from gpu_train.spec import naming
 from gpu_train.spec.contract import PlatformContract
-from gpu_train.sweeps.cluster import trial_jobsets
+from gpu_train.sweeps.cluster import checkpoints_store, journal_mirror, trial_jobsets
 from gpu_train.sweeps.journal import ACTIVE, JOURNAL, SweepState, read_journal
-from gpu_train.sweeps.mirror import MirrorError, StateMirror
+from gpu_train.sweeps.mirror import MirrorError
 from gpu_train.sweeps.spec import SweepSpec
 
 
@@ -52,10 +52,7 @@ def controller_deployment(contract: PlatformContract, sweep: SweepSpec, source: 
     if identity is None or identity.service_account != naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT:
         raise ClientError(f"this platform ({contract.source}) runs no sweep controllers for team {team.name!r} (no "
                           f"identity sweeps/{team.name}): `gpu-train sweep run {source}` runs the controller here")
-    bucket = contract.bucket("checkpoints")
-    if not bucket.startswith("s3://"):
-        raise ClientError(f"the sweep controller keeps its journal in the checkpoints bucket through the S3 API; this "
-                          f"platform's is {bucket or 'not set'}")
+    checkpoints_store(contract)  # an s3:// or gs:// bucket, where the controller keeps its journal
     spec_yaml = yaml.safe_dump(sweep.model_dump(by_alias=True, mode="json"), sort_keys=False)
     return sweep_deployment(team.namespace, sweep.name, image=contract.image, spec_yaml=spec_yaml,
                             tracking_uri=contract.endpoints.tracking, pod_env=contract.pod_env)
@@ -128,7 +125,7 @@ def stop(session: Session, sweep: SweepSpec, sweep_dir: Path, contract: Platform
 def pull_state(contract: PlatformContract, sweep: SweepSpec, sweep_dir: Path) -> SweepState:
     """The sweep's state from the journal's copy in the object store (kept in sweep_dir)."""
     try:
-        StateMirror.open(contract, sweep.template.team, sweep.name, sweep_dir).pull()
+        journal_mirror(checkpoints_store(contract), sweep, sweep_dir).pull()
     except MirrorError as exc:
         raise ClientError(str(exc)) from None
     if not (sweep_dir / JOURNAL).exists():

@@ -84,7 +84,7 @@ class TrainConfig:
 class DataConfig:
     uri: str = "synthetic"  # dataset manifest URI (file://, s3://, gs://) or "synthetic"
     endpoint_url: str = ""  # S3-compatible endpoint override; "" = env TRAINER_S3_ENDPOINT_URL or AWS default
-    # Request signing (trainer/data/storage.py): auto = unsigned to the Alluxio S3 proxy, SigV4 elsewhere.
+    # Request signing (gpu_train/storage.py): auto = unsigned to the Alluxio S3 proxy, SigV4 elsewhere.
     endpoint_auth: Literal["auto", "sigv4", "unsigned"] = "auto"
     cache_dir: str = ""  # shard cache; "" = the shared one: env TRAINER_CACHE_DIR, else ~/.cache/gpu-train/shards
     cache_max_bytes: int = 0  # cache budget; 0 = cache_disk_fraction of the disk holding cache_dir
@@ -366,7 +366,7 @@ def build_config(
 
 MAX_PORT = 65535
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes up to 2**64 - 1; each rank seeds train.seed + 1 + rank
-# Scheme -> what the rest of the URI must have. The storage layer (trainer/data/storage.py) does the same check
+# Scheme -> what the rest of the URI must have. The storage layer (gpu_train/storage.py) does the same check
 # when it opens the store; checking here as well lets a plan or a launch fail before any pod starts.
 _URI_SCHEMES = ("file", "s3", "gs")
 

@@ -11,7 +11,7 @@ A trial's budget object lives in the checkpoints bucket beside its checkpoints
 (`<bucket>/<team>/<sweep>/<trial>/budget.json`), where the trainer writes its status.json; the sweep's journal is
 copied to `<bucket>/<team>/<sweep>/controller/` after every record (gpu_train.sweeps.mirror), so the controller can
 move between a laptop and the cluster, or lose its pod, and go on with the same sweep. All of it goes through the
-S3 API (boto3): the cluster controller needs an s3:// checkpoints bucket (an AWS platform). Pausing a trial is what
+one object-store layer (gpu_train.storage: s3://, or gs:// through GCS's XML API). Pausing a trial is what
 `gpu-train pause` does (its Workload's spec.active false: Kueue evicts it, its pods checkpoint and stop, the quota
 is released), promoting a paused one is `gpu-train resume`, and a trial stopped for good is `gpu-train cancel`: the
 same functions (gpu_train.client.jobs).
@@ -76,6 +76,23 @@ def trial_jobsets(contract: PlatformContract, sweep: SweepSpec, source: str) -> 
     return out
 
 
+def checkpoints_store(contract: PlatformContract):
+    """The platform's checkpoints bucket (s3:// or gs://) through the one object-store layer (gpu_train.storage),
+    at the contract's object store endpoint, signed with this process's cloud credentials."""
+    from gpu_train.storage import StorageError, StoreOptions, open_store
+
+    root = contract.bucket("checkpoints").rstrip("/")
+    if not root.startswith(("s3://", "gs://")):
+        raise ClientError(f"the platform contract ({contract.source}) names no s3:// or gs:// checkpoints bucket "
+                          f"({root or 'none'}): a sweep keeps its trials' budgets and its journal there")
+    try:
+        return open_store(root, endpoint_url=contract.endpoints.object_store or None,
+                          options=StoreOptions(region=(contract.region or None) if root.startswith("s3://") else None,
+                                               auth="sigv4"))
+    except StorageError as exc:
+        raise ClientError(f"checkpoints bucket {root}: {exc}") from None
+
+
 class ClusterBackend:
     """The controller's side of cluster trials (gpu_train.sweeps.controller.Backend; module docstring)."""
 
@@ -83,18 +100,10 @@ class ClusterBackend:
 
     def __init__(self, session: Session, contract: PlatformContract, sweep: SweepSpec, *, source: str,
                  tracking_uri: str = "", parent_run_id: str | None = None) -> None:
-        bucket = contract.bucket("checkpoints")
-        if not bucket.startswith("s3://"):
-            raise ClientError(f"the cluster sweep controller keeps its trials' budgets in the checkpoints bucket through "
-                              f"the S3 API; this platform's is {bucket or 'not set'} (`--dry-run` still renders the "
-                              "trials)")
-        import boto3
-
         self.session, self.contract, self.sweep, self.source = session, contract, sweep, source
         self.team = sweep.template.team
         self.tracking_uri, self.parent_run_id = tracking_uri, parent_run_id
-        self.s3 = boto3.client("s3", endpoint_url=contract.endpoints.object_store or None,
-                               region_name=contract.region or None)
+        self.store = checkpoints_store(contract)
 
     def settings(self, t) -> dict[str, Any]:
         out = trial_settings(self.contract, self.sweep, t.id)
@@ -104,26 +113,20 @@ class ClusterBackend:
             out["tracking.parent_run_id"] = self.parent_run_id
         return out
 
-    def _object(self, t, name: str) -> tuple[str, str]:
-        uri = trial_settings(self.contract, self.sweep, t.id)["train.budget_uri"]
-        bucket, _, key = uri[len("s3://"):].partition("/")
-        return bucket, key.rpartition("/")[0] + "/" + name
+    def _key(self, t, name: str) -> str:
+        """The key beside the trial's budget object, under the bucket's root."""
+        return f"{self.team}/{self.sweep.name}/{t.id}/{name}"
 
     def write_budget(self, t, tokens: int) -> None:
-        bucket, key = self._object(t, "budget.json")
-        self.s3.put_object(Bucket=bucket, Key=key, Body=json.dumps({"tokens": tokens}).encode() + b"\n",
-                           ContentType="application/json")
+        self.store.put_bytes(self._key(t, "budget.json"), json.dumps({"tokens": tokens}).encode() + b"\n")
 
     def read_status(self, t) -> dict[str, Any] | None:
-        from botocore.exceptions import ClientError as S3Error
+        from gpu_train.storage import ObjectNotFoundError
 
-        bucket, key = self._object(t, "status.json")
         try:
-            return json.loads(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-        except S3Error as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None  # not written yet
-            raise
+            return json.loads(self.store.get_bytes(self._key(t, "status.json")))
+        except ObjectNotFoundError:
+            return None  # not written yet
         except ValueError:
             return None  # being replaced: read again at the next pass
 
@@ -163,6 +166,11 @@ class ClusterBackend:
         """The trials keep running in the cluster; the same controller takes them up again."""
 
 
+def journal_mirror(store: Any, sweep: SweepSpec, sweep_dir: Path) -> StateMirror:
+    """The sweep's journal copy: <checkpoints bucket>/<team>/<sweep>/controller/."""
+    return StateMirror(store, f"{sweep.template.team}/{sweep.name}/controller", sweep_dir)
+
+
 def cluster_controller(session: Session, contract: PlatformContract, sweep: SweepSpec, source: str, sweep_dir: Path,
                        *, tracking_uri: str = "", tracker: Any = None, out: Any = None,
                        heartbeat: Path | None = None) -> tuple[Controller, ClusterBackend]:
@@ -170,7 +178,7 @@ def cluster_controller(session: Session, contract: PlatformContract, sweep: Swee
     (a controller that ran elsewhere), and copied back there after every journal record."""
     backend = ClusterBackend(session, contract, sweep, source=source, tracking_uri=tracking_uri)
     try:
-        mirror = StateMirror.open(contract, sweep.template.team, sweep.name, sweep_dir)
+        mirror = journal_mirror(backend.store, sweep, sweep_dir)
         mirror.pull()
     except MirrorError as exc:
         raise ClientError(str(exc)) from None

@@ -2,7 +2,7 @@
 <checkpoints bucket>/<team>/<sweep>/controller/, written after every journal record, before the action it records.
 
 Usage:
-    mirror = StateMirror.open(contract, sweep, sweep_dir)   # the S3 API, at the contract's object store endpoint
+    mirror = StateMirror(store, "<team>/<sweep>/controller", sweep_dir)   # store: gpu_train.storage, the bucket
     mirror.pull()          # before the controller starts: the store's copy, when it is further on than this one
     mirror.push()          # after each record (Controller(on_record=mirror.push))
 
@@ -29,36 +29,22 @@ class MirrorError(RuntimeError):
 
 
 class StateMirror:
-    def __init__(self, s3: Any, bucket: str, prefix: str, directory: Path) -> None:
-        self.s3, self.bucket, self.prefix, self.dir = s3, bucket, prefix.strip("/"), Path(directory)
+    def __init__(self, store: Any, prefix: str, directory: Path) -> None:
+        """`store`: the checkpoints bucket (gpu_train.storage); `prefix`: <team>/<sweep>/controller."""
+        self.store, self.prefix, self.dir = store, prefix.strip("/"), Path(directory)
         self._pushed: dict[str, int] = {}
-
-    @classmethod
-    def open(cls, contract: Any, team: str, sweep: str, directory: Path) -> StateMirror:
-        import boto3
-
-        root = contract.bucket("checkpoints").rstrip("/")
-        if not root.startswith("s3://"):
-            raise MirrorError(f"a sweep on the cluster keeps its journal in the checkpoints bucket through the S3 API; "
-                              f"this platform's is {root or 'not set'} ({contract.source})")
-        bucket, _, base = root[len("s3://"):].partition("/")
-        s3 = boto3.client("s3", endpoint_url=contract.endpoints.object_store or None,
-                          region_name=contract.region or None)
-        return cls(s3, bucket, "/".join(p for p in (base, team, sweep, "controller") if p), directory)
 
     @property
     def uri(self) -> str:
-        return f"s3://{self.bucket}/{self.prefix}/"
+        return f"{self.store.url_of(self.prefix)}/"
 
     def _get(self, name: str) -> bytes | None:
-        from botocore.exceptions import ClientError
+        from gpu_train.storage import ObjectNotFoundError
 
         try:
-            return self.s3.get_object(Bucket=self.bucket, Key=f"{self.prefix}/{name}")["Body"].read()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
-            raise
+            return self.store.get_bytes(f"{self.prefix}/{name}")
+        except ObjectNotFoundError:
+            return None
 
     def pull(self) -> int:
         """Take the store's copy when it continues this one; the number of journal records taken from it."""
@@ -92,5 +78,5 @@ class StateMirror:
             body = path.read_bytes()
             if self._pushed.get(name) == len(body):
                 continue
-            self.s3.put_object(Bucket=self.bucket, Key=f"{self.prefix}/{name}", Body=body)
+            self.store.put_bytes(f"{self.prefix}/{name}", body)
             self._pushed[name] = len(body)

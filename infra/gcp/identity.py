@@ -52,6 +52,8 @@ def identities(cfg: StackSettings) -> dict[str, tuple[str, str]]:
            "mlflow": (naming.MLFLOW_NAMESPACE, naming.MLFLOW_SERVICE_ACCOUNT)}
     for team in cfg.teams:
         ids[f"trainer/{team.name}"] = (naming.team_namespace(team.name), naming.TRAINER_SERVICE_ACCOUNT)
+        # The team's in-cluster sweep controllers (gpu-train sweep submit).
+        ids[f"sweeps/{team.name}"] = (naming.team_namespace(team.name), naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT)
     if cfg.serving.enabled:
         for team in cfg.teams:
             ids[f"serving/{team.name}"] = (naming.team_namespace(team.name), naming.MODEL_SERVER_SERVICE_ACCOUNT)
@@ -68,6 +70,10 @@ def bucket_grants(key: str) -> list[BucketGrant]:
         team = key.split("/", 1)[1]
         return [BucketGrant(bucket="datasets", role=OBJECT_VIEWER),
                 BucketGrant(bucket="checkpoints", role=OBJECT_USER, prefix=team),
+                BucketGrant(bucket="checkpoints", role=BUCKET_LISTER)]
+    if key.startswith("sweeps/"):  # its trials' budgets and statuses and its journal: the team's prefix only
+        team = key.split("/", 1)[1]
+        return [BucketGrant(bucket="checkpoints", role=OBJECT_USER, prefix=team),
                 BucketGrant(bucket="checkpoints", role=BUCKET_LISTER)]
     if key.startswith("serving/"):
         return [BucketGrant(bucket="artifacts", role=OBJECT_VIEWER, prefix=naming.MLFLOW_ARTIFACTS_PREFIX),

@@ -98,8 +98,8 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_drops_the_rest():
     # The trainer, the core it imports (the platform's vocabulary and the launcher), and the programs the platform
     # runs from this image: serving's (a service's route, the promotion loop) and the sweep controller, on the client.
     assert set(sources) == {"pyproject.toml", "trainer", "trainer/entrypoint.sh", "gpu_train/__init__.py",
-                            "gpu_train/spec", "gpu_train/jobs", "gpu_train/serving", "gpu_train/client",
-                            "gpu_train/sweeps"}
+                            "gpu_train/storage.py", "gpu_train/spec", "gpu_train/jobs", "gpu_train/serving",
+                            "gpu_train/client", "gpu_train/sweeps"}
     inputs = image.image_inputs()
     for src in sources:
         assert src not in patterns and f"{src}/" not in patterns
@@ -112,7 +112,7 @@ def test_the_tag_covers_exactly_what_the_image_is_made_of():
     # pyproject.toml, the trainer package and the core it imports; nothing of the README, infra, the team command,
     # tests, docs, stacks or the workflow files (the build writes its own one-line README for the package metadata).
     assert {"pyproject.toml", "trainer/entrypoint.sh", "trainer/__main__.py", "gpu_train/__init__.py",
-            "gpu_train/jobs/launch.py", "gpu_train/spec/trainer_config.py"} <= set(inputs)
+            "gpu_train/storage.py", "gpu_train/jobs/launch.py", "gpu_train/spec/trainer_config.py"} <= set(inputs)
     assert {i.split("/")[0] for i in inputs} == {"pyproject.toml", "trainer", "gpu_train"}
     assert {i.split("/")[1] for i in inputs if i.startswith("gpu_train/") and i.count("/") > 1} == {
         "spec", "jobs", "serving", "client", "sweeps"}

@@ -13,9 +13,9 @@ import shutil
 
 import pytest
 
+from gpu_train.storage import open_store
 from tests.trainer.launch import FAULTS, SMALL, Nodes, run_trainer, summary
 from trainer.checkpoint import MANIFEST, CheckpointInvalid, list_step_dirs, sha256_file, verify
-from trainer.data.storage import open_store
 
 # Saves and resumes across real worker processes and a local S3 server.
 pytestmark = pytest.mark.integration

@@ -208,7 +208,7 @@ def test_sampling_and_export_need_only_the_checkpoint(bpe_run, tmp_path, capsys,
     endpoint and ended in a botocore traceback."""
     import shutil
 
-    import trainer.data.storage as storage
+    import gpu_train.storage as storage
 
     run, data = bpe_run
     step = tmp_path / "step_000000002"

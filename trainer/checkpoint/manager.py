@@ -70,6 +70,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from gpu_train.storage import open_store
 from trainer.checkpoint.manifest import (
     FORMAT_VERSION,
     MANIFEST,
@@ -88,7 +89,6 @@ from trainer.checkpoint.manifest import (
     write_atomic,
 )
 from trainer.data.errors import DataError
-from trainer.data.storage import open_store
 from trainer.distributed import DistEnv, current_env, rng_state, set_rng_state
 from trainer.errors import BadInput, one_line
 

@@ -86,7 +86,7 @@ def open_dataset(
     ``split`` is ``"train"`` or ``"val"`` (the held-out split written by ``prepare --val-fraction``).
     ``read_mode`` and ``verify`` are described in ``trainer.data.shards`` and ``trainer.data.cache``;
     ``endpoint_auth`` ("auto", "sigv4", "unsigned"; None: env TRAINER_S3_AUTH, else "auto") in
-    ``trainer.data.storage``.
+    ``gpu_train.storage``.
     ``seed`` only changes the synthetic data.
     """
     if uri == SYNTHETIC:
@@ -107,8 +107,8 @@ def open_dataset(
             prefetch_shards=prefetch_shards,
             split=split,
         )
+    from gpu_train.storage import StoreOptions
     from trainer.data.shards import open_sharded
-    from trainer.data.storage import StoreOptions
 
     return open_sharded(
         uri,
@@ -140,13 +140,13 @@ def read_step(ds: Dataset, sampler: GlobalSampler, step: int, rank: int, world: 
 
 def open_tokenizer(uri: str, endpoint_url: str | None = None, options=None):  # -> trainer.data.tokenizer.Tokenizer
     """The tokenizer a dataset was prepared with (byte-level for ``"synthetic"``), sha256-checked; `options` are the
-    store's (trainer.data.storage.StoreOptions)."""
+    store's (gpu_train.storage.StoreOptions)."""
     from trainer.data.tokenizer import ByteTokenizer, load_tokenizer
 
     if uri == SYNTHETIC:
         return ByteTokenizer()
+    from gpu_train.storage import open_store
     from trainer.data.shards import read_manifest, split_manifest_uri
-    from trainer.data.storage import open_store
 
     root, key = split_manifest_uri(uri)
     store = open_store(root, endpoint_url=endpoint_url, options=options)

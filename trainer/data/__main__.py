@@ -76,9 +76,9 @@ def _prepare(args: argparse.Namespace) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     """Hash every shard: the cached copies in --cache-dir (dropping bad ones), else the store's bytes."""
+    from gpu_train.storage import FileStore, open_store
     from trainer.data.cache import CacheRef, SealBook, ShardCache
     from trainer.data.shards import DirectShardSource, read_manifest, split_manifest_uri
-    from trainer.data.storage import FileStore, open_store
 
     root, key = split_manifest_uri(args.uri)
     store = open_store(root, endpoint_url=args.endpoint_url)

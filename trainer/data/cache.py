@@ -55,8 +55,8 @@ from typing import Literal
 
 from filelock import FileLock, Timeout
 
+from gpu_train.storage import ObjectNotFoundError, RetryPolicy, StorageError, Store, retry_transient
 from trainer.data.errors import DataError, ShardError, ShardIntegrityError, ShardMissingError
-from trainer.data.storage import ObjectNotFoundError, RetryPolicy, StorageError, Store, retry_transient
 
 log = logging.getLogger(__name__)
 

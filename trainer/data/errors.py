@@ -7,9 +7,9 @@ Every message names the culprit: the manifest key, the shard file and the full U
 
 from __future__ import annotations
 
+from gpu_train.storage import DataError  # the base of the object stores' errors as well
 
-class DataError(Exception):
-    """Base class for every error raised by trainer.data."""
+__all__ = ["DataError"]
 
 
 class ManifestError(DataError):
@@ -43,7 +43,7 @@ class SamplerStateError(DataError):
 
 def is_transient(exc: BaseException) -> bool:
     """A storage outage rather than bad data: the data layer wraps the storage error that outlasted its retries
-    (trainer/data/storage.py, StorageError.transient) in a shard error, so look down the cause chain."""
+    (gpu_train/storage.py, StorageError.transient) in a shard error, so look down the cause chain."""
     seen: BaseException | None = exc
     while seen is not None:
         if getattr(seen, "transient", False):

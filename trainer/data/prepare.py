@@ -45,10 +45,10 @@ from typing import Any
 
 import numpy as np
 
+from gpu_train.storage import StorageError, Store, open_store
 from trainer.data.errors import DataError, ManifestError
 from trainer.data.manifest import MANIFEST_NAME, FileRef, Manifest, ShardInfo, TokenizerInfo, dtype_for_vocab
 from trainer.data.pack import Packer, Shard
-from trainer.data.storage import StorageError, Store, open_store
 from trainer.data.synthetic import VAL_STREAM, synthetic_shards
 from trainer.data.tokenizer import (
     TOKENIZER_FILE,

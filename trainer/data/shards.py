@@ -35,11 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from gpu_train.spec.values import as_uri
-from trainer.data.cache import VERIFY_MODES, CacheRef, SealBook, ShardCache, disk_budget, sha256_file
-from trainer.data.dataset import Dataset
-from trainer.data.errors import DataError, ManifestError, ShardIntegrityError, ShardMissingError
-from trainer.data.manifest import DTYPES, MANIFEST_NAME, SPLITS, Manifest, ShardInfo
-from trainer.data.storage import (
+from gpu_train.storage import (
     FileStore,
     ObjectNotFoundError,
     RetryPolicy,
@@ -49,6 +45,10 @@ from trainer.data.storage import (
     open_store,
     retry_transient,
 )
+from trainer.data.cache import VERIFY_MODES, CacheRef, SealBook, ShardCache, disk_budget, sha256_file
+from trainer.data.dataset import Dataset
+from trainer.data.errors import DataError, ManifestError, ShardIntegrityError, ShardMissingError
+from trainer.data.manifest import DTYPES, MANIFEST_NAME, SPLITS, Manifest, ShardInfo
 
 log = logging.getLogger(__name__)
 

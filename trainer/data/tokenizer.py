@@ -28,9 +28,9 @@ from typing import Protocol
 
 import numpy as np
 
+from gpu_train.storage import Store
 from trainer.data.errors import DataError, ManifestError
 from trainer.data.manifest import Manifest
-from trainer.data.storage import Store
 from trainer.data.synthetic import BYTE_EOT_ID, BYTE_VOCAB_SIZE
 
 EOT_TEXT = "<|endoftext|>"

@@ -26,8 +26,8 @@ from gpu_train.jobs.sweep_platform import SPEC_ENV, sweep_controller_rules, team
 from gpu_train.spec import naming
 from gpu_train.spec.contract import PlatformContract
 from gpu_train.sweeps import __main__ as incluster
-from gpu_train.sweeps.cluster import cluster_controller
-from gpu_train.sweeps.mirror import MirrorError, StateMirror
+from gpu_train.sweeps.cluster import checkpoints_store, cluster_controller, journal_mirror
+from gpu_train.sweeps.mirror import MirrorError
 from gpu_train.sweeps.spec import load_sweep, parse_sweep
 from infra.k8s import pod_admission, tenancy
 from tests.gpu_train.cli.conftest import ALICE, REGISTRY, TEAMS, contract_doc, requests_of
@@ -232,7 +232,7 @@ def test_a_controller_that_lost_its_disk_goes_on_with_no_trial_lost_or_run_twice
     third.mkdir()
     (third / "journal.jsonl").write_text('{"event": "start", "seq": 0, "sweep": "lr-sweep"}\n')
     with pytest.raises(MirrorError, match=r"pod-3/journal.jsonl and s3://.*/research/lr-sweep/controller/journal"):
-        StateMirror.open(contract, "research", "lr-sweep", third).pull()
+        journal_mirror(checkpoints_store(contract), sweep, third).pull()
 
 
 def test_the_in_cluster_controller_names_a_bad_spec_and_a_foreign_namespace(monkeypatch, capsys):
@@ -263,3 +263,23 @@ def test_in_the_pod_the_controller_reaches_the_api_server_with_its_service_accou
     # What the client sends with every request: the account's token.
     assert session.api.configuration.auth_settings()["BearerToken"]["value"] == "bearer sa-token-123"
     assert session.api.configuration.ssl_ca_cert == str(ca)
+
+
+def test_a_gcs_checkpoints_bucket_holds_the_budgets_and_the_journal(api, doc, s3_endpoint, tmp_path):  # noqa: F811
+    """A GCP platform's gs:// bucket, through the one object-store layer (GCS's XML API; here the local S3 server
+    answers for it, signed with HMAC-style keys as GCS's interoperability keys are)."""
+    gcs = "gpu-train-gcp-dev-checkpoints"
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket=gcs)
+    gdoc = {**doc, "buckets": {**doc["buckets"], "checkpoints": f"gs://{gcs}"}}
+    contract = PlatformContract.from_document(gdoc, "test")
+    sweep = load_sweep(sweep_file(tmp_path))
+    controller, _ = cluster_controller(controller_session(api, tmp_path), contract, sweep, "s.yaml", tmp_path / "pod")
+    assert controller.step()
+    (jobset,) = [j for j in api.of("jobsets", NS) if j["metadata"]["name"] == "lr-sweep-t000"]
+    args = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"train.budget_uri=gs://{gcs}/research/lr-sweep/lr-sweep-t000/budget.json" in args
+    body = s3.get_object(Bucket=gcs, Key="research/lr-sweep/lr-sweep-t000/budget.json")["Body"].read()
+    assert json.loads(body) == {"tokens": 655360}
+    stored = s3.get_object(Bucket=gcs, Key="research/lr-sweep/controller/journal.jsonl")["Body"].read()
+    assert stored == (tmp_path / "pod" / "journal.jsonl").read_bytes()

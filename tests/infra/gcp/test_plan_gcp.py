@@ -139,13 +139,14 @@ def test_workload_identity_and_checkpoint_prefix(plans, stack):
     project = "acme-ml-dev" if stack == "gcp-dev" else "acme-ml-prod"
     teams = ["research"] if stack == "gcp-dev" else ["research", "applied"]
     expected = {f"serviceAccount:{project}.svc.id.goog[{ns}]" for ns in
-                ["alluxio/alluxio", "mlflow/mlflow", *[f"team-{t}/trainer" for t in teams]]}
+                ["alluxio/alluxio", "mlflow/mlflow", *[f"team-{t}/trainer" for t in teams],
+                 *[f"team-{t}/sweep-controller" for t in teams]]}
     assert wi == expected
     grants = resources_of(plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
     writers = [g["inputs"] for g in grants if g["inputs"]["role"] in ("roles/storage.objectUser",
                                                                      "roles/storage.objectAdmin")]
     ckpt_writers = [g for g in writers if "checkpoints" in g["bucket"]]
-    assert len(ckpt_writers) == len(teams)
+    assert len(ckpt_writers) == 2 * len(teams)  # each team's trainer and its sweep controllers
     for g in ckpt_writers:
         expr = g["condition"]["expression"]
         assert expr.startswith(f'resource.name.startsWith("projects/_/buckets/{g["bucket"]}/objects/')

@@ -130,6 +130,11 @@ def test_trainer_grants_are_prefix_scoped():
     assert all(g.bucket != "artifacts" for g in grants)
     assert identity.prefix_condition("b", "research")["expression"] == \
         'resource.name.startsWith("projects/_/buckets/b/objects/research/")'
+    # A team's sweep controllers write its checkpoints prefix only, and read no dataset.
+    sweeps = identity.bucket_grants("sweeps/research")
+    assert [(g.bucket, g.role, g.prefix) for g in sweeps if g.role == identity.OBJECT_USER] == [
+        ("checkpoints", identity.OBJECT_USER, "research")]
+    assert {g.bucket for g in sweeps} == {"checkpoints"}
     assert [g.bucket for g in identity.bucket_grants("cache")] == ["datasets"]
     assert identity.bucket_grants("cache")[0].role == identity.OBJECT_VIEWER
     assert [g.bucket for g in identity.bucket_grants("mlflow")] == ["artifacts"]

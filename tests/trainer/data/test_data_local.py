@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpu_train.storage import FileStore, open_store
 from trainer.data import ManifestError, ShardIntegrityError, open_dataset
 from trainer.data.__main__ import main as cli
 from trainer.data.cache import CacheRef, ShardCache
@@ -21,7 +22,6 @@ from trainer.data.manifest import Manifest
 from trainer.data.pack import pack_documents
 from trainer.data.prepare import prepare, synth
 from trainer.data.shards import open_sharded, read_manifest
-from trainer.data.storage import FileStore, open_store
 from trainer.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
 

@@ -16,12 +16,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from gpu_train.storage import open_store
 from trainer.data import DataError, open_dataset
 from trainer.data import prepare as prepare_mod
 from trainer.data.__main__ import main as cli
 from trainer.data.prepare import PrepareStats, collect_files, plan_tasks, prepare
 from trainer.data.shards import read_manifest
-from trainer.data.storage import open_store
 from trainer.data.synthetic import VAL_STREAM, synthetic_documents
 from trainer.data.tokenizer import GPT2_MERGES_SHA256, load_gpt2, load_tokenizer
 

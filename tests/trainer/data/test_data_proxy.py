@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpu_train.storage import StorageError, StoreOptions, open_store, signs_requests
 from trainer.data.prepare import synth
-from trainer.data.storage import StorageError, StoreOptions, open_store, signs_requests
 from trainer.data.synthetic import synthetic_shards
 
 # Reads through a local S3 proxy server.

@@ -16,10 +16,10 @@ import boto3
 import numpy as np
 import pytest
 
+from gpu_train.storage import RetryPolicy, StorageError, StoreOptions, open_store
 from trainer.data import ManifestError, ShardError, ShardIntegrityError, ShardMissingError, open_dataset
 from trainer.data.prepare import prepare
 from trainer.data.shards import open_sharded
-from trainer.data.storage import RetryPolicy, StorageError, StoreOptions, open_store
 
 # Reads shards from a local S3 server.
 pytestmark = pytest.mark.integration

@@ -1,8 +1,10 @@
-"""Object storage behind one small interface: file://, s3:// and gs:// (plus any S3-compatible endpoint).
+"""Object storage behind one small interface: file://, s3:// and gs:// (plus any S3-compatible endpoint). The
+trainer's data path and checkpoints and the sweep controller read and write through it; it needs boto3 and nothing
+of torch.
 
 Use::
 
-    from trainer.data.storage import open_store
+    from gpu_train.storage import open_store
     store = open_store("s3://bucket/datasets/web", endpoint_url=None)
     raw = store.get_bytes("manifest.json")
     store.download("shard-000000.bin", "/nvme/cache/x.part")      # atomic: tmp file + rename
@@ -44,7 +46,10 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from gpu_train.spec.values import as_uri
-from trainer.data.errors import DataError
+
+
+class DataError(Exception):
+    """Base class for every error of the data path: the object stores' here, the dataset's in trainer.data."""
 
 ENDPOINT_ENV = "TRAINER_S3_ENDPOINT_URL"
 AUTH_ENV = "TRAINER_S3_AUTH"
