@@ -65,44 +65,54 @@ def promoter_rules() -> list[dict[str, Any]]:
     ]
 
 
+def heartbeat_probe(path: str, max_age_s: int, period_s: int) -> dict[str, Any]:
+    """A probe that fails when the program has not touched `path` for `max_age_s` seconds."""
+    return {"exec": {"command": ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.path.getmtime("
+                                 f"{path!r}) > {max_age_s})"]}, "periodSeconds": period_s}
+
+
+def singleton_deployment(*, name: str, namespace: str, labels: Mapping[str, str], selector: Mapping[str, str],
+                         service_account: str, node_selector: Mapping[str, str], api_use: str,
+                         container: Mapping[str, Any], grace_s: int | None = None) -> dict[str, Any]:
+    """One replica of a program the platform runs in a team namespace (the promotion loop, a sweep's controller):
+    the Recreate strategy, since two would take each decision twice; UID 10001 on the CPU nodes; /tmp an emptyDir
+    (the root filesystem is read-only). `api_use` says why its pod mounts its account's token (checkov CKV_K8S_38)."""
+    spec: dict[str, Any] = {"serviceAccountName": service_account, "enableServiceLinks": False,
+                            **node_scheduling(node_selector), "securityContext": pod_security(naming.TRAINER_UID)}
+    if grace_s is not None:
+        spec["terminationGracePeriodSeconds"] = grace_s
+    spec["containers"] = [{**container, "securityContext": container_security(naming.TRAINER_UID),
+                           "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}]
+    spec["volumes"] = [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels),
+                     "annotations": {"checkov.io/skip1": f"CKV_K8S_38={api_use}"}},
+        "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": dict(selector)},
+                 "template": {"metadata": {"labels": dict(labels)}, "spec": spec}},
+    }
+
+
 def promoter_deployment(namespace: str, *, image: str, cpu_node_selector: Mapping[str, str], prometheus: str,
                         tracking_uri: str) -> dict[str, Any]:
     """The namespace's promotion loop: one replica (two would judge the same canary twice), restarted in place, and
     restarted when its loop stops turning (it touches a heartbeat file every second; the probes read its age)."""
-    pod_labels = {**LABELS, naming.SERVING_ROLE_LABEL: "promoter"}
-    alive = {"exec": {"command": ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.path.getmtime("
-                                  f"{HEARTBEAT!r}) > {HEARTBEAT_MAX_AGE_S})"]}, "periodSeconds": 30}
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": PROMOTER, "namespace": namespace, "labels": pod_labels,
-                     "annotations": {"checkov.io/skip1": "CKV_K8S_38=the promotion loop reads and updates the routes "
-                                                         "and InferenceServices through the Kubernetes API"}},
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": {naming.SERVING_ROLE_LABEL: "promoter"}},
-            "template": {"metadata": {"labels": pod_labels}, "spec": {
-                "serviceAccountName": naming.PROMOTER_SERVICE_ACCOUNT,
-                "enableServiceLinks": False,
-                **node_scheduling(cpu_node_selector),
-                "securityContext": pod_security(naming.TRAINER_UID),
-                "containers": [{
-                    "name": "promote",
-                    "image": image,
-                    "command": ["python", "-m", "gpu_train.serving.promote"],
-                    "args": ["--namespace", namespace, "--prometheus", prometheus, "--heartbeat", HEARTBEAT],
-                    "env": [{"name": "HOME", "value": "/tmp"},
-                            *([{"name": "MLFLOW_TRACKING_URI", "value": tracking_uri}] if tracking_uri else [])],
-                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
-                                  "limits": {"cpu": "1", "memory": "512Mi"}},
-                    "readinessProbe": alive, "livenessProbe": {**alive, "failureThreshold": 4},
-                    "securityContext": container_security(naming.TRAINER_UID),
-                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                }],
-                "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
-            }},
-        },
-    }
+    alive = heartbeat_probe(HEARTBEAT, HEARTBEAT_MAX_AGE_S, 30)
+    return singleton_deployment(
+        name=PROMOTER, namespace=namespace, labels={**LABELS, naming.SERVING_ROLE_LABEL: "promoter"},
+        selector={naming.SERVING_ROLE_LABEL: "promoter"}, service_account=naming.PROMOTER_SERVICE_ACCOUNT,
+        node_selector=cpu_node_selector,
+        api_use="the promotion loop reads and updates the routes and InferenceServices through the Kubernetes API",
+        container={
+            "name": "promote",
+            "image": image,
+            "command": ["python", "-m", "gpu_train.serving.promote"],
+            "args": ["--namespace", namespace, "--prometheus", prometheus, "--heartbeat", HEARTBEAT],
+            "env": [{"name": "HOME", "value": "/tmp"},
+                    *([{"name": "MLFLOW_TRACKING_URI", "value": tracking_uri}] if tracking_uri else [])],
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+            "readinessProbe": alive, "livenessProbe": {**alive, "failureThreshold": 4},
+        })
 
 
 def team_serving_objects(namespace: str, *, image: str, cpu_node_selector: Mapping[str, str], prometheus: str,

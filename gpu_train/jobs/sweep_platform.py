@@ -20,8 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_train.jobs.pods import container_security, node_scheduling, pod_security
-from gpu_train.jobs.serving_platform import LABELS, READ, role_with_binding, service_account
+from gpu_train.jobs.serving_platform import (
+    LABELS,
+    READ,
+    heartbeat_probe,
+    role_with_binding,
+    service_account,
+    singleton_deployment,
+)
 from gpu_train.spec import naming
 
 SPEC_ENV = "GPU_TRAIN_SWEEP_SPEC"  # the sweep spec (YAML, its trial template inline) the controller reads
@@ -57,42 +63,20 @@ def sweep_deployment(namespace: str, sweep: str, *, image: str, spec_yaml: str, 
                      pod_env: Mapping[str, str]) -> dict[str, Any]:
     """One sweep's controller. Submitting a changed spec changes the pod template, which replaces the pod (the
     journal carries over through the object store)."""
-    name = controller_name(sweep)
     labels = {**LABELS, naming.SWEEP_LABEL: sweep}
-    alive = {"exec": {"command": ["python", "-c", "import os, sys, time; sys.exit(time.time() - os.path.getmtime("
-                                  f"{HEARTBEAT!r}) > {HEARTBEAT_MAX_AGE_S})"]},
-             "periodSeconds": 60, "failureThreshold": 3}
     env = [{"name": "HOME", "value": "/tmp"}, {"name": SPEC_ENV, "value": spec_yaml},
            *({"name": k, "value": v} for k, v in sorted(pod_env.items())),
            *([{"name": "MLFLOW_TRACKING_URI", "value": tracking_uri}] if tracking_uri else [])]
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels,
-                     "annotations": {"checkov.io/skip1": "CKV_K8S_38=the sweep controller creates, pauses and "
-                                                         "resumes its trials' JobSets through the Kubernetes API"}},
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": {naming.SWEEP_LABEL: sweep}},
-            "template": {"metadata": {"labels": labels}, "spec": {
-                "serviceAccountName": naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT,
-                "enableServiceLinks": False,
-                **node_scheduling(SYSTEM_NODES),
-                "securityContext": pod_security(naming.TRAINER_UID),
-                "terminationGracePeriodSeconds": 60,
-                "containers": [{
-                    "name": "controller",
-                    "image": image,
-                    "command": ["python", "-m", "gpu_train.sweeps"],
-                    "args": ["--namespace", namespace, "--state", STATE_DIR, "--heartbeat", HEARTBEAT],
-                    "env": env,
-                    "resources": {"requests": {"cpu": "100m", "memory": "512Mi"},
-                                  "limits": {"cpu": "1", "memory": "1Gi"}},
-                    "livenessProbe": alive,
-                    "securityContext": container_security(naming.TRAINER_UID),
-                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-                }],
-                "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
-            }},
-        },
-    }
+    return singleton_deployment(
+        name=controller_name(sweep), namespace=namespace, labels=labels, selector={naming.SWEEP_LABEL: sweep},
+        service_account=naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT, node_selector=SYSTEM_NODES, grace_s=60,
+        api_use="the sweep controller creates, pauses and resumes its trials' JobSets through the Kubernetes API",
+        container={
+            "name": "controller",
+            "image": image,
+            "command": ["python", "-m", "gpu_train.sweeps"],
+            "args": ["--namespace", namespace, "--state", STATE_DIR, "--heartbeat", HEARTBEAT],
+            "env": env,
+            "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+            "livenessProbe": {**heartbeat_probe(HEARTBEAT, HEARTBEAT_MAX_AGE_S, 60), "failureThreshold": 3},
+        })
