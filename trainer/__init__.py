@@ -31,6 +31,8 @@ PUBLIC: dict[str, str] = {
     "read_step": "trainer.data",
     "DataError": "trainer.data",
     "is_transient": "trainer.data",
+    # a sweep trial's token budget: hold at a rung with a checkpoint until promoted or stopped (trainer/budget.py)
+    "TrialBudget": "trainer.budget",
     # MLflow tracking that never blocks the loop (trainer/tracking.py)
     "Tracker": "trainer.tracking",
     # this worker's Prometheus endpoint, under the metric names the platform's dashboards and alerts read

@@ -110,6 +110,80 @@ class TokenBudget:
             log.warning("could not write %s beside train.budget_uri %s: %s", STATUS_NAME, self.uri, exc)
 
 
+def wait_for_raise(budget: TokenBudget, tokens: int, allowed: int,
+                   flags: Any) -> tuple[int, bool, bool]:
+    """Poll the budget while it allows no more than `tokens`: (the new limit, stopped, by SIGINT). `flags()` gives
+    this rank's (stop, sigint) as numbers. Collective: every rank polls together."""
+    stop = sigint = False
+    while not stop and tokens >= allowed:
+        time.sleep(POLL_S)
+        allowed, stop, sigint = budget.limit(*flags())
+    return allowed, stop, sigint
+
+
+class TrialBudget:
+    """A sweep trial's token budget for a loop of a team's own: the bundled trainer's hold as a library piece.
+
+    Usage (examples/plain-loop/train.py; the trial's command gets the URI from the sweep as ${trial.budgetUri}):
+        trial = TrialBudget.open(uri, rank=env.rank, world_size=env.world_size, device=env.device)
+        ... after each step, with `tokens` trained in all:
+        if trial.reached(tokens):
+            trial.report(step, tokens, val_loss)         # evaluate where it holds (every rank, the same value)
+            save a checkpoint of this step, blocking
+            if trial.hold(step, tokens, preemption):     # a stop signal came: the checkpoint is the trial's
+                exit 75
+        ... at the end: trial.report(...); trial.finish(step, tokens, params_sha256)
+
+    status.json beside the budget object is what the sweep controller reads (module docstring). Every method is
+    called on every rank; only rank 0 reads the budget and writes the status."""
+
+    def __init__(self, budget: TokenBudget) -> None:
+        self.budget = budget
+        self.evals: list[dict[str, Any]] = []
+        self.allowed, _, _ = budget.limit()  # collective
+
+    @classmethod
+    def open(cls, uri: str, *, rank: int, world_size: int, device: torch.device,
+             endpoint_url: str | None = None) -> TrialBudget:
+        return cls(TokenBudget.open(uri, endpoint_url=endpoint_url, rank=rank, world_size=world_size,
+                                    device=device))
+
+    def status(self, state: str, step: int, tokens: int, **extra: Any) -> None:
+        self.budget.write_status({"state": state, "step": step, "tokens": tokens, "budget_tokens": self.allowed,
+                                  "val_loss": self.evals[-1]["val_loss"] if self.evals else None,
+                                  "evals": self.evals, **extra})
+
+    def report(self, step: int, tokens: int, val_loss: float) -> None:
+        """A validation loss at `tokens` (the same on every rank: all-reduce it first)."""
+        if not self.evals or self.evals[-1]["tokens"] != tokens:
+            self.evals.append({"step": step, "tokens": tokens, "val_loss": float(val_loss)})
+        self.status("running", step, tokens)
+
+    def reached(self, tokens: int) -> bool:
+        return tokens >= self.allowed
+
+    def hold(self, step: int, tokens: int, preemption: Any) -> bool:
+        """At a step with the budget used up and its checkpoint saved: write `held` and wait for a raised budget
+        (False: train on) or a stop signal (True). Collective."""
+        def flags() -> tuple[float, float]:
+            return float(preemption.preempted()), float(preemption.signal_name == "SIGINT")
+
+        self.allowed, stop, _ = self.budget.limit(*flags())
+        if stop or tokens < self.allowed:
+            return stop
+        self.status("held", step, tokens)
+        if self.budget.rank == 0:
+            log.info("holding at step %d (%d tokens, budget %d): waiting for a raised budget or a stop", step, tokens,
+                     self.allowed)
+        self.allowed, stop, _ = wait_for_raise(self.budget, tokens, self.allowed, flags)
+        if not stop:
+            self.status("running", step, tokens)
+        return stop
+
+    def finish(self, step: int, tokens: int, params_sha256: str | None, state: str = "completed") -> None:
+        self.status(state, step, tokens, params_sha256=params_sha256)
+
+
 class BudgetHold:
     """The loop's side of a token budget: when to hold, what to write, how a hold ends (module docstring)."""
 
@@ -157,9 +231,8 @@ class BudgetHold:
                 log.info("holding at step %d (%d tokens, budget %d): checkpoint saved, waiting for a raised budget "
                          "or a stop", t.step, t.tokens_seen, self.allowed)
         t.watchdog.disarm()
-        while not stop and t.tokens_seen >= self.allowed:
-            time.sleep(POLL_S)
-            self.allowed, stop, sigint = self.budget.limit(*t._stop_flags())
+        if not stop:
+            self.allowed, stop, sigint = wait_for_raise(self.budget, t.tokens_seen, self.allowed, t._stop_flags)
         if stop:
             t.stop_signal = "SIGINT" if sigint else "SIGTERM"
             done = self._saved_here()

@@ -13,7 +13,9 @@ What the library gives this loop (docs/your-code.md):
   past a damaged one, at any world size (the model, the optimizer, each rank's RNG and the sampler's position);
 - Preemption: SIGTERM (or Ctrl-C) becomes a final checkpoint and exit 75, which the platform restarts;
 - Watchdog: a step that hangs ends the worker with its stacks instead of holding the job forever;
-- TrainerMetrics: each step's loss and throughput on this worker's Prometheus port, which the platform scrapes.
+- TrainerMetrics: each step's loss and throughput on this worker's Prometheus port, which the platform scrapes;
+- TrialBudget: as a sweep's trial (--budget-uri), hold at each rung with a checkpoint until promoted or stopped,
+  reporting the validation loss there (examples/plain-loop/sweep.yaml).
 
 At the end rank 0 writes result.json (the step, the world size, the sha256 of the final weights), and each step's
 loss and sample indices go to steps.jsonl: what proves two runs trained the same model on the same samples.
@@ -39,6 +41,7 @@ from trainer import (
     JobEnv,
     Preemption,
     TrainerMetrics,
+    TrialBudget,
     Watchdog,
     bind_to_agent,
     full_state_dict,
@@ -77,6 +80,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-every", type=int, default=0, help="steps between validation losses (0: none)")
+    p.add_argument("--val-batches", type=int, default=4, help="global batches of the val split per evaluation")
+    p.add_argument("--budget-uri", default="", help="a sweep trial's budget object (the sweep passes "
+                                                    "${trial.budgetUri}): hold there at each rung")
     return p.parse_args(argv)
 
 
@@ -98,6 +105,27 @@ def main(argv: list[str] | None = None) -> int:
     if resumed is None and ckpt.model_touched:
         sys.exit(f"no checkpoint in {job.checkpoint_dir} could be loaded and a partial load changed the model; "
                  "the next launch starts afresh")
+    trial = TrialBudget.open(args.budget_uri, rank=env.rank, world_size=env.world_size,
+                             device=env.device) if args.budget_uri else None
+    val = open_dataset(job.dataset_uri, context=args.context, cache_dir=job.data_cache_dir,
+                       endpoint_url=job.data_endpoint, split="val") if (args.val_every or trial) else None
+    val_sampler = val and GlobalSampler(val.num_windows, global_batch=args.global_batch, seed=0,
+                                        shard_windows=val.shard_windows)
+
+    def evaluate() -> float:
+        """The mean loss over the same val batches every time, all-reduced: every rank gets the same number."""
+        model.eval()
+        total = torch.zeros((), device=env.device)
+        with torch.no_grad():
+            for s in range(args.val_batches):
+                rows, _ = read_step(val, val_sampler, s, env.rank, env.world_size, end_step=args.val_batches)
+                xy = torch.from_numpy(rows.astype("int64")).to(env.device)
+                total += F.cross_entropy(model(xy[:, :-1]).flatten(0, 1), xy[:, 1:].flatten())
+        model.train()
+        dist.all_reduce(total)
+        return total.item() / (args.val_batches * env.world_size)
+
+    tokens_per_step = args.global_batch * args.context
     ddp = DistributedDataParallel(model)
     log = (job.run_dir / "steps.jsonl").open("a") if env.rank == 0 else None
     prometheus = TrainerMetrics(port=job.metrics_port, rank=env.rank, restarts=env.restart_count)
@@ -127,11 +155,21 @@ def main(argv: list[str] | None = None) -> int:
                                       "samples": sampler.global_batch(step - 1), "world_size": env.world_size,
                                       "restart": env.restart_count}) + "\n")
                 log.flush()
+            tokens = step * tokens_per_step
+            at_budget = trial is not None and trial.reached(tokens) and step < args.steps
+            if val is not None and (step == args.steps or at_budget or (args.val_every and step % args.val_every == 0)):
+                val_loss = evaluate()
+                prometheus.observe_eval(val_loss)
+                if trial is not None:
+                    trial.report(step, tokens, val_loss)
             stop = preemption.any_rank()
-            if step % args.checkpoint_every == 0 or step == args.steps or stop:
+            if step % args.checkpoint_every == 0 or step == args.steps or stop or at_budget:
                 with watchdog.allowance("checkpoint", watchdog.cfg.checkpoint_s):
                     ckpt.save(step, model, optimizer, {"step": step, "sampler": sampler.state_dict()}, vars(args),
-                              block=stop or step == args.steps)
+                              block=stop or step == args.steps or at_budget)
+            if at_budget and not stop:
+                watchdog.disarm()  # waiting to be promoted is no hang
+                stop = trial.hold(step, tokens, preemption)
             if stop:
                 preemption.report(step, saved=True)
                 break
@@ -139,10 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     prometheus.close()
     ckpt.wait()
     full = full_state_dict(model)  # collective
+    digest = state_sha256(full) if env.rank == 0 else None
     if env.rank == 0:
         (job.run_dir / "result.json").write_text(json.dumps(
-            {"step": step, "world_size": env.world_size, "params_sha256": state_sha256(full)}) + "\n")
+            {"step": step, "world_size": env.world_size, "params_sha256": digest}) + "\n")
+    if trial is not None and step == args.steps:
+        trial.finish(step, step * tokens_per_step, digest)
     ckpt.close()
+    if val is not None:
+        val.close()
     ds.close()
     shutdown()
     return EXIT_RESUMABLE if step < args.steps else 0

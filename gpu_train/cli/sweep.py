@@ -67,6 +67,8 @@ def register(sub: Any, common: Any) -> None:
     r.add_argument("--data", default="", help="--local: dataset manifest URI (default: the template's file:// "
                                               "one, else synthetic)")
     r.add_argument("--runs", default="runs", help="parent of the sweep's directory (default ./runs)")
+    r.add_argument("--workdir", default=None, help="--local, a template with its own command: where it runs "
+                                                   "(default: the sweep spec's folder)")
     common(r, team=False)
     s = ss.add_parser("submit", help="run a sweep's controller in the cluster, in the team's namespace",
                       description="Start the sweep's controller as a Deployment in the team's namespace (its spec in its "
@@ -115,7 +117,11 @@ def run(args: argparse.Namespace, session_of: Any = None) -> int:
         return {"status": status, "replay": replay, "stop": stop}[cmd](
             sweep, sweep_dir if cmd == "stop" else _journaled(sweep, sweep_dir))
     if cmd == "run" and args.local:
-        return run_local(sweep, args.spec or DEFAULT_SOURCE, runs=Path(args.runs), data=args.data, nproc=args.nproc)
+        workdir = Path(args.workdir or (Path(args.spec).resolve().parent if args.spec else Path.cwd()))
+        if not sweep.template.bundled and not workdir.is_dir():
+            raise ClientError(f"--workdir {workdir}: no such directory")
+        return run_local(sweep, args.spec or DEFAULT_SOURCE, runs=Path(args.runs), data=args.data, nproc=args.nproc,
+                         workdir=workdir)
     if not args.spec:
         raise ClientError("a sweep on the cluster needs a spec file (the embedded default is for --local)")
     from gpu_train.cli import sweep_cluster
@@ -184,7 +190,7 @@ def sweep_job(sweep, params):
     return trial_job(sweep, trial_name(sweep, 0), params, {})
 
 
-def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int) -> int:
+def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int, workdir: Path | None = None) -> int:
     from gpu_train.sweeps.controller import Controller
     from gpu_train.sweeps.local import LocalBackend
     from gpu_train.sweeps.run import drive
@@ -201,7 +207,8 @@ def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int) -> int:
     sweep_dir = runs.resolve() / sweep.name
     tracking_uri = default_tracking_uri(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    backend = LocalBackend(sweep, runs=runs, data_uri=data_uri, nproc=nproc, tracking_uri=tracking_uri)
+    backend = LocalBackend(sweep, runs=runs, data_uri=data_uri, nproc=nproc, tracking_uri=tracking_uri,
+                           workdir=workdir)
     controller = Controller(sweep, sweep_dir, backend, tracker=SweepTracker.open(tracking_uri))
     backend.parent_run_id = controller.parent_run_id
     print(f"gpu-train: sweep {sweep.name!r}: {sweep.trial_config.num_trials} trials, {sweep.trial_config.parallel_trials}"

@@ -53,7 +53,7 @@ def controller_deployment(contract: PlatformContract, sweep: SweepSpec, source: 
         raise ClientError(f"this platform ({contract.source}) runs no sweep controllers for team {team.name!r} (no "
                           f"identity sweeps/{team.name}): `gpu-train sweep run {source}` runs the controller here")
     checkpoints_store(contract)  # an s3:// or gs:// bucket, where the controller keeps its journal
-    spec_yaml = yaml.safe_dump(sweep.model_dump(by_alias=True, mode="json"), sort_keys=False)
+    spec_yaml = yaml.safe_dump(sweep.model_dump(by_alias=True, mode="json", exclude_unset=True), sort_keys=False)
     return sweep_deployment(team.namespace, sweep.name, image=contract.image, spec_yaml=spec_yaml,
                             tracking_uri=contract.endpoints.tracking, pod_env=contract.pod_env)
 

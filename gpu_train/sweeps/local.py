@@ -47,8 +47,9 @@ class LocalBackend:
     poll_s = 0.5
 
     def __init__(self, sweep: SweepSpec, *, runs: Path, data_uri: str, nproc: int = 1, tracking_uri: str = "",
-                 parent_run_id: str | None = None) -> None:
-        self.sweep, self.data_uri, self.nproc = sweep, data_uri, nproc
+                 parent_run_id: str | None = None, workdir: Path | None = None) -> None:
+        """`workdir`: where a template with its own command runs (its script's folder, as the image's /workspace)."""
+        self.sweep, self.data_uri, self.nproc, self.workdir = sweep, data_uri, nproc, workdir
         self.sweep_dir = Path(runs).resolve() / sweep.name
         self.tracking_uri, self.parent_run_id = tracking_uri, parent_run_id
         self.procs: dict[str, subprocess.Popen] = {}
@@ -96,6 +97,7 @@ class LocalBackend:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         with open(run_dir / LAUNCHER_LOG, "ab") as logf:
             self.procs[t.id] = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                                cwd=None if job.bundled else self.workdir,
                                                 stdin=subprocess.DEVNULL, preexec_fn=detach_launcher)  # noqa: PLW1509
         (run_dir / LAUNCHER_PID).write_text(f"{self.procs[t.id].pid}\n")
 

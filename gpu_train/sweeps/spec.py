@@ -12,7 +12,9 @@ Usage:
 The template is a job spec read exactly as `gpu-train submit` reads one (a mapping of the job settings, possibly
 under `job:`), inline or a file path relative to the sweep spec. A trial is that job with its sampled settings
 added to `overrides`, its name `<sweep>-<trial>`, `steps` = maxTokensPerTrial / globalBatchTokens (so every trial's
-learning-rate schedule runs over its whole budget, never over a rung) and the sweep's priority class.
+learning-rate schedule runs over its whole budget, never over a rung) and the sweep's priority class. A template
+with its own command (a team's loop on the trainer library's TrialBudget) gets its parameters and budget object as
+${trialParameters.<name>} and ${trial.budgetUri} in that command, and counts its steps in trialConfig.tokensPerStep.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic.alias_generators import to_camel
 
 from gpu_train.spec.errors import SettingsError, validation_problems
-from gpu_train.spec.job import MANAGED_OVERRIDES, JobSpec, read_job, read_job_file
+from gpu_train.spec.job import MANAGED_OVERRIDES, JobSpec, command_problems, read_job, read_job_file
 
 SWEEP_PRIORITY = "sweep"
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$")  # leaves room for "-t000" in a 32-character job name
@@ -107,6 +109,9 @@ class TrialConfig(_Model):
     max_failed_trials: int = Field(0, ge=0, description="failed trials tolerated before the sweep stops")
     max_tokens_per_trial: int = Field(0, ge=0, description="tokens each trial trains to (0: the template's steps x "
                                                            "globalBatchTokens); a multiple of globalBatchTokens")
+    tokens_per_step: int = Field(0, ge=0, description="a template with its own command: the tokens one step of its "
+                                                      "loop trains on, over all ranks (the bundled trainer's is "
+                                                      "globalBatchTokens)")
 
 
 class SweepSpec(_Model):
@@ -123,10 +128,15 @@ class SweepSpec(_Model):
 
     @property
     def batch_tokens(self) -> int:
-        return self.trial_template.global_batch_tokens
+        """The tokens of one step: a rung is a step boundary."""
+        if self.trial_template.bundled:
+            return self.trial_template.global_batch_tokens
+        return self.trial_config.tokens_per_step
 
     @property
     def max_tokens(self) -> int:
+        if not self.trial_template.bundled:
+            return self.trial_config.max_tokens_per_trial
         return self.trial_config.max_tokens_per_trial or self.trial_template.steps * self.batch_tokens
 
     @property
@@ -153,32 +163,35 @@ def _problems(s: SweepSpec) -> list[str]:
     p = []
     if not NAME.match(s.name):
         p.append(f"name {s.name!r} must be a lowercase DNS label of at most 24 characters")
-    if not s.template.bundled:
-        p.append(f"trialTemplate.command {s.template.command}: a sweep's trials run the bundled trainer, whose settings "
-                 "the search space sets and whose token budget pauses and promotes them; a team's own command gets "
-                 "neither, so it cannot be a trial")
+    own = not s.template.bundled
     if not s.search_space:
-        p.append("searchSpace must name at least one trainer setting")
-    for key in s.search_space:
+        p.append("searchSpace must name at least one " + ("parameter" if own else "trainer setting"))
+    if own:
+        p += _command_problems(s)
+    for key in [] if own else s.search_space:
         if not re.fullmatch(r"[a-z_]+\.[a-z_0-9]+", key):
             p.append(f"searchSpace.{key} must be a dotted trainer key like 'train.lr'")
         elif key in MANAGED_OVERRIDES or key in ("train.budget_uri", "tracking.parent_run_id"):
             p.append(f"searchSpace.{key} is set for every trial by the sweep itself and cannot be searched")
+    if not own and s.trial_config.tokens_per_step:
+        p.append("trialConfig.tokensPerStep is for a template with its own command; the bundled trainer's step is "
+                 "trialTemplate.globalBatchTokens")
     if len(s.objectives) != 1:
         p.append(f"objectives must hold exactly one objective (got {len(s.objectives)})")
     b, tc = s.batch_tokens, s.trial_config
-    if tc.max_tokens_per_trial and tc.max_tokens_per_trial % b:
+    step = "globalBatchTokens" if not own else "step (trialConfig.tokensPerStep)"
+    if b and tc.max_tokens_per_trial and tc.max_tokens_per_trial % b:
         p.append(f"trialConfig.maxTokensPerTrial {tc.max_tokens_per_trial} must be a multiple of the template's "
-                 f"globalBatchTokens ({b})")
+                 f"{step} ({b})")
     e = s.early
-    if e.name == "asha":
+    if e.name == "asha" and b and s.max_tokens:
         if e.min_tokens < b or e.min_tokens % b:
             p.append(f"algorithm.earlyStopping.minTokens {e.min_tokens} must be a positive multiple of the template's "
-                     f"globalBatchTokens ({b}): a rung is a step boundary")
+                     f"{step} ({b}): a rung is a step boundary")
         elif e.min_tokens >= s.max_tokens:
             p.append(f"algorithm.earlyStopping.minTokens {e.min_tokens} must be below maxTokensPerTrial "
                      f"({s.max_tokens}): no rung would stop anything")
-    if e.name == "median" and not s.template.overrides.get("eval.every_steps"):
+    if e.name == "median" and not own and not s.template.overrides.get("eval.every_steps"):
         p.append("algorithm.earlyStopping median compares validation losses along the way: set "
                  "trialTemplate.overrides.eval.every_steps")
     if s.algorithm.name == "grid":
@@ -187,6 +200,41 @@ def _problems(s: SweepSpec) -> list[str]:
                 p.append(f"searchSpace.{key}: grid search needs step or points for a {par.distribution} float")
     if tc.parallel_trials > tc.num_trials:
         p.append(f"trialConfig.parallelTrials {tc.parallel_trials} is more than numTrials {tc.num_trials}")
+    return p
+
+
+PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+# What a trial's own command may name besides its parameters (${trialParameters.<name>}): its budget object (which
+# the trainer library's TrialBudget holds at), its job name, and its MLflow parent run and tracking URI.
+TRIAL_FIELDS = {"trial.budgetUri": "train.budget_uri", "trial.name": "", "trial.parentRunId": "tracking.parent_run_id",
+                "trial.trackingUri": "tracking.uri"}
+
+
+def _command_problems(s: SweepSpec) -> list[str]:
+    """A template with its own command: its step in tokens, its whole budget, and the placeholders that hand a
+    trial its parameters and its budget (Katib's ${trialParameters.<name>} form)."""
+    p, tc = command_problems(s.template, "trialTemplate"), s.trial_config
+    if not tc.tokens_per_step:
+        p.append("trialConfig.tokensPerStep must be set for a template with its own command: the tokens one step of "
+                 "its loop trains on, over all ranks (a rung is a step boundary)")
+    if not tc.max_tokens_per_trial:
+        p.append("trialConfig.maxTokensPerTrial must be set for a template with its own command (its loop's steps "
+                 "times tokensPerStep)")
+    named = {m for arg in s.template.command or [] for m in PLACEHOLDER.findall(arg)}
+    for name in sorted(named):
+        key = name.removeprefix("trialParameters.")
+        if name not in TRIAL_FIELDS and (key == name or key not in s.search_space):
+            p.append(f"trialTemplate.command names ${{{name}}}: a command may name ${{trialParameters.<a searchSpace "
+                     f"key>}} and {', '.join('${' + f + '}' for f in TRIAL_FIELDS)}")
+    for key in s.search_space:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            p.append(f"searchSpace.{key} must be a name (letters, digits, _) that the command takes as "
+                     f"${{trialParameters.{key}}}")
+        elif f"trialParameters.{key}" not in named:
+            p.append(f"searchSpace.{key} is not in trialTemplate.command: pass it as ${{trialParameters.{key}}}")
+    if "trial.budgetUri" not in named:
+        p.append("trialTemplate.command must pass ${trial.budgetUri} to the loop, whose TrialBudget holds there at each "
+                 "rung and reports its validation losses (docs/sweeps.md)")
     return p
 
 
@@ -218,8 +266,10 @@ def parse_sweep(raw: Any, source: str, base: Path = Path(".")) -> SweepSpec:
                                 title="invalid sweep spec") from None
     if isinstance(raw.get("trialTemplate"), dict):
         try:
-            raw["trialTemplate"] = read_job(raw["trialTemplate"], key="trialTemplate").model_dump(by_alias=True,
-                                                                                                   mode="json")
+            # What the spec sets, as the job reader typed it (a template with its own command must set none of the
+            # bundled trainer's settings: their defaults stay unset).
+            raw["trialTemplate"] = read_job(raw["trialTemplate"], key="trialTemplate").model_dump(
+                by_alias=True, mode="json", exclude_unset=True)
         except SettingsError as exc:
             raise SettingsError([f"{source}: {p}" for p in exc.problems], title="invalid sweep spec") from None
     try:
@@ -240,8 +290,14 @@ def trial_name(sweep: SweepSpec, number: int) -> str:
 def trial_job(sweep: SweepSpec, name: str, params: dict[str, Any], extra: dict[str, Any]) -> JobSpec:
     """A trial's JobSpec: the template with the sampled settings and the sweep's own (`extra`: budget, parent run).
     Without eval.every_steps in the template the trial is evaluated where the sweep needs it only: at each rung
-    (the hold evaluates) and at its last step."""
+    (the hold evaluates) and at its last step. A template with its own command gets them in its command instead:
+    its ${trialParameters.<name>} and ${trial.<field>} placeholders replaced (TRIAL_FIELDS)."""
     t = sweep.template
+    if not t.bundled:
+        values = {f"trialParameters.{k}": str(v) for k, v in params.items()}
+        values.update({f: (name if key == "" else str(extra.get(key, ""))) for f, key in TRIAL_FIELDS.items()})
+        command = [PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in t.command or []]
+        return t.model_copy(update={"name": name, "priority_class": SWEEP_PRIORITY, "command": command})
     steps = sweep.max_tokens // sweep.batch_tokens
     evals = {} if "eval.every_steps" in t.overrides else {"eval.every_steps": steps}
     return t.model_copy(update={

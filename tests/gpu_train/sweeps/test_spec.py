@@ -94,7 +94,7 @@ def test_the_template_may_be_a_file_beside_the_spec(tmp_path):
                                                           "numTrials 8"),
     (lambda d: d["trialTemplate"].update(steps="x"), "s.yaml: trialTemplate.steps must be a whole number"),
     (lambda d: d["trialTemplate"].update(command=["python", "train.py"]),
-     "s.yaml: trialTemplate.command ['python', 'train.py']: a sweep's trials run the bundled trainer"),
+     "s.yaml: trialTemplate.preset is a setting of the bundled trainer, and trialTemplate.command runs your own"),
     (lambda d: d.update(name="Sweep_1"), "s.yaml: name 'Sweep_1' must be a lowercase DNS label"),
     (lambda d: d.update(objectives=[{"metric": "accuracy"}]), "s.yaml: objectives[0].metric must be"),
 ])
@@ -128,3 +128,46 @@ def test_a_minimal_spec_takes_the_defaults():
     assert (sweep.algorithm.name, sweep.early.name, sweep.trial_config.parallel_trials) == ("tpe", "none", 1)
     assert sweep.rungs() == [] and sweep.max_tokens == 40 * 4096
     assert (sweep.objectives[0].metric, sweep.objectives[0].direction) == ("val_loss", "minimize")
+
+
+OWN = Path(__file__).resolve().parents[3] / "examples" / "plain-loop" / "sweep.yaml"
+
+
+def own(change=None):
+    doc = yaml.safe_load(OWN.read_text())
+    if change:
+        change(doc)
+    return doc
+
+
+def test_a_trial_of_a_teams_own_loop_gets_its_parameters_and_budget_in_its_command():
+    sweep = parse_sweep(own(), "s.yaml")
+    assert (sweep.batch_tokens, sweep.max_tokens, sweep.rungs()) == (256, 6144, [1536, 3072])
+    job = trial_job(sweep, "plain-sweep-t004", {"lr": 0.0042, "width": 64},
+                    {"train.budget_uri": "file:///runs/plain-sweep/t4/budget.json", "tracking.experiment": "x"})
+    assert job.command == ["python", "train.py", "--steps", "24", "--lr", "0.0042", "--width", "64", "--val-batches",
+                           "2", "--checkpoint-every", "1000", "--budget-uri", "file:///runs/plain-sweep/t4/budget.json"]
+    assert (job.name, job.priority_class, job.overrides) == ("plain-sweep-t004", "sweep", {})
+    assert "steps" not in job.model_fields_set  # the bundled trainer's settings stay unset
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda d: d["trialConfig"].pop("tokensPerStep"), "s.yaml: trialConfig.tokensPerStep must be set for a template "
+                                                       "with its own command"),
+    (lambda d: d["trialConfig"].pop("maxTokensPerTrial"), "s.yaml: trialConfig.maxTokensPerTrial must be set"),
+    (lambda d: d["trialTemplate"]["command"].extend(["--seed", "${trialParameters.seed}"]),
+     "s.yaml: trialTemplate.command names ${trialParameters.seed}: a command may name"),
+    (lambda d: d["trialTemplate"]["command"].append("${trial.budget}"),
+     "s.yaml: trialTemplate.command names ${trial.budget}: a command may name"),
+    (lambda d: d["searchSpace"].update(dropout={"distribution": "uniform", "min": 0.0, "max": 0.2}),
+     "s.yaml: searchSpace.dropout is not in trialTemplate.command: pass it as ${trialParameters.dropout}"),
+    (lambda d: d["trialTemplate"]["command"].remove("${trial.budgetUri}"),
+     "s.yaml: trialTemplate.command must pass ${trial.budgetUri} to the loop"),
+    (lambda d: d["trialConfig"].update(maxTokensPerTrial=6000),
+     "s.yaml: trialConfig.maxTokensPerTrial 6000 must be a multiple of the template's step "
+     "(trialConfig.tokensPerStep) (256)"),
+])
+def test_each_mistake_of_an_own_loops_sweep_names_its_field(change, expected):
+    with pytest.raises(SettingsError) as exc:
+        parse_sweep(own(change), "s.yaml")
+    assert any(p.startswith(expected) for p in exc.value.problems), exc.value.problems
