@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -110,19 +111,9 @@ class TokenBudget:
             log.warning("could not write %s beside train.budget_uri %s: %s", STATUS_NAME, self.uri, exc)
 
 
-def wait_for_raise(budget: TokenBudget, tokens: int, allowed: int,
-                   flags: Any) -> tuple[int, bool, bool]:
-    """Poll the budget while it allows no more than `tokens`: (the new limit, stopped, by SIGINT). `flags()` gives
-    this rank's (stop, sigint) as numbers. Collective: every rank polls together."""
-    stop = sigint = False
-    while not stop and tokens >= allowed:
-        time.sleep(POLL_S)
-        allowed, stop, sigint = budget.limit(*flags())
-    return allowed, stop, sigint
-
-
 class TrialBudget:
-    """A sweep trial's token budget for a loop of a team's own: the bundled trainer's hold as a library piece.
+    """A sweep trial's token budget for any loop: the library piece the bundled trainer's hold (BudgetHold, below)
+    is built on too.
 
     Usage (examples/plain-loop/train.py; the trial's command gets the URI from the sweep as ${trial.budgetUri}):
         trial = TrialBudget.open(uri, rank=env.rank, world_size=env.world_size, device=env.device)
@@ -139,8 +130,8 @@ class TrialBudget:
 
     def __init__(self, budget: TokenBudget) -> None:
         self.budget = budget
-        self.evals: list[dict[str, Any]] = []
-        self.allowed, _, _ = budget.limit()  # collective
+        self.evals: list[dict[str, Any]] = []  # this launch's validation losses, for status.json
+        self.allowed, _, _ = budget.limit()  # collective, once per launch: steps train freely below it
 
     @classmethod
     def open(cls, uri: str, *, rank: int, world_size: int, device: torch.device,
@@ -153,14 +144,32 @@ class TrialBudget:
                                   "val_loss": self.evals[-1]["val_loss"] if self.evals else None,
                                   "evals": self.evals, **extra})
 
-    def report(self, step: int, tokens: int, val_loss: float) -> None:
-        """A validation loss at `tokens` (the same on every rank: all-reduce it first)."""
+    def record(self, step: int, tokens: int, val_loss: float) -> None:
+        """A validation loss at `tokens` (the same on every rank: all-reduce it first), kept for status.json."""
         if not self.evals or self.evals[-1]["tokens"] != tokens:
             self.evals.append({"step": step, "tokens": tokens, "val_loss": float(val_loss)})
+
+    def report(self, step: int, tokens: int, val_loss: float) -> None:
+        """record(), then status.json says so."""
+        self.record(step, tokens, val_loss)
         self.status("running", step, tokens)
 
     def reached(self, tokens: int) -> bool:
         return tokens >= self.allowed
+
+    def refresh(self, flags: Callable[[], Sequence[float]]) -> tuple[bool, bool]:
+        """Read the budget again: (stopped, by SIGINT). `flags()` gives this rank's (stop, sigint) as numbers.
+        Collective."""
+        self.allowed, stop, sigint = self.budget.limit(*flags())
+        return stop, sigint
+
+    def wait(self, tokens: int, flags: Callable[[], Sequence[float]]) -> tuple[bool, bool]:
+        """Poll the budget while it allows no more than `tokens`: (stopped, by SIGINT). Collective."""
+        stop = sigint = False
+        while not stop and tokens >= self.allowed:
+            time.sleep(POLL_S)
+            stop, sigint = self.refresh(flags)
+        return stop, sigint
 
     def hold(self, step: int, tokens: int, preemption: Any) -> bool:
         """At a step with the budget used up and its checkpoint saved: write `held` and wait for a raised budget
@@ -168,14 +177,14 @@ class TrialBudget:
         def flags() -> tuple[float, float]:
             return float(preemption.preempted()), float(preemption.signal_name == "SIGINT")
 
-        self.allowed, stop, _ = self.budget.limit(*flags())
+        stop, _ = self.refresh(flags)
         if stop or tokens < self.allowed:
             return stop
         self.status("held", step, tokens)
         if self.budget.rank == 0:
             log.info("holding at step %d (%d tokens, budget %d): waiting for a raised budget or a stop", step, tokens,
                      self.allowed)
-        self.allowed, stop, _ = wait_for_raise(self.budget, tokens, self.allowed, flags)
+        stop, _ = self.wait(tokens, flags)
         if not stop:
             self.status("running", step, tokens)
         return stop
@@ -185,27 +194,26 @@ class TrialBudget:
 
 
 class BudgetHold:
-    """The loop's side of a token budget: when to hold, what to write, how a hold ends (module docstring)."""
+    """The bundled trainer's side of a token budget, on its TrialBudget: when to hold (evaluating and checkpointing
+    first), what it writes besides (its schedule's steps, where its last validation loss came from), and how a
+    stop is reported (module docstring)."""
 
     def __init__(self, budget: TokenBudget, trainer: Any) -> None:
-        self.budget, self.trainer = budget, trainer
-        self.evals: list[dict[str, Any]] = []  # this launch's validation losses, for status.json
-        self.allowed, _, _ = budget.limit()  # collective, once per launch: steps train freely below it
+        self.trial, self.trainer = TrialBudget(budget), trainer
 
     def status(self, state: str, **extra: Any) -> None:
         t = self.trainer
-        self.budget.write_status({"state": state, "step": t.step, "tokens": t.tokens_seen, "steps": t.cfg.train.steps,
-                                  "budget_tokens": self.allowed, "val_loss": t.evals.last, "val_step": t.evals.last_step,
-                                  "evals": self.evals, "val_loss_reduce": f"all_reduce over {t.env.world_size} ranks",
-                                  **extra})
+        self.trial.status(state, t.step, t.tokens_seen, steps=t.cfg.train.steps, val_loss=t.evals.last,
+                          val_step=t.evals.last_step, val_loss_reduce=f"all_reduce over {t.env.world_size} ranks",
+                          **extra)
 
     def note_eval(self, val_loss: float) -> None:
         t = self.trainer
-        self.evals.append({"step": t.step, "tokens": t.tokens_seen, "val_loss": val_loss})
+        self.trial.record(t.step, t.tokens_seen, val_loss)
         self.status("running")
 
     def reached(self) -> bool:
-        return self.trainer.tokens_seen >= self.allowed
+        return self.trial.reached(self.trainer.tokens_seen)
 
     def _saved_here(self) -> bool:
         """A checkpoint of this very step exists: saved by this launch, or the one this launch resumed from."""
@@ -216,9 +224,9 @@ class BudgetHold:
     def hold(self) -> bool:
         """At a step boundary with the budget used up: evaluate and checkpoint at this step, write `held`, then wait
         for a raised budget (False: train on) or a stop signal (True: stopped as preempted, checkpoint saved)."""
-        t = self.trainer
-        self.allowed, stop, sigint = self.budget.limit(*t._stop_flags())
-        if not stop and t.tokens_seen < self.allowed:
+        t, trial = self.trainer, self.trial
+        stop, sigint = trial.refresh(t._stop_flags)
+        if not stop and not trial.reached(t.tokens_seen):
             return False
         if not stop and t.cfg.eval.every_steps and t.evals.last_step != t.step:
             t.evaluate()
@@ -229,10 +237,10 @@ class BudgetHold:
             self.status("held")
             if t.env.rank == 0:
                 log.info("holding at step %d (%d tokens, budget %d): checkpoint saved, waiting for a raised budget "
-                         "or a stop", t.step, t.tokens_seen, self.allowed)
+                         "or a stop", t.step, t.tokens_seen, trial.allowed)
         t.watchdog.disarm()
         if not stop:
-            self.allowed, stop, sigint = wait_for_raise(self.budget, t.tokens_seen, self.allowed, t._stop_flags)
+            stop, sigint = trial.wait(t.tokens_seen, t._stop_flags)
         if stop:
             t.stop_signal = "SIGINT" if sigint else "SIGTERM"
             done = self._saved_here()
@@ -243,7 +251,7 @@ class BudgetHold:
                 record_stop(t.step, saved=done, signal=t.stop_signal)
             return True
         if t.env.rank == 0:
-            log.info("budget raised to %d tokens: training on from step %d", self.allowed, t.step)
+            log.info("budget raised to %d tokens: training on from step %d", trial.allowed, t.step)
         self.status("running")
         return False
 

@@ -25,7 +25,7 @@ FILES = (JOURNAL, OPTUNA_JOURNAL)
 
 
 class MirrorError(RuntimeError):
-    """The store's copy and this one disagree, or the store cannot be used."""
+    """The store's copy and this one disagree (two controllers wrote the same sweep)."""
 
 
 class StateMirror:
@@ -73,10 +73,8 @@ class StateMirror:
         """Every file that grew since the last push (both are append-only)."""
         for name in FILES:
             path = self.dir / name
-            if not path.exists():
-                continue
+            if not path.exists() or self._pushed.get(name) == path.stat().st_size:
+                continue  # unchanged since the last push: not read again
             body = path.read_bytes()
-            if self._pushed.get(name) == len(body):
-                continue
             self.store.put_bytes(f"{self.prefix}/{name}", body)
             self._pushed[name] = len(body)
