@@ -12,10 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.trainer.launch import wait_for_status
 
 pytestmark = pytest.mark.integration
 
@@ -45,21 +46,6 @@ def _start(cwd: Path, budget: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _status(budget: Path, state: str, proc: subprocess.Popen) -> dict:
-    """Wait for the trial's own signal: its status.json in `state`."""
-    deadline = time.monotonic() + 240
-    while True:
-        try:
-            doc = json.loads((budget.parent / "status.json").read_text())
-        except (OSError, ValueError):
-            doc = {}
-        if doc.get("state") == state:
-            return doc
-        assert proc.poll() is None, f"exited {proc.returncode} before {state!r}: {proc.communicate()[0][-3000:]}"
-        assert time.monotonic() < deadline, f"no {state!r} status: {doc}"
-        time.sleep(0.1)
-
-
 def _result(cwd: Path) -> dict:
     return json.loads((cwd / "runs" / "local" / "result.json").read_text())
 
@@ -81,7 +67,7 @@ def test_a_trial_paused_at_a_rung_and_promoted_ends_as_if_it_never_paused(tmp_pa
     _budget(budget, RUNG)
     proc = _start(tmp_path / "trial", budget)
     try:
-        held = _status(budget, "held", proc)
+        held = wait_for_status(budget.parent / "status.json", "held", proc)
         assert (held["step"], held["tokens"], held["budget_tokens"]) == (RUNG // TOKENS_PER_STEP, RUNG, RUNG)
         assert [e["tokens"] for e in held["evals"]] == [RUNG]  # its validation loss where it holds
         proc.send_signal(signal.SIGTERM)  # paused: the checkpoint of the rung is already saved

@@ -32,7 +32,8 @@ from pathlib import Path
 from tests.trainer.faults import FAULTS
 from trainer.distributed import free_port
 
-__all__ = ["FAULTS", "SMALL", "Nodes", "free_port", "kill_group", "run_trainer", "start", "step_records", "summary"]
+__all__ = ["FAULTS", "SMALL", "Nodes", "free_port", "kill_group", "run_trainer", "start", "step_records", "summary",
+           "wait_for_status"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +44,24 @@ SMALL = [
     "train.global_batch_tokens=384", "train.micro_batch_size=2", "train.warmup_steps=2",
     "tracking.enabled=false", "metrics.log_every=1",
 ]
+
+
+def wait_for_status(status: Path, state: str, proc: subprocess.Popen, timeout: float = 240) -> dict:
+    """Wait for a run's own signal, its status.json (a token budget's, trainer/budget.py) in `state`; fails at once
+    when the run exits first (with its output, when it was piped)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            doc = json.loads(status.read_text())
+        except (OSError, ValueError):
+            doc = {}
+        if doc.get("state") == state:
+            return doc
+        if proc.poll() is not None:
+            out = proc.communicate()[0] if proc.stdout is not None else ""
+            raise AssertionError(f"the run exited {proc.returncode} before status {state!r}: {(out or '')[-3000:]}")
+        assert time.monotonic() < deadline, f"no status {state!r} in {status}: {doc}"
+        time.sleep(0.1)
 
 
 @dataclass

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.trainer.launch import SMALL, kill_group, run_trainer, start, step_records, summary
+from tests.trainer.launch import SMALL, kill_group, run_trainer, start, step_records, summary, wait_for_status
 from tests.trainer.test_elastic import _expected_batch_hashes
 
 pytestmark = pytest.mark.slow
@@ -33,20 +32,6 @@ def write_budget(path: Path, tokens: int) -> None:
     tmp.replace(path)
 
 
-def wait_for_state(status: Path, state: str, proc, timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            doc = json.loads(status.read_text())
-        except (OSError, ValueError):
-            doc = {}
-        if doc.get("state") == state:
-            return doc
-        assert proc.poll() is None, f"the run exited {proc.returncode} before status {state!r}"
-        assert time.monotonic() < deadline, f"no status {state!r} in {status}: {doc}"
-        time.sleep(0.2)
-
-
 def test_two_workers_hold_at_the_budget_and_train_on_when_it_is_raised(tmp_path):
     budget = tmp_path / "budget" / "budget.json"
     budget.parent.mkdir()
@@ -54,7 +39,7 @@ def test_two_workers_hold_at_the_budget_and_train_on_when_it_is_raised(tmp_path)
     run_dir = tmp_path / "held"
     proc = start(run_dir, 2, [*BASE, f"train.budget_uri={budget.as_uri()}"])
     try:
-        held = wait_for_state(budget.parent / "status.json", "held", proc)
+        held = wait_for_status(budget.parent / "status.json", "held", proc)
         assert (held["step"], held["tokens"], held["world_size"], held["budget_tokens"]) == (2, 768, 2, 768)
         assert [(e["step"], e["tokens"]) for e in held["evals"]] == [(2, 768)]  # evaluated where it holds
         assert held["val_loss"] == held["evals"][0]["val_loss"]
@@ -80,7 +65,7 @@ def test_a_trial_paused_at_two_workers_and_promoted_at_one_trains_on_the_same_ba
     overrides = [*BASE, f"train.budget_uri={budget.as_uri()}", "metrics.batch_hash=true"]
     proc = start(run_dir, 2, overrides)
     try:
-        wait_for_state(budget.parent / "status.json", "held", proc)
+        wait_for_status(budget.parent / "status.json", "held", proc)
         proc.send_signal(signal.SIGTERM)  # the pause: Kueue's eviction reaches torchrun as SIGTERM
         code = proc.wait(timeout=240)
     finally:
