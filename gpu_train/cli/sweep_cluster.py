@@ -21,7 +21,7 @@ import yaml
 
 from gpu_train.client import jobs
 from gpu_train.client.cluster import ClientError, Session, call
-from gpu_train.client.status import job_state
+from gpu_train.client.status import job_workload
 from gpu_train.jobs.jobset import PRIORITY_LABEL
 from gpu_train.jobs.sweep_platform import controller_name, sweep_deployment
 from gpu_train.spec import naming
@@ -112,13 +112,21 @@ def stop(session: Session, sweep: SweepSpec, sweep_dir: Path, contract: Platform
             raise
         raise ClientError(f"sweep {sweep.name!r} has no controller in {ns} (deployment {name})", code=1) from None
     state = pull_state(contract, sweep, sweep_dir)
-    paused = []
+    paused, unpaused = [], []
     for t in state.by_state(*ACTIVE):
-        if job_state(session, team, t.id) not in (None, "Paused", "Completed", "Failed"):
-            jobs.set_active(session, team, t.id, False)
-            paused.append(t.id)
+        found = job_workload(session, team, t.id)
+        if found is None or found[0] in ("Paused", "Completed", "Failed"):
+            continue
+        if found[1] is None:  # Kueue has not seen it yet: nothing holds quota, and nothing can be paused
+            unpaused.append(t.id)
+            continue
+        jobs.patch_active(session, team, found[1], False)
+        paused.append(t.id)
     out.write(f"sweep {sweep.name!r}: controller {ns}/{name} deleted; trials paused (checkpoint kept, quota released):"
               f" {', '.join(paused) or 'none'}; `gpu-train sweep submit` continues the sweep\n")
+    if unpaused:
+        out.write(f"not paused, since Kueue has no Workload for them yet (`gpu-train pause NAME` once it has): "
+                  f"{', '.join(unpaused)}\n")
     return 0
 
 

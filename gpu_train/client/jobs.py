@@ -153,11 +153,16 @@ def set_active(session: Session, team: str, name: str, active: bool) -> str:
     if workload is None:
         raise ClientError(f"job {name!r} has no Workload yet (Kueue creates one as soon as it sees the JobSet); try "
                           "again in a few seconds", code=1)
-    wl = workload["metadata"]["name"]
+    patch_active(session, team, workload, active)
+    return (js["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name", "")
+
+
+def patch_active(session: Session, team: str, workload: Mapping[str, Any], active: bool) -> None:
+    """Set a Workload's spec.active: Kueue evicts an inactive one (its pods stop, its quota is released)."""
+    ns, wl = team_namespace(team), workload["metadata"]["name"]
     call(session, session.custom.patch_namespaced_custom_object, KUEUE_GROUP, KUEUE_VERSION, ns, "workloads", wl,
          {"spec": {"active": active}}, doing=f"{'resume' if active else 'pause'} workload {wl}", namespace=ns,
          team=team)
-    return (js["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name", "")
 
 
 def cancel(session: Session, team: str, name: str) -> None:

@@ -117,6 +117,12 @@ def find_workload(session: Session, ns: str, team: str, jobset: Mapping[str, Any
 
 def job_state(session: Session, team: str, name: str) -> str | None:
     """A job's state (as `state` says it), or None when there is no such JobSet."""
+    found = job_workload(session, team, name)
+    return None if found is None else found[0]
+
+
+def job_workload(session: Session, team: str, name: str) -> tuple[str, Mapping[str, Any] | None] | None:
+    """A job's state and its Kueue Workload (None before Kueue made one), or None when there is no such JobSet."""
     ns = team_namespace(team)
     try:
         jobset = get_jobset(session, ns, name, team)
@@ -124,7 +130,8 @@ def job_state(session: Session, team: str, name: str) -> str | None:
         if str(exc).startswith(f"no job {name!r}"):
             return None
         raise
-    return state(jobset, find_workload(session, ns, team, jobset))
+    workload = find_workload(session, ns, team, jobset)
+    return state(jobset, workload), workload
 
 
 def worker_job(jobset: Mapping[str, Any]) -> Mapping[str, Any]:

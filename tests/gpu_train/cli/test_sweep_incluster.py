@@ -182,12 +182,21 @@ def test_submit_creates_and_replaces_the_controller_and_stop_pauses_what_the_nex
     assert all(f"lr-sweep-t00{n}" in out for n in range(3)) and "lr-sweep-t003" not in out
     assert (tmp_path / "laptop" / "lr-sweep" / "journal.jsonl").read_bytes() == \
         (tmp_path / "pod-1" / "journal.jsonl").read_bytes()
+    # Kueue has not made the third trial's Workload yet: it cannot be paused, and stop says so.
+    trials = ["lr-sweep-t000", "lr-sweep-t001", "lr-sweep-t002"]
+    (key,) = [k for k, w in api.objects.items()
+              if k[0] == "workloads" and w["metadata"]["ownerReferences"][0]["name"] == trials[2]]
+    late = api.objects.pop(key)
     code, out, err = cli("sweep", "stop", spec, "--cluster", "--kubeconfig", kubeconfig, "--runs", tmp_path / "runs")
     assert code == 0, err
     assert api.get("deployments", NS, DEPLOYMENT) is None
-    trials = ["lr-sweep-t000", "lr-sweep-t001", "lr-sweep-t002"]
-    assert f"trials paused (checkpoint kept, quota released): {', '.join(trials)}" in out
-    assert not any(active(api, t) for t in trials)
+    assert f"trials paused (checkpoint kept, quota released): {', '.join(trials[:2])};" in out
+    assert f"not paused, since Kueue has no Workload for them yet (`gpu-train pause NAME` once it has): {trials[2]}" \
+        in out
+    assert not any(active(api, t) for t in trials[:2])
+    api.put("workloads", late)
+    code, out, err = cli("pause", trials[2], "--kubeconfig", kubeconfig)
+    assert code == 0 and not active(api, trials[2]), err
 
     # The next controller, on a new disk: the same sweep from the object store, its trials resumed, none created again.
     api.requests.clear()
