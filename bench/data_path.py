@@ -33,7 +33,8 @@ from bench.common import Figure, local_s3, preset_flops_per_token, ratio
 from gpu_train.spec import trainer_config as tcfg
 from trainer.data import GlobalSampler, open_dataset
 from trainer.data.cache import CacheRef, ShardCache, sha256_file
-from trainer.data.prepare import PrepareStats, collect_files, plan_tasks, prepare, read_documents, synth
+from trainer.data.inputs import PrepareStats, collect_files, plan_tasks, read_documents
+from trainer.data.prepare import prepare, synth
 from trainer.data.tokenizer import train_bpe
 from trainer.flops import gpu_peak_flops
 from trainer.model import GPT

@@ -40,7 +40,8 @@ def _fraction(text: str) -> float:
 
 
 def _prepare(args: argparse.Namespace) -> None:
-    from trainer.data.prepare import DEFAULT_EXCLUDES, DEFAULT_SHARD_TOKENS, PrepareStats, Progress, prepare
+    from trainer.data.inputs import DEFAULT_EXCLUDES, PrepareStats
+    from trainer.data.prepare import DEFAULT_SHARD_TOKENS, Progress, prepare
 
     stats = PrepareStats()
     t0 = time.perf_counter()

@@ -18,9 +18,10 @@ import pytest
 
 from gpu_train.storage import open_store
 from trainer.data import DataError, open_dataset
-from trainer.data import prepare as prepare_mod
+from trainer.data import inputs as inputs_mod
 from trainer.data.__main__ import main as cli
-from trainer.data.prepare import PrepareStats, collect_files, plan_tasks, prepare
+from trainer.data.inputs import PrepareStats, collect_files, plan_tasks
+from trainer.data.prepare import prepare
 from trainer.data.shards import read_manifest
 from trainer.data.synthetic import VAL_STREAM, synthetic_documents
 from trainer.data.tokenizer import GPT2_MERGES_SHA256, load_gpt2, load_tokenizer
@@ -95,7 +96,7 @@ def test_input_errors_name_the_file_and_line(tmp_path, monkeypatch):
     lines = [json.dumps({"text": f"doc {i}"}) for i in range(50)]
     lines[36] = '{"text": 37'  # line 37 is cut off
     (tmp_path / "big.jsonl").write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(prepare_mod, "JSONL_PART_BYTES", 200)  # many parts: the error is in a later one
+    monkeypatch.setattr(inputs_mod, "JSONL_PART_BYTES", 200)  # many parts: the error is in a later one
     for workers in (1, 2):
         with pytest.raises(DataError, match=f"{tmp_path}/big.jsonl:37: not a JSON object"):
             prepare([tmp_path / "big.jsonl"], f"file://{tmp_path}/o", workers=workers)
@@ -111,7 +112,7 @@ def test_jsonl_parts_give_the_same_dataset_as_one_part(tmp_path, monkeypatch):
     (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": f"document number {i}"}) + "\n"
                                               for i in range(300)))  # fmt: skip
     one = prepare([tmp_path / "d.jsonl"], f"file://{tmp_path}/one", workers=1, val_fraction=0.1)
-    monkeypatch.setattr(prepare_mod, "JSONL_PART_BYTES", 256)
+    monkeypatch.setattr(inputs_mod, "JSONL_PART_BYTES", 256)
     many = prepare([tmp_path / "d.jsonl"], f"file://{tmp_path}/many", workers=2, val_fraction=0.1)
     assert one.to_dict()["shards"] == many.to_dict()["shards"]
     assert one.to_dict()["val"] == many.to_dict()["val"]
