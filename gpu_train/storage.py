@@ -27,6 +27,10 @@ and it needs no AWS credentials, which a GKE pod does not have.
 Retries: botocore's own retry handler (``standard`` mode by default, or ``adaptive``; env AWS_RETRY_MODE
 and AWS_MAX_ATTEMPTS are honoured) with connect/read timeouts. ``retry_transient`` adds a bounded,
 jittered retry around whole operations for errors that outlive botocore's attempts.
+
+Over 400 lines because it is the one object-store layer the trainer, the CLI and the sweep controller share: the
+interface, the retries and three stores whose behaviour must agree key for key (the S3 store also serves gs:// and
+its token).
 """
 
 from __future__ import annotations

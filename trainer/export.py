@@ -34,7 +34,7 @@ Hugging Face layout that tokenizer is written out as a ``tokenizer.json`` too (`
 Checkpoints and exports written when attention had one fused query/key/value matrix (checkpoint format 2 and
 earlier) are read too: each ``attn.qkv.weight`` is split into ``attn.q``, ``attn.k`` and ``attn.v``.
 
-It runs past 400 lines as the one place that reads models from every source (checkpoint, exported directory)
+Over 400 lines because it is the one place that reads models from every source (checkpoint, exported directory)
 and writes both layouts, each with its tokenizer: one mapping of weights and tokenizers for every export.
 """
 

@@ -45,6 +45,9 @@ What is written here, because MLflow 3.17 lacks it:
   about its server and run into one warning when the server becomes unreachable and one line when it answers
   again.
 - `close()` waits a bounded time (MLflow's own flush waits for as long as the retries take) and never raises.
+
+Over 400 lines because of what MLflow lacks (listed above): the off-thread run opening, the pre-open buffer, resume
+de-duplication and the outage filter share the tracker's state.
 """
 
 from __future__ import annotations

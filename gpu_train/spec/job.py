@@ -18,6 +18,9 @@ job may run at; the carbon and sweep budgets count tokens) and the checkpoint in
 only through their job settings, never through `overrides`, so a job has one value for each. A job of its own
 code gets its arguments from its command and everything else from the launcher's environment (docs/your-code.md),
 so it may set none of the trainer settings.
+
+Over 400 lines because it is the one model of a job: its fields, the node range, the override table and the checks
+against pools and teams stay together, so that no consumer grows a second definition.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ endpoint; GPU pools against the GPU catalog (gpu_train/spec/catalog), their size
 GPU cap; the cache quorum; monitoring and health values; teams, their groups and quotas; the job against its pool
 and team (gpu_train/spec/job.py); serving's GPU pools and the stack's services (gpu_train/spec/serving.py); the
 prebuilt image's digest; and, for a stack marked `deploy: true`, the placeholder values that example stacks carry.
-It runs past 400 lines as the one home of the checks that hold on either cloud; what a job or a service spec
+Over 400 lines because it is the one home of the checks that hold on either cloud; what a job or a service spec
 must satisfy on its own lives beside its model (gpu_train/spec/job.py, gpu_train/spec/serving.py).
 """
 

@@ -12,7 +12,7 @@ unknown scheme, ...) raises ConfigError naming the key; the command line turns t
 in the platform's core (no torch) because a job spec's trainer settings are checked against it wherever a job
 is made: the plan, `gpu-train submit` and `run --local`, and the trainer itself.
 
-The module is over 400 lines because the schema, its presets and its one parser are read together everywhere; the
+Over 400 lines because the schema, its presets and its one parser are read together everywhere; the
 checks that span several keys and a world size (the parallel layout) are gpu_train/spec/layout.py's.
 """
 

@@ -6,6 +6,9 @@ infra/k8s/rules/*.yaml with the stack's thresholds rendered in.
 Usage: `Monitoring("monitoring", MonitoringArgs(platform=..., settings=cfg.monitoring, ...))`;
 `monitoring.grafana_url` is the internal load balancer URL or a `kubectl port-forward` command.
 Everything computed is a pure function here (values, rules, dashboards, monitor specs).
+
+Over 400 lines because the chart values, the monitors, the rules and the dashboards name the same release labels,
+ports and thresholds; they are pure functions beside the one component that installs them.
 """
 
 from __future__ import annotations

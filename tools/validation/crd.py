@@ -25,6 +25,9 @@ object, in the API server's order:
 
 Why hand-written around jsonschema: the structural-schema extensions above are Kubernetes' own, and
 no Python library applies them (kubernetes-validate covers built-in kinds only).
+
+Over 400 lines because it evaluates CRD schemas with their CEL rules, which no offline validator does (kubeconform
+skips x-kubernetes-validations), and the schema walk and the CEL bindings are one evaluator.
 """
 
 from __future__ import annotations

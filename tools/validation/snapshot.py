@@ -15,6 +15,9 @@ A snapshot holds structure only: key paths, types, enums, required fields, free-
 chart versions a repository lists, and where it came from. Descriptions, titles, examples and the
 defaults' values are dropped; CRD schemas keep `default` (the API server applies it before
 validating) and CEL rules without their messages.
+
+Over 400 lines because it reads three kinds of upstream sources (charts with their dependencies, CRD files,
+repository indexes) into the one snapshot format the checks read; it is developer tooling, run by `make schemas`.
 """
 
 from __future__ import annotations

@@ -46,6 +46,10 @@ and each rank loads the parts of the parameters it holds now. Async saves use
 dcp.async_save on a dedicated gloo group so that background collectives never interleave with the training
 collectives on the default group
 (https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.state_dict_saver.async_save).
+
+Over 400 lines because the multi-rank save and resume protocol (owner probes, hashing, commit, upload, prune,
+agreement on the candidate) runs across threads and ranks and reads as one state machine; the pure manifest code
+lives in trainer/checkpoint/manifest.py.
 """
 
 from __future__ import annotations

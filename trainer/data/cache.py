@@ -36,6 +36,9 @@ Guarantees, all of which hold across processes because they rest on the file sys
 Written here rather than taken from a library: the verified, content-addressed, multi-process cache with
 pins is the part the streaming loaders (MosaicML streaming, webdataset) implement inside their own
 dataset formats, not as a reusable piece; ``filelock`` provides the cross-process locks.
+
+Over 400 lines because the cache is one cross-process state machine (seals, pins, reservations, LRU eviction) whose
+invariants hold only together.
 """
 
 from __future__ import annotations
