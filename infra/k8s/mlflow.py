@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
@@ -439,42 +439,8 @@ class MlflowServer(pulumi.ComponentResource):
             f"{name}-sa", metadata=sa["metadata"], automount_service_account_token=False, opts=after_ns)
 
         # ---- database and the secrets that carry its password
-        db_ready: list[pulumi.Resource] = []
         if args.database == "in-cluster":
-            # Generated once: ignore_changes keeps the first value on every later `pulumi up` (a new random
-            # value is drawn each run and discarded). The value lives only in the encrypted Pulumi state and
-            # in the cluster's (KMS-encrypted) Secrets. Rotate with `pulumi up --replace` on both secrets.
-            password = pulumi.Output.secret(generate_password())
-            keep = pulumi.ResourceOptions(ignore_changes=["stringData"], depends_on=[self.ns])
-            auth = secret_manifest(common, DB_SECRET, "kubernetes.io/basic-auth",
-                                   {"username": DB_USER, "password": password}, "database")
-            self.db_secret = k8s.core.v1.Secret(f"{name}-db-secret", metadata=auth["metadata"], type=auth["type"],
-                                                string_data=auth["stringData"], opts=child(keep))
-            uri = password.apply(lambda p: database_uri(user=DB_USER, password=p, host=in_cluster_db_host(),
-                                                        port=DB_PORT, database=DB_NAME, sslmode="require"))
-            if args.install_operator:
-                self.operator = k8s.helm.v3.Release(
-                    f"{name}-cnpg",
-                    name="cnpg",
-                    chart=CNPG_CHART,
-                    version=CNPG_CHART_VERSION,
-                    repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CNPG_REPO),
-                    namespace=CNPG_NAMESPACE,
-                    create_namespace=True,
-                    atomic=True,
-                    values=operator_values(args.node_selector),
-                    opts=child(),
-                )
-                db_ready.append(self.operator)
-            cluster = postgres_cluster_manifest(common=common, storage_class=args.storage_class,
-                                                storage_gb=args.storage_gb, instances=args.db_instances,
-                                                node_selector=args.node_selector)
-            self.database = k8s.apiextensions.CustomResource(
-                f"{name}-db", api_version=cluster["apiVersion"], kind=cluster["kind"],
-                metadata=cluster["metadata"], spec=cluster["spec"],
-                opts=child(pulumi.ResourceOptions(depends_on=[self.ns, self.db_secret, *db_ready])),
-            )
-            db_ready = [self.database]
+            uri, db_ready = self._in_cluster_database(name, args, common, child)
             db_cidrs: Sequence[str] = ()
             db_port = DB_PORT
         else:
@@ -483,7 +449,7 @@ class MlflowServer(pulumi.ComponentResource):
             uri = pulumi.Output.all(ext.username, ext.password, ext.host).apply(
                 lambda v: database_uri(user=v[0], password=v[1], host=v[2], port=ext.port, database=ext.database,
                                        sslmode=ext.sslmode))
-            db_cidrs, db_port = ext.cidrs, ext.port
+            db_cidrs, db_port, db_ready = ext.cidrs, ext.port, []
 
         uri_secret = secret_manifest(common, DB_URI_SECRET, "Opaque", {"uri": pulumi.Output.secret(uri)}, "server")
         self.db_uri_secret = k8s.core.v1.Secret(
@@ -529,3 +495,44 @@ class MlflowServer(pulumi.ComponentResource):
             "artifactsDestination": destination,
             "databaseMode": args.database,
         })
+
+    def _in_cluster_database(self, name: str, args: MlflowServerArgs, common: dict[str, str],
+                             child: Callable[..., pulumi.ResourceOptions]
+                             ) -> tuple[pulumi.Output[str], list[pulumi.Resource]]:
+        """The CloudNativePG cluster (and its operator, unless installed already) with its generated password;
+        returns the database URI and what the server must wait for."""
+        # Generated once: ignore_changes keeps the first value on every later `pulumi up` (a new random
+        # value is drawn each run and discarded). The value lives only in the encrypted Pulumi state and
+        # in the cluster's (KMS-encrypted) Secrets. Rotate with `pulumi up --replace` on both secrets.
+        password = pulumi.Output.secret(generate_password())
+        keep = pulumi.ResourceOptions(ignore_changes=["stringData"], depends_on=[self.ns])
+        auth = secret_manifest(common, DB_SECRET, "kubernetes.io/basic-auth",
+                               {"username": DB_USER, "password": password}, "database")
+        self.db_secret = k8s.core.v1.Secret(f"{name}-db-secret", metadata=auth["metadata"], type=auth["type"],
+                                            string_data=auth["stringData"], opts=child(keep))
+        uri = password.apply(lambda p: database_uri(user=DB_USER, password=p, host=in_cluster_db_host(),
+                                                    port=DB_PORT, database=DB_NAME, sslmode="require"))
+        operator: list[pulumi.Resource] = []
+        if args.install_operator:
+            self.operator = k8s.helm.v3.Release(
+                f"{name}-cnpg",
+                name="cnpg",
+                chart=CNPG_CHART,
+                version=CNPG_CHART_VERSION,
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CNPG_REPO),
+                namespace=CNPG_NAMESPACE,
+                create_namespace=True,
+                atomic=True,
+                values=operator_values(args.node_selector),
+                opts=child(),
+            )
+            operator.append(self.operator)
+        cluster = postgres_cluster_manifest(common=common, storage_class=args.storage_class,
+                                            storage_gb=args.storage_gb, instances=args.db_instances,
+                                            node_selector=args.node_selector)
+        self.database = k8s.apiextensions.CustomResource(
+            f"{name}-db", api_version=cluster["apiVersion"], kind=cluster["kind"],
+            metadata=cluster["metadata"], spec=cluster["spec"],
+            opts=child(pulumi.ResourceOptions(depends_on=[self.ns, self.db_secret, *operator])),
+        )
+        return uri, [self.database]
