@@ -280,9 +280,20 @@ class Tenancy(pulumi.ComponentResource):
         p = args.platform
         if not args.teams:
             raise ValueError("gpu-train:teams must list at least one team")
-        system = dict(p.system_node_selector)
         base = [*p.ready, *args.depends_on]
+        self._controllers(name, p, base)
+        self._queues(name, p, args.teams)
+        self.team_namespaces: dict[str, k8s.core.v1.Namespace] = {}
+        self.local_queue: dict[str, str] = {}
+        self.service_accounts: dict[str, k8s.core.v1.ServiceAccount] = {}
+        for team in args.teams:
+            self._team(name, p, team, args, base)
+        self.register_outputs({"local_queue": self.local_queue,
+                               "team_namespaces": {t: naming.team_namespace(t) for t in self.team_namespaces}})
 
+    def _controllers(self, name: str, p: ClusterPlatform, base: list[pulumi.Resource]) -> None:
+        """Kueue and JobSet, each in its own restricted, fenced namespace on the system nodes."""
+        system = dict(p.system_node_selector)
         self.controller_namespaces = {}
         self.releases = {}
         for ns_name, chart, version, values, webhook, metrics, api_ports in (
@@ -299,8 +310,10 @@ class Tenancy(pulumi.ComponentResource):
             self.releases[short] = k8s.helm.v3.Release(
                 f"{name}-{short}", name=short, chart=chart, version=version, namespace=ns_name, values=values,
                 opts=common.k8s_opts(p, self, [ns]))
-        kueue = [self.releases["kueue"]]
 
+    def _queues(self, name: str, p: ClusterPlatform, teams: Sequence[TeamSettings]) -> None:
+        """A ResourceFlavor per pool, a ClusterQueue per team in one cohort, and the workload priority classes."""
+        kueue = [self.releases["kueue"]]
         self.flavors = [
             k8s.apiextensions.CustomResource(
                 f"{name}-flavor-{pool.name}", api_version=obj["apiVersion"], kind=obj["kind"],
@@ -311,7 +324,7 @@ class Tenancy(pulumi.ComponentResource):
             k8s.apiextensions.CustomResource(
                 f"{name}-clusterqueue-{obj['metadata']['name']}", api_version=obj["apiVersion"], kind=obj["kind"],
                 metadata=obj["metadata"], spec=obj["spec"], opts=common.k8s_opts(p, self, [*kueue, *self.flavors]))
-            for obj in cluster_queues(args.teams, list(p.gpu_pools))
+            for obj in cluster_queues(teams, list(p.gpu_pools))
         ]
         # Production jobs and sweep trials: the class a JobSet's kueue.x-k8s.io/priority-class label names.
         self.priority_classes = [
@@ -320,59 +333,59 @@ class Tenancy(pulumi.ComponentResource):
             for obj in workload_priority_classes()
         ]
 
-        level = TEAM_POD_SECURITY
-        self.team_namespaces: dict[str, k8s.core.v1.Namespace] = {}
-        self.local_queue: dict[str, str] = {}
-        self.service_accounts: dict[str, k8s.core.v1.ServiceAccount] = {}
-        for team in args.teams:
-            ns_name = naming.team_namespace(team.name)
-            ns = common.namespace(ns_name, p, self, enforce=level, depends_on=base,
-                                  labels=naming.namespace_labels(team.name))
-            deps = [ns]
-            self.team_namespaces[team.name] = ns
-            common.network_policies(ns_name, team_network_policies(p, args.cache_enabled), p, self, deps)
-            k8s.core.v1.ResourceQuota(
-                f"{name}-{team.name}-quota", metadata={"name": "team-quota", "namespace": ns_name},
-                spec={"hard": team_quota(team, args.teams, list(p.gpu_pools))}, opts=common.k8s_opts(p, self, deps))
-            k8s.core.v1.LimitRange(
-                f"{name}-{team.name}-limits", metadata={"name": "container-defaults", "namespace": ns_name},
-                spec=limit_range(), opts=common.k8s_opts(p, self, deps))
-            serving = args.serving
-            for role, rules, groups in (
-                    ("job-submitter", submitter_rules() + (serving_submitter_rules() if serving else []),
-                     team.submitters),
-                    ("viewer", viewer_rules() + (serving_viewer_rules() if serving else []), team.viewers)):
-                k8s.rbac.v1.Role(f"{name}-{team.name}-{role}", metadata={"name": role, "namespace": ns_name},
-                                 rules=rules, opts=common.k8s_opts(p, self, deps))
-                if groups:
-                    k8s.rbac.v1.RoleBinding(
-                        f"{name}-{team.name}-{role}-binding",
-                        metadata={"name": role, "namespace": ns_name},
-                        role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-                        subjects=[{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": g}
-                                  for g in groups],
-                        opts=common.k8s_opts(p, self, deps))
-            key = f"trainer/{team.name}"
-            identity = p.identities.get(key)
-            if identity is None:
-                raise ValueError(f"platform.identities has no {key!r} entry for team {team.name!r}")
-            if identity.name != naming.TRAINER_SERVICE_ACCOUNT or ns_name not in identity.namespaces:
-                raise ValueError(f"platform.identities[{key!r}] is bound to {list(identity.namespaces)}/"
-                                 f"{identity.name}, not {ns_name}/{naming.TRAINER_SERVICE_ACCOUNT}")
-            self.service_accounts[team.name] = k8s.core.v1.ServiceAccount(
-                f"{name}-{team.name}-trainer",
-                metadata={"name": identity.name, "namespace": ns_name, "annotations": dict(identity.annotations)},
-                automount_service_account_token=False,
-                opts=common.k8s_opts(p, self, deps))
-            self._sweep_controllers(name, p, team.name, ns_name, deps)
-            lq = local_queue(team.name)
-            k8s.apiextensions.CustomResource(
-                f"{name}-{team.name}-localqueue", api_version=lq["apiVersion"], kind=lq["kind"],
-                metadata=lq["metadata"], spec=lq["spec"], opts=common.k8s_opts(p, self, [*deps, *self.cluster_queues]))
-            self.local_queue[team.name] = naming.local_queue_name(team.name)
+    def _team(self, name: str, p: ClusterPlatform, team: TeamSettings, args: TenancyArgs,
+              base: list[pulumi.Resource]) -> None:
+        """A team's namespace: its fence, quota, defaults, Roles, trainer account, sweep controller and LocalQueue."""
+        ns_name = naming.team_namespace(team.name)
+        ns = common.namespace(ns_name, p, self, enforce=TEAM_POD_SECURITY, depends_on=base,
+                              labels=naming.namespace_labels(team.name))
+        deps = [ns]
+        self.team_namespaces[team.name] = ns
+        common.network_policies(ns_name, team_network_policies(p, args.cache_enabled), p, self, deps)
+        k8s.core.v1.ResourceQuota(
+            f"{name}-{team.name}-quota", metadata={"name": "team-quota", "namespace": ns_name},
+            spec={"hard": team_quota(team, args.teams, list(p.gpu_pools))}, opts=common.k8s_opts(p, self, deps))
+        k8s.core.v1.LimitRange(
+            f"{name}-{team.name}-limits", metadata={"name": "container-defaults", "namespace": ns_name},
+            spec=limit_range(), opts=common.k8s_opts(p, self, deps))
+        serving = args.serving
+        for role, rules, groups in (
+                ("job-submitter", submitter_rules() + (serving_submitter_rules() if serving else []),
+                 team.submitters),
+                ("viewer", viewer_rules() + (serving_viewer_rules() if serving else []), team.viewers)):
+            k8s.rbac.v1.Role(f"{name}-{team.name}-{role}", metadata={"name": role, "namespace": ns_name},
+                             rules=rules, opts=common.k8s_opts(p, self, deps))
+            if groups:
+                k8s.rbac.v1.RoleBinding(
+                    f"{name}-{team.name}-{role}-binding",
+                    metadata={"name": role, "namespace": ns_name},
+                    role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+                    subjects=[{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io", "name": g}
+                              for g in groups],
+                    opts=common.k8s_opts(p, self, deps))
+        self._trainer_account(name, p, team.name, ns_name, deps)
+        self._sweep_controllers(name, p, team.name, ns_name, deps)
+        lq = local_queue(team.name)
+        k8s.apiextensions.CustomResource(
+            f"{name}-{team.name}-localqueue", api_version=lq["apiVersion"], kind=lq["kind"],
+            metadata=lq["metadata"], spec=lq["spec"], opts=common.k8s_opts(p, self, [*deps, *self.cluster_queues]))
+        self.local_queue[team.name] = naming.local_queue_name(team.name)
 
-        self.register_outputs({"local_queue": self.local_queue,
-                               "team_namespaces": {t: naming.team_namespace(t) for t in self.team_namespaces}})
+    def _trainer_account(self, name: str, p: ClusterPlatform, team: str, ns_name: str,
+                         deps: list[pulumi.Resource]) -> None:
+        """The trainer's ServiceAccount, bound to the cloud identity the platform gives `trainer/<team>`."""
+        key = f"trainer/{team}"
+        identity = p.identities.get(key)
+        if identity is None:
+            raise ValueError(f"platform.identities has no {key!r} entry for team {team!r}")
+        if identity.name != naming.TRAINER_SERVICE_ACCOUNT or ns_name not in identity.namespaces:
+            raise ValueError(f"platform.identities[{key!r}] is bound to {list(identity.namespaces)}/"
+                             f"{identity.name}, not {ns_name}/{naming.TRAINER_SERVICE_ACCOUNT}")
+        self.service_accounts[team] = k8s.core.v1.ServiceAccount(
+            f"{name}-{team}-trainer",
+            metadata={"name": identity.name, "namespace": ns_name, "annotations": dict(identity.annotations)},
+            automount_service_account_token=False,
+            opts=common.k8s_opts(p, self, deps))
 
     def _sweep_controllers(self, name: str, p: ClusterPlatform, team: str, ns: str,
                            deps: list[pulumi.Resource]) -> None:
