@@ -24,6 +24,7 @@ Every `import` and `from ... import` of every module counts, including the ones 
 - trainer imports the core and itself, never infra, policies, tools, the client, the team command, the sweep
   controller or Optuna (no Optuna code runs in a trial).
 - No import cycle between modules of the project.
+- A module of over 400 lines says why in its docstring ("Over 400 lines because ...").
 """
 
 from __future__ import annotations
@@ -235,3 +236,14 @@ def test_the_graph_is_read_from_the_code():
     assert any(top(t) == "pulumi" for t in GRAPH["infra.k8s.gpu"])
     assert "gpu_train.client.status" in GRAPH["gpu_train.client.jobs"]
     assert "gpu_train.client" in GRAPH["gpu_train.cli.show"]
+
+
+def test_a_module_over_400_lines_says_why():
+    """A long module is a choice its docstring explains, never an accident of growth."""
+    unexplained = []
+    for package in (*PACKAGES, "bench", "examples"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            text = path.read_text()
+            if text.count("\n") > 400 and "Over 400 lines because" not in (ast.get_docstring(ast.parse(text)) or ""):
+                unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert not unexplained, "modules over 400 lines whose docstring gives no reason: " + ", ".join(unexplained)

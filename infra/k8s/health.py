@@ -276,16 +276,8 @@ def _reporter(check: str) -> dict[str, Any]:
     }
 
 
-def preflight_daemonset(pools: Sequence[GpuPool], namespace: str, *, diag_level: int, driver_host_path: str = "",
-                        service_account: str = PREFLIGHT_NAME) -> dict[str, Any]:
-    """The gpu-preflight DaemonSet (metadata + spec): the check (privileged: it needs every GPU and the
-    host's devices without holding them through the device plugin), the results server, one reporter per
-    check. Where the cloud keeps the driver's binaries on the host (`driver_host_path`, platform.node_addons),
-    the check mounts them read-only."""
-    if not pools:
-        raise ValueError("preflight_daemonset needs at least one GPU pool")
-    if diag_level not in (1, 2):
-        raise ValueError(f"DCGM diagnostics level {diag_level} is not 1 or 2")
+def _check_container(diag_level: int, driver_host_path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The DCGM check's container and the pod's volumes (the driver's host folder mounted where the cloud has one)."""
     check_env = [
         {"name": "RESULTS_DIR", "value": RESULTS_MOUNT},
         {"name": "DCGM_DIAG_LEVEL", "value": str(diag_level)},
@@ -310,42 +302,57 @@ def preflight_daemonset(pools: Sequence[GpuPool], namespace: str, *, diag_level:
         check_env += [{"name": "PATH", "value": "/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
                                                   "/usr/bin:/sbin:/bin"},
                       {"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}]
-    containers = [
-        {
-            "name": "check",
-            "image": DCGM_IMAGE,
-            "imagePullPolicy": "Always",
-            "command": ["sh", f"{SCRIPTS_MOUNT}/gpu-preflight.sh"],
-            "env": check_env,
-            "volumeMounts": check_mounts,
-            "resources": common.resources("100m", "256Mi", "2", "1Gi"),
-            "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
-        },
-        {
-            "name": "results",
-            "image": PYTHON_IMAGE,
-            "imagePullPolicy": "Always",
-            "command": ["python", f"{SCRIPTS_MOUNT}/preflight_server.py"],
-            "env": [
-                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                {"name": "RESULTS_DIR", "value": RESULTS_MOUNT},
-                {"name": "POOLS_FILE", "value": f"{SCRIPTS_MOUNT}/pools.json"},
-                {"name": "PORT", "value": str(PREFLIGHT_SERVER_PORT)},
-                {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
-            ],
-            "volumeMounts": [{"name": "results", "mountPath": RESULTS_MOUNT},
-                             {"name": "scripts", "mountPath": SCRIPTS_MOUNT, "readOnly": True}],
-            "resources": common.resources("10m", "32Mi", "100m", "64Mi"),
-            "securityContext": common.restricted_container_security(),
-            # It listens on 127.0.0.1 only (the reporters share the pod's network), so the probe runs inside.
-            "livenessProbe": {"exec": {"command": [
-                "python", "-c",
-                f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{PREFLIGHT_SERVER_PORT}/healthz', "
-                "timeout=3)"]},
-                "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 3},
-        },
-        *(_reporter(check) for check in PREFLIGHT_CHECKS),
-    ]
+    return {
+        "name": "check",
+        "image": DCGM_IMAGE,
+        "imagePullPolicy": "Always",
+        "command": ["sh", f"{SCRIPTS_MOUNT}/gpu-preflight.sh"],
+        "env": check_env,
+        "volumeMounts": check_mounts,
+        "resources": common.resources("100m", "256Mi", "2", "1Gi"),
+        "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
+    }, volumes
+
+
+def _results_container() -> dict[str, Any]:
+    """The results server: it serves the checks' outcome to the reporters (on 127.0.0.1 only)."""
+    return {
+        "name": "results",
+        "image": PYTHON_IMAGE,
+        "imagePullPolicy": "Always",
+        "command": ["python", f"{SCRIPTS_MOUNT}/preflight_server.py"],
+        "env": [
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "RESULTS_DIR", "value": RESULTS_MOUNT},
+            {"name": "POOLS_FILE", "value": f"{SCRIPTS_MOUNT}/pools.json"},
+            {"name": "PORT", "value": str(PREFLIGHT_SERVER_PORT)},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        ],
+        "volumeMounts": [{"name": "results", "mountPath": RESULTS_MOUNT},
+                         {"name": "scripts", "mountPath": SCRIPTS_MOUNT, "readOnly": True}],
+        "resources": common.resources("10m", "32Mi", "100m", "64Mi"),
+        "securityContext": common.restricted_container_security(),
+        # It listens on 127.0.0.1 only (the reporters share the pod's network), so the probe runs inside.
+        "livenessProbe": {"exec": {"command": [
+            "python", "-c",
+            f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{PREFLIGHT_SERVER_PORT}/healthz', "
+            "timeout=3)"]},
+            "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 3},
+    }
+
+
+def preflight_daemonset(pools: Sequence[GpuPool], namespace: str, *, diag_level: int, driver_host_path: str = "",
+                        service_account: str = PREFLIGHT_NAME) -> dict[str, Any]:
+    """The gpu-preflight DaemonSet (metadata + spec): the check (privileged: it needs every GPU and the
+    host's devices without holding them through the device plugin), the results server, one reporter per
+    check. Where the cloud keeps the driver's binaries on the host (`driver_host_path`, platform.node_addons),
+    the check mounts them read-only."""
+    if not pools:
+        raise ValueError("preflight_daemonset needs at least one GPU pool")
+    if diag_level not in (1, 2):
+        raise ValueError(f"DCGM diagnostics level {diag_level} is not 1 or 2")
+    check, volumes = _check_container(diag_level, driver_host_path)
+    containers = [check, _results_container(), *(_reporter(c) for c in PREFLIGHT_CHECKS)]
     return {
         "metadata": {"name": PREFLIGHT_NAME, "namespace": namespace, "labels": dict(PREFLIGHT_LABELS),
                      "annotations": common.checkov_skip_annotations(PREFLIGHT_NAME)},
