@@ -299,19 +299,10 @@ def prepare(
     if not tasks:
         raise DataError(f"no text to tokenize in {[str(i) for i in inputs]}: every file was empty or binary")
 
-    tok_file: FileRef | None = None
-    if tokenizer == "byte":
-        tok = ByteTokenizer()
-    else:
-        if tokenizer == "bpe":
-            assert vocab_size is not None
-            if progress is not None:
-                progress.say(f"training a BPE tokenizer of {vocab_size} ids on the first "
-                             f"{min(BPE_TRAIN_BYTES, _task_bytes(tasks)) / 1e6:,.1f} MB of the input ...")
-            t0 = time.monotonic()
-            tok = train_bpe(_bpe_training_texts(tasks, text_field, BPE_TRAIN_BYTES), vocab_size)
-            if progress is not None:
-                progress.say(f"trained the BPE tokenizer in {time.monotonic() - t0:.1f}s")
+    if tokenizer != "gpt2":
+        tok = _byte_or_trained(tokenizer, vocab_size, tasks, text_field, progress)
+    tok_file = None
+    if tokenizer != "byte":
         raw = tok.to_json().encode()  # type: ignore[attr-defined]
         store.put_bytes(TOKENIZER_FILE, raw)
         tok_file = FileRef(TOKENIZER_FILE, len(raw), hashlib.sha256(raw).hexdigest())
@@ -336,6 +327,22 @@ def prepare(
             logging.getLogger("trainer.data").warning("%s", text)
     source = {"fingerprint": fingerprint, "files": stats.files, "skipped_binary": stats.skipped_binary}
     return writer.finish(info, val_fraction=val_fraction, source=source)
+
+
+def _byte_or_trained(kind: str, vocab_size: int | None, tasks: Sequence[Task], text_field: str,
+                     progress: Progress | None) -> Tokenizer:
+    """The byte tokenizer, or a BPE tokenizer trained on the first BPE_TRAIN_BYTES of the input."""
+    if kind == "byte":
+        return ByteTokenizer()
+    assert vocab_size is not None
+    if progress is not None:
+        progress.say(f"training a BPE tokenizer of {vocab_size} ids on the first "
+                     f"{min(BPE_TRAIN_BYTES, _task_bytes(tasks)) / 1e6:,.1f} MB of the input ...")
+    t0 = time.monotonic()
+    tok = train_bpe(_bpe_training_texts(tasks, text_field, BPE_TRAIN_BYTES), vocab_size)
+    if progress is not None:
+        progress.say(f"trained the BPE tokenizer in {time.monotonic() - t0:.1f}s")
+    return tok
 
 
 def _task_bytes(tasks: Sequence[Task]) -> int:
