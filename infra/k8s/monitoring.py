@@ -404,12 +404,28 @@ class Monitoring(pulumi.ComponentResource):
             opts=common.k8s_opts(p, self, [*ns_deps, *agent_deps, *args.depends_on]))
         crd_deps = [self.release]
 
-        rows = read_counters_csv()
+        self._dcgm(name, p, agent_deps)
+        self._monitors(name, args, crd_deps, ns_deps)
+
+        port_forward = grafana_url(s)
+        if port_forward is not None:
+            self.grafana_url: pulumi.Output[str] = pulumi.Output.from_input(port_forward)
+        else:
+            svc = k8s.core.v1.Service.get(
+                f"{name}-grafana-service", pulumi.Output.concat(ns, "/", GRAFANA_SERVICE),
+                opts=pulumi.ResourceOptions(provider=p.provider, parent=self, depends_on=[self.release]))
+            self.grafana_url = svc.status.apply(_lb_url)
+        self.register_outputs({"grafana_url": self.grafana_url, "labels": self.labels})
+
+    def _dcgm(self, name: str, p: ClusterPlatform, agent_deps: list[pulumi.Resource]) -> None:
+        """dcgm-exporter on the GPU nodes, with the counters CSV the dashboards read."""
+        agents = AGENTS_NAMESPACE
         self.counters = k8s.core.v1.ConfigMap(
             f"{name}-dcgm-counters",
             metadata={"name": COUNTERS_CONFIGMAP, "namespace": agents},
             data={"dcgm-counters.csv": COUNTERS_CSV.read_text()},
             opts=common.k8s_opts(p, self, agent_deps))
+        self.counter_fields = [r[0] for r in read_counters_csv()]
         self.dcgm = k8s.helm.v3.Release(
             f"{name}-dcgm-exporter",
             name=DCGM_RELEASE,
@@ -421,7 +437,12 @@ class Monitoring(pulumi.ComponentResource):
             # GPU pools may be scaled to zero; PlatformWorkloadUnavailable (rules/workloads.yaml) watches it.
             skip_await=True,
             opts=common.k8s_opts(p, self, [*agent_deps, self.counters]))
-        labels = release_labels()
+
+    def _monitors(self, name: str, args: MonitoringArgs, crd_deps: list[pulumi.Resource],
+                  ns_deps: list[pulumi.Resource]) -> None:
+        """What the release's Prometheus scrapes and alerts on, and the dashboards Grafana loads."""
+        p, s, ns = args.platform, args.settings, naming.MONITORING_NAMESPACE
+        self.labels = labels = release_labels()
         self.dcgm_monitor = k8s.apiextensions.CustomResource(
             f"{name}-dcgm-servicemonitor",
             api_version="monitoring.coreos.com/v1", kind="ServiceMonitor",
@@ -450,18 +471,6 @@ class Monitoring(pulumi.ComponentResource):
                 opts=common.k8s_opts(p, self, ns_deps))
             for file, text in load_dashboards().items()
         ]
-
-        port_forward = grafana_url(s)
-        if port_forward is not None:
-            self.grafana_url: pulumi.Output[str] = pulumi.Output.from_input(port_forward)
-        else:
-            svc = k8s.core.v1.Service.get(
-                f"{name}-grafana-service", pulumi.Output.concat(ns, "/", GRAFANA_SERVICE),
-                opts=pulumi.ResourceOptions(provider=p.provider, parent=self, depends_on=[self.release]))
-            self.grafana_url = svc.status.apply(_lb_url)
-        self.counter_fields = [r[0] for r in rows]
-        self.labels = labels
-        self.register_outputs({"grafana_url": self.grafana_url, "labels": labels})
 
 
 def _lb_url(status: Any) -> str:
