@@ -76,8 +76,11 @@ plan: setup
 policy: plans
 	$(BIN)/python -m policies.check build/plan/*.json
 
+# All tests, on TEST_WORKERS processes (pytest-xdist), each test file on one worker (its module fixtures built once);
+# the stacks are planned once for all workers (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: setup tools lint policy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The unit lane: everything not marked `integration` (tests/conftest.py marks the tests that plan the stacks, train
 # for real or start servers), on every core. Under 2 minutes on 2 cores.

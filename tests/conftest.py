@@ -8,12 +8,15 @@ Pulumi runtime state never leaks between stacks or into other tests.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tools import variants as serving_variants
 
@@ -29,14 +32,34 @@ def _plan(stack: str, out: Path) -> tuple[str, subprocess.CompletedProcess]:
     return stack, proc
 
 
-@pytest.fixture(scope="session")
-def plan_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("plan")
+def shared_dir(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], None]) -> Path:
+    """A directory `build` fills once per test run. Under pytest-xdist (`make test` runs two workers) the first
+    worker to ask builds it in the run's common temporary directory while the others wait on its lock, then all
+    read the same files (pytest-xdist's documented way to share a session fixture)."""
+    if worker_id == "master":
+        out = tmp_path_factory.mktemp(name)
+        build(out)
+        return out
+    out = tmp_path_factory.getbasetemp().parent / name
+    with FileLock(str(out) + ".lock"):
+        if not (out / ".built").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            build(out)
+            (out / ".built").touch()
+    return out
+
+
+def _plan_stacks(out: Path) -> None:
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda s: _plan(s, out), STACKS))
     failures = [f"{s}:\n{p.stdout}\n{p.stderr}" for s, p in results if p.returncode != 0]
     assert not failures, "planning failed:\n" + "\n".join(failures)
-    return out
+
+
+@pytest.fixture(scope="session")
+def plan_dir(tmp_path_factory, worker_id) -> Path:
+    return shared_dir(tmp_path_factory, worker_id, "plan", _plan_stacks)
 
 
 @pytest.fixture(scope="session")
@@ -109,10 +132,9 @@ def variant_stack_file(name: str, out_dir: Path) -> Path:
 SERVING_VARIANTS = tuple(sorted(serving_variants.SERVING))
 
 
-@pytest.fixture(scope="session")
-def variant_plan_dir(tmp_path_factory) -> Path:
-    files = tmp_path_factory.mktemp("variant-stacks")
-    out = tmp_path_factory.mktemp("variant-plan")
+def _plan_variants(out: Path) -> None:
+    files = out / "stack-files"
+    files.mkdir()
 
     def plan(name: str) -> tuple[str, subprocess.CompletedProcess]:
         stack_file = (serving_variants.serving_stack_file(name, files) if name in SERVING_VARIANTS
@@ -127,7 +149,11 @@ def variant_plan_dir(tmp_path_factory) -> Path:
         results = list(pool.map(plan, [*sorted(VARIANTS), *SERVING_VARIANTS]))
     failures = [f"{s}:\n{p.stdout}\n{p.stderr}" for s, p in results if p.returncode != 0]
     assert not failures, "planning failed:\n" + "\n".join(failures)
-    return out
+
+
+@pytest.fixture(scope="session")
+def variant_plan_dir(tmp_path_factory, worker_id) -> Path:
+    return shared_dir(tmp_path_factory, worker_id, "variant-plan", _plan_variants)
 
 
 @pytest.fixture(scope="session")
