@@ -177,11 +177,37 @@ class ClusterArgs:
 class Cluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:aws:Cluster", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        tags = dict(args.tags)
         if not addon_version_ok(VPC_CNI_VERSION):
             raise ValueError(f"vpc-cni {VPC_CNI_VERSION} is older than 1.18.4, which efa-only interfaces need")
+        child = pulumi.ResourceOptions(parent=self)
+        tags = dict(args.tags)
+        self._control_plane(name, args, tags)
+        # Node role of the system node group; EKS creates its access entry.
+        self.node_role = aws.iam.Role(f"{name}-nodes", name=f"{args.cluster_name}-nodes",
+                                      assume_role_policy=json.dumps(iam.service_trust("ec2.amazonaws.com")),
+                                      tags=tags, opts=child)
+        for i, arn in enumerate(iam.NODE_MANAGED_POLICIES):
+            aws.iam.RolePolicyAttachment(f"{name}-nodes-{i}", role=self.node_role.name, policy_arn=arn, opts=child)
+        # Add-ons a node needs to become Ready come first; CoreDNS and EBS CSI need running nodes.
+        pia, cni, proxy = self._node_addons(name, args, tags)
+        self.eni_configs = self._eni_configs(name, args, cni)
+        self.system_nodes = self._system_nodes(name, args, tags, depends_on=[cni, proxy, pia, *self.eni_configs])
+        self.addons: list[aws.eks.Addon] = [pia, cni, proxy, *self._cluster_addons(name, args, tags)]
+        # Team members: their IAM principals get the teams' Kubernetes groups and nothing else.
+        self.access_entries = [
+            aws.eks.AccessEntry(access_entry_name(name, principal), cluster_name=self.cluster.name,
+                                principal_arn=principal, kubernetes_groups=list(groups), type="STANDARD",
+                                tags=tags, opts=child)
+            for principal, groups in sorted(args.access_entries.items())
+        ]
+        self.ready: list[pulumi.Resource] = [self.system_nodes, *self.addons, *self.eni_configs]
+        self.register_outputs({"cluster_name": self.cluster_name, "endpoint": self.endpoint,
+                               "kubeconfig": self.kubeconfig})
 
+    def _control_plane(self, name: str, args: ClusterArgs, tags: dict[str, str]) -> None:
+        """The cluster role, the encrypted control-plane log group, the EKS cluster, its OIDC provider and the
+        Kubernetes provider that reaches it."""
+        child = pulumi.ResourceOptions(parent=self)
         role = aws.iam.Role(f"{name}-control-plane", assume_role_policy=json.dumps(iam.service_trust("eks.amazonaws.com")),
                             tags=tags, opts=child)
         for i, arn in enumerate(iam.CLUSTER_MANAGED_POLICIES):
@@ -195,7 +221,7 @@ class Cluster(pulumi.ComponentResource):
         log_group = aws.cloudwatch.LogGroup(f"{name}-control-plane", name=f"/aws/eks/{args.cluster_name}/cluster",
                                             retention_in_days=90, kms_key_id=args.logs_key_arn, tags=tags, opts=child)
 
-        self.cluster = aws.eks.Cluster(
+        self.cluster = cluster = aws.eks.Cluster(
             name, name=args.cluster_name, version=args.kubernetes_version, role_arn=role.arn,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
                 subnet_ids=list(args.subnet_ids), endpoint_private_access=True,
@@ -210,10 +236,9 @@ class Cluster(pulumi.ComponentResource):
             # it can create the Kubernetes layer; other humans get access entries from their teams.
             access_config=aws.eks.ClusterAccessConfigArgs(authentication_mode="API",
                                                           bootstrap_cluster_creator_admin_permissions=True),
-            # Add-ons are managed below, pinned, instead of the unmanaged defaults.
+            # Add-ons are managed by this component, pinned, instead of the unmanaged defaults.
             bootstrap_self_managed_addons=False,
             tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group, encryption]))
-        cluster = self.cluster
         self.cluster_name = cluster.name
         self.cluster_arn = cluster.arn
         self.endpoint = cluster.endpoint
@@ -232,40 +257,36 @@ class Cluster(pulumi.ComponentResource):
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
                                      opts=child)
 
-        # Node role of the system node group; EKS creates its access entry.
-        self.node_role = aws.iam.Role(f"{name}-nodes", name=f"{args.cluster_name}-nodes",
-                                      assume_role_policy=json.dumps(iam.service_trust("ec2.amazonaws.com")),
-                                      tags=tags, opts=child)
-        for i, arn in enumerate(iam.NODE_MANAGED_POLICIES):
-            aws.iam.RolePolicyAttachment(f"{name}-nodes-{i}", role=self.node_role.name, policy_arn=arn, opts=child)
-
-        # Add-ons a node needs to become Ready come first; CoreDNS and EBS CSI need running nodes.
+    def _node_addons(self, name: str, args: ClusterArgs,
+                     tags: dict[str, str]) -> tuple[aws.eks.Addon, aws.eks.Addon, aws.eks.Addon]:
+        """The add-ons a node needs to become Ready: the Pod Identity agent, the VPC CNI (with its role) and
+        kube-proxy."""
         cni_role = self._pod_role(f"{name}-vpc-cni", args, iam.CNI_MANAGED_POLICY, f"{args.cluster_name}-vpc-cni")
-        self.addons: list[aws.eks.Addon] = []
-        pia = aws.eks.Addon(f"{name}-eks-pod-identity-agent", cluster_name=cluster.name,
-                            addon_name="eks-pod-identity-agent", addon_version=self._default_version(
-                                "eks-pod-identity-agent", args), resolve_conflicts_on_update="OVERWRITE",
-                            tags=tags, opts=child)
-        cni = aws.eks.Addon(
-            f"{name}-vpc-cni", cluster_name=cluster.name, addon_name="vpc-cni", addon_version=VPC_CNI_VERSION,
-            configuration_values=json.dumps(vpc_cni_configuration()), resolve_conflicts_on_update="OVERWRITE",
+        pia = self._addon(name, "eks-pod-identity-agent", self._default_version("eks-pod-identity-agent", args), tags)
+        cni = self._addon(
+            name, "vpc-cni", VPC_CNI_VERSION, tags, configuration_values=json.dumps(vpc_cni_configuration()),
             pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(role_arn=cni_role.arn,
                                                                                 service_account="aws-node")],
-            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[pia]))
-        proxy = aws.eks.Addon(f"{name}-kube-proxy", cluster_name=cluster.name, addon_name="kube-proxy",
-                              addon_version=self._default_version("kube-proxy", args),
-                              resolve_conflicts_on_update="OVERWRITE", tags=tags, opts=child)
+            depends_on=[pia])
+        proxy = self._addon(name, "kube-proxy", self._default_version("kube-proxy", args), tags)
+        return pia, cni, proxy
 
-        # One ENIConfig per AZ: pods get addresses from that zone's pod subnet.
-        self.eni_configs = []
+    def _eni_configs(self, name: str, args: ClusterArgs,
+                     cni: aws.eks.Addon) -> list[k8s.apiextensions.CustomResource]:
+        """One ENIConfig per AZ: pods get addresses from that zone's pod subnet."""
+        configs = []
         for zone, subnet_id in args.pod_subnets.items():
             body = pulumi.Output.all(subnet_id, self.cluster_security_group_id).apply(
                 lambda a, z=zone: eni_config(z, a[0], [a[1]]))
-            self.eni_configs.append(k8s.apiextensions.CustomResource(
+            configs.append(k8s.apiextensions.CustomResource(
                 f"{name}-eniconfig-{zone}", api_version="crd.k8s.amazonaws.com/v1alpha1", kind="ENIConfig",
                 metadata={"name": zone}, spec=body.apply(lambda b: b["spec"]),
                 opts=pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=[cni])))
+        return configs
 
+    def _system_nodes(self, name: str, args: ClusterArgs, tags: dict[str, str],
+                      depends_on: list[pulumi.Resource]) -> aws.eks.NodeGroup:
+        """The system node group and its launch template (IMDSv2, encrypted root, the cluster security group)."""
         lt = aws.ec2.LaunchTemplate(
             f"{name}-system", description=f"{args.cluster_name} system nodes",
             metadata_options=metadata_options(1),
@@ -275,53 +296,47 @@ class Cluster(pulumi.ComponentResource):
                 security_groups=[self.cluster_security_group_id])],
             tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=r, tags=tags)
                                 for r in ("instance", "volume", "network-interface")],
-            tags=tags, opts=child)
+            tags=tags, opts=pulumi.ResourceOptions(parent=self))
         # The one managed node group: Karpenter's controller, CoreDNS and the other controllers need
         # nodes before Karpenter can launch any, so these cannot come from Karpenter itself. Its
         # instances are launched by EC2 Auto Scaling's service-linked role, which the ebs key policy
         # names (infra/aws/keys.py).
-        self.system_nodes = aws.eks.NodeGroup(
-            f"{name}-system", cluster_name=cluster.name, node_group_name="system", node_role_arn=self.node_role.arn,
-            subnet_ids=list(args.subnet_ids), ami_type="AL2023_x86_64_STANDARD", capacity_type="ON_DEMAND",
-            instance_types=[args.system_node_type],
+        return aws.eks.NodeGroup(
+            f"{name}-system", cluster_name=self.cluster.name, node_group_name="system",
+            node_role_arn=self.node_role.arn, subnet_ids=list(args.subnet_ids), ami_type="AL2023_x86_64_STANDARD",
+            capacity_type="ON_DEMAND", instance_types=[args.system_node_type],
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(min_size=args.system_nodes_min,
                                                               max_size=args.system_nodes_max,
                                                               desired_size=args.system_nodes_min),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
             labels=dict(args.system_labels), update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
             node_repair_config=node_repair_config(args.health),
-            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[cni, proxy, pia, *self.eni_configs]))
+            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on))
 
+    def _cluster_addons(self, name: str, args: ClusterArgs, tags: dict[str, str]) -> list[aws.eks.Addon]:
+        """The add-ons that need running nodes: CoreDNS, the EBS CSI driver (with its role) and the node
+        monitoring agent."""
         ebs_role = self._pod_role(f"{name}-ebs-csi", args, iam.EBS_CSI_MANAGED_POLICY, args.ebs_csi_role_name)
         aws.iam.RolePolicy(f"{name}-ebs-csi-kms", role=ebs_role.id,
                            policy=pulumi.Output.from_input(args.ebs_key_arn).apply(
-                               lambda k: json.dumps(iam.ebs_kms_policy(k))), opts=child)
-        after_nodes = pulumi.ResourceOptions(parent=self, depends_on=[self.system_nodes])
-        coredns = aws.eks.Addon(f"{name}-coredns", cluster_name=cluster.name, addon_name="coredns",
-                                addon_version=self._default_version("coredns", args),
-                                resolve_conflicts_on_update="OVERWRITE", tags=tags, opts=after_nodes)
-        ebs = aws.eks.Addon(
-            f"{name}-aws-ebs-csi-driver", cluster_name=cluster.name, addon_name="aws-ebs-csi-driver",
-            addon_version=self._default_version("aws-ebs-csi-driver", args), resolve_conflicts_on_update="OVERWRITE",
+                               lambda k: json.dumps(iam.ebs_kms_policy(k))), opts=pulumi.ResourceOptions(parent=self))
+        after_nodes = [self.system_nodes]
+        coredns = self._addon(name, "coredns", self._default_version("coredns", args), tags, depends_on=after_nodes)
+        ebs = self._addon(
+            name, "aws-ebs-csi-driver", self._default_version("aws-ebs-csi-driver", args), tags,
             pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
-                role_arn=ebs_role.arn, service_account="ebs-csi-controller-sa")],
-            tags=tags, opts=after_nodes)
-        monitoring_agent = aws.eks.Addon(
-            f"{name}-{NODE_MONITORING_AGENT}", cluster_name=cluster.name, addon_name=NODE_MONITORING_AGENT,
-            addon_version=NODE_MONITORING_AGENT_VERSION,
-            configuration_values=json.dumps(node_monitoring_agent_configuration()),
-            resolve_conflicts_on_update="OVERWRITE", tags=tags, opts=after_nodes)
-        self.addons = [pia, cni, proxy, coredns, ebs, monitoring_agent]
-        # Team members: their IAM principals get the teams' Kubernetes groups and nothing else.
-        self.access_entries = [
-            aws.eks.AccessEntry(access_entry_name(name, principal), cluster_name=cluster.name,
-                                principal_arn=principal, kubernetes_groups=list(groups), type="STANDARD",
-                                tags=tags, opts=child)
-            for principal, groups in sorted(args.access_entries.items())
-        ]
-        self.ready: list[pulumi.Resource] = [self.system_nodes, *self.addons, *self.eni_configs]
-        self.register_outputs({"cluster_name": self.cluster_name, "endpoint": self.endpoint,
-                               "kubeconfig": self.kubeconfig})
+                role_arn=ebs_role.arn, service_account="ebs-csi-controller-sa")], depends_on=after_nodes)
+        monitoring_agent = self._addon(
+            name, NODE_MONITORING_AGENT, NODE_MONITORING_AGENT_VERSION, tags,
+            configuration_values=json.dumps(node_monitoring_agent_configuration()), depends_on=after_nodes)
+        return [coredns, ebs, monitoring_agent]
+
+    def _addon(self, name: str, addon: str, version: pulumi.Input[str], tags: dict[str, str], *,
+               depends_on: list[pulumi.Resource] | None = None, **inputs) -> aws.eks.Addon:
+        """A managed add-on, named `<component>-<add-on>`; an update overwrites changes made in the cluster."""
+        return aws.eks.Addon(f"{name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
+                             addon_version=version, resolve_conflicts_on_update="OVERWRITE", tags=tags,
+                             opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on), **inputs)
 
     def _default_version(self, addon: str, args: ClusterArgs) -> pulumi.Output[str]:
         return aws.eks.get_addon_version_output(addon_name=addon, kubernetes_version=args.kubernetes_version,
@@ -332,4 +347,3 @@ class Cluster(pulumi.ComponentResource):
                             tags=dict(args.tags), opts=pulumi.ResourceOptions(parent=self))
         aws.iam.RolePolicyAttachment(res, role=role.name, policy_arn=managed, opts=pulumi.ResourceOptions(parent=self))
         return role
-
