@@ -161,35 +161,30 @@ def _eks(cfg: StackSettings, tags: dict[str, str], provider: aws.Provider, accou
 def _cluster_services(cfg: StackSettings, tags: dict[str, str], on_aws: pulumi.ResourceOptions, account_id: str,
                       cluster_name: str, keys: Keys, network: Network, storage: Storage,
                       cluster: Cluster) -> tuple[LoadBalancerController, WorkloadIdentities, LogShipping]:
-    """What runs beside the cluster: the deploy runner (when asked), the AWS Load Balancer Controller, the
-    workload identities and the log groups the log shipper writes to."""
-    region = cfg.region
+    """Beside the cluster: the deploy runner (when asked), the Load Balancer Controller, identities, log groups."""
     # gpu-train:deployRunner: a CodeBuild-hosted GitHub Actions runner in the VPC for the deploy
     # workflow, which cannot reach the private API endpoint from GitHub's own runners.
     runner = cfg.deploy_runner
     if runner.kind == "codebuild":
         DeployRunner("deploy-runner", DeployRunnerArgs(
-            project=f"{cluster_name}-deploy", region=region, account_id=account_id, vpc_id=network.vpc_id,
+            project=f"{cluster_name}-deploy", region=cfg.region, account_id=account_id, vpc_id=network.vpc_id,
             subnet_ids=network.private_subnet_ids, cluster_security_group_id=cluster.cluster_security_group_id,
             logs_key_arn=keys.arns["logs"], repository=runner.repository, connection_arn=runner.connection_arn,
             tags=tags), opts=on_aws)
-
     lb_controller = LoadBalancerController("lb-controller", LoadBalancerControllerArgs(
-        cluster_name=cluster.cluster_name, region=region, account_id=account_id, vpc_id=network.vpc_id,
+        cluster_name=cluster.cluster_name, region=cfg.region, account_id=account_id, vpc_id=network.vpc_id,
         role_name=f"{cluster_name}-lb-controller", provider=cluster.provider, system_selector=SYSTEM_LABELS,
         depends_on=cluster.ready, tags=tags), opts=on_aws)
-
     identities = WorkloadIdentities("identities", WorkloadIdentitiesArgs(
         cluster_name=cluster.cluster_name, role_prefix=cluster_name, account_id=account_id,
         bindings=bindings([t.name for t in cfg.teams], cache=cfg.cache.enabled, mlflow=cfg.mlflow.enabled,
                           serving=cfg.serving.enabled),
         resources={**storage.names, "s3_key": keys.arns["s3"]}, depends_on=cluster.addons[:1], tags=tags),
         opts=on_aws)
-
     # Container logs that outlive their pods: a group per team namespace, written by the Kubernetes layer's
     # log shipper through the VPC's CloudWatch Logs endpoint.
     log_shipping = LogShipping("log-shipping", LogShippingArgs(
-        cluster_name=cluster_name, cluster=cluster.cluster_name, region=region, account_id=account_id,
+        cluster_name=cluster_name, cluster=cluster.cluster_name, region=cfg.region, account_id=account_id,
         teams=[t.name for t in cfg.teams], logs_key_arn=keys.arns["logs"], retention_days=log_retention_days(cfg),
         endpoint_cidrs=[cfg.network.vpc_cidr], depends_on=cluster.addons[:1], tags=tags), opts=on_aws)
     return lb_controller, identities, log_shipping
@@ -198,10 +193,9 @@ def _cluster_services(cfg: StackSettings, tags: dict[str, str], on_aws: pulumi.R
 def _mlflow_database(cfg: StackSettings, tags: dict[str, str], on_aws: pulumi.ResourceOptions, cluster_name: str,
                      keys: Keys, network: Network) -> ManagedDatabase:
     """mlflow.database: managed: RDS PostgreSQL in the database subnets, open to the VPC and pod ranges."""
-    database = Database("mlflow-db", DatabaseArgs(
+    return Database("mlflow-db", DatabaseArgs(
         identifier=f"{cluster_name}-mlflow", vpc_id=network.vpc_id,
         subnet_ids=[s.id for s in network.database_subnets.values()], subnet_cidrs=network.database_cidrs,
         client_cidrs=[cfg.network.vpc_cidr, cfg.network.pod_cidr], key_arn=keys.arns["rds"],
         logs_key_arn=keys.arns["logs"], is_prod=cfg.is_prod, storage_gb=cfg.mlflow.storage_gb, tags=tags),
-        opts=on_aws)
-    return database.contract
+        opts=on_aws).contract

@@ -39,8 +39,6 @@ LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # for Kubernetes 1.33 (https://docs.aws.amazon.com/eks/latest/userguide/managing-vpc-cni.html).
 VPC_CNI_VERSION = "v1.20.1-eksbuild.3"
 MIN_VPC_CNI = (1, 18, 4)
-# Other add-ons use the version EKS marks as default for the cluster's Kubernetes version.
-DEFAULT_VERSION_ADDONS = ("kube-proxy", "eks-pod-identity-agent", "coredns", "aws-ebs-csi-driver")
 SYSTEM_ROOT_GB = 50
 # The EKS node monitoring agent add-on, pinned: the version its v1.7.0 chart runs (charts/eks-node-monitoring-agent
 # values.yaml nodeAgent.image.tag); the add-on's configuration schema is charts/configuration.schema.json, of
@@ -190,7 +188,15 @@ class Cluster(pulumi.ComponentResource):
             aws.iam.RolePolicyAttachment(f"{name}-nodes-{i}", role=self.node_role.name, policy_arn=arn, opts=child)
         # Add-ons a node needs to become Ready come first; CoreDNS and EBS CSI need running nodes.
         pia, cni, proxy = self._node_addons(name, args, tags)
-        self.eni_configs = self._eni_configs(name, args, cni)
+        # One ENIConfig per AZ: pods get addresses from that zone's pod subnet.
+        self.eni_configs = []
+        for zone, subnet_id in args.pod_subnets.items():
+            body = pulumi.Output.all(subnet_id, self.cluster_security_group_id).apply(
+                lambda a, z=zone: eni_config(z, a[0], [a[1]]))
+            self.eni_configs.append(k8s.apiextensions.CustomResource(
+                f"{name}-eniconfig-{zone}", api_version="crd.k8s.amazonaws.com/v1alpha1", kind="ENIConfig",
+                metadata={"name": zone}, spec=body.apply(lambda b: b["spec"]),
+                opts=pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=[cni])))
         self.system_nodes = self._system_nodes(name, args, tags, depends_on=[cni, proxy, pia, *self.eni_configs])
         self.addons: list[aws.eks.Addon] = [pia, cni, proxy, *self._cluster_addons(name, args, tags)]
         # Team members: their IAM principals get the teams' Kubernetes groups and nothing else.
@@ -205,8 +211,7 @@ class Cluster(pulumi.ComponentResource):
                                "kubeconfig": self.kubeconfig})
 
     def _control_plane(self, name: str, args: ClusterArgs, tags: dict[str, str]) -> None:
-        """The cluster role, the encrypted control-plane log group, the EKS cluster, its OIDC provider and the
-        Kubernetes provider that reaches it."""
+        """The cluster role, the encrypted log group, the EKS cluster, its OIDC provider, the Kubernetes provider."""
         child = pulumi.ResourceOptions(parent=self)
         role = aws.iam.Role(f"{name}-control-plane", assume_role_policy=json.dumps(iam.service_trust("eks.amazonaws.com")),
                             tags=tags, opts=child)
@@ -216,11 +221,9 @@ class Cluster(pulumi.ComponentResource):
         encryption = aws.iam.RolePolicy(f"{name}-control-plane-kms", role=role.id,
                                         policy=pulumi.Output.from_input(args.secrets_key_arn).apply(
                                             lambda k: json.dumps(iam.cluster_encryption_policy(k))), opts=child)
-
         # EKS writes control-plane logs to this fixed name; creating it first lets us encrypt it.
         log_group = aws.cloudwatch.LogGroup(f"{name}-control-plane", name=f"/aws/eks/{args.cluster_name}/cluster",
                                             retention_in_days=90, kms_key_id=args.logs_key_arn, tags=tags, opts=child)
-
         self.cluster = cluster = aws.eks.Cluster(
             name, name=args.cluster_name, version=args.kubernetes_version, role_arn=role.arn,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
@@ -247,42 +250,23 @@ class Cluster(pulumi.ComponentResource):
         # Karpenter finds the security group for its nodes by this tag.
         aws.ec2.Tag(f"{name}-sg-discovery", resource_id=self.cluster_security_group_id,
                     key="karpenter.sh/discovery", value=args.cluster_name, opts=child)
-
         issuer = cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
         self.oidc_provider = aws.iam.OpenIdConnectProvider(f"{name}-oidc", url=issuer,
                                                            client_id_lists=["sts.amazonaws.com"], tags=tags, opts=child)
-
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(cluster.name, self.endpoint, self.ca_data).apply(
             lambda a: kubeconfig(a[0], a[1], a[2], args.region)))
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
                                      opts=child)
 
-    def _node_addons(self, name: str, args: ClusterArgs,
-                     tags: dict[str, str]) -> tuple[aws.eks.Addon, aws.eks.Addon, aws.eks.Addon]:
-        """The add-ons a node needs to become Ready: the Pod Identity agent, the VPC CNI (with its role) and
-        kube-proxy."""
+    def _node_addons(self, name: str, args: ClusterArgs, tags: dict[str, str]) -> list[aws.eks.Addon]:
+        """The Pod Identity agent, the VPC CNI (with its role) and kube-proxy."""
         cni_role = self._pod_role(f"{name}-vpc-cni", args, iam.CNI_MANAGED_POLICY, f"{args.cluster_name}-vpc-cni")
-        pia = self._addon(name, "eks-pod-identity-agent", self._default_version("eks-pod-identity-agent", args), tags)
-        cni = self._addon(
-            name, "vpc-cni", VPC_CNI_VERSION, tags, configuration_values=json.dumps(vpc_cni_configuration()),
-            pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(role_arn=cni_role.arn,
-                                                                                service_account="aws-node")],
-            depends_on=[pia])
-        proxy = self._addon(name, "kube-proxy", self._default_version("kube-proxy", args), tags)
-        return pia, cni, proxy
-
-    def _eni_configs(self, name: str, args: ClusterArgs,
-                     cni: aws.eks.Addon) -> list[k8s.apiextensions.CustomResource]:
-        """One ENIConfig per AZ: pods get addresses from that zone's pod subnet."""
-        configs = []
-        for zone, subnet_id in args.pod_subnets.items():
-            body = pulumi.Output.all(subnet_id, self.cluster_security_group_id).apply(
-                lambda a, z=zone: eni_config(z, a[0], [a[1]]))
-            configs.append(k8s.apiextensions.CustomResource(
-                f"{name}-eniconfig-{zone}", api_version="crd.k8s.amazonaws.com/v1alpha1", kind="ENIConfig",
-                metadata={"name": zone}, spec=body.apply(lambda b: b["spec"]),
-                opts=pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=[cni])))
-        return configs
+        pia = self._addon(name, args, "eks-pod-identity-agent", tags)
+        cni = self._addon(name, args, "vpc-cni", tags, version=VPC_CNI_VERSION, depends_on=[pia],
+                          configuration_values=json.dumps(vpc_cni_configuration()),
+                          pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
+                              role_arn=cni_role.arn, service_account="aws-node")])
+        return [pia, cni, self._addon(name, args, "kube-proxy", tags)]
 
     def _system_nodes(self, name: str, args: ClusterArgs, tags: dict[str, str],
                       depends_on: list[pulumi.Resource]) -> aws.eks.NodeGroup:
@@ -314,33 +298,30 @@ class Cluster(pulumi.ComponentResource):
             tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on))
 
     def _cluster_addons(self, name: str, args: ClusterArgs, tags: dict[str, str]) -> list[aws.eks.Addon]:
-        """The add-ons that need running nodes: CoreDNS, the EBS CSI driver (with its role) and the node
-        monitoring agent."""
+        """The add-ons that need running nodes: CoreDNS, the EBS CSI driver (with its role), the monitoring agent."""
         ebs_role = self._pod_role(f"{name}-ebs-csi", args, iam.EBS_CSI_MANAGED_POLICY, args.ebs_csi_role_name)
         aws.iam.RolePolicy(f"{name}-ebs-csi-kms", role=ebs_role.id,
                            policy=pulumi.Output.from_input(args.ebs_key_arn).apply(
                                lambda k: json.dumps(iam.ebs_kms_policy(k))), opts=pulumi.ResourceOptions(parent=self))
         after_nodes = [self.system_nodes]
-        coredns = self._addon(name, "coredns", self._default_version("coredns", args), tags, depends_on=after_nodes)
-        ebs = self._addon(
-            name, "aws-ebs-csi-driver", self._default_version("aws-ebs-csi-driver", args), tags,
-            pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
-                role_arn=ebs_role.arn, service_account="ebs-csi-controller-sa")], depends_on=after_nodes)
-        monitoring_agent = self._addon(
-            name, NODE_MONITORING_AGENT, NODE_MONITORING_AGENT_VERSION, tags,
-            configuration_values=json.dumps(node_monitoring_agent_configuration()), depends_on=after_nodes)
-        return [coredns, ebs, monitoring_agent]
+        return [self._addon(name, args, "coredns", tags, depends_on=after_nodes),
+                self._addon(name, args, "aws-ebs-csi-driver", tags, depends_on=after_nodes,
+                            pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
+                                role_arn=ebs_role.arn, service_account="ebs-csi-controller-sa")]),
+                self._addon(name, args, NODE_MONITORING_AGENT, tags, version=NODE_MONITORING_AGENT_VERSION,
+                            configuration_values=json.dumps(node_monitoring_agent_configuration()),
+                            depends_on=after_nodes)]
 
-    def _addon(self, name: str, addon: str, version: pulumi.Input[str], tags: dict[str, str], *,
+    def _addon(self, name: str, args: ClusterArgs, addon: str, tags: dict[str, str], *, version: str = "",
                depends_on: list[pulumi.Resource] | None = None, **inputs) -> aws.eks.Addon:
-        """A managed add-on, named `<component>-<add-on>`; an update overwrites changes made in the cluster."""
+        """A managed add-on named `<component>-<add-on>`, at `version` or else at the version EKS marks as default
+        for the cluster's Kubernetes version; an update overwrites changes made in the cluster."""
+        default = None if version else aws.eks.get_addon_version_output(
+            addon_name=addon, kubernetes_version=args.kubernetes_version, most_recent=False,
+            opts=pulumi.InvokeOutputOptions(parent=self)).version
         return aws.eks.Addon(f"{name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
-                             addon_version=version, resolve_conflicts_on_update="OVERWRITE", tags=tags,
+                             addon_version=version or default, resolve_conflicts_on_update="OVERWRITE", tags=tags,
                              opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on), **inputs)
-
-    def _default_version(self, addon: str, args: ClusterArgs) -> pulumi.Output[str]:
-        return aws.eks.get_addon_version_output(addon_name=addon, kubernetes_version=args.kubernetes_version,
-                                                most_recent=False, opts=pulumi.InvokeOutputOptions(parent=self)).version
 
     def _pod_role(self, res: str, args: ClusterArgs, managed: str, role_name: str) -> aws.iam.Role:
         role = aws.iam.Role(res, name=role_name, assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)),

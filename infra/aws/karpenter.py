@@ -253,12 +253,9 @@ class Karpenter(pulumi.ComponentResource):
         super().__init__("gpu-train:aws:Karpenter", name, None, opts)
         tags = dict(args.tags)
         queue = self._interruption_queue(name, args, tags)
-        self.node_role, entry = self._node_role(name, args, tags)
-        self.controller_role, association = self._controller_role(name, args, tags, queue)
-        self._releases(name, args, queue, depends_on=[*args.depends_on, association, entry])
+        self._controller(name, args, tags, queue)
         self.efa_security_group = self._efa_security_group(name, args, tags) \
             if any(p.fabric for p, _ in args.pools) else None
-
         ami = aws.ssm.get_parameter(name=nvidia_ami_parameter(args.kubernetes_version),
                                     opts=pulumi.InvokeOptions(parent=self)).value
         self.fabrics: dict[str, Fabric] = {}
@@ -284,42 +281,30 @@ class Karpenter(pulumi.ComponentResource):
                                        opts=child)
         return queue
 
-    def _node_role(self, name: str, args: KarpenterArgs,
-                   tags: dict[str, str]) -> tuple[aws.iam.Role, aws.eks.AccessEntry]:
-        """The role of the nodes Karpenter launches, and the access entry through which they join (API
-        authentication mode)."""
+    def _controller(self, name: str, args: KarpenterArgs, tags: dict[str, str], queue: aws.sqs.Queue) -> None:
+        """The nodes' role and access entry, the controller's role and Pod Identity association, then the CRD chart
+        and the controller's chart."""
         child = pulumi.ResourceOptions(parent=self)
-        node_role = aws.iam.Role(f"{name}-nodes", name=f"{args.cluster_name}-karpenter-nodes",
-                                 assume_role_policy=json.dumps(iam.service_trust("ec2.amazonaws.com")), tags=tags,
-                                 opts=child)
+        self.node_role = node_role = aws.iam.Role(
+            f"{name}-nodes", name=f"{args.cluster_name}-karpenter-nodes",
+            assume_role_policy=json.dumps(iam.service_trust("ec2.amazonaws.com")), tags=tags, opts=child)
         for i, arn in enumerate(iam.NODE_MANAGED_POLICIES):
             aws.iam.RolePolicyAttachment(f"{name}-nodes-{i}", role=node_role.name, policy_arn=arn, opts=child)
         entry = aws.eks.AccessEntry(f"{name}-nodes", cluster_name=args.cluster_name, principal_arn=node_role.arn,
                                     type="EC2_LINUX", tags=tags,
                                     opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
-        return node_role, entry
-
-    def _controller_role(self, name: str, args: KarpenterArgs, tags: dict[str, str],
-                         queue: aws.sqs.Queue) -> tuple[aws.iam.Role, aws.eks.PodIdentityAssociation]:
-        """The controller's role (iam.karpenter_controller_policy) and its Pod Identity association."""
-        controller = aws.iam.Role(f"{name}-controller", name=args.controller_role_name,
-                                  assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)), tags=tags,
-                                  opts=pulumi.ResourceOptions(parent=self))
+        self.controller_role = controller = aws.iam.Role(
+            f"{name}-controller", name=args.controller_role_name,
+            assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)), tags=tags, opts=child)
         aws.iam.RolePolicy(f"{name}-controller", role=controller.id, policy=pulumi.Output.all(
-            args.cluster_arn, self.node_role.arn, queue.arn, args.ebs_key_arn, args.sqs_key_arn).apply(
+            args.cluster_arn, node_role.arn, queue.arn, args.ebs_key_arn, args.sqs_key_arn).apply(
             lambda a: json.dumps(iam.karpenter_controller_policy(
                 cluster_name=args.cluster_name, cluster_arn=a[0], region=args.region, account_id=args.account_id,
-                node_role_arn=a[1], queue_arn=a[2], ebs_key_arn=a[3], sqs_key_arn=a[4]))),
-            opts=pulumi.ResourceOptions(parent=self))
+                node_role_arn=a[1], queue_arn=a[2], ebs_key_arn=a[3], sqs_key_arn=a[4]))), opts=child)
         association = aws.eks.PodIdentityAssociation(
             f"{name}-controller", cluster_name=args.cluster_name, namespace=naming.KARPENTER_NAMESPACE,
             service_account=naming.KARPENTER_SERVICE_ACCOUNT, role_arn=controller.arn, tags=tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
-        return controller, association
-
-    def _releases(self, name: str, args: KarpenterArgs, queue: aws.sqs.Queue,
-                  depends_on: list[pulumi.Resource]) -> None:
-        """The karpenter-crd chart, then the controller's chart (after its identity and the nodes' access entry)."""
         self.crds = k8s.helm.v3.Release(
             f"{name}-crd", name="karpenter-crd", chart=CRD_CHART, version=CHART_VERSION,
             namespace=naming.KARPENTER_NAMESPACE, atomic=True, timeout=300,
@@ -333,7 +318,8 @@ class Karpenter(pulumi.ComponentResource):
             # An OCI chart: the registry is in `chart`, so there is no repository to configure. The CRDs
             # belong to the karpenter-crd release above.
             values=values, skip_crds=True, atomic=True, timeout=600,
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[*depends_on, self.crds]))
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
+                                        depends_on=[*args.depends_on, association, entry, self.crds]))
 
     def _efa_security_group(self, name: str, args: KarpenterArgs, tags: dict[str, str]) -> aws.ec2.SecurityGroup:
         """The security group of fabric nodes' EFA interfaces: all traffic between its members."""

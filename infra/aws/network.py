@@ -111,7 +111,6 @@ class Network(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         tags = dict(args.tags)
         self.plan = plan_subnets(args.vpc_cidr, args.pod_cidr, args.zones)
-
         vpc = aws.ec2.Vpc(name, cidr_block=args.vpc_cidr, enable_dns_hostnames=True, enable_dns_support=True,
                           tags={**tags, "Name": args.cluster_name}, opts=child)
         self.vpc_id = vpc.id
@@ -124,10 +123,8 @@ class Network(pulumi.ComponentResource):
         self._endpoints(name, args, tags, private_rts)
         if args.flow_logs:
             self._flow_logs(name, args, tags)
-        self.database_subnets: dict[str, aws.ec2.Subnet] = {}
-        self.database_cidrs: list[str] = []
-        if args.database_subnets:
-            self._database_subnets(name, args, tags)
+        self.database_subnets = self._database_subnets(name, args, tags) if args.database_subnets else {}
+        self.database_cidrs = [z.database for z in self.plan] if args.database_subnets else []
         self.register_outputs({"vpc_id": self.vpc_id, "private_subnet_ids": self.private_subnet_ids})
 
     def _subnets(self, name: str, args: NetworkArgs, tags: dict[str, str], pod_range: pulumi.Resource,
@@ -138,37 +135,32 @@ class Network(pulumi.ComponentResource):
                                        opts=child)
         aws.ec2.Route(f"{name}-public-default", route_table_id=public_rt.id, destination_cidr_block="0.0.0.0/0",
                       gateway_id=igw.id, opts=child)
-
         discovery = {"karpenter.sh/discovery": args.cluster_name}
         public_subnets: dict[str, aws.ec2.Subnet] = {}
         self.private_subnets: dict[str, aws.ec2.Subnet] = {}
         self.pod_subnets: dict[str, aws.ec2.Subnet] = {}
         for z in self.plan:
-            public_subnets[z.zone] = aws.ec2.Subnet(
-                f"{name}-public-{z.zone}", vpc_id=self.vpc_id, cidr_block=z.public, availability_zone=z.zone,
-                # NAT gateways get Elastic IPs; nothing launched here may get a public address by default.
-                map_public_ip_on_launch=False,
-                tags={**tags, "Name": f"{args.cluster_name}-public-{z.zone}", "gpu-train.io/tier": "nat"},
-                opts=child)
+            public_subnets[z.zone] = self._subnet(name, args, tags, "public", z.zone, z.public, "nat", child)
             aws.ec2.RouteTableAssociation(f"{name}-public-{z.zone}", subnet_id=public_subnets[z.zone].id,
                                           route_table_id=public_rt.id, opts=child)
-            self.private_subnets[z.zone] = aws.ec2.Subnet(
-                f"{name}-private-{z.zone}", vpc_id=self.vpc_id, cidr_block=z.private, availability_zone=z.zone,
-                map_public_ip_on_launch=False,
-                tags={**tags, **discovery, "Name": f"{args.cluster_name}-private-{z.zone}",
-                      "kubernetes.io/role/internal-elb": "1", "gpu-train.io/tier": "nodes"},
-                opts=child)
-            self.pod_subnets[z.zone] = aws.ec2.Subnet(
-                f"{name}-pods-{z.zone}", vpc_id=self.vpc_id, cidr_block=z.pods, availability_zone=z.zone,
-                map_public_ip_on_launch=False,
-                tags={**tags, "Name": f"{args.cluster_name}-pods-{z.zone}", "gpu-train.io/tier": "pods"},
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[pod_range]))
+            self.private_subnets[z.zone] = self._subnet(
+                name, args, {**tags, **discovery, "kubernetes.io/role/internal-elb": "1"}, "private", z.zone,
+                z.private, "nodes", child)
+            self.pod_subnets[z.zone] = self._subnet(name, args, tags, "pods", z.zone, z.pods, "pods",
+                                                    pulumi.ResourceOptions(parent=self, depends_on=[pod_range]))
         return public_subnets
+
+    def _subnet(self, name: str, args: NetworkArgs, tags: dict[str, str], kind: str, zone: str, cidr: str, tier: str,
+                opts: pulumi.ResourceOptions) -> aws.ec2.Subnet:
+        """One subnet `<component>-<kind>-<zone>`, tagged with its tier. Nothing launched in any subnet gets a public
+        address by default (NAT gateways get Elastic IPs)."""
+        return aws.ec2.Subnet(f"{name}-{kind}-{zone}", vpc_id=self.vpc_id, cidr_block=cidr, availability_zone=zone,
+                              map_public_ip_on_launch=False, opts=opts,
+                              tags={**tags, "Name": f"{args.cluster_name}-{kind}-{zone}", "gpu-train.io/tier": tier})
 
     def _private_routes(self, name: str, args: NetworkArgs, tags: dict[str, str], igw: aws.ec2.InternetGateway,
                         public_subnets: Mapping[str, aws.ec2.Subnet]) -> list[aws.ec2.RouteTable]:
-        """The NAT gateways (`network.nat`) and one route table per zone for its node and pod subnets, whose
-        default route goes through the zone's NAT gateway (or the only one)."""
+        """The NAT gateways, and per zone a route table for its node and pod subnets through its (or the) NAT."""
         child = pulumi.ResourceOptions(parent=self)
         nats: dict[str, aws.ec2.NatGateway] = {}
         for zone in nat_zones(args.zones, args.nat):
@@ -178,7 +170,6 @@ class Network(pulumi.ComponentResource):
                                             subnet_id=public_subnets[zone].id,
                                             tags={**tags, "Name": f"{args.cluster_name}-{zone}"},
                                             opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]))
-
         private_rts = []
         for z in self.plan:
             nat = nats.get(z.zone) or nats[next(iter(nats))]
@@ -229,19 +220,15 @@ class Network(pulumi.ComponentResource):
                         log_destination=log_group.arn, iam_role_arn=role.arn, max_aggregation_interval=60,
                         tags=tags, opts=child)
 
-    def _database_subnets(self, name: str, args: NetworkArgs, tags: dict[str, str]) -> None:
+    def _database_subnets(self, name: str, args: NetworkArgs, tags: dict[str, str]) -> dict[str, aws.ec2.Subnet]:
         """One small subnet per AZ, on a route table with only the VPC-local route (no NAT, no internet): a
         database here can answer clients inside the VPC and nothing else."""
         child = pulumi.ResourceOptions(parent=self)
         db_rt = aws.ec2.RouteTable(f"{name}-database", vpc_id=self.vpc_id,
                                    tags={**tags, "Name": f"{args.cluster_name}-database"}, opts=child)
+        subnets = {}
         for z in self.plan:
-            subnet = aws.ec2.Subnet(
-                f"{name}-database-{z.zone}", vpc_id=self.vpc_id, cidr_block=z.database, availability_zone=z.zone,
-                map_public_ip_on_launch=False,
-                tags={**tags, "Name": f"{args.cluster_name}-database-{z.zone}", "gpu-train.io/tier": "database"},
-                opts=child)
-            aws.ec2.RouteTableAssociation(f"{name}-database-{z.zone}", subnet_id=subnet.id,
+            subnets[z.zone] = self._subnet(name, args, tags, "database", z.zone, z.database, "database", child)
+            aws.ec2.RouteTableAssociation(f"{name}-database-{z.zone}", subnet_id=subnets[z.zone].id,
                                           route_table_id=db_rt.id, opts=child)
-            self.database_subnets[z.zone] = subnet
-            self.database_cidrs.append(z.database)
+        return subnets

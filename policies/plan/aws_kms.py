@@ -435,8 +435,7 @@ def consumers(plan: Mapping[str, Any]) -> list[Consumer]:
 
 
 def _volume_consumers(g: _Graph) -> Iterator[Consumer]:
-    """Encrypted EBS volumes, by who creates them: EC2 Auto Scaling (managed node groups), Karpenter's
-    controller (EC2NodeClasses) and the EBS CSI driver (StorageClasses)."""
+    """Encrypted EBS volumes, by who creates them: node groups, Karpenter, the EBS CSI driver."""
     via_ec2 = _via("ec2", g.region)
     # EBS through EC2 Auto Scaling: managed node groups launch with their launch template's volumes.
     asg = Principal(arn=f"arn:aws:iam::{g.account}:role/{AUTOSCALING_ROLE}", account=g.account)
