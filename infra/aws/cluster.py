@@ -314,8 +314,7 @@ class Cluster(pulumi.ComponentResource):
 
     def _addon(self, name: str, args: ClusterArgs, addon: str, tags: dict[str, str], *, version: str = "",
                depends_on: list[pulumi.Resource] | None = None, **inputs) -> aws.eks.Addon:
-        """A managed add-on named `<component>-<add-on>`, at `version` or else at the version EKS marks as default
-        for the cluster's Kubernetes version; an update overwrites changes made in the cluster."""
+        """A managed add-on `<component>-<add-on>` at `version`, else at EKS's default for the Kubernetes version."""
         default = None if version else aws.eks.get_addon_version_output(
             addon_name=addon, kubernetes_version=args.kubernetes_version, most_recent=False,
             opts=pulumi.InvokeOutputOptions(parent=self)).version

@@ -282,8 +282,7 @@ class Karpenter(pulumi.ComponentResource):
         return queue
 
     def _controller(self, name: str, args: KarpenterArgs, tags: dict[str, str], queue: aws.sqs.Queue) -> None:
-        """The nodes' role and access entry, the controller's role and Pod Identity association, then the CRD chart
-        and the controller's chart."""
+        """The nodes' role and access entry, the controller's role and Pod Identity, then both charts."""
         child = pulumi.ResourceOptions(parent=self)
         self.node_role = node_role = aws.iam.Role(
             f"{name}-nodes", name=f"{args.cluster_name}-karpenter-nodes",

@@ -152,8 +152,7 @@ class Network(pulumi.ComponentResource):
 
     def _subnet(self, name: str, args: NetworkArgs, tags: dict[str, str], kind: str, zone: str, cidr: str, tier: str,
                 opts: pulumi.ResourceOptions) -> aws.ec2.Subnet:
-        """One subnet `<component>-<kind>-<zone>`, tagged with its tier. Nothing launched in any subnet gets a public
-        address by default (NAT gateways get Elastic IPs)."""
+        """One subnet `<component>-<kind>-<zone>` tagged with its tier; no public address on launch."""
         return aws.ec2.Subnet(f"{name}-{kind}-{zone}", vpc_id=self.vpc_id, cidr_block=cidr, availability_zone=zone,
                               map_public_ip_on_launch=False, opts=opts,
                               tags={**tags, "Name": f"{args.cluster_name}-{kind}-{zone}", "gpu-train.io/tier": tier})
