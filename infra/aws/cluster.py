@@ -39,8 +39,6 @@ LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # for Kubernetes 1.33 (https://docs.aws.amazon.com/eks/latest/userguide/managing-vpc-cni.html).
 VPC_CNI_VERSION = "v1.20.1-eksbuild.3"
 MIN_VPC_CNI = (1, 18, 4)
-# Other add-ons use the version EKS marks as default for the cluster's Kubernetes version.
-DEFAULT_VERSION_ADDONS = ("kube-proxy", "eks-pod-identity-agent", "coredns", "aws-ebs-csi-driver")
 SYSTEM_ROOT_GB = 50
 # The EKS node monitoring agent add-on, pinned: the version its v1.7.0 chart runs (charts/eks-node-monitoring-agent
 # values.yaml nodeAgent.image.tag); the add-on's configuration schema is charts/configuration.schema.json, of
@@ -177,11 +175,44 @@ class ClusterArgs:
 class Cluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:aws:Cluster", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        tags = dict(args.tags)
         if not addon_version_ok(VPC_CNI_VERSION):
             raise ValueError(f"vpc-cni {VPC_CNI_VERSION} is older than 1.18.4, which efa-only interfaces need")
+        child = pulumi.ResourceOptions(parent=self)
+        tags = dict(args.tags)
+        self._control_plane(name, args, tags)
+        # Node role of the system node group; EKS creates its access entry.
+        self.node_role = aws.iam.Role(f"{name}-nodes", name=f"{args.cluster_name}-nodes",
+                                      assume_role_policy=json.dumps(iam.service_trust("ec2.amazonaws.com")),
+                                      tags=tags, opts=child)
+        for i, arn in enumerate(iam.NODE_MANAGED_POLICIES):
+            aws.iam.RolePolicyAttachment(f"{name}-nodes-{i}", role=self.node_role.name, policy_arn=arn, opts=child)
+        # Add-ons a node needs to become Ready come first; CoreDNS and EBS CSI need running nodes.
+        pia, cni, proxy = self._node_addons(name, args, tags)
+        # One ENIConfig per AZ: pods get addresses from that zone's pod subnet.
+        self.eni_configs = []
+        for zone, subnet_id in args.pod_subnets.items():
+            body = pulumi.Output.all(subnet_id, self.cluster_security_group_id).apply(
+                lambda a, z=zone: eni_config(z, a[0], [a[1]]))
+            self.eni_configs.append(k8s.apiextensions.CustomResource(
+                f"{name}-eniconfig-{zone}", api_version="crd.k8s.amazonaws.com/v1alpha1", kind="ENIConfig",
+                metadata={"name": zone}, spec=body.apply(lambda b: b["spec"]),
+                opts=pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=[cni])))
+        self.system_nodes = self._system_nodes(name, args, tags, depends_on=[cni, proxy, pia, *self.eni_configs])
+        self.addons: list[aws.eks.Addon] = [pia, cni, proxy, *self._cluster_addons(name, args, tags)]
+        # Team members: their IAM principals get the teams' Kubernetes groups and nothing else.
+        self.access_entries = [
+            aws.eks.AccessEntry(access_entry_name(name, principal), cluster_name=self.cluster.name,
+                                principal_arn=principal, kubernetes_groups=list(groups), type="STANDARD",
+                                tags=tags, opts=child)
+            for principal, groups in sorted(args.access_entries.items())
+        ]
+        self.ready: list[pulumi.Resource] = [self.system_nodes, *self.addons, *self.eni_configs]
+        self.register_outputs({"cluster_name": self.cluster_name, "endpoint": self.endpoint,
+                               "kubeconfig": self.kubeconfig})
 
+    def _control_plane(self, name: str, args: ClusterArgs, tags: dict[str, str]) -> None:
+        """The cluster role, the encrypted log group, the EKS cluster, its OIDC provider, the Kubernetes provider."""
+        child = pulumi.ResourceOptions(parent=self)
         role = aws.iam.Role(f"{name}-control-plane", assume_role_policy=json.dumps(iam.service_trust("eks.amazonaws.com")),
                             tags=tags, opts=child)
         for i, arn in enumerate(iam.CLUSTER_MANAGED_POLICIES):
@@ -190,12 +221,10 @@ class Cluster(pulumi.ComponentResource):
         encryption = aws.iam.RolePolicy(f"{name}-control-plane-kms", role=role.id,
                                         policy=pulumi.Output.from_input(args.secrets_key_arn).apply(
                                             lambda k: json.dumps(iam.cluster_encryption_policy(k))), opts=child)
-
         # EKS writes control-plane logs to this fixed name; creating it first lets us encrypt it.
         log_group = aws.cloudwatch.LogGroup(f"{name}-control-plane", name=f"/aws/eks/{args.cluster_name}/cluster",
                                             retention_in_days=90, kms_key_id=args.logs_key_arn, tags=tags, opts=child)
-
-        self.cluster = aws.eks.Cluster(
+        self.cluster = cluster = aws.eks.Cluster(
             name, name=args.cluster_name, version=args.kubernetes_version, role_arn=role.arn,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
                 subnet_ids=list(args.subnet_ids), endpoint_private_access=True,
@@ -210,10 +239,9 @@ class Cluster(pulumi.ComponentResource):
             # it can create the Kubernetes layer; other humans get access entries from their teams.
             access_config=aws.eks.ClusterAccessConfigArgs(authentication_mode="API",
                                                           bootstrap_cluster_creator_admin_permissions=True),
-            # Add-ons are managed below, pinned, instead of the unmanaged defaults.
+            # Add-ons are managed by this component, pinned, instead of the unmanaged defaults.
             bootstrap_self_managed_addons=False,
             tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group, encryption]))
-        cluster = self.cluster
         self.cluster_name = cluster.name
         self.cluster_arn = cluster.arn
         self.endpoint = cluster.endpoint
@@ -222,50 +250,27 @@ class Cluster(pulumi.ComponentResource):
         # Karpenter finds the security group for its nodes by this tag.
         aws.ec2.Tag(f"{name}-sg-discovery", resource_id=self.cluster_security_group_id,
                     key="karpenter.sh/discovery", value=args.cluster_name, opts=child)
-
         issuer = cluster.identities.apply(lambda ids: ids[0].oidcs[0].issuer)
         self.oidc_provider = aws.iam.OpenIdConnectProvider(f"{name}-oidc", url=issuer,
                                                            client_id_lists=["sts.amazonaws.com"], tags=tags, opts=child)
-
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(cluster.name, self.endpoint, self.ca_data).apply(
             lambda a: kubeconfig(a[0], a[1], a[2], args.region)))
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, enable_server_side_apply=True,
                                      opts=child)
 
-        # Node role of the system node group; EKS creates its access entry.
-        self.node_role = aws.iam.Role(f"{name}-nodes", name=f"{args.cluster_name}-nodes",
-                                      assume_role_policy=json.dumps(iam.service_trust("ec2.amazonaws.com")),
-                                      tags=tags, opts=child)
-        for i, arn in enumerate(iam.NODE_MANAGED_POLICIES):
-            aws.iam.RolePolicyAttachment(f"{name}-nodes-{i}", role=self.node_role.name, policy_arn=arn, opts=child)
-
-        # Add-ons a node needs to become Ready come first; CoreDNS and EBS CSI need running nodes.
+    def _node_addons(self, name: str, args: ClusterArgs, tags: dict[str, str]) -> list[aws.eks.Addon]:
+        """The Pod Identity agent, the VPC CNI (with its role) and kube-proxy."""
         cni_role = self._pod_role(f"{name}-vpc-cni", args, iam.CNI_MANAGED_POLICY, f"{args.cluster_name}-vpc-cni")
-        self.addons: list[aws.eks.Addon] = []
-        pia = aws.eks.Addon(f"{name}-eks-pod-identity-agent", cluster_name=cluster.name,
-                            addon_name="eks-pod-identity-agent", addon_version=self._default_version(
-                                "eks-pod-identity-agent", args), resolve_conflicts_on_update="OVERWRITE",
-                            tags=tags, opts=child)
-        cni = aws.eks.Addon(
-            f"{name}-vpc-cni", cluster_name=cluster.name, addon_name="vpc-cni", addon_version=VPC_CNI_VERSION,
-            configuration_values=json.dumps(vpc_cni_configuration()), resolve_conflicts_on_update="OVERWRITE",
-            pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(role_arn=cni_role.arn,
-                                                                                service_account="aws-node")],
-            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[pia]))
-        proxy = aws.eks.Addon(f"{name}-kube-proxy", cluster_name=cluster.name, addon_name="kube-proxy",
-                              addon_version=self._default_version("kube-proxy", args),
-                              resolve_conflicts_on_update="OVERWRITE", tags=tags, opts=child)
+        pia = self._addon(name, args, "eks-pod-identity-agent", tags)
+        cni = self._addon(name, args, "vpc-cni", tags, version=VPC_CNI_VERSION, depends_on=[pia],
+                          configuration_values=json.dumps(vpc_cni_configuration()),
+                          pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
+                              role_arn=cni_role.arn, service_account="aws-node")])
+        return [pia, cni, self._addon(name, args, "kube-proxy", tags)]
 
-        # One ENIConfig per AZ: pods get addresses from that zone's pod subnet.
-        self.eni_configs = []
-        for zone, subnet_id in args.pod_subnets.items():
-            body = pulumi.Output.all(subnet_id, self.cluster_security_group_id).apply(
-                lambda a, z=zone: eni_config(z, a[0], [a[1]]))
-            self.eni_configs.append(k8s.apiextensions.CustomResource(
-                f"{name}-eniconfig-{zone}", api_version="crd.k8s.amazonaws.com/v1alpha1", kind="ENIConfig",
-                metadata={"name": zone}, spec=body.apply(lambda b: b["spec"]),
-                opts=pulumi.ResourceOptions(parent=self, provider=self.provider, depends_on=[cni])))
-
+    def _system_nodes(self, name: str, args: ClusterArgs, tags: dict[str, str],
+                      depends_on: list[pulumi.Resource]) -> aws.eks.NodeGroup:
+        """The system node group and its launch template (IMDSv2, encrypted root, the cluster security group)."""
         lt = aws.ec2.LaunchTemplate(
             f"{name}-system", description=f"{args.cluster_name} system nodes",
             metadata_options=metadata_options(1),
@@ -275,61 +280,50 @@ class Cluster(pulumi.ComponentResource):
                 security_groups=[self.cluster_security_group_id])],
             tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=r, tags=tags)
                                 for r in ("instance", "volume", "network-interface")],
-            tags=tags, opts=child)
+            tags=tags, opts=pulumi.ResourceOptions(parent=self))
         # The one managed node group: Karpenter's controller, CoreDNS and the other controllers need
         # nodes before Karpenter can launch any, so these cannot come from Karpenter itself. Its
         # instances are launched by EC2 Auto Scaling's service-linked role, which the ebs key policy
         # names (infra/aws/keys.py).
-        self.system_nodes = aws.eks.NodeGroup(
-            f"{name}-system", cluster_name=cluster.name, node_group_name="system", node_role_arn=self.node_role.arn,
-            subnet_ids=list(args.subnet_ids), ami_type="AL2023_x86_64_STANDARD", capacity_type="ON_DEMAND",
-            instance_types=[args.system_node_type],
+        return aws.eks.NodeGroup(
+            f"{name}-system", cluster_name=self.cluster.name, node_group_name="system",
+            node_role_arn=self.node_role.arn, subnet_ids=list(args.subnet_ids), ami_type="AL2023_x86_64_STANDARD",
+            capacity_type="ON_DEMAND", instance_types=[args.system_node_type],
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(min_size=args.system_nodes_min,
                                                               max_size=args.system_nodes_max,
                                                               desired_size=args.system_nodes_min),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
             labels=dict(args.system_labels), update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
             node_repair_config=node_repair_config(args.health),
-            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=[cni, proxy, pia, *self.eni_configs]))
+            tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on))
 
+    def _cluster_addons(self, name: str, args: ClusterArgs, tags: dict[str, str]) -> list[aws.eks.Addon]:
+        """The add-ons that need running nodes: CoreDNS, the EBS CSI driver (with its role), the monitoring agent."""
         ebs_role = self._pod_role(f"{name}-ebs-csi", args, iam.EBS_CSI_MANAGED_POLICY, args.ebs_csi_role_name)
         aws.iam.RolePolicy(f"{name}-ebs-csi-kms", role=ebs_role.id,
                            policy=pulumi.Output.from_input(args.ebs_key_arn).apply(
-                               lambda k: json.dumps(iam.ebs_kms_policy(k))), opts=child)
-        after_nodes = pulumi.ResourceOptions(parent=self, depends_on=[self.system_nodes])
-        coredns = aws.eks.Addon(f"{name}-coredns", cluster_name=cluster.name, addon_name="coredns",
-                                addon_version=self._default_version("coredns", args),
-                                resolve_conflicts_on_update="OVERWRITE", tags=tags, opts=after_nodes)
-        ebs = aws.eks.Addon(
-            f"{name}-aws-ebs-csi-driver", cluster_name=cluster.name, addon_name="aws-ebs-csi-driver",
-            addon_version=self._default_version("aws-ebs-csi-driver", args), resolve_conflicts_on_update="OVERWRITE",
-            pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
-                role_arn=ebs_role.arn, service_account="ebs-csi-controller-sa")],
-            tags=tags, opts=after_nodes)
-        monitoring_agent = aws.eks.Addon(
-            f"{name}-{NODE_MONITORING_AGENT}", cluster_name=cluster.name, addon_name=NODE_MONITORING_AGENT,
-            addon_version=NODE_MONITORING_AGENT_VERSION,
-            configuration_values=json.dumps(node_monitoring_agent_configuration()),
-            resolve_conflicts_on_update="OVERWRITE", tags=tags, opts=after_nodes)
-        self.addons = [pia, cni, proxy, coredns, ebs, monitoring_agent]
-        # Team members: their IAM principals get the teams' Kubernetes groups and nothing else.
-        self.access_entries = [
-            aws.eks.AccessEntry(access_entry_name(name, principal), cluster_name=cluster.name,
-                                principal_arn=principal, kubernetes_groups=list(groups), type="STANDARD",
-                                tags=tags, opts=child)
-            for principal, groups in sorted(args.access_entries.items())
-        ]
-        self.ready: list[pulumi.Resource] = [self.system_nodes, *self.addons, *self.eni_configs]
-        self.register_outputs({"cluster_name": self.cluster_name, "endpoint": self.endpoint,
-                               "kubeconfig": self.kubeconfig})
+                               lambda k: json.dumps(iam.ebs_kms_policy(k))), opts=pulumi.ResourceOptions(parent=self))
+        after_nodes = [self.system_nodes]
+        return [self._addon(name, args, "coredns", tags, depends_on=after_nodes),
+                self._addon(name, args, "aws-ebs-csi-driver", tags, depends_on=after_nodes,
+                            pod_identity_associations=[aws.eks.AddonPodIdentityAssociationArgs(
+                                role_arn=ebs_role.arn, service_account="ebs-csi-controller-sa")]),
+                self._addon(name, args, NODE_MONITORING_AGENT, tags, version=NODE_MONITORING_AGENT_VERSION,
+                            configuration_values=json.dumps(node_monitoring_agent_configuration()),
+                            depends_on=after_nodes)]
 
-    def _default_version(self, addon: str, args: ClusterArgs) -> pulumi.Output[str]:
-        return aws.eks.get_addon_version_output(addon_name=addon, kubernetes_version=args.kubernetes_version,
-                                                most_recent=False, opts=pulumi.InvokeOutputOptions(parent=self)).version
+    def _addon(self, name: str, args: ClusterArgs, addon: str, tags: dict[str, str], *, version: str = "",
+               depends_on: list[pulumi.Resource] | None = None, **inputs) -> aws.eks.Addon:
+        """A managed add-on `<component>-<add-on>` at `version`, else at EKS's default for the Kubernetes version."""
+        default = None if version else aws.eks.get_addon_version_output(
+            addon_name=addon, kubernetes_version=args.kubernetes_version, most_recent=False,
+            opts=pulumi.InvokeOutputOptions(parent=self)).version
+        return aws.eks.Addon(f"{name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
+                             addon_version=version or default, resolve_conflicts_on_update="OVERWRITE", tags=tags,
+                             opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on), **inputs)
 
     def _pod_role(self, res: str, args: ClusterArgs, managed: str, role_name: str) -> aws.iam.Role:
         role = aws.iam.Role(res, name=role_name, assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)),
                             tags=dict(args.tags), opts=pulumi.ResourceOptions(parent=self))
         aws.iam.RolePolicyAttachment(res, role=role.name, policy_arn=managed, opts=pulumi.ResourceOptions(parent=self))
         return role
-

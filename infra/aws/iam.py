@@ -3,7 +3,7 @@
 Usage: `json.dumps(trainer_policy("research", datasets_bucket="b1", checkpoints_bucket="b2", s3_key_arn=k))`.
 
 Each document is scoped to exact buckets, prefixes, keys, queues and the cluster's tags. Tests read
-them directly (tests/infra/aws/test_iam.py).
+them directly (tests/infra/aws/test_iam.py). Over 400 lines because the documents are data, kept together.
 """
 
 from __future__ import annotations
@@ -146,18 +146,43 @@ def karpenter_controller_policy(*, cluster_name: str, cluster_arn: str, region: 
     EBS volumes encrypted with our key (EC2 calls KMS as the caller, via ec2) and the SSE-KMS
     interruption queue (ReceiveMessage needs kms:Decrypt, via sqs).
     """
-    ec2 = f"arn:aws:ec2:{region}"
     cluster_tag = f"kubernetes.io/cluster/{cluster_name}"
     owned_request = {f"aws:RequestTag/{cluster_tag}": "owned", "aws:RequestTag/eks:eks-cluster-name": cluster_name}
     owned_resource = {f"aws:ResourceTag/{cluster_tag}": "owned"}
+    return _doc(
+        *_karpenter_node_lifecycle(cluster_name, region, owned_request, owned_resource),
+        {"Sid": "Describe", "Effect": "Allow",
+         "Action": ["ec2:DescribeCapacityReservations", "ec2:DescribeImages", "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceStatus", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
+                    "ec2:DescribeLaunchTemplates", "ec2:DescribePlacementGroups", "ec2:DescribeSecurityGroups",
+                    "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets"],
+         "Resource": "*", "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
+        # Public SSM parameters have an empty account field: arn:aws:ssm:<region>::parameter/aws/service/...
+        {"Sid": "AmiParameters", "Effect": "Allow", "Action": "ssm:GetParameter",
+         "Resource": f"arn:aws:ssm:{region}::parameter/aws/service/*"},
+        {"Sid": "Pricing", "Effect": "Allow", "Action": "pricing:GetProducts", "Resource": "*"},
+        {"Sid": "InterruptionQueue", "Effect": "Allow",
+         "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"], "Resource": queue_arn},
+        {"Sid": "InterruptionQueueKey", "Effect": "Allow", "Action": "kms:Decrypt", "Resource": sqs_key_arn,
+         "Condition": {"StringEquals": {"kms:ViaService": f"sqs.{region}.amazonaws.com"}}},
+        *_karpenter_instance_profiles(region, account_id, node_role_arn, owned_request, owned_resource),
+        {"Sid": "DescribeCluster", "Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": cluster_arn},
+        # RunInstances / CreateFleet with volumes encrypted by our key: EC2 calls KMS with the caller's
+        # credentials (kms:ViaService ec2), and creates a grant for the volume (kms:GrantIsForAWSResource
+        # applies to the grant operations only, so it sits on CreateGrant alone).
+        # https://docs.aws.amazon.com/ebs/latest/userguide/ebs-encryption-requirements.html
+        *ebs_key_use_statements("EbsKey", ebs_key_arn, region),
+    )
+
+
+def _karpenter_node_lifecycle(cluster_name: str, region: str, owned_request: dict, owned_resource: dict) -> list[dict]:
+    """Launch, tag and terminate instances (and their launch templates) tagged for this cluster and a NodePool."""
+    ec2 = f"arn:aws:ec2:{region}"
     nodepool_request = {"aws:RequestTag/karpenter.sh/nodepool": "*"}
     nodepool_resource = {"aws:ResourceTag/karpenter.sh/nodepool": "*"}
     launched = [f"{ec2}:*:fleet/*", f"{ec2}:*:instance/*", f"{ec2}:*:volume/*", f"{ec2}:*:network-interface/*",
                 f"{ec2}:*:launch-template/*", f"{ec2}:*:spot-instances-request/*"]
-    profiles = f"arn:aws:iam::{account_id}:instance-profile/*"
-    profile_resource = {**owned_resource, "aws:ResourceTag/topology.kubernetes.io/region": region}
-    profile_request = {**owned_request, "aws:RequestTag/topology.kubernetes.io/region": region}
-    return _doc(
+    return [
         {"Sid": "LaunchFromSharedResources", "Effect": "Allow",
          "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
          "Resource": [f"{ec2}::image/*", f"{ec2}::snapshot/*", f"{ec2}:*:security-group/*", f"{ec2}:*:subnet/*",
@@ -181,20 +206,16 @@ def karpenter_controller_policy(*, cluster_name: str, cluster_arn: str, region: 
         {"Sid": "DeleteOwned", "Effect": "Allow", "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
          "Resource": [f"{ec2}:*:instance/*", f"{ec2}:*:launch-template/*"],
          "Condition": {"StringEquals": owned_resource, "StringLike": nodepool_resource}},
-        {"Sid": "Describe", "Effect": "Allow",
-         "Action": ["ec2:DescribeCapacityReservations", "ec2:DescribeImages", "ec2:DescribeInstances",
-                    "ec2:DescribeInstanceStatus", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
-                    "ec2:DescribeLaunchTemplates", "ec2:DescribePlacementGroups", "ec2:DescribeSecurityGroups",
-                    "ec2:DescribeSpotPriceHistory", "ec2:DescribeSubnets"],
-         "Resource": "*", "Condition": {"StringEquals": {"aws:RequestedRegion": region}}},
-        # Public SSM parameters have an empty account field: arn:aws:ssm:<region>::parameter/aws/service/...
-        {"Sid": "AmiParameters", "Effect": "Allow", "Action": "ssm:GetParameter",
-         "Resource": f"arn:aws:ssm:{region}::parameter/aws/service/*"},
-        {"Sid": "Pricing", "Effect": "Allow", "Action": "pricing:GetProducts", "Resource": "*"},
-        {"Sid": "InterruptionQueue", "Effect": "Allow",
-         "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"], "Resource": queue_arn},
-        {"Sid": "InterruptionQueueKey", "Effect": "Allow", "Action": "kms:Decrypt", "Resource": sqs_key_arn,
-         "Condition": {"StringEquals": {"kms:ViaService": f"sqs.{region}.amazonaws.com"}}},
+    ]
+
+
+def _karpenter_instance_profiles(region: str, account_id: str, node_role_arn: str, owned_request: dict,
+                                 owned_resource: dict) -> list[dict]:
+    """Pass the node role to EC2, and manage the instance profiles Karpenter creates for its EC2NodeClasses."""
+    profiles = f"arn:aws:iam::{account_id}:instance-profile/*"
+    profile_resource = {**owned_resource, "aws:ResourceTag/topology.kubernetes.io/region": region}
+    profile_request = {**owned_request, "aws:RequestTag/topology.kubernetes.io/region": region}
+    return [
         {"Sid": "PassNodeRole", "Effect": "Allow", "Action": "iam:PassRole", "Resource": node_role_arn,
          "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}},
         {"Sid": "CreateInstanceProfiles", "Effect": "Allow", "Action": "iam:CreateInstanceProfile",
@@ -214,13 +235,7 @@ def karpenter_controller_policy(*, cluster_name: str, cluster_arn: str, region: 
         {"Sid": "ListInstanceProfiles", "Effect": "Allow", "Action": "iam:ListInstanceProfiles", "Resource": "*"},
         {"Sid": "ReadInstanceProfiles", "Effect": "Allow", "Action": "iam:GetInstanceProfile",
          "Resource": profiles},
-        {"Sid": "DescribeCluster", "Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": cluster_arn},
-        # RunInstances / CreateFleet with volumes encrypted by our key: EC2 calls KMS with the caller's
-        # credentials (kms:ViaService ec2), and creates a grant for the volume (kms:GrantIsForAWSResource
-        # applies to the grant operations only, so it sits on CreateGrant alone).
-        # https://docs.aws.amazon.com/ebs/latest/userguide/ebs-encryption-requirements.html
-        *ebs_key_use_statements("EbsKey", ebs_key_arn, region),
-    )
+    ]
 
 
 def ebs_key_use_statements(sid: str, ebs_key_arn: str, region: str) -> list[dict]:

@@ -251,8 +251,24 @@ class KarpenterArgs:
 class Karpenter(pulumi.ComponentResource):
     def __init__(self, name: str, args: KarpenterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:aws:Karpenter", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         tags = dict(args.tags)
+        queue = self._interruption_queue(name, args, tags)
+        self._controller(name, args, tags, queue)
+        self.efa_security_group = self._efa_security_group(name, args, tags) \
+            if any(p.fabric for p, _ in args.pools) else None
+        ami = aws.ssm.get_parameter(name=nvidia_ami_parameter(args.kubernetes_version),
+                                    opts=pulumi.InvokeOptions(parent=self)).value
+        self.fabrics: dict[str, Fabric] = {}
+        self.node_pools: list[k8s.apiextensions.CustomResource] = []
+        self.placement_groups: dict[str, aws.ec2.PlacementGroup] = {}
+        for pool, spec in args.pools:
+            self._pool(name, args, tags, pool, spec, ami)
+        self.queue_url = queue.url
+        self.register_outputs({"queue_url": queue.url, "release": self.release.name})
+
+    def _interruption_queue(self, name: str, args: KarpenterArgs, tags: dict[str, str]) -> aws.sqs.Queue:
+        """The encrypted interruption queue, and the EventBridge rules that forward EVENT_PATTERNS to it."""
+        child = pulumi.ResourceOptions(parent=self)
         queue = aws.sqs.Queue(f"{name}-interruptions", name=f"{args.cluster_name}-karpenter",
                               message_retention_seconds=300, kms_master_key_id=args.sqs_key_arn,
                               kms_data_key_reuse_period_seconds=300, tags=tags, opts=child)
@@ -263,20 +279,22 @@ class Karpenter(pulumi.ComponentResource):
                                             event_pattern=json.dumps(pattern), tags=tags, opts=child)
             aws.cloudwatch.EventTarget(f"{name}-{event}", rule=rule.name, arn=queue.arn, target_id="karpenter",
                                        opts=child)
+        return queue
 
-        node_role = aws.iam.Role(f"{name}-nodes", name=f"{args.cluster_name}-karpenter-nodes",
-                                 assume_role_policy=json.dumps(iam.service_trust("ec2.amazonaws.com")), tags=tags,
-                                 opts=child)
+    def _controller(self, name: str, args: KarpenterArgs, tags: dict[str, str], queue: aws.sqs.Queue) -> None:
+        """The nodes' role and access entry, the controller's role and Pod Identity, then both charts."""
+        child = pulumi.ResourceOptions(parent=self)
+        self.node_role = node_role = aws.iam.Role(
+            f"{name}-nodes", name=f"{args.cluster_name}-karpenter-nodes",
+            assume_role_policy=json.dumps(iam.service_trust("ec2.amazonaws.com")), tags=tags, opts=child)
         for i, arn in enumerate(iam.NODE_MANAGED_POLICIES):
             aws.iam.RolePolicyAttachment(f"{name}-nodes-{i}", role=node_role.name, policy_arn=arn, opts=child)
-        # Nodes Karpenter launches join through this access entry (API authentication mode).
         entry = aws.eks.AccessEntry(f"{name}-nodes", cluster_name=args.cluster_name, principal_arn=node_role.arn,
                                     type="EC2_LINUX", tags=tags,
                                     opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
-
-        controller = aws.iam.Role(f"{name}-controller", name=args.controller_role_name,
-                                  assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)), tags=tags,
-                                  opts=child)
+        self.controller_role = controller = aws.iam.Role(
+            f"{name}-controller", name=args.controller_role_name,
+            assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)), tags=tags, opts=child)
         aws.iam.RolePolicy(f"{name}-controller", role=controller.id, policy=pulumi.Output.all(
             args.cluster_arn, node_role.arn, queue.arn, args.ebs_key_arn, args.sqs_key_arn).apply(
             lambda a: json.dumps(iam.karpenter_controller_policy(
@@ -286,11 +304,10 @@ class Karpenter(pulumi.ComponentResource):
             f"{name}-controller", cluster_name=args.cluster_name, namespace=naming.KARPENTER_NAMESPACE,
             service_account=naming.KARPENTER_SERVICE_ACCOUNT, role_arn=controller.arn, tags=tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
-
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.depends_on))
         self.crds = k8s.helm.v3.Release(
             f"{name}-crd", name="karpenter-crd", chart=CRD_CHART, version=CHART_VERSION,
-            namespace=naming.KARPENTER_NAMESPACE, atomic=True, timeout=300, opts=k8s_opts)
+            namespace=naming.KARPENTER_NAMESPACE, atomic=True, timeout=300,
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.depends_on)))
         static = any(p.min_nodes > 0 for p, _ in args.pools)
         values = pulumi.Output.all(args.endpoint, queue.name).apply(lambda a: helm_values(
             cluster_name=args.cluster_name, endpoint=a[0], queue_name=a[1], system_selector=args.system_selector,
@@ -303,53 +320,46 @@ class Karpenter(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
                                         depends_on=[*args.depends_on, association, entry, self.crds]))
 
-        self.efa_security_group = None
-        if any(p.fabric for p, _ in args.pools):
-            sg = aws.ec2.SecurityGroup(f"{name}-efa", vpc_id=args.vpc_id, description="EFA: all traffic within the group",
-                                       tags={**tags, "Name": f"{args.cluster_name}-efa",
-                                             EFA_GROUP_TAG: args.cluster_name}, opts=child)
-            for rule in efa_security_group_rules():
-                cls = aws.vpc.SecurityGroupIngressRule if rule["direction"] == "ingress" else \
-                    aws.vpc.SecurityGroupEgressRule
-                cls(f"{name}-efa-self-{rule['direction']}", security_group_id=sg.id, ip_protocol=rule["ip_protocol"],
-                    referenced_security_group_id=sg.id, description="EFA peers", tags=tags, opts=child)
-            self.efa_security_group = sg
+    def _efa_security_group(self, name: str, args: KarpenterArgs, tags: dict[str, str]) -> aws.ec2.SecurityGroup:
+        """The security group of fabric nodes' EFA interfaces: all traffic between its members."""
+        child = pulumi.ResourceOptions(parent=self)
+        sg = aws.ec2.SecurityGroup(f"{name}-efa", vpc_id=args.vpc_id, description="EFA: all traffic within the group",
+                                   tags={**tags, "Name": f"{args.cluster_name}-efa",
+                                         EFA_GROUP_TAG: args.cluster_name}, opts=child)
+        for rule in efa_security_group_rules():
+            cls = aws.vpc.SecurityGroupIngressRule if rule["direction"] == "ingress" else \
+                aws.vpc.SecurityGroupEgressRule
+            cls(f"{name}-efa-self-{rule['direction']}", security_group_id=sg.id, ip_protocol=rule["ip_protocol"],
+                referenced_security_group_id=sg.id, description="EFA peers", tags=tags, opts=child)
+        return sg
 
-        ami = aws.ssm.get_parameter(name=nvidia_ami_parameter(args.kubernetes_version),
-                                    opts=pulumi.InvokeOptions(parent=self)).value
-        self.fabrics: dict[str, Fabric] = {}
-        self.node_pools: list[k8s.apiextensions.CustomResource] = []
-        self.placement_groups: dict[str, aws.ec2.PlacementGroup] = {}
-        for pool, spec in args.pools:
-            class_name = f"gpu-{pool.name}"
-            cards = network_cards(pool.instance_type, pulumi.InvokeOptions(parent=self)) if pool.fabric else 1
-            self.fabrics[pool.name] = fabric_for(pool, cards)
-            interfaces = efa_interfaces(cards) if pool.fabric else []
-            group_name: pulumi.Input[str] = ""
-            if wants_placement_group(pool):
-                pg = aws.ec2.PlacementGroup(f"{name}-{pool.name}", name=placement_group_name(args.cluster_name, pool),
-                                            strategy="cluster", tags=tags, opts=child)
-                self.placement_groups[pool.name] = pg
-                group_name = pg.name
-            class_spec = pulumi.Output.all(args.ebs_key_arn, node_role.name, group_name).apply(
-                lambda a, pool=pool, interfaces=interfaces: node_class_spec(
-                    cluster_name=args.cluster_name, node_role_name=a[1], ami_id=ami, ebs_key_arn=a[0], tags=tags,
-                    interfaces=interfaces, efa_group=pool.fabric, placement_group=a[2],
-                    reservation_id=pool.reservation_id))
-            # A fabric node class selects the EFA group by tag, so it must exist (tagged) first.
-            class_deps = [self.release] + ([self.efa_security_group] if pool.fabric else [])
-            node_class = k8s.apiextensions.CustomResource(
-                f"{name}-class-{pool.name}", api_version="karpenter.k8s.aws/v1", kind="EC2NodeClass",
-                metadata={"name": class_name}, spec=class_spec,
-                opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=class_deps))
-            pool_opts = pulumi.ResourceOptions(parent=self, provider=args.provider,
-                                               depends_on=[self.release, node_class])
-            for pool_name, pool_spec in node_pools(pool, spec, node_class=class_name, zones=args.zones,
-                                                   max_disrupted=args.health.max_concurrent_repairs).items():
-                self.node_pools.append(k8s.apiextensions.CustomResource(
-                    f"{name}-pool-{pool_name}", api_version="karpenter.sh/v1", kind="NodePool",
-                    metadata={"name": pool_name}, spec=pool_spec, opts=pool_opts))
-        self.queue_url = queue.url
-        self.node_role = node_role
-        self.controller_role = controller
-        self.register_outputs({"queue_url": queue.url, "release": self.release.name})
+    def _pool(self, name: str, args: KarpenterArgs, tags: dict[str, str], pool: GpuPoolSettings,
+              spec: InstanceSpec, ami: str) -> None:
+        """One GPU pool: its fabric, its placement group when it wants one, its EC2NodeClass and NodePools."""
+        class_name = f"gpu-{pool.name}"
+        cards = network_cards(pool.instance_type, pulumi.InvokeOptions(parent=self)) if pool.fabric else 1
+        self.fabrics[pool.name] = fabric_for(pool, cards)
+        interfaces = efa_interfaces(cards) if pool.fabric else []
+        group_name: pulumi.Input[str] = ""
+        if wants_placement_group(pool):
+            pg = aws.ec2.PlacementGroup(f"{name}-{pool.name}", name=placement_group_name(args.cluster_name, pool),
+                                        strategy="cluster", tags=tags, opts=pulumi.ResourceOptions(parent=self))
+            self.placement_groups[pool.name] = pg
+            group_name = pg.name
+        class_spec = pulumi.Output.all(args.ebs_key_arn, self.node_role.name, group_name).apply(
+            lambda a: node_class_spec(
+                cluster_name=args.cluster_name, node_role_name=a[1], ami_id=ami, ebs_key_arn=a[0], tags=tags,
+                interfaces=interfaces, efa_group=pool.fabric, placement_group=a[2],
+                reservation_id=pool.reservation_id))
+        # A fabric node class selects the EFA group by tag, so it must exist (tagged) first.
+        class_deps = [self.release] + ([self.efa_security_group] if pool.fabric else [])
+        node_class = k8s.apiextensions.CustomResource(
+            f"{name}-class-{pool.name}", api_version="karpenter.k8s.aws/v1", kind="EC2NodeClass",
+            metadata={"name": class_name}, spec=class_spec,
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=class_deps))
+        pool_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.release, node_class])
+        for pool_name, pool_spec in node_pools(pool, spec, node_class=class_name, zones=args.zones,
+                                               max_disrupted=args.health.max_concurrent_repairs).items():
+            self.node_pools.append(k8s.apiextensions.CustomResource(
+                f"{name}-pool-{pool_name}", api_version="karpenter.sh/v1", kind="NodePool",
+                metadata={"name": pool_name}, spec=pool_spec, opts=pool_opts))

@@ -110,45 +110,57 @@ class Network(pulumi.ComponentResource):
         super().__init__("gpu-train:aws:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         tags = dict(args.tags)
-        plan = plan_subnets(args.vpc_cidr, args.pod_cidr, args.zones)
-        self.plan = plan
-
+        self.plan = plan_subnets(args.vpc_cidr, args.pod_cidr, args.zones)
         vpc = aws.ec2.Vpc(name, cidr_block=args.vpc_cidr, enable_dns_hostnames=True, enable_dns_support=True,
                           tags={**tags, "Name": args.cluster_name}, opts=child)
+        self.vpc_id = vpc.id
         pod_range = aws.ec2.VpcIpv4CidrBlockAssociation(f"{name}-pods", vpc_id=vpc.id, cidr_block=args.pod_cidr,
                                                         opts=child)
         igw = aws.ec2.InternetGateway(name, vpc_id=vpc.id, tags={**tags, "Name": args.cluster_name}, opts=child)
+        public_subnets = self._subnets(name, args, tags, pod_range, igw)
+        private_rts = self._private_routes(name, args, tags, igw, public_subnets)
+        self.private_subnet_ids = [self.private_subnets[z].id for z in args.zones]
+        self._endpoints(name, args, tags, private_rts)
+        if args.flow_logs:
+            self._flow_logs(name, args, tags)
+        self.database_subnets = self._database_subnets(name, args, tags) if args.database_subnets else {}
+        self.database_cidrs = [z.database for z in self.plan] if args.database_subnets else []
+        self.register_outputs({"vpc_id": self.vpc_id, "private_subnet_ids": self.private_subnet_ids})
 
-        public_rt = aws.ec2.RouteTable(f"{name}-public", vpc_id=vpc.id, tags={**tags, "Name": f"{name}-public"},
+    def _subnets(self, name: str, args: NetworkArgs, tags: dict[str, str], pod_range: pulumi.Resource,
+                 igw: aws.ec2.InternetGateway) -> dict[str, aws.ec2.Subnet]:
+        """The public route table and each zone's public (NAT), node and pod subnets; returns the public ones."""
+        child = pulumi.ResourceOptions(parent=self)
+        public_rt = aws.ec2.RouteTable(f"{name}-public", vpc_id=self.vpc_id, tags={**tags, "Name": f"{name}-public"},
                                        opts=child)
         aws.ec2.Route(f"{name}-public-default", route_table_id=public_rt.id, destination_cidr_block="0.0.0.0/0",
                       gateway_id=igw.id, opts=child)
-
         discovery = {"karpenter.sh/discovery": args.cluster_name}
         public_subnets: dict[str, aws.ec2.Subnet] = {}
-        private_subnets: dict[str, aws.ec2.Subnet] = {}
-        pod_subnets: dict[str, aws.ec2.Subnet] = {}
-        for z in plan:
-            public_subnets[z.zone] = aws.ec2.Subnet(
-                f"{name}-public-{z.zone}", vpc_id=vpc.id, cidr_block=z.public, availability_zone=z.zone,
-                # NAT gateways get Elastic IPs; nothing launched here may get a public address by default.
-                map_public_ip_on_launch=False,
-                tags={**tags, "Name": f"{args.cluster_name}-public-{z.zone}", "gpu-train.io/tier": "nat"},
-                opts=child)
+        self.private_subnets: dict[str, aws.ec2.Subnet] = {}
+        self.pod_subnets: dict[str, aws.ec2.Subnet] = {}
+        for z in self.plan:
+            public_subnets[z.zone] = self._subnet(name, args, tags, "public", z.zone, z.public, "nat", child)
             aws.ec2.RouteTableAssociation(f"{name}-public-{z.zone}", subnet_id=public_subnets[z.zone].id,
                                           route_table_id=public_rt.id, opts=child)
-            private_subnets[z.zone] = aws.ec2.Subnet(
-                f"{name}-private-{z.zone}", vpc_id=vpc.id, cidr_block=z.private, availability_zone=z.zone,
-                map_public_ip_on_launch=False,
-                tags={**tags, **discovery, "Name": f"{args.cluster_name}-private-{z.zone}",
-                      "kubernetes.io/role/internal-elb": "1", "gpu-train.io/tier": "nodes"},
-                opts=child)
-            pod_subnets[z.zone] = aws.ec2.Subnet(
-                f"{name}-pods-{z.zone}", vpc_id=vpc.id, cidr_block=z.pods, availability_zone=z.zone,
-                map_public_ip_on_launch=False,
-                tags={**tags, "Name": f"{args.cluster_name}-pods-{z.zone}", "gpu-train.io/tier": "pods"},
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[pod_range]))
+            self.private_subnets[z.zone] = self._subnet(
+                name, args, {**tags, **discovery, "kubernetes.io/role/internal-elb": "1"}, "private", z.zone,
+                z.private, "nodes", child)
+            self.pod_subnets[z.zone] = self._subnet(name, args, tags, "pods", z.zone, z.pods, "pods",
+                                                    pulumi.ResourceOptions(parent=self, depends_on=[pod_range]))
+        return public_subnets
 
+    def _subnet(self, name: str, args: NetworkArgs, tags: dict[str, str], kind: str, zone: str, cidr: str, tier: str,
+                opts: pulumi.ResourceOptions) -> aws.ec2.Subnet:
+        """One subnet `<component>-<kind>-<zone>` tagged with its tier; no public address on launch."""
+        return aws.ec2.Subnet(f"{name}-{kind}-{zone}", vpc_id=self.vpc_id, cidr_block=cidr, availability_zone=zone,
+                              map_public_ip_on_launch=False, opts=opts,
+                              tags={**tags, "Name": f"{args.cluster_name}-{kind}-{zone}", "gpu-train.io/tier": tier})
+
+    def _private_routes(self, name: str, args: NetworkArgs, tags: dict[str, str], igw: aws.ec2.InternetGateway,
+                        public_subnets: Mapping[str, aws.ec2.Subnet]) -> list[aws.ec2.RouteTable]:
+        """The NAT gateways, and per zone a route table for its node and pod subnets through its (or the) NAT."""
+        child = pulumi.ResourceOptions(parent=self)
         nats: dict[str, aws.ec2.NatGateway] = {}
         for zone in nat_zones(args.zones, args.nat):
             eip = aws.ec2.Eip(f"{name}-nat-{zone}", domain="vpc", tags={**tags, "Name": f"{name}-nat-{zone}"},
@@ -157,73 +169,65 @@ class Network(pulumi.ComponentResource):
                                             subnet_id=public_subnets[zone].id,
                                             tags={**tags, "Name": f"{args.cluster_name}-{zone}"},
                                             opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]))
-
         private_rts = []
-        for z in plan:
+        for z in self.plan:
             nat = nats.get(z.zone) or nats[next(iter(nats))]
-            rt = aws.ec2.RouteTable(f"{name}-private-{z.zone}", vpc_id=vpc.id,
+            rt = aws.ec2.RouteTable(f"{name}-private-{z.zone}", vpc_id=self.vpc_id,
                                     tags={**tags, "Name": f"{name}-private-{z.zone}"}, opts=child)
             aws.ec2.Route(f"{name}-private-{z.zone}-default", route_table_id=rt.id,
                           destination_cidr_block="0.0.0.0/0", nat_gateway_id=nat.id, opts=child)
-            for kind, subnet in (("nodes", private_subnets[z.zone]), ("pods", pod_subnets[z.zone])):
+            for kind, subnet in (("nodes", self.private_subnets[z.zone]), ("pods", self.pod_subnets[z.zone])):
                 aws.ec2.RouteTableAssociation(f"{name}-{kind}-{z.zone}", subnet_id=subnet.id, route_table_id=rt.id,
                                               opts=child)
             private_rts.append(rt)
+        return private_rts
 
-        # Endpoints: S3 as a free gateway endpoint on the private route tables; the rest as interface
-        # endpoints with private DNS, reachable on 443 from inside the VPC only (both CIDRs: pods use
-        # the secondary range).
+    def _endpoints(self, name: str, args: NetworkArgs, tags: dict[str, str],
+                   private_rts: Sequence[aws.ec2.RouteTable]) -> None:
+        """S3 as a free gateway endpoint on the private route tables; the rest as interface endpoints with
+        private DNS, reachable on 443 from inside the VPC only (both CIDRs: pods use the secondary range)."""
+        child = pulumi.ResourceOptions(parent=self)
         self.endpoint_sg = aws.ec2.SecurityGroup(
-            f"{name}-endpoints", vpc_id=vpc.id, description="HTTPS from inside the VPC to AWS API endpoints",
+            f"{name}-endpoints", vpc_id=self.vpc_id, description="HTTPS from inside the VPC to AWS API endpoints",
             ingress=[aws.ec2.SecurityGroupIngressArgs(protocol="tcp", from_port=443, to_port=443,
                                                       cidr_blocks=[args.vpc_cidr, args.pod_cidr],
                                                       description="HTTPS from nodes and pods")],
             tags={**tags, "Name": f"{args.cluster_name}-endpoints"}, opts=child)
-        aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{args.region}.s3",
+        aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=self.vpc_id, service_name=f"com.amazonaws.{args.region}.s3",
                             vpc_endpoint_type="Gateway", route_table_ids=[rt.id for rt in private_rts],
                             tags={**tags, "Name": f"{args.cluster_name}-s3"}, opts=child)
-        subnet_ids = [private_subnets[z].id for z in args.zones]
         for service in INTERFACE_ENDPOINTS:
-            aws.ec2.VpcEndpoint(f"{name}-{service.replace('.', '-')}", vpc_id=vpc.id,
+            aws.ec2.VpcEndpoint(f"{name}-{service.replace('.', '-')}", vpc_id=self.vpc_id,
                                 service_name=f"com.amazonaws.{args.region}.{service}",
-                                vpc_endpoint_type="Interface", private_dns_enabled=True, subnet_ids=subnet_ids,
-                                security_group_ids=[self.endpoint_sg.id],
+                                vpc_endpoint_type="Interface", private_dns_enabled=True,
+                                subnet_ids=self.private_subnet_ids, security_group_ids=[self.endpoint_sg.id],
                                 tags={**tags, "Name": f"{args.cluster_name}-{service}"}, opts=child)
 
-        if args.flow_logs:
-            log_group = aws.cloudwatch.LogGroup(f"{name}-flow-logs", name=f"/aws/vpc/{args.cluster_name}/flow-logs",
-                                                retention_in_days=90, kms_key_id=args.logs_key_arn, tags=tags,
-                                                opts=child)
-            role = aws.iam.Role(f"{name}-flow-logs",
-                                assume_role_policy=json.dumps(service_trust("vpc-flow-logs.amazonaws.com", args.account_id)),
-                                tags=tags, opts=child)
-            aws.iam.RolePolicy(f"{name}-flow-logs", role=role.id,
-                               policy=log_group.arn.apply(lambda arn: json.dumps(flow_logs_policy(arn))),
-                               opts=child)
-            aws.ec2.FlowLog(f"{name}", vpc_id=vpc.id, traffic_type="ALL", log_destination_type="cloud-watch-logs",
-                            log_destination=log_group.arn, iam_role_arn=role.arn, max_aggregation_interval=60,
+    def _flow_logs(self, name: str, args: NetworkArgs, tags: dict[str, str]) -> None:
+        """VPC flow logs to an encrypted log group, written through a role scoped to that group."""
+        child = pulumi.ResourceOptions(parent=self)
+        log_group = aws.cloudwatch.LogGroup(f"{name}-flow-logs", name=f"/aws/vpc/{args.cluster_name}/flow-logs",
+                                            retention_in_days=90, kms_key_id=args.logs_key_arn, tags=tags,
+                                            opts=child)
+        role = aws.iam.Role(f"{name}-flow-logs",
+                            assume_role_policy=json.dumps(service_trust("vpc-flow-logs.amazonaws.com", args.account_id)),
                             tags=tags, opts=child)
+        aws.iam.RolePolicy(f"{name}-flow-logs", role=role.id,
+                           policy=log_group.arn.apply(lambda arn: json.dumps(flow_logs_policy(arn))),
+                           opts=child)
+        aws.ec2.FlowLog(f"{name}", vpc_id=self.vpc_id, traffic_type="ALL", log_destination_type="cloud-watch-logs",
+                        log_destination=log_group.arn, iam_role_arn=role.arn, max_aggregation_interval=60,
+                        tags=tags, opts=child)
 
-        # Database subnets: one small subnet per AZ, on a route table with only the VPC-local route
-        # (no NAT, no internet): a database here can answer clients inside the VPC and nothing else.
-        self.database_subnets: dict[str, aws.ec2.Subnet] = {}
-        self.database_cidrs: list[str] = []
-        if args.database_subnets:
-            db_rt = aws.ec2.RouteTable(f"{name}-database", vpc_id=vpc.id,
-                                       tags={**tags, "Name": f"{args.cluster_name}-database"}, opts=child)
-            for z in plan:
-                subnet = aws.ec2.Subnet(
-                    f"{name}-database-{z.zone}", vpc_id=vpc.id, cidr_block=z.database, availability_zone=z.zone,
-                    map_public_ip_on_launch=False,
-                    tags={**tags, "Name": f"{args.cluster_name}-database-{z.zone}", "gpu-train.io/tier": "database"},
-                    opts=child)
-                aws.ec2.RouteTableAssociation(f"{name}-database-{z.zone}", subnet_id=subnet.id,
-                                              route_table_id=db_rt.id, opts=child)
-                self.database_subnets[z.zone] = subnet
-                self.database_cidrs.append(z.database)
-
-        self.vpc_id = vpc.id
-        self.private_subnet_ids = subnet_ids
-        self.private_subnets = private_subnets
-        self.pod_subnets = pod_subnets
-        self.register_outputs({"vpc_id": self.vpc_id, "private_subnet_ids": subnet_ids})
+    def _database_subnets(self, name: str, args: NetworkArgs, tags: dict[str, str]) -> dict[str, aws.ec2.Subnet]:
+        """One small subnet per AZ, on a route table with only the VPC-local route (no NAT, no internet): a
+        database here can answer clients inside the VPC and nothing else."""
+        child = pulumi.ResourceOptions(parent=self)
+        db_rt = aws.ec2.RouteTable(f"{name}-database", vpc_id=self.vpc_id,
+                                   tags={**tags, "Name": f"{args.cluster_name}-database"}, opts=child)
+        subnets = {}
+        for z in self.plan:
+            subnets[z.zone] = self._subnet(name, args, tags, "database", z.zone, z.database, "database", child)
+            aws.ec2.RouteTableAssociation(f"{name}-database-{z.zone}", subnet_id=subnets[z.zone].id,
+                                          route_table_id=db_rt.id, opts=child)
+        return subnets

@@ -31,7 +31,8 @@ kept to the constructs above and tested against hand-worked cases.
 AWS-managed policies attached to roles are not in the plan; the check counts them as granting no KMS
 use on customer keys, which is what AWS documents for the ones attached here (AmazonEKSClusterPolicy,
 AmazonEBSCSIDriverPolicy, the node policies). The identity running `pulumi up` is assumed to be an
-administrator of the account (docs/aws.md, Deploying).
+administrator of the account (docs/aws.md, Deploying). Over 400 lines: the evaluator and the consumers it
+decides on are one check, read together.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -394,47 +395,7 @@ def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def consumers(plan: Mapping[str, Any]) -> list[Consumer]:
     g = _Graph(plan)
     region, account = g.region, g.account
-    out: list[Consumer] = []
-
-    # EBS through EC2 Auto Scaling: managed node groups launch with their launch template's volumes.
-    asg = Principal(arn=f"arn:aws:iam::{account}:role/{AUTOSCALING_ROLE}", account=account)
-    for ng in g.of("aws:eks/nodeGroup:NodeGroup"):
-        template = ng["inputs"].get("launchTemplate") or {}
-        lt = g.find("aws:ec2/launchTemplate:LaunchTemplate", template.get("id") or template.get("name"), "name")
-        for bdm in (lt or {}).get("inputs", {}).get("blockDeviceMappings") or []:
-            key = (bdm.get("ebs") or {}).get("kmsKeyId")
-            if key:
-                out.append(Consumer(what=ng["urn"], why="managed node group volumes (EC2 Auto Scaling)",
-                                    principal=asg, key_arn=key, need=EBS, context=_via("ec2", region),
-                                    grant_context=_grant()))
-
-    # EBS through Karpenter: the controller's role launches EC2NodeClass volumes.
-    karpenter = next((r for r in g.of("kubernetes:helm.sh/v3:Release")
-                      if str(r["inputs"].get("chart", "")).rstrip("/").endswith("/karpenter")), None)
-    for nc in g.of("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"):
-        for bdm in _spec(nc).get("blockDeviceMappings") or []:
-            key = (bdm.get("ebs") or {}).get("kmsKeyID")
-            if not key:
-                continue
-            if karpenter is None:
-                raise ValueError(f"{nc['urn']}: an EC2NodeClass but no Karpenter release in the plan")
-            sa = ((karpenter["inputs"].get("values") or {}).get("serviceAccount") or {}).get("name", "karpenter")
-            role = g.service_account_role(karpenter["inputs"].get("namespace", ""), sa)
-            if role is None:
-                raise ValueError(f"no Pod Identity association binds Karpenter's service account {sa!r} to a role")
-            out.append(Consumer(what=nc["urn"], why="Karpenter node volumes", principal=role, key_arn=key, need=EBS,
-                                context=_via("ec2", region), grant_context=_grant()))
-
-    # EBS through the EBS CSI driver: persistent volumes of an encrypted StorageClass.
-    for sc in g.of("kubernetes:storage.k8s.io/v1:StorageClass"):
-        params = sc["inputs"].get("parameters") or {}
-        if sc["inputs"].get("provisioner") == "ebs.csi.aws.com" and params.get("kmsKeyId"):
-            role = g.service_account_role("kube-system", "ebs-csi-controller-sa")
-            if role is None:
-                raise ValueError("an EBS StorageClass with a KMS key but no role for the EBS CSI controller")
-            out.append(Consumer(what=sc["urn"], why="EBS CSI persistent volumes", principal=role,
-                                key_arn=params["kmsKeyId"], need=EBS, context=_via("ec2", region),
-                                grant_context=_grant()))
+    out: list[Consumer] = list(_volume_consumers(g))
 
     # CloudWatch Logs encrypts each log group under its own encryption context.
     logs = Principal(service=f"logs.{region}.amazonaws.com")
@@ -445,26 +406,8 @@ def consumers(plan: Mapping[str, Any]) -> list[Consumer]:
             out.append(Consumer(what=lg["urn"], why="log group encryption", principal=logs, key_arn=key, need=LOGS,
                                 context={"kms:EncryptionContext:aws:logs:arn": arn}))
 
-    # SQS: EventBridge sends through the targets that point at the queue; roles that may receive decrypt.
     roles = g.roles()
-    for q in g.of("aws:sqs/queue:Queue"):
-        key = q["inputs"].get("kmsMasterKeyId")
-        if not key:
-            continue
-        queue_arn = g.out(q, "arn")
-        for target in g.of("aws:cloudwatch/eventTarget:EventTarget"):
-            if target["inputs"].get("arn") == queue_arn:
-                rule = g.find("aws:cloudwatch/eventRule:EventRule", target["inputs"].get("rule"), "name")
-                rule_arn = g.out(rule, "arn") if rule else ""
-                out.append(Consumer(what=target["urn"], why="EventBridge sends to the encrypted queue",
-                                    principal=Principal(service="events.amazonaws.com"), key_arn=key, need=SQS_SEND,
-                                    context={"aws:SourceAccount": account, "aws:SourceArn": rule_arn,
-                                             **_via("sqs", region)}))
-        for role in roles:
-            if _identity_allows(role.policies, "sqs:ReceiveMessage", queue_arn):
-                out.append(Consumer(what=q["urn"], why="receives from the encrypted queue", principal=role,
-                                    key_arn=key, need=SQS_RECEIVE, context=_via("sqs", region)))
-
+    out += _queue_consumers(g, roles)
     deployer = g.deployer()
     for repo in g.of("aws:ecr/repository:Repository"):
         for enc in repo["inputs"].get("encryptionConfigurations") or []:
@@ -482,7 +425,81 @@ def consumers(plan: Mapping[str, Any]) -> list[Consumer]:
                                 principal=deployer, key_arn=key, need=EKS_CREATE, context=_via("eks", region),
                                 grant_context=_grant()))
 
-    # S3: every role that may read or write objects of an SSE-KMS bucket.
+    out += _bucket_consumers(g, roles)
+    for db in g.of("aws:rds/instance:Instance"):
+        for prop in ("kmsKeyId", "performanceInsightsKmsKeyId"):
+            key = db["inputs"].get(prop)
+            if key:
+                out.append(Consumer(what=db["urn"], why=f"database {prop}", principal=deployer, key_arn=key,
+                                    need=RDS, context=_via("rds", region), grant_context=_grant()))
+    return out
+
+
+def _volume_consumers(g: _Graph) -> Iterator[Consumer]:
+    """Encrypted EBS volumes, by who creates them: node groups, Karpenter, the EBS CSI driver."""
+    via_ec2 = _via("ec2", g.region)
+    # EBS through EC2 Auto Scaling: managed node groups launch with their launch template's volumes.
+    asg = Principal(arn=f"arn:aws:iam::{g.account}:role/{AUTOSCALING_ROLE}", account=g.account)
+    for ng in g.of("aws:eks/nodeGroup:NodeGroup"):
+        template = ng["inputs"].get("launchTemplate") or {}
+        lt = g.find("aws:ec2/launchTemplate:LaunchTemplate", template.get("id") or template.get("name"), "name")
+        for bdm in (lt or {}).get("inputs", {}).get("blockDeviceMappings") or []:
+            key = (bdm.get("ebs") or {}).get("kmsKeyId")
+            if key:
+                yield Consumer(what=ng["urn"], why="managed node group volumes (EC2 Auto Scaling)", principal=asg,
+                               key_arn=key, need=EBS, context=via_ec2, grant_context=_grant())
+
+    # EBS through Karpenter: the controller's role launches EC2NodeClass volumes.
+    karpenter = next((r for r in g.of("kubernetes:helm.sh/v3:Release")
+                      if str(r["inputs"].get("chart", "")).rstrip("/").endswith("/karpenter")), None)
+    for nc in g.of("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"):
+        for bdm in _spec(nc).get("blockDeviceMappings") or []:
+            key = (bdm.get("ebs") or {}).get("kmsKeyID")
+            if not key:
+                continue
+            if karpenter is None:
+                raise ValueError(f"{nc['urn']}: an EC2NodeClass but no Karpenter release in the plan")
+            sa = ((karpenter["inputs"].get("values") or {}).get("serviceAccount") or {}).get("name", "karpenter")
+            role = g.service_account_role(karpenter["inputs"].get("namespace", ""), sa)
+            if role is None:
+                raise ValueError(f"no Pod Identity association binds Karpenter's service account {sa!r} to a role")
+            yield Consumer(what=nc["urn"], why="Karpenter node volumes", principal=role, key_arn=key, need=EBS,
+                           context=via_ec2, grant_context=_grant())
+
+    # EBS through the EBS CSI driver: persistent volumes of an encrypted StorageClass.
+    for sc in g.of("kubernetes:storage.k8s.io/v1:StorageClass"):
+        params = sc["inputs"].get("parameters") or {}
+        if sc["inputs"].get("provisioner") == "ebs.csi.aws.com" and params.get("kmsKeyId"):
+            role = g.service_account_role("kube-system", "ebs-csi-controller-sa")
+            if role is None:
+                raise ValueError("an EBS StorageClass with a KMS key but no role for the EBS CSI controller")
+            yield Consumer(what=sc["urn"], why="EBS CSI persistent volumes", principal=role,
+                           key_arn=params["kmsKeyId"], need=EBS, context=via_ec2, grant_context=_grant())
+
+
+def _queue_consumers(g: _Graph, roles: Sequence[Principal]) -> Iterator[Consumer]:
+    """SQS: EventBridge sends through the targets that point at the queue; roles that may receive decrypt."""
+    for q in g.of("aws:sqs/queue:Queue"):
+        key = q["inputs"].get("kmsMasterKeyId")
+        if not key:
+            continue
+        queue_arn = g.out(q, "arn")
+        for target in g.of("aws:cloudwatch/eventTarget:EventTarget"):
+            if target["inputs"].get("arn") == queue_arn:
+                rule = g.find("aws:cloudwatch/eventRule:EventRule", target["inputs"].get("rule"), "name")
+                rule_arn = g.out(rule, "arn") if rule else ""
+                yield Consumer(what=target["urn"], why="EventBridge sends to the encrypted queue",
+                               principal=Principal(service="events.amazonaws.com"), key_arn=key, need=SQS_SEND,
+                               context={"aws:SourceAccount": g.account, "aws:SourceArn": rule_arn,
+                                        **_via("sqs", g.region)})
+        for role in roles:
+            if _identity_allows(role.policies, "sqs:ReceiveMessage", queue_arn):
+                yield Consumer(what=q["urn"], why="receives from the encrypted queue", principal=role,
+                               key_arn=key, need=SQS_RECEIVE, context=_via("sqs", g.region))
+
+
+def _bucket_consumers(g: _Graph, roles: Sequence[Principal]) -> Iterator[Consumer]:
+    """S3: every role that may read or write objects of an SSE-KMS bucket."""
     for sse in g.of("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"):
         bucket = g.find("aws:s3/bucket:Bucket", sse["inputs"].get("bucket"), "bucket")
         for rule in sse["inputs"].get("rules") or []:
@@ -492,22 +509,14 @@ def consumers(plan: Mapping[str, Any]) -> list[Consumer]:
                 continue
             name = g.out(bucket, "bucket")
             # With a bucket key the encryption context is the bucket's ARN.
-            ctx = {**_via("s3", region), "kms:EncryptionContext:aws:s3:arn": f"arn:aws:s3:::{name}"}
+            ctx = {**_via("s3", g.region), "kms:EncryptionContext:aws:s3:arn": f"arn:aws:s3:::{name}"}
             for role in roles:
                 if _identity_allows_prefix(role.policies, "s3:PutObject", f"arn:aws:s3:::{name}/"):
-                    out.append(Consumer(what=bucket["urn"], why="writes objects", principal=role, key_arn=key,
-                                        need=S3_WRITE, context=ctx))
+                    yield Consumer(what=bucket["urn"], why="writes objects", principal=role, key_arn=key,
+                                   need=S3_WRITE, context=ctx)
                 elif _identity_allows_prefix(role.policies, "s3:GetObject", f"arn:aws:s3:::{name}/"):
-                    out.append(Consumer(what=bucket["urn"], why="reads objects", principal=role, key_arn=key,
-                                        need=S3_READ, context=ctx))
-
-    for db in g.of("aws:rds/instance:Instance"):
-        for prop in ("kmsKeyId", "performanceInsightsKmsKeyId"):
-            key = db["inputs"].get(prop)
-            if key:
-                out.append(Consumer(what=db["urn"], why=f"database {prop}", principal=deployer, key_arn=key,
-                                    need=RDS, context=_via("rds", region), grant_context=_grant()))
-    return out
+                    yield Consumer(what=bucket["urn"], why="reads objects", principal=role, key_arn=key,
+                                   need=S3_READ, context=ctx)
 
 
 def _identity_allows(policies: Sequence[Mapping[str, Any]], action: str, resource: str) -> bool:
