@@ -3,7 +3,7 @@
 Usage: `json.dumps(trainer_policy("research", datasets_bucket="b1", checkpoints_bucket="b2", s3_key_arn=k))`.
 
 Each document is scoped to exact buckets, prefixes, keys, queues and the cluster's tags. Tests read
-them directly (tests/infra/aws/test_iam.py). Over 400 lines because the documents are data, kept together.
+them directly (tests/infra/aws/test_iam.py). Over 400 lines because the policy documents are data, each kept whole.
 """
 
 from __future__ import annotations

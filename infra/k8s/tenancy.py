@@ -18,6 +18,9 @@ Kueue 0.19.2 stores kueue.x-k8s.io/v1beta2 and reads a config.kueue.x-k8s.io/v1b
 (strictly: unknown fields stop the controller). Field names follow apis/kueue/v1beta2 and
 apis/config/v1beta2 at that tag (github.com/kubernetes-sigs/kueue): a ClusterQueue names its cohort
 in `cohortName`, and waitForPodsReady has no `enable` switch (the section's presence turns it on).
+
+Over 400 lines because the queues, quotas, Roles and accounts of the teams are one model of tenancy: each names the
+same teams, pools and namespaces, and the Roles are what the team command and the sweep controller may do.
 """
 
 from __future__ import annotations

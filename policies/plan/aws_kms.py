@@ -31,7 +31,7 @@ kept to the constructs above and tested against hand-worked cases.
 AWS-managed policies attached to roles are not in the plan; the check counts them as granting no KMS
 use on customer keys, which is what AWS documents for the ones attached here (AmazonEKSClusterPolicy,
 AmazonEBSCSIDriverPolicy, the node policies). The identity running `pulumi up` is assumed to be an
-administrator of the account (docs/aws.md, Deploying). Over 400 lines: the evaluator and the consumers it
+administrator of the account (docs/aws.md, Deploying). Over 400 lines because the evaluator and the consumers it
 decides on are one check, read together.
 """
 
