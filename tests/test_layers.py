@@ -25,15 +25,25 @@ Every `import` and `from ... import` of every module counts, including the ones 
   controller or Optuna (no Optuna code runs in a trial).
 - No import cycle between modules of the project.
 - A module of over 400 lines says why in its docstring ("Over 400 lines because ...").
+- The cloud layers' components take the values they use: no field of an `*Args` dataclass in infra/aws or infra/gcp
+  holds the whole StackSettings (each `build_platform` reads the settings and hands out the fields). This rule is
+  read from the imported dataclasses' resolved field types, not from the source text.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import dataclasses
+import importlib
+import typing
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import pulumi
+import pulumi.output
 import pytest
+
+from gpu_train.spec.settings import ClusterSettings, StackSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("gpu_train", "infra", "policies", "trainer", "tools")
@@ -247,3 +257,59 @@ def test_a_module_over_400_lines_says_why():
             if text.count("\n") > 400 and "Over 400 lines because" not in (ast.get_docstring(ast.parse(text)) or ""):
                 unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
     assert not unexplained, "modules over 400 lines whose docstring gives no reason: " + ", ".join(unexplained)
+
+
+def holds(hint: object, target: type) -> bool:
+    """Whether a resolved type hint is `target` or has it inside (`X | None`, `Sequence[X]`, `dict[str, X]`)."""
+    return hint is target or any(holds(arg, target) for arg in typing.get_args(hint))
+
+
+def args_classes(layer: str) -> list[type]:
+    """The `*Args` dataclasses defined in the modules of a layer."""
+    found = []
+    for name in sorted(m for m in MODULES if in_layer(m, layer)):
+        for obj in vars(importlib.import_module(name)).values():
+            if (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == name
+                    and obj.__name__.endswith("Args")):
+                found.append(obj)
+    return found
+
+
+def settings_fields(cls: type) -> list[str]:
+    """The fields of a dataclass whose resolved type holds StackSettings."""
+    # pulumi.Input[T] is Union[T, Awaitable[T], "Output[T]"]: that forward reference resolves in pulumi.output.
+    hints = typing.get_type_hints(cls, localns={"Output": pulumi.output.Output, "T": pulumi.output.T})
+    return [f"{cls.__module__}.{cls.__name__}.{f.name}" for f in dataclasses.fields(cls)
+            if holds(hints[f.name], StackSettings)]
+
+
+# A few components of each cloud layer, so the check cannot pass by finding nothing.
+KNOWN_ARGS = {
+    "infra.aws": {"NetworkArgs", "StorageArgs", "ClusterArgs", "KeysArgs", "DatabaseArgs"},
+    "infra.gcp": {"GkeClusterArgs", "DatabaseArgs", "GpuNodePoolArgs", "IdentitiesArgs", "KeysArgs", "NetworkArgs",
+                  "ArtifactRegistryArgs", "ProjectServicesArgs", "StorageArgs"},
+}
+
+
+@pytest.mark.parametrize("layer", sorted(KNOWN_ARGS))
+def test_cloud_components_take_fields_not_the_stack_settings(layer):
+    classes = args_classes(layer)
+    assert KNOWN_ARGS[layer] <= {c.__name__ for c in classes}
+    bad = [f for cls in classes for f in settings_fields(cls)]
+    assert bad == [], "take the fields the component uses instead:\n" + "\n".join(bad)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WholeSettingsArgs:
+    """What the check refuses: the whole settings, bare or inside other types (and a sub-model, which it allows)."""
+
+    cfg: StackSettings
+    maybe: StackSettings | None = None
+    many: Sequence[StackSettings] = ()
+    cluster: ClusterSettings = dataclasses.field(default_factory=ClusterSettings)
+    key: pulumi.Input[str] = ""
+
+
+def test_the_settings_field_check_sees_the_settings_inside_other_types():
+    """The check above would pass if it never recognised a StackSettings field: prove it does."""
+    assert [f.rsplit(".", 1)[1] for f in settings_fields(WholeSettingsArgs)] == ["cfg", "maybe", "many"]

@@ -1,9 +1,12 @@
 """GKE Standard cluster: private nodes, Workload Identity, Dataplane V2, CMEK, system pool.
 
 Usage (inside the Pulumi program; `build_platform` does this):
-    cluster = GkeCluster("cluster", GkeClusterArgs(cfg=cfg, labels=tags, network=net.network,
+    cluster = GkeCluster("cluster", GkeClusterArgs(stack=cfg.stack, project=..., region=..., zones=...,
+                         settings=cfg.cluster, vpc_cidr=..., security_group=rbac_security_group(cfg.teams),
+                         node_repair=True, deletion_protection=True, labels=tags, network=net.network,
                          subnet=net.subnet, database_key=..., disk_key=..., multi_networking=True,
                          registry=reg.repository), opts)
+    cluster.location   # the region (regional control plane) or zones[0]; the GPU pools live there too
     cluster.provider   # pulumi_kubernetes provider for everything in infra/k8s/
     cluster.node_service_account.email   # GPU pools use the same least-privilege account
     cluster.dns_endpoint   # gke-<id>.<location>.gke.goog, what the kubeconfig talks to
@@ -20,13 +23,14 @@ Team groups in Kubernetes RBAC (infra/k8s/tenancy.py binds `Group` subjects by e
 with Google Groups for RBAC: the cluster names the `gke-security-groups@<domain>` group that the
 team groups are members of (https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac).
 
-`kubeconfig(...)`, `location(cfg)`, `rbac_security_group(cfg)` and `maintenance_exclusion()` are
-pure and tested without mocks.
+`kubeconfig(...)`, `location(...)`, `authorized_networks(...)`, `rbac_security_group(teams)` and
+`maintenance_exclusion()` are pure and tested without mocks.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -34,7 +38,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from gpu_train.spec import naming
-from gpu_train.spec.settings import StackSettings
+from gpu_train.spec.settings import ClusterSettings, TeamSettings
 from infra.gcp.network import POD_RANGE, SERVICE_RANGE
 from infra.gcp.settings_checks import gke_security_group
 
@@ -58,22 +62,22 @@ WINDOW_START, WINDOW_END, WINDOW_RECURRENCE = ("2025-01-04T02:00:00Z", "2025-01-
                                                "FREQ=WEEKLY;BYDAY=SA,SU")
 
 
-def location(cfg: StackSettings) -> str:
+def location(region: str, zones: Sequence[str], regional: bool) -> str:
     """Regional control plane (three replicas) or zonal (zones[0]) per cluster.regional."""
-    return cfg.region if cfg.cluster.regional else cfg.zones[0]
+    return region if regional else zones[0]
 
 
 def workload_pool(project: str) -> str:
     return f"{project}.svc.id.goog"
 
 
-def authorized_networks(cfg: StackSettings) -> list[dict[str, str]]:
+def authorized_networks(vpc_cidr: str, cluster: ClusterSettings) -> list[dict[str, str]]:
     """Who may reach the API server: the node network always, plus the configured CIDRs when
     the public endpoint is on (config validation already refuses 0.0.0.0/0)."""
-    nets = [{"cidr_block": cfg.network.vpc_cidr, "display_name": "nodes"}]
-    if cfg.cluster.endpoint_public_access:
+    nets = [{"cidr_block": vpc_cidr, "display_name": "nodes"}]
+    if cluster.endpoint_public_access:
         nets += [{"cidr_block": c, "display_name": f"operators-{i}"}
-                 for i, c in enumerate(cfg.cluster.public_access_cidrs)]
+                 for i, c in enumerate(cluster.public_access_cidrs)]
     return nets
 
 
@@ -83,10 +87,10 @@ def maintenance_exclusion() -> dict[str, object]:
                                   "end_time_behavior": "UNTIL_END_OF_SUPPORT"}}
 
 
-def rbac_security_group(cfg: StackSettings) -> str | None:
+def rbac_security_group(teams: Sequence[TeamSettings]) -> str | None:
     """The Google Groups for RBAC security group of the teams' groups (checked with the settings:
     infra.gcp.settings_checks.gke_group_problems); None when no team names a group."""
-    return gke_security_group(cfg.teams)
+    return gke_security_group(teams)
 
 
 def kubeconfig(name: str, dns_endpoint: str) -> str:
@@ -116,7 +120,15 @@ def shielded_config() -> gcp.container.NodePoolNodeConfigShieldedInstanceConfigA
 
 @dataclass(frozen=True, kw_only=True)
 class GkeClusterArgs:
-    cfg: StackSettings  # cluster settings
+    stack: str  # the Pulumi stack name (names the cluster and the node service account)
+    project: str  # GCP project id (also names the Workload Identity pool)
+    region: str  # the cluster's region (its location when regional; the registry's location)
+    zones: Sequence[str]  # node zones of a regional cluster; zones[0] is a zonal cluster's location
+    settings: ClusterSettings  # gpu-train:cluster (version, channel, endpoint access, system pool, ranges)
+    vpc_cidr: str  # the node range, always allowed to reach the API server
+    security_group: str | None  # Google Groups for RBAC group (rbac_security_group); None: off
+    node_repair: bool  # node auto-repair of the system pool (gpu-train:health.nodeRepair)
+    deletion_protection: bool  # prod: the cluster cannot be deleted
     labels: dict[str, str]  # common labels (GCE resource labels on the cluster and its nodes)
     network: gcp.compute.Network  # the cluster VPC
     subnet: gcp.compute.Subnetwork  # the node subnet with the pods/services secondary ranges
@@ -131,24 +143,24 @@ class GkeCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:GkeCluster", name, None, opts)
-        cfg, c = args.cfg, args.cfg.cluster
+        c, project, stack = args.settings, args.project, args.stack
         child = pulumi.ResourceOptions(parent=self)
+        self.location = location(args.region, args.zones, c.regional)
 
         self.node_service_account = gcp.serviceaccount.Account(
-            f"{name}-nodes", account_id=naming.resource_name(cfg.stack, "nodes", max_len=30), project=cfg.project,
-            display_name=f"GKE nodes of {cfg.stack}", opts=child)
+            f"{name}-nodes", account_id=naming.resource_name(stack, "nodes", max_len=30), project=project,
+            display_name=f"GKE nodes of {stack}", opts=child)
         node_member = self.node_service_account.email.apply(lambda e: f"serviceAccount:{e}")
-        self.node_roles = [gcp.projects.IAMMember(f"{name}-nodes-{role.split('/')[1]}", project=cfg.project,
+        self.node_roles = [gcp.projects.IAMMember(f"{name}-nodes-{role.split('/')[1]}", project=project,
                                                   role=role, member=node_member, opts=child)
                            for role in NODE_ROLES]
         self.node_roles.append(gcp.artifactregistry.RepositoryIamMember(
-            f"{name}-nodes-registry-reader", project=cfg.project, location=cfg.region,
+            f"{name}-nodes-registry-reader", project=project, location=args.region,
             repository=args.registry.name, role=REGISTRY_READER, member=node_member, opts=child))
 
-        security_group = rbac_security_group(cfg)
         self.cluster = gcp.container.Cluster(
-            f"{name}-gke", name=naming.resource_name(cfg.stack, "gke", max_len=40), project=cfg.project,
-            location=location(cfg), node_locations=list(cfg.zones) if c.regional else None,
+            f"{name}-gke", name=naming.resource_name(stack, "gke", max_len=40), project=project,
+            location=self.location, node_locations=list(args.zones) if c.regional else None,
             network=args.network.id, subnetwork=args.subnet.id,
             ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(
                 cluster_secondary_range_name=POD_RANGE, services_secondary_range_name=SERVICE_RANGE),
@@ -159,15 +171,15 @@ class GkeCluster(pulumi.ComponentResource):
                 dns_endpoint_config=gcp.container.ClusterControlPlaneEndpointsConfigDnsEndpointConfigArgs(
                     allow_external_traffic=True)),
             authenticator_groups_config=gcp.container.ClusterAuthenticatorGroupsConfigArgs(
-                security_group=security_group) if security_group else None,
+                security_group=args.security_group) if args.security_group else None,
             master_authorized_networks_config=gcp.container.ClusterMasterAuthorizedNetworksConfigArgs(
                 cidr_blocks=[gcp.container.ClusterMasterAuthorizedNetworksConfigCidrBlockArgs(**n)
-                             for n in authorized_networks(cfg)],
+                             for n in authorized_networks(args.vpc_cidr, c)],
                 gcp_public_cidrs_access_enabled=False),
             database_encryption=gcp.container.ClusterDatabaseEncryptionArgs(state="ENCRYPTED",
                                                                             key_name=args.database_key),
             workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
-                workload_pool=workload_pool(cfg.project)),
+                workload_pool=workload_pool(project)),
             enable_shielded_nodes=True,
             datapath_provider="ADVANCED_DATAPATH",
             enable_multi_networking=args.multi_networking or None,
@@ -198,18 +210,18 @@ class GkeCluster(pulumi.ComponentResource):
                 workload_metadata_config=gcp.container.ClusterNodeConfigWorkloadMetadataConfigArgs(
                     mode="GKE_METADATA")),
             resource_labels=args.labels,
-            deletion_protection=cfg.is_prod,
+            deletion_protection=args.deletion_protection,
             opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_roles,
                                         ignore_changes=["nodeConfig", "initialNodeCount"]))
 
         self.system_pool = gcp.container.NodePool(
-            f"{name}-system", name="system", project=cfg.project, location=location(cfg),
+            f"{name}-system", name="system", project=project, location=self.location,
             cluster=self.cluster.name,
             initial_node_count=c.system_nodes_min,
             autoscaling=gcp.container.NodePoolAutoscalingArgs(
                 total_min_node_count=c.system_nodes_min, total_max_node_count=c.system_nodes_max,
                 location_policy="BALANCED"),
-            management=gcp.container.NodePoolManagementArgs(auto_repair=cfg.health.node_repair, auto_upgrade=True),
+            management=gcp.container.NodePoolManagementArgs(auto_repair=args.node_repair, auto_upgrade=True),
             node_config=gcp.container.NodePoolNodeConfigArgs(
                 machine_type=c.system_node_type or DEFAULT_SYSTEM_MACHINE,
                 image_type="COS_CONTAINERD", disk_type="pd-balanced", disk_size_gb=100,
@@ -227,7 +239,7 @@ class GkeCluster(pulumi.ComponentResource):
         self.dns_endpoint = self.cluster.control_plane_endpoints_config.apply(
             lambda c: c.dns_endpoint_config.endpoint if c and c.dns_endpoint_config else "")
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(self.cluster.name, self.dns_endpoint).apply(
-            lambda a: kubeconfig(f"gke_{cfg.project}_{location(cfg)}_{a[0]}", a[1])))
+            lambda a: kubeconfig(f"gke_{project}_{self.location}_{a[0]}", a[1])))
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig,
                                      enable_server_side_apply=True,
                                      opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_pool]))

@@ -1,7 +1,9 @@
 """Managed PostgreSQL (Cloud SQL) for MLflow: private IP only, CMEK, TLS-only.
 
 Usage (build_platform does this when `gpu-train:mlflow.database` is `managed`):
-    db = Database("mlflow-db", DatabaseArgs(cfg=cfg, labels=tags, network=net.network, kms_key=..., ...))
+    db = Database("mlflow-db", DatabaseArgs(stack=cfg.stack, project=..., region=..., is_prod=True,
+                                            storage_gb=20, psa_cidr=psa_range(cfg), labels=tags,
+                                            network=net.network, kms_key=...))
     db.contract        # infra.platform.ManagedDatabase for the Kubernetes layer
     instance_settings(is_prod=True, storage_gb=20)   # pure: tier, HA, retention, protection
 
@@ -22,8 +24,6 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train.spec import naming
-from gpu_train.spec.settings import StackSettings
-from infra.gcp.network import psa_range
 from infra.platform import ManagedDatabase
 
 DATABASE_VERSION = "POSTGRES_16"
@@ -68,7 +68,12 @@ def psa_address(cidr: str) -> tuple[str, int]:
 
 @dataclass(frozen=True, kw_only=True)
 class DatabaseArgs:
-    cfg: StackSettings  # project, region, environment, mlflow settings and the ranges PSA must avoid
+    stack: str  # the Pulumi stack name (names the instance and its PSA range)
+    project: str  # GCP project id
+    region: str  # the instance's region
+    is_prod: bool  # instance_settings: HA, more backups, deletion protection and `protect`
+    storage_gb: int  # gpu-train:mlflow.storageGb (raised to Cloud SQL's smallest disk)
+    psa_cidr: str  # the Private Service Access range (network.psa_range), clear of every stack range
     labels: dict[str, str]  # common labels (user_labels on the instance)
     network: gcp.compute.Network  # the cluster VPC the instance is peered into
     kms_key: pulumi.Input[str]  # the "sql" Cloud KMS key id
@@ -78,14 +83,14 @@ class DatabaseArgs:
 class Database(pulumi.ComponentResource):
     def __init__(self, name: str, args: DatabaseArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:Database", name, None, opts)
-        cfg = args.cfg
+        project = args.project
         child = pulumi.ResourceOptions(parent=self)
-        s = instance_settings(is_prod=cfg.is_prod, storage_gb=cfg.mlflow.storage_gb)
-        self.psa_cidr = psa_range(cfg)
+        s = instance_settings(is_prod=args.is_prod, storage_gb=args.storage_gb)
+        self.psa_cidr = args.psa_cidr
         address, prefix = psa_address(self.psa_cidr)
 
         psa = gcp.compute.GlobalAddress(
-            f"{name}-psa", name=naming.resource_name(cfg.stack, "psa"), project=cfg.project, purpose="VPC_PEERING",
+            f"{name}-psa", name=naming.resource_name(args.stack, "psa"), project=project, purpose="VPC_PEERING",
             address_type="INTERNAL", address=address, prefix_length=prefix, network=args.network.id,
             description="Private Service Access range (Cloud SQL private IP)", labels=args.labels, opts=child)
         # ABANDON on delete: the peering cannot be removed while the producer still holds addresses
@@ -95,7 +100,7 @@ class Database(pulumi.ComponentResource):
             reserved_peering_ranges=[psa.name], deletion_policy="ABANDON", opts=child)
 
         self.instance = gcp.sql.DatabaseInstance(
-            name, name=naming.resource_name(cfg.stack, "mlflow"), project=cfg.project, region=cfg.region,
+            name, name=naming.resource_name(args.stack, "mlflow"), project=project, region=args.region,
             database_version=DATABASE_VERSION, encryption_key_name=args.kms_key,
             deletion_protection=s.deletion_protection,
             settings=gcp.sql.DatabaseInstanceSettingsArgs(
@@ -118,14 +123,14 @@ class Database(pulumi.ComponentResource):
                     ("log_min_duration_statement", "1000"), ("cloudsql.iam_authentication", "on"))],
                 user_labels=args.labels),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[peering, *args.depends_on],
-                                        protect=cfg.is_prod))
-        gcp.sql.Database(f"{name}-mlflow", name=DATABASE, instance=self.instance.name, project=cfg.project,
+                                        protect=args.is_prod))
+        gcp.sql.Database(f"{name}-mlflow", name=DATABASE, instance=self.instance.name, project=project,
                          opts=child)
         # Drawn once: ignore_changes keeps the first value on every later run (a new candidate is drawn
         # and discarded), and the contract reads the password back from the resource. ABANDON: a
         # PostgreSQL role that owns objects cannot be dropped through the API.
         self.user = gcp.sql.User(
-            f"{name}-user", name=USERNAME, instance=self.instance.name, project=cfg.project,
+            f"{name}-user", name=USERNAME, instance=self.instance.name, project=project,
             password=pulumi.Output.secret(generate_password()), deletion_policy="ABANDON",
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["password"],
                                         additional_secret_outputs=["password"]))

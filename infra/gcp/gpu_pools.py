@@ -1,8 +1,10 @@
 """GKE GPU node pools: one per gpuPools entry, scaled by the cluster autoscaler.
 
 Usage (inside the Pulumi program; `build_platform` does this):
-    pool = GpuNodePool(f"gpu-{p.name}", GpuNodePoolArgs(cfg=cfg, pool=p, labels=tags, cluster=...,
-                       service_account=..., disk_key=..., fabric=net.fabric.get(key), networks=...), opts)
+    pool = GpuNodePool(f"gpu-{p.name}", GpuNodePoolArgs(project=cfg.project, location=cluster.location,
+                       zones=cfg.zones, regional=True, node_repair=True, pool=p, labels=tags,
+                       cluster=cluster.cluster, service_account=..., disk_key=..., fabric=net.fabric.get(key),
+                       networks=...), opts)
     pool.node_pool  # the GKE node pool (the pool as jobs see it: infra/gcp/node_addons.py gpu_pools)
 
 The GPU driver version (DEFAULT or LATEST driver of the node's GKE version) is part of the node
@@ -13,6 +15,7 @@ every node of it, so change it between runs. `capacity_settings`, `autoscaling_s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +24,8 @@ import pulumi_gcp as gcp
 
 from gpu_train.spec import naming
 from gpu_train.spec.catalog.gcp import machine_spec
-from gpu_train.spec.settings import GpuPoolSettings, StackSettings
-from infra.gcp.cluster import location, shielded_config
+from gpu_train.spec.settings import GpuPoolSettings
+from infra.gcp.cluster import shielded_config
 from infra.gcp.network import FabricSetPlan
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
@@ -46,9 +49,9 @@ def autoscaling_settings(pool: GpuPoolSettings) -> dict[str, Any]:
             "location_policy": "ANY" if pool.capacity == "spot" else "BALANCED"}
 
 
-def node_locations(cfg: StackSettings, pool: GpuPoolSettings) -> list[str]:
+def node_locations(zones: Sequence[str], pool: GpuPoolSettings) -> list[str]:
     """Fabric pools (compact placement) and pinned pools live in one zone; others in all."""
-    return [pool.zone] if pool.zone else list(cfg.zones)
+    return [pool.zone] if pool.zone else list(zones)
 
 
 def node_labels(pool: GpuPoolSettings, fabric_kind: str) -> dict[str, str]:
@@ -58,7 +61,11 @@ def node_labels(pool: GpuPoolSettings, fabric_kind: str) -> dict[str, str]:
 
 @dataclass(frozen=True, kw_only=True)
 class GpuNodePoolArgs:
-    cfg: StackSettings  # stack settings (location, zones)
+    project: str  # GCP project id
+    location: str  # the cluster's location (GkeCluster.location: its region, or a zone when zonal)
+    zones: Sequence[str]  # the stack's zones: node locations of a pool not pinned to one
+    regional: bool  # regional cluster: a pool in several zones leaves its initial node count unset
+    node_repair: bool  # node auto-repair (gpu-train:health.nodeRepair)
     pool: GpuPoolSettings  # this pool's settings
     labels: dict[str, str]  # common labels (GCE resource labels on the nodes)
     cluster: gcp.container.Cluster  # the cluster the pool belongs to
@@ -73,7 +80,7 @@ class GpuNodePool(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GpuNodePoolArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:GpuNodePool", name, None, opts)
-        cfg, pool, fset = args.cfg, args.pool, args.fabric
+        pool, fset = args.pool, args.fabric
         spec = machine_spec(pool.instance_type)
         kind = fset.kind if fset is not None else "none"
         cap = capacity_settings(pool)
@@ -86,15 +93,15 @@ class GpuNodePool(pulumi.ComponentResource):
                         network=args.networks[vpc.name], subnetwork=args.networks[sub.name])
                     for vpc, sub in fset.nics()])
         self.node_pool = gcp.container.NodePool(
-            f"{name}-pool", name=pool.name, project=cfg.project, location=location(cfg),
-            cluster=args.cluster.name, node_locations=node_locations(cfg, pool),
-            initial_node_count=pool.min_nodes if not cfg.cluster.regional or pool.zone else None,
+            f"{name}-pool", name=pool.name, project=args.project, location=args.location,
+            cluster=args.cluster.name, node_locations=node_locations(args.zones, pool),
+            initial_node_count=pool.min_nodes if not args.regional or pool.zone else None,
             autoscaling=gcp.container.NodePoolAutoscalingArgs(**autoscaling_settings(pool)),
             placement_policy=gcp.container.NodePoolPlacementPolicyArgs(type="COMPACT")
             if fset is not None else None,
             # Auto-repair (gpu-train:health.nodeRepair) recreates a node that stays NotReady or silent for about
             # 10 minutes; GPU faults are the Kubernetes layer's quarantine (infra/k8s/health.py).
-            management=gcp.container.NodePoolManagementArgs(auto_repair=cfg.health.node_repair, auto_upgrade=True),
+            management=gcp.container.NodePoolManagementArgs(auto_repair=args.node_repair, auto_upgrade=True),
             # Upgrades replace one node at a time with no surge node (spare GPU capacity for a
             # surge node rarely exists, and a reservation has none); the cluster's maintenance
             # exclusion keeps node upgrades away while runs last.

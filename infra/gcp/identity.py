@@ -1,7 +1,9 @@
 """Least-privilege Google service accounts bound to Kubernetes service accounts (Workload Identity).
 
 Usage (inside the Pulumi program; `build_platform` does this):
-    ids = Identities("identities", IdentitiesArgs(cfg=cfg, buckets=storage.buckets), opts)
+    ids = Identities("identities", IdentitiesArgs(
+        stack=cfg.stack, project=cfg.project, identities=identities(["research"], serving=False),
+        buckets=storage.buckets), opts)
     ids.contract["trainer/research"].annotations["iam.gke.io/gcp-service-account"]
 
 Who gets what (the bucket grants are built by the pure `bucket_grants`):
@@ -22,13 +24,13 @@ on the artifacts bucket.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train.spec import naming
-from gpu_train.spec.settings import StackSettings
 from infra.gcp.cluster import workload_pool
 from infra.platform import WorkloadIdentity
 
@@ -46,17 +48,18 @@ class BucketGrant:
     prefix: str = ""  # "" = whole bucket; else objects under <prefix>/ only
 
 
-def identities(cfg: StackSettings) -> dict[str, tuple[str, str]]:
-    """Identity key -> (namespace, Kubernetes service account)."""
+def identities(teams: Sequence[str], serving: bool) -> dict[str, tuple[str, str]]:
+    """Identity key -> (namespace, Kubernetes service account), for these team names (and their model
+    servers when serving is on)."""
     ids = {"cache": (naming.CACHE_NAMESPACE, naming.CACHE_SERVICE_ACCOUNT),
            "mlflow": (naming.MLFLOW_NAMESPACE, naming.MLFLOW_SERVICE_ACCOUNT)}
-    for team in cfg.teams:
-        ids[f"trainer/{team.name}"] = (naming.team_namespace(team.name), naming.TRAINER_SERVICE_ACCOUNT)
+    for team in teams:
+        ids[f"trainer/{team}"] = (naming.team_namespace(team), naming.TRAINER_SERVICE_ACCOUNT)
         # The team's in-cluster sweep controllers (gpu-train sweep submit).
-        ids[f"sweeps/{team.name}"] = (naming.team_namespace(team.name), naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT)
-    if cfg.serving.enabled:
-        for team in cfg.teams:
-            ids[f"serving/{team.name}"] = (naming.team_namespace(team.name), naming.MODEL_SERVER_SERVICE_ACCOUNT)
+        ids[f"sweeps/{team}"] = (naming.team_namespace(team), naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT)
+    if serving:
+        for team in teams:
+            ids[f"serving/{team}"] = (naming.team_namespace(team), naming.MODEL_SERVER_SERVICE_ACCOUNT)
     return ids
 
 
@@ -92,14 +95,16 @@ def wi_member(project: str, namespace: str, ksa: str) -> str:
     return f"serviceAccount:{workload_pool(project)}[{namespace}/{ksa}]"
 
 
-def account_id(cfg: StackSettings, key: str) -> str:
+def account_id(stack: str, key: str) -> str:
     """A 6-30 character service account id, unique per stack and identity."""
-    return naming.resource_name(cfg.stack, key.replace("/", "-"), max_len=30)
+    return naming.resource_name(stack, key.replace("/", "-"), max_len=30)
 
 
 @dataclass(frozen=True, kw_only=True)
 class IdentitiesArgs:
-    cfg: StackSettings  # project and teams
+    stack: str  # the Pulumi stack name (part of every service account id)
+    project: str  # GCP project id (the accounts' project and the Workload Identity pool)
+    identities: Mapping[str, tuple[str, str]]  # identity key -> (namespace, Kubernetes SA): identities()
     buckets: dict[str, gcp.storage.Bucket]  # purpose -> bucket
 
 
@@ -108,18 +113,17 @@ class Identities(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: IdentitiesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:Identities", name, None, opts)
-        cfg = args.cfg
         child = pulumi.ResourceOptions(parent=self)
         self.accounts: dict[str, gcp.serviceaccount.Account] = {}
         self.contract: dict[str, WorkloadIdentity] = {}
-        for key, (namespace, ksa) in identities(cfg).items():
+        for key, (namespace, ksa) in args.identities.items():
             slug = key.replace("/", "-")
             gsa = gcp.serviceaccount.Account(
-                f"{name}-{slug}", account_id=account_id(cfg, key), project=cfg.project,
-                display_name=f"{cfg.stack} {key} ({namespace}/{ksa})", opts=child)
+                f"{name}-{slug}", account_id=account_id(args.stack, key), project=args.project,
+                display_name=f"{args.stack} {key} ({namespace}/{ksa})", opts=child)
             gcp.serviceaccount.IAMMember(
                 f"{name}-{slug}-wi", service_account_id=gsa.name, role=WI_USER,
-                member=wi_member(cfg.project, namespace, ksa), opts=child)
+                member=wi_member(args.project, namespace, ksa), opts=child)
             member = gsa.email.apply(lambda e: f"serviceAccount:{e}")
             for grant in bucket_grants(key):
                 bucket = args.buckets[grant.bucket]

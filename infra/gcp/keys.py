@@ -1,7 +1,8 @@
 """Cloud KMS: one regional key ring, one key per use, and the service-agent grants on them.
 
 Usage (inside the Pulumi program; `build_platform` does this):
-    keys = Keys("keys", KeysArgs(cfg=cfg, labels=tags, project_number=number, apis=apis.services), opts)
+    keys = Keys("keys", KeysArgs(stack=cfg.stack, project=cfg.project, region=cfg.region, protect=cfg.is_prod,
+                                 labels=tags, project_number=number, apis=apis.services), opts)
     keys.key_ids["gke"]   # full key id: projects/<p>/locations/<region>/keyRings/<r>/cryptoKeys/<k>
     depends_on=keys.grants["storage"]   # resources that encrypt with the key wait for its grant
 
@@ -28,7 +29,6 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train.spec import naming
-from gpu_train.spec.settings import StackSettings
 
 ROTATION_PERIOD = "7776000s"  # 90 days
 ENCRYPTER_DECRYPTER = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
@@ -72,7 +72,10 @@ def key_id(project: str, region: str, ring: str, key: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class KeysArgs:
-    cfg: StackSettings  # project and region of the key ring
+    stack: str  # the Pulumi stack name (names the key ring)
+    project: str  # GCP project id of the key ring
+    region: str  # the key ring's location, next to what it encrypts
+    protect: bool  # prod: the ring and every key are protected from deletion
     labels: dict[str, str]  # common labels for every key
     project_number: pulumi.Input[str]  # names the service agents
     optional: tuple[str, ...] = ()  # which OPTIONAL_USES to create as well, e.g. ("sql",)
@@ -85,13 +88,13 @@ class Keys(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: KeysArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:Keys", name, None, opts)
-        cfg = args.cfg
+        project = args.project
         # Prod keys are protected; dev keys may go with the stack (their data is disposable).
-        protected = pulumi.ResourceOptions(parent=self, protect=cfg.is_prod)
-        ring_name = naming.resource_name(cfg.stack, "keys")
-        self.ring = gcp.kms.KeyRing(f"{name}-ring", name=ring_name, project=cfg.project,
-                                    location=cfg.region, opts=protected)
-        ring_id = pulumi.Output.concat("projects/", cfg.project, "/locations/", cfg.region,
+        protected = pulumi.ResourceOptions(parent=self, protect=args.protect)
+        ring_name = naming.resource_name(args.stack, "keys")
+        self.ring = gcp.kms.KeyRing(f"{name}-ring", name=ring_name, project=project,
+                                    location=args.region, opts=protected)
+        ring_id = pulumi.Output.concat("projects/", project, "/locations/", args.region,
                                        "/keyRings/", self.ring.name)
         agents = pulumi.Output.from_input(args.project_number).apply(service_agents)
         self.keys: dict[str, gcp.kms.CryptoKey] = {}
@@ -109,12 +112,12 @@ class Keys(pulumi.ComponentResource):
             api_ready = [args.apis[api]] if api in args.apis else []
             if api == STORAGE_API:
                 gcs = gcp.storage.get_project_service_account_output(
-                    project=cfg.project, opts=pulumi.InvokeOutputOptions(parent=self, depends_on=api_ready))
+                    project=project, opts=pulumi.InvokeOutputOptions(parent=self, depends_on=api_ready))
                 members[use] = gcs.email_address.apply(lambda e: f"serviceAccount:{e}")
                 continue
             if api not in self.agents:
                 self.agents[api] = gcp.projects.ServiceIdentity(
-                    f"{name}-{api.split('.', 1)[0]}-agent", project=cfg.project, service=api,
+                    f"{name}-{api.split('.', 1)[0]}-agent", project=project, service=api,
                     opts=pulumi.ResourceOptions(parent=self, depends_on=api_ready))
             members[use] = agents.apply(lambda a, u=use: a[u])
         for use in uses:

@@ -1,7 +1,9 @@
 """VPC, private subnet, Cloud NAT, firewall, private Google APIs and the GPU fabric VPCs.
 
 Usage (inside the Pulumi program; `build_platform` does this):
-    net = Network("network", NetworkArgs(cfg=cfg, labels=tags), opts)
+    net = Network("network", NetworkArgs(stack=cfg.stack, project=..., region=..., vpc_cidr=...,
+                  pod_cidr=..., service_cidr=..., master_cidr=..., flow_logs=True,
+                  nat_logs=nat_log_filter(is_prod), fabric=fabric_sets(cfg), labels=tags), opts)
     net.network.name, net.subnet.name, net.fabric_networks[(set_key, suffix)]
 
 The pure planners `fabric_sets(cfg)` and `pool_fabric_key(pool)` decide which fabric VPCs and
@@ -11,6 +13,7 @@ subnets exist; tests call them without mocks.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pulumi
@@ -195,9 +198,9 @@ def roce_network_profile(project: str, zone: str) -> str:
     return f"projects/{project}/global/networkProfiles/{zone}-vpc-roce"
 
 
-def nat_log_filter(cfg: StackSettings) -> str:
+def nat_log_filter(is_prod: bool) -> str:
     """Cloud NAT logging: every translation in prod (audit), errors only elsewhere (cost)."""
-    return "ALL" if cfg.is_prod else "ERRORS_ONLY"
+    return "ALL" if is_prod else "ERRORS_ONLY"
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,7 +210,16 @@ def nat_log_filter(cfg: StackSettings) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class NetworkArgs:
-    cfg: StackSettings  # the stack settings (network ranges, region, fabric pools)
+    stack: str  # the Pulumi stack name (names every network resource)
+    project: str  # GCP project id
+    region: str  # region of the subnets, router and NAT
+    vpc_cidr: str  # primary range of the node subnet
+    pod_cidr: str  # the node subnet's secondary range for pods
+    service_cidr: str  # the node subnet's secondary range for Services
+    master_cidr: str  # the private control-plane range (allowed in by the internal firewall rule)
+    flow_logs: bool  # flow logs on the node subnet
+    nat_logs: str  # Cloud NAT log filter (nat_log_filter)
+    fabric: Mapping[str, FabricSetPlan]  # the fabric VPCs and subnets to create (fabric_sets)
     labels: dict[str, str]  # common labels (only the DNS zones take labels here)
 
 
@@ -216,47 +228,45 @@ class Network(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:Network", name, None, opts)
-        cfg = args.cfg
+        stack, project, region = args.stack, args.project, args.region
         child = pulumi.ResourceOptions(parent=self)
-        project, region = cfg.project, cfg.region
 
         self.network = gcp.compute.Network(
-            f"{name}-vpc", name=naming.resource_name(cfg.stack, "vpc"), project=project,
+            f"{name}-vpc", name=naming.resource_name(stack, "vpc"), project=project,
             auto_create_subnetworks=False, routing_mode="REGIONAL", opts=child)
         self.subnet = gcp.compute.Subnetwork(
-            f"{name}-nodes", name=naming.resource_name(cfg.stack, "nodes"), project=project, region=region,
-            network=self.network.id, ip_cidr_range=cfg.network.vpc_cidr,
+            f"{name}-nodes", name=naming.resource_name(stack, "nodes"), project=project, region=region,
+            network=self.network.id, ip_cidr_range=args.vpc_cidr,
             secondary_ip_ranges=[
                 gcp.compute.SubnetworkSecondaryIpRangeArgs(range_name=POD_RANGE,
-                                                           ip_cidr_range=cfg.network.pod_cidr),
+                                                           ip_cidr_range=args.pod_cidr),
                 gcp.compute.SubnetworkSecondaryIpRangeArgs(range_name=SERVICE_RANGE,
-                                                           ip_cidr_range=cfg.network.service_cidr),
+                                                           ip_cidr_range=args.service_cidr),
             ],
             private_ip_google_access=True,
             log_config=gcp.compute.SubnetworkLogConfigArgs(
                 aggregation_interval="INTERVAL_5_SEC", flow_sampling=0.5,
-                metadata="INCLUDE_ALL_METADATA") if cfg.network.flow_logs else None,
+                metadata="INCLUDE_ALL_METADATA") if args.flow_logs else None,
             opts=child)
 
         # Nodes have no external addresses; Cloud NAT gives them (and pods) egress for image pulls.
         self.router = gcp.compute.Router(
-            f"{name}-router", name=naming.resource_name(cfg.stack, "router"), project=project, region=region,
+            f"{name}-router", name=naming.resource_name(stack, "router"), project=project, region=region,
             network=self.network.id, opts=child)
         self.nat = gcp.compute.RouterNat(
-            f"{name}-nat", name=naming.resource_name(cfg.stack, "nat"), project=project, region=region,
+            f"{name}-nat", name=naming.resource_name(stack, "nat"), project=project, region=region,
             router=self.router.name, nat_ip_allocate_option="AUTO_ONLY",
             source_subnetwork_ip_ranges_to_nat="LIST_OF_SUBNETWORKS",
             subnetworks=[gcp.compute.RouterNatSubnetworkArgs(
                 name=self.subnet.id, source_ip_ranges_to_nats=["ALL_IP_RANGES"])],
             enable_endpoint_independent_mapping=False,
-            log_config=gcp.compute.RouterNatLogConfigArgs(enable=True, filter=nat_log_filter(cfg)),
+            log_config=gcp.compute.RouterNatLogConfigArgs(enable=True, filter=args.nat_logs),
             opts=child)
 
-        internal = [cfg.network.vpc_cidr, cfg.network.pod_cidr, cfg.network.service_cidr,
-                    cfg.cluster.master_cidr]
+        internal = [args.vpc_cidr, args.pod_cidr, args.service_cidr, args.master_cidr]
         self.firewalls = [
             gcp.compute.Firewall(
-                f"{name}-allow-internal", name=naming.resource_name(cfg.stack, "allow-internal"),
+                f"{name}-allow-internal", name=naming.resource_name(stack, "allow-internal"),
                 project=project, network=self.network.id, direction="INGRESS", priority=1000,
                 source_ranges=internal,
                 allows=[gcp.compute.FirewallAllowArgs(protocol="tcp"),
@@ -265,7 +275,7 @@ class Network(pulumi.ComponentResource):
                 log_config=gcp.compute.FirewallLogConfigArgs(metadata="INCLUDE_ALL_METADATA"),
                 opts=child),
             gcp.compute.Firewall(
-                f"{name}-allow-health-checks", name=naming.resource_name(cfg.stack, "allow-health-checks"),
+                f"{name}-allow-health-checks", name=naming.resource_name(stack, "allow-health-checks"),
                 project=project, network=self.network.id, direction="INGRESS", priority=1000,
                 source_ranges=list(HEALTH_CHECK_RANGES),
                 allows=[gcp.compute.FirewallAllowArgs(protocol="tcp")],
@@ -277,14 +287,14 @@ class Network(pulumi.ComponentResource):
         # that answer *.googleapis.com / *.pkg.dev / *.gcr.io with it, so egress to Google APIs
         # (GCS above all) stays on 199.36.153.8/30 and NetworkPolicies can allow exactly that.
         self.private_api_route = gcp.compute.Route(
-            f"{name}-private-apis", name=naming.resource_name(cfg.stack, "private-apis"), project=project,
+            f"{name}-private-apis", name=naming.resource_name(stack, "private-apis"), project=project,
             network=self.network.id, dest_range=PRIVATE_GOOGLE_APIS,
             next_hop_gateway="default-internet-gateway", priority=100, opts=child)
         self.dns_zones = []
         for domain in PRIVATE_API_DOMAINS:
             slug = domain.rstrip(".").replace(".", "-")
             zone = gcp.dns.ManagedZone(
-                f"{name}-{slug}", name=naming.resource_name(cfg.stack, slug), project=project,
+                f"{name}-{slug}", name=naming.resource_name(stack, slug), project=project,
                 dns_name=domain, visibility="private", labels=args.labels,
                 description=f"Private Google Access for {domain}",
                 private_visibility_config=gcp.dns.ManagedZonePrivateVisibilityConfigArgs(
@@ -301,7 +311,7 @@ class Network(pulumi.ComponentResource):
             self.dns_zones.append(zone)
 
         # GPU fabric: one VPC per GPU NIC (gVNIC) or one RoCE VPC for the RDMA NICs.
-        self.fabric = fabric_sets(cfg)
+        self.fabric = dict(args.fabric)
         self.fabric_networks: dict[tuple[str, str], gcp.compute.Network] = {}
         self.fabric_subnets: dict[str, gcp.compute.Subnetwork] = {}
         self.fabric_firewalls: list[gcp.compute.Firewall] = []
@@ -321,7 +331,7 @@ class Network(pulumi.ComponentResource):
                     # Fabric traffic is node-to-node only: allow it from the fabric subnets themselves.
                     self.fabric_firewalls.append(gcp.compute.Firewall(
                         f"{name}-{key}-{vpc.suffix}-internal",
-                        name=naming.resource_name(cfg.stack, key, vpc.suffix, "internal"), project=project,
+                        name=naming.resource_name(stack, key, vpc.suffix, "internal"), project=project,
                         network=net.id, direction="INGRESS", priority=1000,
                         source_ranges=[s.cidr for s in vpc.subnets],
                         allows=[gcp.compute.FirewallAllowArgs(protocol="tcp"),

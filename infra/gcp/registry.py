@@ -1,7 +1,8 @@
 """Artifact Registry Docker repositories (CMEK, cleanup) for the trainer image and its build cache.
 
 Usage (inside the Pulumi program; `build_platform` does this):
-    reg = ArtifactRegistry("registry", ArtifactRegistryArgs(cfg=cfg, labels=tags, kms_key=key),
+    reg = ArtifactRegistry("registry", ArtifactRegistryArgs(stack=cfg.stack, project=cfg.project,
+                                                            region=cfg.region, labels=tags, kms_key=key),
                            opts=ResourceOptions(depends_on=[keys.grants["registry"]]))
     reg.contract   # infra.platform.Registry for the image build
 
@@ -26,7 +27,6 @@ import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train.spec import naming
-from gpu_train.spec.settings import StackSettings
 from infra.platform import Registry
 
 IMAGE = "trainer"
@@ -73,7 +73,9 @@ def _policy_args(policies: list[dict]) -> list[gcp.artifactregistry.RepositoryCl
 
 @dataclass(frozen=True, kw_only=True)
 class ArtifactRegistryArgs:
-    cfg: StackSettings  # project and region (the repository is regional, next to the cluster)
+    stack: str  # the Pulumi stack name (names the repositories)
+    project: str  # GCP project id
+    region: str  # the repositories' location (regional, next to the cluster)
     labels: dict[str, str]  # common labels
     kms_key: pulumi.Input[str]  # CMEK for image layers
 
@@ -83,31 +85,31 @@ class ArtifactRegistry(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ArtifactRegistryArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:ArtifactRegistry", name, None, opts)
-        cfg = args.cfg
+        stack, project, region = args.stack, args.project, args.region
         self.repository = gcp.artifactregistry.Repository(
-            f"{name}-docker", repository_id=naming.resource_name(cfg.stack, "images"), project=cfg.project,
-            location=cfg.region, format="DOCKER", kms_key_name=args.kms_key,
+            f"{name}-docker", repository_id=naming.resource_name(stack, "images"), project=project,
+            location=region, format="DOCKER", kms_key_name=args.kms_key,
             docker_config=gcp.artifactregistry.RepositoryDockerConfigArgs(immutable_tags=True),
             cleanup_policies=_policy_args(cleanup_policies()), cleanup_policy_dry_run=False, labels=args.labels,
-            description=f"Trainer images for {cfg.stack}",
+            description=f"Trainer images for {stack}",
             opts=pulumi.ResourceOptions(parent=self))
         self.cache_repository = gcp.artifactregistry.Repository(
-            f"{name}-cache", repository_id=naming.resource_name(cfg.stack, "buildcache"), project=cfg.project,
-            location=cfg.region, format="DOCKER", kms_key_name=args.kms_key,
+            f"{name}-cache", repository_id=naming.resource_name(stack, "buildcache"), project=project,
+            location=region, format="DOCKER", kms_key_name=args.kms_key,
             docker_config=gcp.artifactregistry.RepositoryDockerConfigArgs(immutable_tags=False),
             cleanup_policies=_policy_args(cache_cleanup_policies()), cleanup_policy_dry_run=False,
             labels={**args.labels, "purpose": "build-cache"},
-            description=f"BuildKit layer cache of the trainer image build for {cfg.stack} (tags are overwritten)",
+            description=f"BuildKit layer cache of the trainer image build for {stack} (tags are overwritten)",
             opts=pulumi.ResourceOptions(parent=self))
-        server = registry_host(cfg.region)
+        server = registry_host(region)
         client = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
         self.contract = Registry(
-            repository=pulumi.Output.concat(server, "/", cfg.project, "/", self.repository.repository_id,
+            repository=pulumi.Output.concat(server, "/", project, "/", self.repository.repository_id,
                                             "/", IMAGE),
             server=pulumi.Output.from_input(server),
             username=pulumi.Output.from_input("oauth2accesstoken"),
             password=pulumi.Output.secret(client.access_token),
-            cache_repository=pulumi.Output.concat(server, "/", cfg.project, "/",
+            cache_repository=pulumi.Output.concat(server, "/", project, "/",
                                                   self.cache_repository.repository_id, "/", IMAGE),
         )
         self.register_outputs({"repository": self.contract.repository,

@@ -1,13 +1,13 @@
 """The Google APIs the program uses, enabled in the project before anything that needs them.
 
 Usage (inside the Pulumi program; `build_platform` does this):
-    apis = ProjectServices("apis", ProjectServicesArgs(cfg=cfg))
+    apis = ProjectServices("apis", ProjectServicesArgs(project=cfg.project, managed_database=managed_db))
     later = pulumi.ResourceOptions(depends_on=[apis])   # every component waits for every API
     apis.services["cloudkms.googleapis.com"]            # one gcp.projects.Service per API
 
 On a new project only the Service Usage API is on; creating a key ring, a cluster or a bucket
 before its API is enabled fails, and a service agent does not exist before its API is enabled.
-`required_apis(cfg)` lists what this stack needs (pure). APIs stay enabled when the stack is
+`required_apis(managed_database)` lists what a stack needs (pure). APIs stay enabled when the stack is
 destroyed (`disable_on_destroy=False`): other workloads in the project may use them.
 
 The plan check that every resource waits for the Service enabling its API is
@@ -20,8 +20,6 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
-
-from gpu_train.spec.settings import StackSettings
 
 BASE_APIS = (
     "artifactregistry.googleapis.com",
@@ -45,17 +43,18 @@ BASE_APIS = (
 MANAGED_DATABASE_APIS = ("servicenetworking.googleapis.com", "sqladmin.googleapis.com")
 
 
-def required_apis(cfg: StackSettings) -> tuple[str, ...]:
-    """Every API this stack's resources and service agents need, sorted."""
+def required_apis(managed_database: bool) -> tuple[str, ...]:
+    """Every API a stack's resources and service agents need, sorted."""
     apis = set(BASE_APIS)
-    if cfg.mlflow.enabled and cfg.mlflow.database == "managed":
+    if managed_database:
         apis.update(MANAGED_DATABASE_APIS)
     return tuple(sorted(apis))
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProjectServicesArgs:
-    cfg: StackSettings  # project, and which features (managed database) need extra APIs
+    project: str  # the GCP project id the APIs are enabled in
+    managed_database: bool  # MLflow's managed Cloud SQL database: its APIs as well
 
 
 class ProjectServices(pulumi.ComponentResource):
@@ -64,9 +63,9 @@ class ProjectServices(pulumi.ComponentResource):
     def __init__(self, name: str, args: ProjectServicesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:ProjectServices", name, None, opts)
         self.services: dict[str, gcp.projects.Service] = {}
-        for api in required_apis(args.cfg):
+        for api in required_apis(args.managed_database):
             self.services[api] = gcp.projects.Service(
-                f"{name}-{api.split('.', 1)[0]}", project=args.cfg.project, service=api,
+                f"{name}-{api.split('.', 1)[0]}", project=args.project, service=api,
                 # Leave APIs on at destroy: disabling one breaks anything else in the project using it.
                 disable_on_destroy=False, opts=pulumi.ResourceOptions(parent=self))
         self.register_outputs({"services": sorted(self.services)})

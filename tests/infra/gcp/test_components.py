@@ -170,3 +170,42 @@ def test_workload_identity_bindings_wait_for_the_cluster():
     bindings = [r for r in monitor.records if r["type"] == "gcp:serviceaccount/iAMMember:IAMMember"]
     assert len(bindings) == 2 * len(cfg.teams) + 2  # each team's trainer and sweep controllers, the cache, MLflow
     assert all(cluster["urn"] in graph.waits_for(b["urn"]) for b in bindings)
+
+
+def test_components_build_from_plain_values_without_stack_settings():
+    """Network and Storage from their Args alone (no StackSettings): what the Args say is what they create."""
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    from infra.gcp.network import Network, NetworkArgs
+    from infra.gcp.storage import Storage, StorageArgs
+
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    mocks = PlanMocks(MockContext(region="europe-west4", project="acme-ml-unit"))
+    monitor = Recorder(mocks)
+    pulumi.runtime.set_mocks(mocks, project="gpu-train", stack="gcp-unit", preview=False, monitor=monitor)
+
+    def program():
+        Network("network", NetworkArgs(
+            stack="gcp-unit", project="acme-ml-unit", region="europe-west4", vpc_cidr="10.20.0.0/20",
+            pod_cidr="10.24.0.0/14", service_cidr="10.28.0.0/20", master_cidr="172.16.0.48/28", flow_logs=False,
+            nat_logs="ERRORS_ONLY", fabric={}, labels={"stack": "gcp-unit"}))
+        Storage("storage", StorageArgs(stack="gcp-unit", project="acme-ml-unit", region="europe-west4",
+                                       environment="dev", protect=False, labels={"stack": "gcp-unit"},
+                                       kms_key="projects/acme-ml-unit/locations/europe-west4/keyRings/r/cryptoKeys/s"))
+
+    _sync_await(run_pulumi_func(program))
+    by_name = {req.name: (req, inputs) for req, inputs in monitor.requests}
+    subnet = by_name["network-nodes"][1]
+    assert (subnet["project"], subnet["region"], subnet["ipCidrRange"]) == ("acme-ml-unit", "europe-west4", "10.20.0.0/20")
+    assert [r["ipCidrRange"] for r in subnet["secondaryIpRanges"]] == ["10.24.0.0/14", "10.28.0.0/20"]
+    assert "logConfig" not in subnet  # flow_logs=False
+    assert by_name["network-nat"][1]["logConfig"]["filter"] == "ERRORS_ONLY"
+    assert by_name["network-allow-internal"][1]["sourceRanges"] == [
+        "10.20.0.0/20", "10.24.0.0/14", "10.28.0.0/20", "172.16.0.48/28"]
+    assert not [r for r, _ in monitor.requests if r.type == "gcp:compute/network:Network" and r.name != "network-vpc"]
+    req, ckpt = by_name["storage-checkpoints"]
+    assert ckpt["name"] == "gpu-train-gcp-unit-checkpoints-acme-ml-unit" and ckpt["location"] == "EUROPE-WEST4"
+    assert ckpt["forceDestroy"] is True and not req.protect
+    (delete,) = [r for r in ckpt["lifecycleRules"] if r["action"]["type"] == "Delete"]
+    assert delete["condition"]["daysSinceNoncurrentTime"] == 3  # dev keeps old checkpoint versions 3 days

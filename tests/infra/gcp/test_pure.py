@@ -9,7 +9,7 @@ import pytest
 
 from gpu_train.spec import naming
 from gpu_train.spec.errors import SettingsError
-from gpu_train.spec.settings import NetworkSettings, TeamSettings
+from gpu_train.spec.settings import ClusterSettings, NetworkSettings, TeamSettings
 from infra.gcp import (
     cluster,
     fabric,
@@ -64,7 +64,8 @@ def test_pools_without_fabric_have_no_set():
 def test_roce_profile_and_nat_logging():
     assert network.roce_network_profile("p", "us-central1-b") == \
         "projects/p/global/networkProfiles/us-central1-b-vpc-roce"
-    assert network.nat_log_filter(stack_cfg([L4], environment="prod")) == "ALL"
+    assert network.nat_log_filter(True) == "ALL"
+    assert network.nat_log_filter(False) == "ERRORS_ONLY"
 
 
 @pytest.mark.parametrize(("machine", "kind", "nics"), [
@@ -148,12 +149,16 @@ def test_keys_storage_registry_cluster_helpers():
     assert agents["gke"] == "serviceAccount:service-42@container-engine-robot.iam.gserviceaccount.com"
     assert agents["disks"] == "serviceAccount:service-42@compute-system.iam.gserviceaccount.com"
     assert set(agents) == set(keys.KEY_USES)
-    cfg = stack_cfg([fabric_pool("m", "a3-megagpu-8g")])
-    ckpt = storage.lifecycle_rules("checkpoints", cfg)
+    ckpt = storage.lifecycle_rules("checkpoints", "prod")
     assert {r["action"]["type"] for r in ckpt} == {"Delete", "AbortIncompleteMultipartUpload"}
-    assert [r["action"]["type"] for r in storage.lifecycle_rules("datasets", cfg)] == \
+    # Old checkpoint versions: two weeks in prod, three days in dev.
+    assert [r["condition"]["days_since_noncurrent_time"] for r in ckpt if r["action"]["type"] == "Delete"] == [14]
+    assert [r["condition"]["days_since_noncurrent_time"] for r in storage.lifecycle_rules("checkpoints", "dev")
+            if r["action"]["type"] == "Delete"] == [3]
+    assert [r["action"]["type"] for r in storage.lifecycle_rules("datasets", "prod")] == \
         ["AbortIncompleteMultipartUpload"]
-    assert len(storage.bucket_name(cfg, "checkpoints")) <= 63
+    assert storage.bucket_name("gcp-dev", "checkpoints", "acme-ml-dev") == "gpu-train-gcp-dev-checkpoints-acme-ml-dev"
+    assert len(storage.bucket_name("gcp-" + "x" * 80, "checkpoints", "acme-ml-test")) <= 63
     ex = cluster.maintenance_exclusion()
     assert ex["exclusion_options"]["scope"] == "NO_MINOR_OR_NODE_UPGRADES"
     kc = json.loads(cluster.kubeconfig("c", "gke-0123abcd-42.us-central1.gke.goog"))
@@ -162,28 +167,31 @@ def test_keys_storage_registry_cluster_helpers():
     assert kc["clusters"][0]["cluster"] == {"server": "https://gke-0123abcd-42.us-central1.gke.goog"}
     with pytest.raises(ValueError, match="no DNS-based control-plane endpoint"):
         cluster.kubeconfig("c", "")
-    assert cluster.location(stack_cfg([L4], regional=False)) == "us-central1-a"
-    assert all(n["cidr_block"] != "0.0.0.0/0" for n in cluster.authorized_networks(cfg))
-
-
-def _with_teams(cfg, *teams):
-    return cfg.model_copy(update={"teams": tuple(teams)})
+    zones = ("us-central1-a", "us-central1-b")
+    assert cluster.location("us-central1", zones, regional=False) == "us-central1-a"
+    assert cluster.location("us-central1", zones, regional=True) == "us-central1"
+    private = ClusterSettings(public_access_cidrs=("203.0.113.0/24",))
+    assert cluster.authorized_networks("10.10.0.0/20", private) == [{"cidr_block": "10.10.0.0/20",
+                                                                      "display_name": "nodes"}]
+    public = private.model_copy(update={"endpoint_public_access": True})
+    assert [n["cidr_block"] for n in cluster.authorized_networks("10.10.0.0/20", public)] == \
+        ["10.10.0.0/20", "203.0.113.0/24"]
 
 
 def test_rbac_security_group_comes_from_the_team_groups_domain():
     cfg = stack_cfg([L4])
-    assert cluster.rbac_security_group(cfg) is None  # the test stack's team names no group
+    assert cluster.rbac_security_group(cfg.teams) is None  # the test stack's team names no group
     team = TeamSettings(name="research", gpu_quota=1, submitters=("ml-research@corp.example.org",),
                              viewers=("ML-Platform@Corp.Example.Org",))
     # https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac: one
     # gke-security-groups@<domain> group per cluster.
-    assert cluster.rbac_security_group(_with_teams(cfg, team)) == "gke-security-groups@corp.example.org"
+    assert cluster.rbac_security_group([team]) == "gke-security-groups@corp.example.org"
     other = TeamSettings(name="applied", gpu_quota=1, viewers=("ml@other.example.net",))
     with pytest.raises(SettingsError, match=r"several domains.*teams\[1\]\.viewers\[0\]"):
-        cluster.rbac_security_group(_with_teams(cfg, team, other))
+        cluster.rbac_security_group([team, other])
     bare = TeamSettings(name="x", gpu_quota=1, submitters=("ml-research",))
     with pytest.raises(SettingsError, match=r"gpu-train:teams\[0\]\.submitters\[0\] must be a Google group"):
-        cluster.rbac_security_group(_with_teams(cfg, bare))
+        cluster.rbac_security_group([bare])
 
 
 def test_build_cache_repository_cleanup_keeps_the_newest_and_expires_the_rest():
@@ -197,19 +205,18 @@ def test_build_cache_repository_cleanup_keeps_the_newest_and_expires_the_rest():
 
 
 def test_required_apis_follow_the_features():
-    dev = stack_cfg([L4])
-    apis = services.required_apis(dev)
+    apis = services.required_apis(managed_database=False)
     for api in ("compute.googleapis.com", "container.googleapis.com", "cloudkms.googleapis.com",
                 "artifactregistry.googleapis.com", "storage.googleapis.com", "iam.googleapis.com",
                 "iamcredentials.googleapis.com", "cloudresourcemanager.googleapis.com", "dns.googleapis.com"):
         assert api in apis
     assert "sqladmin.googleapis.com" not in apis
-    managed = dev.model_copy(update={"mlflow": dev.mlflow.model_copy(update={"enabled": True, "database": "managed"})})
-    assert {"sqladmin.googleapis.com", "servicenetworking.googleapis.com"} <= set(services.required_apis(managed))
+    managed = services.required_apis(managed_database=True)
+    assert set(managed) - set(apis) == {"sqladmin.googleapis.com", "servicenetworking.googleapis.com"}
     assert list(apis) == sorted(set(apis))
 
 
 def test_every_key_agent_belongs_to_an_enabled_api():
-    cfg = stack_cfg([L4])
     assert set(keys.AGENT_APIS) == set(keys.KEY_USES)
-    assert set(keys.AGENT_APIS.values()) - {"sqladmin.googleapis.com"} <= set(services.required_apis(cfg))
+    assert set(keys.AGENT_APIS.values()) - {"sqladmin.googleapis.com"} <= set(services.required_apis(False))
+    assert set(keys.AGENT_APIS.values()) <= set(services.required_apis(True))
