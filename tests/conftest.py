@@ -90,12 +90,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_pulumi_root():
-    """Each test that sets Pulumi mocks must get a new root stack resource; one left behind by an
-    earlier test belongs to that test's (closed) event loop."""
+    """Each test that sets Pulumi mocks must get a new root stack resource and no pending outputs: both, left behind
+    by an earlier test, belong to that test's event loop. `set_mocks` keeps the runtime's set of pending output
+    tasks (its MockSettings does not renew it), and a program run waits for every task in that set, so one from an
+    earlier test's loop, which no loop runs any more, would hold the next run in this process forever."""
     if "pulumi" in sys.modules:
         from pulumi.runtime import settings
 
         settings.ROOT.set(None)
+        settings.SETTINGS.outputs.clear()
     yield
 
 
