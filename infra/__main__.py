@@ -65,8 +65,11 @@ if cfg.serving.enabled and mlflow is not None:  # the settings checks refuse ser
 
 # What a team member's `gpu-train` needs to render and check its own jobs exactly as this program renders the
 # stack's job: exported as `platform` and published in every team namespace (docs/teams.md).
+prebuilt = (repository_of(cfg.image.prebuilt),) if cfg.image.prebuilt else ()
 contract = PlatformContract("platform-contract", PlatformContractArgs(
-    platform=platform, cfg=cfg, image=image.ref, cache_endpoint=kube.cache_endpoint,
+    platform=platform, stack=cfg.stack, project=cfg.project, teams=cfg.teams,
+    allowed_registries=cfg.image.allowed_registries, repositories=prebuilt, image=image.ref,
+    cache_endpoint=kube.cache_endpoint,
     tracking_uri=tracking_uri, team_namespaces=list(kube.team_namespaces.values()),
     serving=serving.contract if serving is not None else None))
 
@@ -76,7 +79,7 @@ if cfg.job is not None:
         platform=platform, job=cfg.job, image=image.ref, cache_endpoint=kube.cache_endpoint,
         tracking_uri=tracking_uri, register_name=cfg.mlflow.register_name,
         spec_path=f"stacks/Pulumi.{cfg.stack}.yaml", allowed_registries=cfg.image.allowed_registries,
-        allowed_repositories=(repository_of(cfg.image.prebuilt),) if cfg.image.prebuilt else (),
+        allowed_repositories=prebuilt,
         depends_on=[*platform.ready, *kube.ready]))
 
 pulumi.export("cloud", cfg.cloud)
