@@ -143,10 +143,25 @@ class GkeCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: GkeClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:GkeCluster", name, None, opts)
-        c, project, stack = args.settings, args.project, args.stack
-        child = pulumi.ResourceOptions(parent=self)
-        self.location = location(args.region, args.zones, c.regional)
+        project = args.project
+        self.location = location(args.region, args.zones, args.settings.regional)
+        self._node_identity(name, args)
+        self._control_plane(name, args)
+        self._system_pool(name, args)
+        self.dns_endpoint = self.cluster.control_plane_endpoints_config.apply(
+            lambda c: c.dns_endpoint_config.endpoint if c and c.dns_endpoint_config else "")
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(self.cluster.name, self.dns_endpoint).apply(
+            lambda a: kubeconfig(f"gke_{project}_{self.location}_{a[0]}", a[1])))
+        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig,
+                                     enable_server_side_apply=True,
+                                     opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_pool]))
+        self.register_outputs({"name": self.cluster.name, "dns_endpoint": self.dns_endpoint,
+                               "node_service_account": self.node_service_account.email})
 
+    def _node_identity(self, name: str, args: GkeClusterArgs) -> None:
+        """The nodes' service account, its project roles and its right to pull from the registry."""
+        project, stack = args.project, args.stack
+        child = pulumi.ResourceOptions(parent=self)
         self.node_service_account = gcp.serviceaccount.Account(
             f"{name}-nodes", account_id=naming.resource_name(stack, "nodes", max_len=30), project=project,
             display_name=f"GKE nodes of {stack}", opts=child)
@@ -158,6 +173,9 @@ class GkeCluster(pulumi.ComponentResource):
             f"{name}-nodes-registry-reader", project=project, location=args.region,
             repository=args.registry.name, role=REGISTRY_READER, member=node_member, opts=child))
 
+    def _control_plane(self, name: str, args: GkeClusterArgs) -> None:
+        """The private, CMEK-encrypted cluster with Workload Identity, its maintenance window and exclusion."""
+        c, project, stack = args.settings, args.project, args.stack
         self.cluster = gcp.container.Cluster(
             f"{name}-gke", name=naming.resource_name(stack, "gke", max_len=40), project=project,
             location=self.location, node_locations=list(args.zones) if c.regional else None,
@@ -214,6 +232,9 @@ class GkeCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=self.node_roles,
                                         ignore_changes=["nodeConfig", "initialNodeCount"]))
 
+    def _system_pool(self, name: str, args: GkeClusterArgs) -> None:
+        """The system nodes' pool (the platform's controllers run there)."""
+        c, project = args.settings, args.project
         self.system_pool = gcp.container.NodePool(
             f"{name}-system", name="system", project=project, location=self.location,
             cluster=self.cluster.name,
@@ -235,13 +256,3 @@ class GkeCluster(pulumi.ComponentResource):
                     mode="GKE_METADATA"),
                 gvnic=gcp.container.NodePoolNodeConfigGvnicArgs(enabled=True)),
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["initialNodeCount"]))
-
-        self.dns_endpoint = self.cluster.control_plane_endpoints_config.apply(
-            lambda c: c.dns_endpoint_config.endpoint if c and c.dns_endpoint_config else "")
-        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(self.cluster.name, self.dns_endpoint).apply(
-            lambda a: kubeconfig(f"gke_{project}_{self.location}_{a[0]}", a[1])))
-        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig,
-                                     enable_server_side_apply=True,
-                                     opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_pool]))
-        self.register_outputs({"name": self.cluster.name, "dns_endpoint": self.dns_endpoint,
-                               "node_service_account": self.node_service_account.email})

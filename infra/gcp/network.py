@@ -228,9 +228,18 @@ class Network(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:gcp:Network", name, None, opts)
+        self._vpc(name, args)
+        self._nat(name, args)
+        self._firewalls(name, args)
+        self._private_google_access(name, args)
+        self._fabric(name, args)
+        self.register_outputs({"network": self.network.name, "subnet": self.subnet.name,
+                               "fabric_networks": [n.name for n in self.fabric_networks.values()]})
+
+    def _vpc(self, name: str, args: NetworkArgs) -> None:
+        """The VPC and the nodes' subnet, with the pod and service ranges."""
         stack, project, region = args.stack, args.project, args.region
         child = pulumi.ResourceOptions(parent=self)
-
         self.network = gcp.compute.Network(
             f"{name}-vpc", name=naming.resource_name(stack, "vpc"), project=project,
             auto_create_subnetworks=False, routing_mode="REGIONAL", opts=child)
@@ -249,6 +258,10 @@ class Network(pulumi.ComponentResource):
                 metadata="INCLUDE_ALL_METADATA") if args.flow_logs else None,
             opts=child)
 
+    def _nat(self, name: str, args: NetworkArgs) -> None:
+        """Cloud NAT, the nodes' only egress to the internet."""
+        stack, project, region = args.stack, args.project, args.region
+        child = pulumi.ResourceOptions(parent=self)
         # Nodes have no external addresses; Cloud NAT gives them (and pods) egress for image pulls.
         self.router = gcp.compute.Router(
             f"{name}-router", name=naming.resource_name(stack, "router"), project=project, region=region,
@@ -263,6 +276,10 @@ class Network(pulumi.ComponentResource):
             log_config=gcp.compute.RouterNatLogConfigArgs(enable=True, filter=args.nat_logs),
             opts=child)
 
+    def _firewalls(self, name: str, args: NetworkArgs) -> None:
+        """Ingress from inside the VPC and from Google's health checkers."""
+        stack, project = args.stack, args.project
+        child = pulumi.ResourceOptions(parent=self)
         internal = [args.vpc_cidr, args.pod_cidr, args.service_cidr, args.master_cidr]
         self.firewalls = [
             gcp.compute.Firewall(
@@ -283,6 +300,10 @@ class Network(pulumi.ComponentResource):
                 opts=child),
         ]
 
+    def _private_google_access(self, name: str, args: NetworkArgs) -> None:
+        """The route to private.googleapis.com and the private zones that resolve to it."""
+        stack, project = args.stack, args.project
+        child = pulumi.ResourceOptions(parent=self)
         # Private Google Access through private.googleapis.com: a route to the VIP and private zones
         # that answer *.googleapis.com / *.pkg.dev / *.gcr.io with it, so egress to Google APIs
         # (GCS above all) stays on 199.36.153.8/30 and NetworkPolicies can allow exactly that.
@@ -310,6 +331,10 @@ class Network(pulumi.ComponentResource):
                               opts=child)
             self.dns_zones.append(zone)
 
+    def _fabric(self, name: str, args: NetworkArgs) -> None:
+        """The GPU fabric's VPCs, subnets and firewalls."""
+        stack, project, region = args.stack, args.project, args.region
+        child = pulumi.ResourceOptions(parent=self)
         # GPU fabric: one VPC per GPU NIC (gVNIC) or one RoCE VPC for the RDMA NICs.
         self.fabric = dict(args.fabric)
         self.fabric_networks: dict[tuple[str, str], gcp.compute.Network] = {}
@@ -342,6 +367,3 @@ class Network(pulumi.ComponentResource):
                 # type RDMA_ROCE_POLICY apply to it) and implicitly allows ingress and egress, so it
                 # gets none: https://cloud.google.com/firewall/docs/firewall-for-roce. Only GPU NICs
                 # of nodes in the profile's zone can attach to it at all.
-
-        self.register_outputs({"network": self.network.name, "subnet": self.subnet.name,
-                               "fabric_networks": [n.name for n in self.fabric_networks.values()]})
