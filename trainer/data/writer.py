@@ -11,7 +11,6 @@ Usage:
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,17 +20,10 @@ from typing import Any
 import numpy as np
 
 from gpu_train.storage import Store
+from trainer.data.cache import sha256_file
 from trainer.data.errors import DataError
 from trainer.data.manifest import MANIFEST_NAME, FileRef, Manifest, ShardInfo, TokenizerInfo
 from trainer.data.pack import Shard
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 class DatasetWriter:
@@ -64,10 +56,10 @@ class DatasetWriter:
         np.asarray(starts, dtype="<u8").tofile(index)
         self.infos[split].append(
             ShardInfo(
-                data=FileRef(data.name, data.stat().st_size, _sha256(data)),
+                data=FileRef(data.name, data.stat().st_size, sha256_file(data)),
                 tokens=int(tokens.size),
                 documents=int(len(starts)),
-                index=FileRef(index.name, index.stat().st_size, _sha256(index)),
+                index=FileRef(index.name, index.stat().st_size, sha256_file(index)),
             )
         )
         self._pending += [self._pool.submit(self._upload, p, p.name) for p in (data, index)]
