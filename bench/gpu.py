@@ -1,7 +1,10 @@
 """On a CUDA machine (`python -m bench --gpu`): tokens/s, MFU and peak memory of gpt2-124m and
 gpt2-350m in bf16 with torch.compile, under DDP and under FSDP2, against the same model in the bare
-loop (bench/bare.py), all on this machine's GPUs in one run; then gpt2-350m under FSDP2 with tensor
-parallelism (train.tp=2) and under pipeline parallelism (train.pp=2, 1F1B), against its FSDP2 row.
+loop (bench/bare.py), all on this machine's GPUs in one run, and gpt2-124m under DDP with four times the
+micro batch; then gpt2-350m under FSDP2 with tensor parallelism (train.tp=2) and under pipeline parallelism
+(train.pp=2, 1F1B), against its FSDP2 row. Each row prints one line as it is measured; a run that fails
+becomes a row naming the worker's error line, and the section goes on with the next. Each trainer run's
+output is kept in build/bench/gpu-logs/.
 
 Usage: `python -m bench --only gpu --gpu` on a machine with at least one NVIDIA GPU. The tensor and
 pipeline rows need two GPUs or more (one GPU per rank: NCCL refuses two ranks on one device); on a
@@ -53,25 +56,10 @@ def _model_parallel(quick: bool, fsdp: Figure) -> list[Figure]:
         return [Figure("gpu", f"gpt2-350m {row} bf16", None, "tokens/s/GPU",
                        notes=f"needs 2 GPUs or more, one per rank ({gpus}x {name} here)") for row, _ in LAYOUTS]
     peak, fpt, micro = gpu_peak_flops(name), preset_flops_per_token("gpt2-350m"), 8
-    steps = 30 if quick else 60
-    figures = []
-    for row, layout in LAYOUTS:
-        # The same global batch as the FSDP2 row; a pipeline runs it as micro batches of 8 per data-parallel rank.
-        common = [f"train.steps={steps}", f"train.micro_batch_size={micro}", "train.precision=bf16",
-                  f"train.global_batch_tokens={micro * 1024 * gpus}", "checkpoint.every_steps=0",
-                  "metrics.log_every=10", "train.deterministic=false", *layout]
-        with tempfile.TemporaryDirectory() as tmp:
-            run_dir = Path(tmp) / "run"
-            events = run_trainer(run_dir, "gpt2-350m", common, nproc=gpus)
-            tps_per_gpu = micro * 1024 * gpus / seconds_per_step(events, FROM_STEP) / gpus
-            mem = summary(run_dir).get("peak_memory_gb")
-        m = mfu(tps_per_gpu, fpt, peak, 1)
-        figures.append(Figure("gpu", f"gpt2-350m {row} bf16 vs FSDP2", tps_per_gpu, "tokens/s/GPU", fsdp.value,
-                              "FSDP2 bf16+compile, same GPUs", ratio(tps_per_gpu, fsdp.value),
-                              notes=f"MFU {100 * m:.1f}%, peak mem {mem:.1f} GB, {gpus}x {name}"
-                              if m is not None and mem is not None else f"{gpus}x {name}",
-                              extra={"mfu": m, "peak_memory_gb": mem, "layout": layout}))
-    return figures
+    # The same global batch as the FSDP2 row; a pipeline runs it as micro batches of 8 per data-parallel rank.
+    common = _common(30 if quick else 60, micro, gpus)
+    return [_trainer_row(f"gpt2-350m {row} bf16 vs FSDP2", "gpt2-350m", [*common, *layout], micro, gpus, peak, fpt,
+                         fsdp.value, "FSDP2 bf16+compile, same GPUs", "") for row, layout in LAYOUTS]
 
 
 def _data_parallel(quick: bool) -> list[Figure]:
@@ -82,27 +70,77 @@ def _data_parallel(quick: bool) -> list[Figure]:
     figures = []
     for preset, micro in (("gpt2-124m", 16), ("gpt2-350m", 8)):
         # One optimizer step = one micro batch per GPU, so bare (1 GPU) and ours compare per GPU.
-        common = [f"train.steps={steps}", f"train.micro_batch_size={micro}", "train.precision=bf16",
-                  "train.compile=true", f"train.global_batch_tokens={micro * 1024 * gpus}",
-                  "checkpoint.every_steps=0", "metrics.log_every=10", "train.deterministic=false"]
+        common = _common(steps, micro, gpus) + ["train.compile=true"]
         fpt = preset_flops_per_token(preset)
-        out = subprocess.run([sys.executable, "-m", "bench.bare", "--preset", preset, "--steps", str(steps),
-                              "--from-step", str(FROM_STEP), *common,
-                              f"train.global_batch_tokens={micro * 1024}"],
-                             cwd=ROOT, capture_output=True, text=True, check=True)
-        bare_tps = micro * 1024 / json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_step"]
+        try:
+            bare_tps = _bare(preset, steps, [*common, f"train.global_batch_tokens={micro * 1024}"])
+        except subprocess.CalledProcessError as exc:
+            bare_tps = None
+            print(f"gpu: {preset} bare loop failed: {_last_line(exc.stderr)}", flush=True)
         for parallel in ("ddp", "fsdp"):
-            with tempfile.TemporaryDirectory() as tmp:
-                run_dir = Path(tmp) / "run"
-                events = run_trainer(run_dir, preset, [*common, f"train.parallel={parallel}"], nproc=gpus)
-                tps_per_gpu = micro * 1024 * gpus / seconds_per_step(events, FROM_STEP) / gpus
-                mem = summary(run_dir).get("peak_memory_gb")
-            m = mfu(tps_per_gpu, fpt, peak, 1)
-            figures.append(Figure("gpu", f"{preset} {parallel.upper()} bf16+compile vs bare loop", tps_per_gpu,
-                                  "tokens/s/GPU", bare_tps, "bare loop, 1 GPU", ratio(tps_per_gpu, bare_tps),
-                                  ">= 45% MFU" if preset == "gpt2-124m" else "",
-                                  (m is not None and m >= 0.45) if preset == "gpt2-124m" else None,
-                                  notes=f"MFU {100 * m:.1f}%, peak mem {mem:.1f} GB, {gpus}x {name}"
-                                  if m is not None and mem is not None else f"{gpus}x {name}",
-                                  extra={"mfu": m, "peak_memory_gb": mem, "bare_mfu": mfu(bare_tps, fpt, peak, 1)}))
+            row = f"{preset} {parallel.upper()} bf16+compile vs bare loop"
+            target = ">= 45% MFU" if preset == "gpt2-124m" else ""
+            figures.append(_trainer_row(row, preset, [*common, f"train.parallel={parallel}"], micro, gpus, peak, fpt,
+                                        bare_tps, "bare loop, 1 GPU", target))
+        if preset == "gpt2-124m":
+            # The same model with four times the micro batch: larger matrix products per launch and a quarter of
+            # the per-step fixed costs per token, the same FLOPs per token.
+            big = 4 * micro
+            figures.append(_trainer_row(f"{preset} DDP bf16+compile, micro batch {big} vs {micro}", preset,
+                                        [*_common(steps, big, gpus), "train.compile=true", "train.parallel=ddp"],
+                                        big, gpus, peak, fpt, figures[-2].value, f"micro batch {micro}",
+                                        ">= 45% MFU"))
     return figures
+
+
+def _common(steps: int, micro: int, gpus: int) -> list[str]:
+    return [f"train.steps={steps}", f"train.micro_batch_size={micro}", "train.precision=bf16",
+            f"train.global_batch_tokens={micro * 1024 * gpus}", "checkpoint.every_steps=0", "metrics.log_every=10",
+            "train.deterministic=false"]
+
+
+def _bare(preset: str, steps: int, overrides: list[str]) -> float:
+    """Tokens/s of the bare loop (bench/bare.py) on one GPU."""
+    out = subprocess.run([sys.executable, "-m", "bench.bare", "--preset", preset, "--steps", str(steps),
+                          "--from-step", str(FROM_STEP), *overrides], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    micro = next(int(o.split("=")[1]) for o in overrides if o.startswith("train.micro_batch_size="))
+    tps = micro * 1024 / json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_step"]
+    print(f"gpu: {preset} bare loop: {tps:,.0f} tokens/s", flush=True)
+    return tps
+
+
+def _trainer_row(row: str, preset: str, overrides: list[str], micro: int, gpus: int, peak: float | None, fpt: float,
+                 reference: float | None, reference_name: str, target: str) -> Figure:
+    """One trainer run under torchrun on this machine's GPUs, as a figure; a failed run is a row saying why."""
+    name = torch.cuda.get_device_name(0)
+    logs = ROOT / "build" / "bench" / "gpu-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        try:
+            events = run_trainer(run_dir, preset, overrides, nproc=gpus,
+                                 log=logs / (row.split(" vs ")[0].replace(" ", "_").replace("+", "-") + ".log"))
+        except RuntimeError as exc:
+            print(f"gpu: {row}: failed: {_last_line(str(exc))}", flush=True)
+            return Figure("gpu", row, None, "tokens/s/GPU", reference, reference_name, target=target,
+                          notes=f"failed: {_last_line(str(exc))}")
+        tps_per_gpu = micro * 1024 * gpus / seconds_per_step(events, FROM_STEP) / gpus
+        mem = summary(run_dir).get("peak_memory_gb")
+    m = mfu(tps_per_gpu, fpt, peak, 1)
+    print(f"gpu: {row}: {tps_per_gpu:,.0f} tokens/s/GPU, MFU {m if m is None else round(100 * m, 1)}%, "
+          f"peak memory {mem} GB", flush=True)
+    return Figure("gpu", row, tps_per_gpu, "tokens/s/GPU", reference, reference_name, ratio(tps_per_gpu, reference),
+                  target, (m is not None and m >= 0.45) if target else None,
+                  notes=f"MFU {100 * m:.1f}%, peak mem {mem:.1f} GB, {gpus}x {name}"
+                  if m is not None and mem is not None else f"{gpus}x {name}",
+                  extra={"mfu": m, "peak_memory_gb": mem,
+                         "reference_mfu": mfu(reference, fpt, peak, 1) if reference else None})
+
+
+def _last_line(text: str) -> str:
+    """The worker's own error line when there is one (torchrun's summary follows it), else the last line."""
+    lines = [line.strip() for line in (text or "").splitlines() if any(c.isalnum() for c in line)]
+    errors = [line for line in lines if "error" in line.lower() and "errors/__init__" not in line
+              and "ChildFailedError" not in line and "pytorch.org" not in line and "error_file" not in line]
+    return (errors or lines or ["(no output)"])[-1][:300]

@@ -40,10 +40,12 @@ def run_trainer(run_dir: Path, preset: str, overrides: list[str], *, nproc: int 
 
 
 def seconds_per_step(events: list[dict], from_step: int) -> float:
-    """Wall clock per step between the end of `from_step` and the end of the last logged step."""
-    steps = {e["step"]: e["time"] for e in events if e.get("event") == "step"}
+    """Wall clock per step between the end of `from_step` and the end of the last step, less the time the loop
+    was blocked saving checkpoints in that window (the final save blocks for seconds; the bare loop saves none)."""
+    steps = {e["step"]: e for e in events if e.get("event") == "step"}
     last = max(steps)
-    return (steps[last] - steps[from_step]) / (last - from_step)
+    saving = sum(steps[s].get("checkpoint_block_s") or 0.0 for s in steps if from_step < s <= last)
+    return (steps[last]["time"] - steps[from_step]["time"] - saving) / (last - from_step)
 
 
 def summary(run_dir: Path) -> dict:
