@@ -1,6 +1,6 @@
 # gpu-train: the two first commands are `make train` and `make test`; both set everything up.
 #   make train              set up, then train the tiny preset locally on 2 CPU workers (torchrun, elastic)
-#   make test               set up, then ruff, pytest (all tests), and the policy check over every stack's plan
+#   make test               set up, then ruff and pytest (all tests, the policy check over every stack's plan among them)
 #   make test-fast          set up, then ruff and the unit tests (no stack plans, no real training or servers)
 #   make plan STACK=aws-dev offline plan of one stack under Pulumi mocks -> build/plan/
 #   make bench              benchmarks, side by side, -> build/bench/results.json
@@ -77,9 +77,13 @@ policy: plans
 	$(BIN)/python -m policies.check build/plan/*.json
 
 # All tests, on TEST_WORKERS processes (pytest-xdist), each test file on one worker (its module fixtures built once);
-# the stacks are planned once for all workers (tests/conftest.py).
+# the stacks are planned once for all workers (tests/conftest.py), and tests/policies/test_plans.py runs the policy
+# check (`python -m policies.check`, what `make policy` runs) over every stack's plan and every fabric variant's.
+# The two virtualenvs install side by side: each pip run keeps one core busy.
 TEST_WORKERS ?= 2
-test: setup tools lint policy
+test:
+	@$(MAKE) --no-print-directory -j2 setup tools
+	@$(MAKE) --no-print-directory lint
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The unit lane: everything not marked `integration` (tests/conftest.py marks the tests that plan the stacks, train
