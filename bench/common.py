@@ -12,11 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,16 +56,6 @@ def local_s3(bucket: str = "bench") -> Iterator[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def median_time(fn: Callable[[], Any], repeat: int = 3) -> float:
-    """Median wall-clock seconds of `repeat` calls of fn."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 @dataclass

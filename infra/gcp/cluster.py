@@ -81,7 +81,8 @@ def authorized_networks(vpc_cidr: str, cluster: ClusterSettings) -> list[dict[st
     return nets
 
 
-def maintenance_exclusion() -> dict[str, object]:
+def maintenance_exclusion() -> gcp.container.ClusterMaintenancePolicyMaintenanceExclusionArgsDict:
+    """The cluster's standing exclusion: no minor or node upgrades until the version's end of support."""
     return {"exclusion_name": EXCLUSION_NAME, "start_time": EXCLUSION_START,
             "exclusion_options": {"scope": "NO_MINOR_OR_NODE_UPGRADES",
                                   "end_time_behavior": "UNTIL_END_OF_SUPPORT"}}
@@ -206,10 +207,7 @@ class GkeCluster(pulumi.ComponentResource):
             maintenance_policy=gcp.container.ClusterMaintenancePolicyArgs(
                 recurring_window=gcp.container.ClusterMaintenancePolicyRecurringWindowArgs(
                     start_time=WINDOW_START, end_time=WINDOW_END, recurrence=WINDOW_RECURRENCE),
-                maintenance_exclusions=[gcp.container.ClusterMaintenancePolicyMaintenanceExclusionArgs(
-                    exclusion_name=EXCLUSION_NAME, start_time=EXCLUSION_START,
-                    exclusion_options=gcp.container.ClusterMaintenancePolicyMaintenanceExclusionExclusionOptionsArgs(
-                        scope="NO_MINOR_OR_NODE_UPGRADES", end_time_behavior="UNTIL_END_OF_SUPPORT"))]),
+                maintenance_exclusions=[maintenance_exclusion()]),
             addons_config=gcp.container.ClusterAddonsConfigArgs(
                 gce_persistent_disk_csi_driver_config=gcp.container.ClusterAddonsConfigGcePersistentDiskCsiDriverConfigArgs(
                     enabled=True)),

@@ -88,11 +88,6 @@ def fabric_vpcs(machine_type: str) -> tuple[FabricVpc, ...]:
     return gvnic
 
 
-def fabric_nic_count(machine_type: str) -> int:
-    """How many additional NICs (one per fabric subnet) a node of this machine type gets."""
-    return sum(v.subnets for v in fabric_vpcs(machine_type))
-
-
 @dataclass(frozen=True, kw_only=True)
 class FabricSubnetPlan:
     name: str  # GCE subnetwork name

@@ -221,12 +221,6 @@ class GlobalSampler:
             out[sel] = self._windows_in_epoch(int(epoch), places[sel])
         return out
 
-    def shard_of_window(self, windows: np.ndarray | Sequence[int]) -> np.ndarray:
-        """The shard each window index lies in (needs ``shard_windows``)."""
-        if self._shard_windows is None:
-            raise ValueError("this sampler was built without shard_windows: it does not know the shards")
-        return np.searchsorted(self._shard_start, np.asarray(windows, dtype=np.int64), side="right") - 1
-
     def upcoming_shards(self, step: int, count: int, end_step: int | None = None) -> list[int]:
         """Up to ``count`` distinct shards in the order steps ``step, step+1, ...`` first read them.
 
