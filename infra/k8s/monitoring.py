@@ -80,22 +80,6 @@ def release_labels() -> dict[str, str]:
     return {"release": naming.MONITORING_RELEASE}
 
 
-def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    """Kubernetes label-selector semantics (matchLabels + In/NotIn/Exists/DoesNotExist)."""
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
-        ok = {"In": key in labels and labels[key] in values,
-              "NotIn": labels.get(key) not in values,
-              "Exists": key in labels,
-              "DoesNotExist": key not in labels}[op]
-        if not ok:
-            return False
-    return True
-
-
 def _storage(storage_class: str, gb: int) -> dict[str, Any]:
     return {"volumeClaimTemplate": {"spec": {
         "storageClassName": storage_class, "accessModes": ["ReadWriteOnce"],

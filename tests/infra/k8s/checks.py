@@ -1,7 +1,7 @@
 """Checks shared by the Kubernetes-layer tests: strict schema validation, custom resources against
 their CRDs, containers' resources, and checkov over a directory of manifests.
 
-Usage: `problems = cr_problems(obj)`; `failures = run_checkov(dir)`; `validate_strict(objs, "1.33")`.
+Usage: `problems = cr_problems(obj)`; `selector_matches(selector, labels)`; `failures = run_checkov(dir)`; `validate_strict(objs, "1.33")`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,25 @@ from typing import Any
 
 import kubernetes_validate
 
-from infra.k8s.monitoring import release_labels, selector_matches
+from infra.k8s.monitoring import release_labels
 from tools.validation import crd
+
+
+def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes label-selector semantics (matchLabels + In/NotIn/Exists/DoesNotExist)."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        ok = {"In": key in labels and labels[key] in values,
+              "NotIn": labels.get(key) not in values,
+              "Exists": key in labels,
+              "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
 
 CHECKOV = Path(__file__).resolve().parents[3] / ".venv-checkov" / "bin" / "checkov"
 

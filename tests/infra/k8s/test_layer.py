@@ -13,7 +13,7 @@ import pytest
 from gpu_train.spec import naming
 from infra import clouds
 from infra.k8s import cache, common, gpu, health, monitoring, tenancy
-from tests.infra.k8s.checks import containers_without_resources, cr_problems
+from tests.infra.k8s.checks import containers_without_resources, cr_problems, selector_matches
 from tests.infra.k8s.harness import STACKS, build_layer, load_stack, objects, of_kind, releases
 
 CREATED_NAMESPACES = {naming.CACHE_NAMESPACE, naming.MONITORING_NAMESPACE, monitoring.AGENTS_NAMESPACE, common.GPU_NAMESPACE,
@@ -43,7 +43,7 @@ def test_monitors_and_rules_are_selected_by_the_release_prometheus(layers, stack
     for kind, selector in selectors.items():
         for obj in of_kind(records, kind):
             found += 1
-            assert monitoring.selector_matches(selector, obj["metadata"]["labels"]), f"{stack}: {kind} {obj}"
+            assert selector_matches(selector, obj["metadata"]["labels"]), f"{stack}: {kind} {obj}"
     # dcgm ServiceMonitor, trainer PodMonitor, Alluxio PodMonitor, rules, node-problem-detector's
     # PodMonitor, node-readiness-controller's ServiceMonitor.
     assert found == 6

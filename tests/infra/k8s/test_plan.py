@@ -11,10 +11,15 @@ from __future__ import annotations
 import pytest
 
 from gpu_train.spec import naming
-from infra.k8s import monitoring
 from infra.plan import kubernetes_objects
 from tests.conftest import STACKS, resources_of
-from tests.infra.k8s.checks import containers_without_resources, cr_problems, run_checkov, validate_strict
+from tests.infra.k8s.checks import (
+    containers_without_resources,
+    cr_problems,
+    run_checkov,
+    selector_matches,
+    validate_strict,
+)
 from tests.infra.k8s.harness import load_stack
 
 
@@ -50,7 +55,7 @@ def test_plan_monitors_match_the_prometheus_selector(plans, stack):
     assert monitors
     for obj in monitors:
         labels = obj["metadata"].get("labels") or {}
-        assert monitoring.selector_matches(selector[obj["kind"]], labels), f"{obj['kind']} {obj['metadata']}"
+        assert selector_matches(selector[obj["kind"]], labels), f"{obj['kind']} {obj['metadata']}"
 
 
 def test_plan_manifests_pass_checkov(plan_dir, tmp_path):

@@ -21,6 +21,7 @@ from infra.aws import node_addons as aws_addons
 from infra.gcp import node_addons as gcp_addons
 from infra.k8s import cache, common, gpu, monitoring, nvme, storage, tenancy
 from infra.platform import EgressTarget, StorageClassSpec
+from tests.infra.k8s.checks import selector_matches
 
 SYSTEM = {naming.SYSTEM_LABEL: "true"}
 
@@ -137,8 +138,8 @@ def test_monitors_and_rules_carry_the_labels_prometheus_selects():
                                                 system_selector=SYSTEM, internal_lb_annotations={}, is_prod=False)
     spec = values["prometheus"]["prometheusSpec"]
     for key in ("serviceMonitorSelector", "podMonitorSelector", "ruleSelector"):
-        assert monitoring.selector_matches(spec[key], monitoring.release_labels()), key
-        assert not monitoring.selector_matches(spec[key], {"app": "x"}), key
+        assert selector_matches(spec[key], monitoring.release_labels()), key
+        assert not selector_matches(spec[key], {"app": "x"}), key
         # With the NilUsesHelmValues flags left true, the chart would default to the release label
         # anyway; the explicit selector must agree with it.
         assert spec[key]["matchLabels"]["release"] == naming.MONITORING_RELEASE
@@ -149,9 +150,9 @@ def test_monitors_and_rules_carry_the_labels_prometheus_selects():
 def test_selector_semantics():
     sel = {"matchLabels": {"a": "1"}, "matchExpressions": [{"key": "b", "operator": "Exists"},
                                                           {"key": "c", "operator": "NotIn", "values": ["x"]}]}
-    assert monitoring.selector_matches(sel, {"a": "1", "b": "", "c": "y"})
-    assert not monitoring.selector_matches(sel, {"a": "1", "c": "y"})
-    assert not monitoring.selector_matches(sel, {"a": "1", "b": "", "c": "x"})
+    assert selector_matches(sel, {"a": "1", "b": "", "c": "y"})
+    assert not selector_matches(sel, {"a": "1", "c": "y"})
+    assert not selector_matches(sel, {"a": "1", "b": "", "c": "x"})
 
 
 def test_prometheus_retention_storage_and_placement_come_from_settings():
