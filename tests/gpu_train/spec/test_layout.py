@@ -106,6 +106,23 @@ def test_memory_estimate_by_hand():
     assert memory_per_gpu(one, resolve_layout(one.train, 8)).activations == 8704 / 2
 
 
+# Peak memory the trainer reported (summary.json's peak_memory_gb) on one H100 80GB, bf16 + torch.compile, one micro
+# batch per step: docs/performance.md, "GPU" (preset, micro batch, train.parallel, GB).
+H100_PEAKS = [("gpt2-124m", 16, "ddp", 12.9), ("gpt2-124m", 16, "fsdp", 11.6), ("gpt2-124m", 32, "ddp", 23.4),
+              ("gpt2-350m", 8, "ddp", 16.5), ("gpt2-350m", 8, "fsdp", 13.5)]
+
+
+@pytest.mark.parametrize(("preset", "micro", "parallel", "peak_gb"), H100_PEAKS)
+def test_the_estimate_is_never_below_a_peak_measured_on_a_gpu_and_at_most_a_third_above(preset, micro, parallel,
+                                                                                        peak_gb):
+    """The estimate refuses layouts before a node starts, so it must not promise less than a real run needs; far
+    above the real peak it would refuse layouts that fit."""
+    c = build_config(preset, overrides=[f"train.micro_batch_size={micro}", f"train.global_batch_tokens={micro * 1024}",
+                                        f"train.parallel={parallel}", "train.precision=bf16"])
+    estimate_gb = memory_per_gpu(c, resolve_layout(c.train, 1)).total / 1e9
+    assert peak_gb <= estimate_gb <= 4 / 3 * peak_gb, (estimate_gb, peak_gb)
+
+
 def test_the_recommended_layouts_fit_and_plain_data_parallelism_does_not():
     for preset, by_gpu in RECOMMENDED_LAYOUTS.items():
         for gpus, overrides in by_gpu.items():
