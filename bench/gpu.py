@@ -1,7 +1,7 @@
 """On a CUDA machine (`python -m bench --gpu`): tokens/s, MFU and peak memory of gpt2-124m and
 gpt2-350m in bf16 with torch.compile, under DDP and under FSDP2, against the same model in the bare
-loop (bench/bare.py), all on this machine's GPUs in one run, and gpt2-124m under DDP with four times the
-micro batch; then gpt2-350m under FSDP2 with tensor parallelism (train.tp=2) and under pipeline parallelism
+loop (bench/bare.py) at the same micro batch, all on this machine's GPUs in one run, gpt2-124m also under
+DDP at four times its preset's micro batch; then gpt2-350m under FSDP2 with tensor parallelism (train.tp=2) and under pipeline parallelism
 (train.pp=2, 1F1B), against its FSDP2 row. Each row prints one line as it is measured; a run that fails
 becomes a row naming the worker's error line, and the section goes on with the next. Each trainer run's
 output is kept in build/bench/gpu-logs/.
@@ -30,6 +30,10 @@ from trainer.flops import gpu_peak_flops, mfu
 FROM_STEP = 10
 
 
+# (preset, micro batch, train.parallel values): gpt2-124m at the preset's micro batch and at four times it (larger
+# matrix products per launch, a quarter of the per-step fixed costs per token, the same FLOPs per token).
+DATA_PARALLEL = (("gpt2-124m", 16, ("DDP", "FSDP")), ("gpt2-124m", 64, ("DDP",)), ("gpt2-350m", 8, ("DDP", "FSDP")))
+
 # (row, overrides): model parallel layouts of gpt2-350m (24 layers, 16 heads) on this machine's GPUs.
 LAYOUTS = (
     ("FSDP2+TP", ["train.parallel=fsdp", "train.tp=2"]),
@@ -40,9 +44,9 @@ LAYOUTS = (
 def run(quick: bool = False) -> list[Figure]:
     if not torch.cuda.is_available():
         why = "torch.cuda.is_available() is False here"
-        return [*(Figure("gpu", f"{preset} {parallel} bf16+compile vs bare loop", None, "tokens/s/GPU",
-                         notes=f"needs a CUDA device ({why})")
-                  for preset in ("gpt2-124m", "gpt2-350m") for parallel in ("DDP", "FSDP")),
+        return [*(Figure("gpu", f"{preset} {parallel} bf16+compile, micro batch {micro} vs bare loop", None,
+                         "tokens/s/GPU", notes=f"needs a CUDA device ({why})")
+                  for preset, micro, parallels in DATA_PARALLEL for parallel in parallels),
                 *(Figure("gpu", f"gpt2-350m {row} bf16 vs FSDP2", None, "tokens/s/GPU",
                          notes=f"needs a CUDA device with 2 GPUs or more ({why})") for row, _ in LAYOUTS)]
     figures = _data_parallel(quick)
@@ -68,7 +72,7 @@ def _data_parallel(quick: bool) -> list[Figure]:
     peak = gpu_peak_flops(name)
     steps = 30 if quick else 60
     figures = []
-    for preset, micro in (("gpt2-124m", 16), ("gpt2-350m", 8)):
+    for preset, micro, parallels in DATA_PARALLEL:
         # One optimizer step = one micro batch per GPU, so bare (1 GPU) and ours compare per GPU.
         common = _common(steps, micro, gpus) + ["train.compile=true"]
         fpt = preset_flops_per_token(preset)
@@ -77,19 +81,11 @@ def _data_parallel(quick: bool) -> list[Figure]:
         except subprocess.CalledProcessError as exc:
             bare_tps = None
             print(f"gpu: {preset} bare loop failed: {_last_line(exc.stderr)}", flush=True)
-        for parallel in ("ddp", "fsdp"):
-            row = f"{preset} {parallel.upper()} bf16+compile vs bare loop"
+        for parallel in parallels:
+            row = f"{preset} {parallel} bf16+compile, micro batch {micro} vs bare loop"
             target = ">= 45% MFU" if preset == "gpt2-124m" else ""
-            figures.append(_trainer_row(row, preset, [*common, f"train.parallel={parallel}"], micro, gpus, peak, fpt,
-                                        bare_tps, "bare loop, 1 GPU", target))
-        if preset == "gpt2-124m":
-            # The same model with four times the micro batch: larger matrix products per launch and a quarter of
-            # the per-step fixed costs per token, the same FLOPs per token.
-            big = 4 * micro
-            figures.append(_trainer_row(f"{preset} DDP bf16+compile, micro batch {big} vs {micro}", preset,
-                                        [*_common(steps, big, gpus), "train.compile=true", "train.parallel=ddp"],
-                                        big, gpus, peak, fpt, figures[-2].value, f"micro batch {micro}",
-                                        ">= 45% MFU"))
+            figures.append(_trainer_row(row, preset, [*common, f"train.parallel={parallel.lower()}"], micro, gpus, peak, fpt,
+                                        bare_tps, f"bare loop, 1 GPU, micro batch {micro}", target))
     return figures
 
 
