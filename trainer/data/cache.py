@@ -489,12 +489,16 @@ class ShardCache:
         if self.max_bytes is None:
             return
         with self._index_lock():
+            # Reservations first, then the objects: a download in flight moves its file into objects/ before it
+            # drops its reservation, so read in this order it is counted once or twice, never missed (read the
+            # other way, one that finishes between the two reads is in neither, and the cache overshoots).
+            reserved = self._reserved_bytes()
             entries = []
             for p in self.objects.iterdir():
                 with contextlib.suppress(FileNotFoundError):
                     st = p.stat()
                     entries.append((self._last_used(p, st), st.st_size, p))
-            total = sum(size for _, size, _ in entries) + self._reserved_bytes()
+            total = sum(size for _, size, _ in entries) + reserved
             self._reservation(ref).write_text(str(ref.size))
             if total + ref.size <= self.max_bytes:
                 return

@@ -5,15 +5,18 @@ Run: ``.venv/bin/pytest tests/trainer/data/test_data_cache.py -q``
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gpu_train.storage import open_store
 from trainer.data import DataError, ShardIntegrityError, open_dataset
 from trainer.data.__main__ import main as cli
-from trainer.data.cache import SealBook, budget_from_disk, disk_budget
+from trainer.data.cache import CacheRef, SealBook, ShardCache, budget_from_disk, disk_budget
 from trainer.data.prepare import synth
 
 CONTEXT = 32
@@ -184,3 +187,35 @@ def test_missing_val_split_and_too_short_dataset_are_named(s3_dataset, proxy, tm
         match=r"\(train split\): no window of context \+ 1 = 5001 tokens fits \(its longest shard has \d+ tokens",
     ):
         open_dataset(s3_dataset, context=5000, cache_dir=str(tmp_path / "c"), endpoint_url=proxy.endpoint)
+
+
+def test_a_download_finishing_while_space_is_reserved_is_counted_and_the_budget_holds(tmp_path):
+    """A download in flight moves its object into the cache, then drops its reservation. When that happens
+    while another download reserves space, the finished object must still be counted: the cache then evicts for
+    the new shard and never holds more than its budget."""
+    src = tmp_path / "store"
+    src.mkdir()
+    refs = {}
+    for name in ("a", "b", "c"):
+        data = bytes([ord(name)]) * 1000
+        (src / name).write_bytes(data)
+        refs[name] = CacheRef(name, len(data), hashlib.sha256(data).hexdigest())
+    store = open_store(f"file://{src}")
+    cache = ShardCache(tmp_path / "cache", max_bytes=2000)  # room for two of the three
+    cache.fetch(store, refs["a"])
+    # b is being downloaded by another worker: its space is reserved, its file not in the cache yet.
+    (cache.reserved / f"{refs['b'].sha256}.{os.getpid()}.1").write_text("1000")
+    read_reservations = cache._reserved_bytes
+
+    def finish_b_then_read() -> int:
+        # b's download ends just before the reservations are read: its file lands, its reservation goes.
+        (cache.objects / refs["b"].sha256).write_bytes((src / "b").read_bytes())
+        for p in cache.reserved.iterdir():
+            if p.name.startswith(refs["b"].sha256):
+                p.unlink()
+        return read_reservations()
+
+    cache._reserved_bytes = finish_b_then_read
+    cache.fetch(store, refs["c"])
+    assert cache.total_bytes() <= 2000, sorted(p.name[:8] for p in cache.objects.iterdir())
+    assert (cache.objects / refs["c"].sha256).exists() and cache.stats.evictions == 1
