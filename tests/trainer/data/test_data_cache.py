@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -204,15 +203,13 @@ def test_a_download_finishing_while_space_is_reserved_is_counted_and_the_budget_
     cache = ShardCache(tmp_path / "cache", max_bytes=2000)  # room for two of the three
     cache.fetch(store, refs["a"])
     # b is being downloaded by another worker: its space is reserved, its file not in the cache yet.
-    (cache.reserved / f"{refs['b'].sha256}.{os.getpid()}.1").write_text("1000")
+    cache._reservation(refs["b"]).write_text(str(refs["b"].size))
     read_reservations = cache._reserved_bytes
 
     def finish_b_then_read() -> int:
         # b's download ends just before the reservations are read: its file lands, its reservation goes.
         (cache.objects / refs["b"].sha256).write_bytes((src / "b").read_bytes())
-        for p in cache.reserved.iterdir():
-            if p.name.startswith(refs["b"].sha256):
-                p.unlink()
+        cache._unreserve(refs["b"])
         return read_reservations()
 
     cache._reserved_bytes = finish_b_then_read
