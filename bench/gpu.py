@@ -77,7 +77,7 @@ def _data_parallel(quick: bool) -> list[Figure]:
         common = _common(steps, micro, gpus) + ["train.compile=true"]
         fpt = preset_flops_per_token(preset)
         try:
-            bare_tps = _bare(preset, steps, [*common, f"train.global_batch_tokens={micro * 1024}"])
+            bare_tps = _bare(preset, steps, micro, [*common, f"train.global_batch_tokens={micro * 1024}"])
         except subprocess.CalledProcessError as exc:
             bare_tps = None
             print(f"gpu: {preset} bare loop failed: {_last_line(exc.stderr)}", flush=True)
@@ -95,12 +95,11 @@ def _common(steps: int, micro: int, gpus: int) -> list[str]:
             "train.deterministic=false"]
 
 
-def _bare(preset: str, steps: int, overrides: list[str]) -> float:
-    """Tokens/s of the bare loop (bench/bare.py) on one GPU."""
+def _bare(preset: str, steps: int, micro: int, overrides: list[str]) -> float:
+    """Tokens/s of the bare loop (bench/bare.py) on one GPU, one micro batch of `micro` windows per step."""
     out = subprocess.run([sys.executable, "-m", "bench.bare", "--preset", preset, "--steps", str(steps),
                           "--from-step", str(FROM_STEP), *overrides], cwd=ROOT, capture_output=True, text=True,
                          check=True)
-    micro = next(int(o.split("=")[1]) for o in overrides if o.startswith("train.micro_batch_size="))
     tps = micro * 1024 / json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_step"]
     print(f"gpu: {preset} bare loop: {tps:,.0f} tokens/s", flush=True)
     return tps

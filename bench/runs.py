@@ -44,7 +44,7 @@ def seconds_per_step(events: list[dict], from_step: int) -> float:
     was blocked saving checkpoints in that window (the final save blocks for seconds; the bare loop saves none)."""
     steps = {e["step"]: e for e in events if e.get("event") == "step"}
     last = max(steps)
-    saving = sum(steps[s].get("checkpoint_block_s") or 0.0 for s in steps if from_step < s <= last)
+    saving = sum(steps[s].get("checkpoint_block_s") or 0.0 for s in steps if s > from_step)
     return (steps[last]["time"] - steps[from_step]["time"] - saving) / (last - from_step)
 
 
