@@ -2,6 +2,8 @@
 #   make train              set up, then train the tiny preset locally on 2 CPU workers (torchrun, elastic)
 #   make test               set up, then ruff and pytest (all tests, the policy check over every stack's plan among them)
 #   make test-fast          set up, then ruff and the unit tests (no stack plans, no real training or servers)
+#   make e2e                set up, then the cluster lane alone: tests/cluster against the local control plane
+#   make cluster-up         build (once) and start the local control plane on 127.0.0.1; cluster-down stops it
 #   make plan STACK=aws-dev offline plan of one stack under Pulumi mocks -> build/plan/
 #   make bench              benchmarks, side by side, -> build/bench/results.json
 #   make docs               regenerate docs/configuration.md's settings tables from the settings models
@@ -21,7 +23,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 TORCH_INDEX_URL ?=
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-3.3.30
 
-.PHONY: setup tools train test test-fast lint plan plans policy bench schemas docs clean
+.PHONY: setup tools cluster-build cluster-up cluster-down e2e train test test-fast lint plan plans policy bench schemas docs clean
 
 setup: $(STAMP)
 
@@ -76,15 +78,34 @@ plan: setup
 policy: plans
 	$(BIN)/python -m policies.check build/plan/*.json
 
+# The local control plane (docs/testing.md): etcd, kube-apiserver, -controller-manager, -scheduler, Kueue, JobSet and
+# kwok, built from the Go modules tools/cluster/go pins into build/cluster/bin (rebuilt only when a pin changes).
+cluster-build:
+	@bash tools/cluster/build.sh
+
+cluster-up: setup cluster-build
+	$(BIN)/python -m tools.cluster up
+
+cluster-down: setup
+	$(BIN)/python -m tools.cluster down
+
+# The cluster lane alone: one control plane for the whole run, its tests one after another.
+e2e: setup cluster-build
+	$(BIN)/pytest -q -p no:xdist tests/cluster
+
 # All tests, on TEST_WORKERS processes (pytest-xdist), each test file on one worker (its module fixtures built once);
 # the stacks are planned once for all workers (tests/conftest.py), and tests/policies/test_plans.py runs the policy
 # check (`python -m policies.check`, what `make policy` runs) over every stack's plan and every fabric variant's.
 # The two virtualenvs install side by side: each pip run keeps one core busy.
 TEST_WORKERS ?= 2
+# The cluster lane (tests/cluster) runs beside them in a pytest of its own, with one control plane; its report follows.
 test:
-	@$(MAKE) --no-print-directory -j2 setup tools
+	@$(MAKE) --no-print-directory -j3 setup tools cluster-build
 	@$(MAKE) --no-print-directory lint
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	@mkdir -p build; $(BIN)/pytest -q -p no:xdist tests/cluster > build/e2e.log 2>&1 & lane=$$!; \
+	  $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/cluster; main=$$?; \
+	  wait $$lane; e2e=$$?; echo "--- the cluster lane (tests/cluster):"; cat build/e2e.log; \
+	  [ $$main = 0 ] && [ $$e2e = 0 ]
 
 # The unit lane: everything not marked `integration` (tests/conftest.py marks the tests that plan the stacks, train
 # for real or start servers), on every core. Under 2 minutes on 2 cores.

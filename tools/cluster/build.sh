@@ -8,6 +8,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 bin="$root/build/cluster/bin"
 mkdir -p "$bin"
+# One build at a time (parallel test workers, a second shell): the others wait here, then find the stamps.
+exec 9>"$bin/.lock"
+flock 9
 command -v go >/dev/null || { echo "cluster build: the Go toolchain (go) is not on PATH; install Go 1.26 or newer" >&2; exit 2; }
 # The version each server reports: the pinned module's own version, so `kubectl version` tells the truth.
 kube_version=$(cd "$here/go/kubernetes" && go list -m -f '{{.Version}}' k8s.io/kubernetes)

@@ -146,6 +146,7 @@ class Plane:
     server: str
     pids: dict[str, int] = field(default_factory=dict)
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
+    _clients: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # -- paths ---------------------------------------------------------------------------------------------
     @property
@@ -166,7 +167,9 @@ class Plane:
 
     # -- life cycle ----------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, run: Path = RUN) -> Plane:
+    def start(cls, run: Path = RUN, *, controllers: bool = True) -> Plane:
+        """Start a plane in `run`. `controllers=False` starts only etcd and the API server, as envtest does: enough
+        for admission, schemas and RBAC, with nothing acting on what is stored."""
         build()
         if run.exists():
             stale = cls.load(run)
@@ -179,13 +182,13 @@ class Plane:
                   "jobset-health")}
         plane = cls(run=run, server=f"https://127.0.0.1:{ports['apiserver']}")
         try:
-            plane._start(ports)
+            plane._start(ports, controllers)
         except BaseException:
             plane.stop(keep=True)
             raise
         return plane
 
-    def _start(self, ports: dict[str, int]) -> None:
+    def _start(self, ports: dict[str, int], controllers: bool) -> None:
         t0 = time.monotonic()
         ca = Authority.create(self.run / "pki")
         api_cert, api_key = ca.serving("apiserver")
@@ -216,7 +219,13 @@ class Plane:
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
             "--allow-privileged=true", "--enable-priority-and-fairness=false", "--profiling=false"])
         self._wait("kube-apiserver", f"{self.server}/readyz")
+        if controllers:
+            self._start_controllers(ports, ca, sa_key)
+        (self.run / "state.json").write_text(json.dumps(
+            {"server": self.server, "pids": self.pids, "ports": ports,
+             "ready_s": round(time.monotonic() - t0, 1)}, indent=1))
 
+    def _start_controllers(self, ports: dict[str, int], ca: Authority, sa_key: Path) -> None:
         self._spawn("kube-controller-manager", [
             f"--kubeconfig={self.run / 'kube-controller-manager.kubeconfig'}", "--leader-elect=false",
             "--secure-port=0", f"--service-account-private-key-file={sa_key}", f"--root-ca-file={ca.cert}",
@@ -232,9 +241,6 @@ class Plane:
         self._wait("kueue", f"http://127.0.0.1:{ports['kueue-health']}/readyz")
         self._wait("jobset", f"http://127.0.0.1:{ports['jobset-health']}/readyz")
         self.wait_for_webhooks()
-        (self.run / "state.json").write_text(json.dumps(
-            {"server": self.server, "pids": self.pids, "ports": ports,
-             "ready_s": round(time.monotonic() - t0, 1)}, indent=1))
 
     def _install_kueue(self, ports: dict[str, int], ca: Authority, ca_bundle: str) -> None:
         from infra.k8s.tenancy import kueue_configuration
@@ -363,12 +369,15 @@ class Plane:
 
     # -- the API -------------------------------------------------------------------------------------------
     def client(self, kubeconfig_path: Path | None = None):
-        """A kubernetes.dynamic.DynamicClient for the admin, or for the user of `kubeconfig_path`."""
+        """A kubernetes.dynamic.DynamicClient for the admin, or for the user of `kubeconfig_path` (one per
+        kubeconfig: each keeps its discovery cache)."""
         from kubernetes import config as kconfig
         from kubernetes import dynamic
 
-        api = kconfig.new_client_from_config(str(kubeconfig_path or self.admin_kubeconfig))
-        return dynamic.DynamicClient(api)
+        path = str(kubeconfig_path or self.admin_kubeconfig)
+        if path not in self._clients:
+            self._clients[path] = dynamic.DynamicClient(kconfig.new_client_from_config(path))
+        return self._clients[path]
 
     def apply(self, objects: list[dict], *, dry_run: bool = False, kubeconfig_path: Path | None = None,
               manager: str = "gpu-train-local") -> list[Any]:

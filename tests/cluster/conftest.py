@@ -1,0 +1,165 @@
+"""The cluster lane: a real control plane (tools/cluster: etcd, kube-apiserver, controller manager, scheduler, Kueue,
+JobSet, kwok) built from upstream source and started once per run, with the platform's objects applied to it.
+
+Run: .venv/bin/pytest tests/cluster -q      (or `make e2e`; `make test` runs it after the other tests)
+
+Fixtures:
+- `plane`: the running plane (tools.cluster.plane.Plane), with the charts' CRDs installed;
+- `stack_objects`: every stack's (and the serving variant's) Kubernetes objects from its offline plan;
+- `platform`: aws-dev's objects applied, its pools' kwok nodes Ready, its contract, and a kubeconfig per user:
+  alice submits for research (group ml-research), bob for platform (ml-platform), vera in ml-platform views
+  research, as the stack's RoleBindings say;
+- `cli`: `gpu-train ARGS` in-process -> (exit status, stdout, stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_train.cli.main import main
+from tools import variants
+from tools.cluster.nodes import pool_nodes
+from tools.cluster.plane import Plane
+from tools.cluster.platform import apply_plan, install_crds, plan_objects
+
+ROOT = Path(__file__).resolve().parents[2]
+STACK = "aws-dev"
+SERVING = "aws-dev-serving"
+PLANNED = ("aws-dev", "aws-prod", "gcp-dev", "gcp-prod", SERVING)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "tests/cluster/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.integration)
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def plane():
+    started = Plane.start(ROOT / "build" / "cluster" / f"lane-{os.getpid()}")
+    install_crds(started)
+    yield started
+    started.stop()
+
+
+def _plan(name: str, out: Path) -> subprocess.CompletedProcess:
+    if name in variants.SERVING:
+        args = ["--stack-file", str(variants.serving_stack_file(name, out))]
+    else:
+        args = ["--stack", name]
+    return subprocess.run([sys.executable, "-m", "infra.plan", *args, "--out", str(out), "--quiet"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def plan_out(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cluster-plans")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        procs = dict(zip(PLANNED, pool.map(lambda n: _plan(n, out), PLANNED)))
+    failed = {n: p.stdout + p.stderr for n, p in procs.items() if p.returncode}
+    assert not failed, f"planning failed: {failed}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def stack_objects(plan_out) -> dict[str, list[dict[str, Any]]]:
+    return {name: plan_objects(plan_out / name / "k8s") for name in PLANNED}
+
+
+@dataclass
+class Platform:
+    plane: Plane
+    contract: dict[str, Any]
+    contract_file: Path
+    stored: list[dict[str, Any]]
+    kubeconfigs: dict[str, Path]
+
+    def core(self):
+        from kubernetes import client, config
+
+        return client.CoreV1Api(config.new_client_from_config(str(self.plane.admin_kubeconfig)))
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        from kubernetes.dynamic.exceptions import NotFoundError
+
+        res = self.plane.client().resources.get(api_version=api_version, kind=kind)
+        try:
+            return res.get(name=name, namespace=namespace).to_dict()
+        except NotFoundError:
+            return None
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None, **selectors) -> list[dict]:
+        res = self.plane.client().resources.get(api_version=api_version, kind=kind)
+        return [i.to_dict() for i in res.get(namespace=namespace, **selectors).items]
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 90.0, every: float = 0.25) -> Any:
+    """Poll `probe` until it returns something truthy (the signal), or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="session")
+def platform(plane, stack_objects, plan_out, tmp_path_factory) -> Platform:
+    stored = apply_plan(plane, plan_out / STACK / "k8s")
+    cm = next(o for o in stack_objects[STACK] if o["kind"] == "ConfigMap" and o["metadata"]["name"] ==
+              "gpu-train-platform")
+    contract = json.loads(next(iter(cm["data"].values())))
+    contract_file = tmp_path_factory.mktemp("contract") / "platform.json"
+    contract_file.write_text(json.dumps(contract))
+    nodes = pool_nodes(contract)
+    plane.add_nodes(nodes)
+    p = Platform(plane, contract, contract_file, stored, {
+        "alice": plane.user_kubeconfig("alice", ("ml-research",), "team-research"),
+        "bob": plane.user_kubeconfig("bob", ("ml-platform",), "team-platform"),
+        "vera": plane.user_kubeconfig("vera", ("ml-platform",), "team-research"),
+        "mallory": plane.user_kubeconfig("mallory", ("contractors",), "team-research"),
+    })
+    names = {n["metadata"]["name"] for n in nodes}
+    wait_for("every kwok node Ready", lambda: names <= {
+        n.metadata.name for n in p.core().list_node().items
+        if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))})
+    return p
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch, tmp_path):
+    """run(args) -> (status, stdout, stderr) of `gpu-train ARGS`, with HOME in tmp_path (no stray kubeconfig)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+    return run
+
+
+def job_spec(tmp_path: Path, **over: Any) -> Path:
+    """A job spec file for research's l4-spot pool."""
+    settings: dict[str, Any] = {"name": "e2e", "team": "research", "pool": "l4-spot", "preset": "gpt2-124m",
+                                "nodes": "1", "gpusPerNode": 1, "steps": 200, "globalBatchTokens": 65536,
+                                "checkpointEvery": 50, "maxRestarts": 5}
+    settings.update(over)
+    path = tmp_path / f"{settings['name']}.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return path

@@ -1,0 +1,199 @@
+"""A team's work through the real control plane, as its members: `gpu-train submit` admitted by the real Kueue in
+the team's queue, a job over quota waiting with Kueue's own reason, the JobSet controller's Jobs, the scheduler
+placing pods on the pool's kwok nodes only, `list` and `status` showing what the cluster shows, pause, resume and
+cancel releasing and regaining quota, a production job preempting a sweep trial, a lost node's pod replaced, and
+what Kueue does with an elastic `MIN:MAX` job.
+
+Run: .venv/bin/pytest tests/cluster/test_team_work.py -q
+
+The tests share one plane and run in file order; each removes its jobs before it ends, so each starts with the
+team's quota free (the `clean` fixture checks it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import job_spec, wait_for
+
+JOBSET = ("jobset.x-k8s.io/v1alpha2", "JobSet")
+WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
+NS = "team-research"
+
+
+def workload_of(platform, name: str, ns: str = NS) -> dict[str, Any] | None:
+    js = platform.get(*JOBSET, name, ns)
+    if js is None:
+        return None
+    uid = js["metadata"]["uid"]
+    found = platform.list(*WORKLOAD, ns, label_selector=f"kueue.x-k8s.io/job-uid={uid}")
+    return found[0] if found else None
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return c
+    return None
+
+
+def admitted(platform, name: str, ns: str = NS) -> bool:
+    c = condition(workload_of(platform, name, ns), "Admitted")
+    return bool(c and c["status"] == "True")
+
+
+def pods_of(platform, name: str, ns: str = NS) -> list[Any]:
+    return platform.core().list_namespaced_pod(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
+
+
+def running_pods(platform, name: str, ns: str = NS) -> list[Any]:
+    return [p for p in pods_of(platform, name, ns) if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+
+
+def gpu_usage(platform, cq: str = "team-research") -> int:
+    """GPUs Kueue counts as reserved in the ClusterQueue (its own status)."""
+    obj = platform.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", cq)
+    total = 0
+    for flavor in (obj.get("status") or {}).get("flavorsReservation") or []:
+        for res in flavor["resources"]:
+            if res["name"] == "nvidia.com/gpu":
+                total += int(res["total"])
+    return total
+
+
+@pytest.fixture
+def clean(platform, cli):
+    """Before: no JobSet in the team namespaces and no GPU reserved. After: every JobSet the test made is gone."""
+    def wipe():
+        for ns in ("team-research", "team-platform"):
+            for js in platform.list(*JOBSET, ns):
+                platform.plane.client().resources.get(api_version=JOBSET[0], kind=JOBSET[1]).delete(
+                    name=js["metadata"]["name"], namespace=ns, body={"propagationPolicy": "Foreground"})
+        wait_for("the team queues to hold no GPUs", lambda: gpu_usage(platform) == 0 and
+                 gpu_usage(platform, "team-platform") == 0 and not platform.list(*JOBSET, "team-research"))
+    wipe()
+    yield
+    wipe()
+
+
+def submit(cli, platform, tmp_path, user: str = "alice", **spec: Any) -> tuple[int, str, str]:
+    return cli("submit", job_spec(tmp_path, **spec), "--kubeconfig", platform.kubeconfigs[user])
+
+
+def test_the_stacks_own_job_is_admitted_by_kueue_in_its_queue(platform):
+    js = next(o for o in platform.stored if o["kind"] == "JobSet")
+    name, ns = js["metadata"]["name"], js["metadata"]["namespace"]
+    wait_for(f"the stack's job {name} admitted", lambda: admitted(platform, name, ns))
+    assert workload_of(platform, name, ns)["status"]["admission"]["clusterQueue"] == "team-research"
+
+
+def test_a_submitted_job_is_admitted_within_quota_and_placed_on_its_pool_only(platform, cli, tmp_path, clean):
+    code, out, err = submit(cli, platform, tmp_path, name="fits", nodes="2")
+    assert code == 0, err
+    wait_for("Kueue to admit 'fits'", lambda: admitted(platform, "fits"))
+    wl = workload_of(platform, "fits")
+    (assignment,) = wl["status"]["admission"]["podSetAssignments"]
+    assert assignment["flavors"]["nvidia.com/gpu"] == "l4-spot" and assignment["count"] == 2
+    # The JobSet controller made the worker Job; the scheduler bound its pods; kwok runs them.
+    pods = wait_for("both pods Running", lambda: len(running_pods(platform, "fits")) == 2 and
+                    running_pods(platform, "fits"))
+    nodes = {n.metadata.name: n for n in platform.core().list_node().items}
+    for pod in pods:
+        node = nodes[pod.spec.node_name]
+        assert node.metadata.labels["gpu-train.io/pool"] == "l4-spot", pod.spec.node_name
+    assert len({p.spec.node_name for p in pods}) == 2  # one pod per node
+    assert gpu_usage(platform) == 2
+
+    code, out, err = cli("list", "--kubeconfig", platform.kubeconfigs["alice"])
+    assert code == 0, err
+    row = next(line.split() for line in out.splitlines() if line.startswith("fits "))
+    assert row[1:4] == ["Running", "2", "l4-spot"]
+    code, out, err = cli("status", "fits", "--kubeconfig", platform.kubeconfigs["alice"])
+    assert code == 0, err
+    assert "job fits in team-research: Running" in out
+    assert "admitted by cluster queue team-research on pool l4-spot" in out
+    for pod in pods:
+        assert pod.metadata.name in out
+
+
+def test_a_job_over_quota_waits_with_kueues_own_reason(platform, cli, tmp_path, clean):
+    assert submit(cli, platform, tmp_path, name="first", nodes="2")[0] == 0
+    wait_for("'first' admitted", lambda: admitted(platform, "first"))
+    assert submit(cli, platform, tmp_path, name="second", nodes="4")[0] == 0
+    wl = wait_for("Kueue's verdict on 'second'", lambda: (w := workload_of(platform, "second")) and
+                  condition(w, "QuotaReserved") and w)
+    reserved = condition(wl, "QuotaReserved")
+    assert reserved["status"] == "False" and reserved["reason"] == "Pending"
+    assert "insufficient unused quota for nvidia.com/gpu in flavor l4-spot" in reserved["message"]
+    assert not pods_of(platform, "second")
+    code, out, err = cli("status", "second", "--kubeconfig", platform.kubeconfigs["alice"])
+    assert code == 0, err
+    assert "job second in team-research: Queued" in out and "insufficient unused quota" in out
+
+
+def test_pause_and_resume_release_and_regain_quota(platform, cli, tmp_path, clean):
+    assert submit(cli, platform, tmp_path, name="pausable", nodes="2")[0] == 0
+    wait_for("'pausable' running", lambda: len(running_pods(platform, "pausable")) == 2)
+    assert gpu_usage(platform) == 2
+    code, out, err = cli("pause", "pausable", "--kubeconfig", platform.kubeconfigs["alice"])
+    assert code == 0, err
+    wait_for("the quota released and the pods gone", lambda: gpu_usage(platform) == 0 and
+             not running_pods(platform, "pausable"))
+    assert platform.get(*JOBSET, "pausable", NS)["spec"]["suspend"] is True
+    assert cli("list", "--kubeconfig", platform.kubeconfigs["alice"])[1].count("Paused") == 1
+    code, out, err = cli("resume", "pausable", "--kubeconfig", platform.kubeconfigs["alice"])
+    assert code == 0, err
+    wait_for("the quota regained and the pods back", lambda: gpu_usage(platform) == 2 and
+             len(running_pods(platform, "pausable")) == 2)
+
+
+def test_cancel_deletes_the_job_and_frees_its_quota(platform, cli, tmp_path, clean):
+    assert submit(cli, platform, tmp_path, name="doomed", nodes="1")[0] == 0
+    wait_for("'doomed' admitted", lambda: admitted(platform, "doomed"))
+    code, out, err = cli("cancel", "doomed", "--kubeconfig", platform.kubeconfigs["alice"])
+    assert code == 0, err
+    wait_for("the JobSet, its Workload and its quota gone", lambda: platform.get(*JOBSET, "doomed", NS) is None
+             and not platform.list(*WORKLOAD, NS) and gpu_usage(platform) == 0)
+
+
+def test_a_production_job_preempts_a_running_sweep_trial(platform, cli, tmp_path, clean):
+    assert submit(cli, platform, tmp_path, name="trial", nodes="4", priorityClass="sweep")[0] == 0
+    wait_for("the trial running on all 4 GPUs", lambda: admitted(platform, "trial") and gpu_usage(platform) == 4)
+    assert submit(cli, platform, tmp_path, name="prod", nodes="2", priorityClass="production")[0] == 0
+    wait_for("the production job admitted", lambda: admitted(platform, "prod"), timeout=120)
+    trial = workload_of(platform, "trial")
+    evicted = condition(trial, "Evicted")
+    assert evicted and evicted["status"] == "True" and evicted["reason"] == "Preempted", trial["status"]
+    assert condition(trial, "Preempted")["reason"] == "InClusterQueue"
+
+
+def test_a_lost_nodes_pod_is_replaced_under_the_same_index_without_a_restart(platform, cli, tmp_path, clean):
+    assert submit(cli, platform, tmp_path, name="survivor", nodes="2")[0] == 0
+    pods = wait_for("both pods Running", lambda: len(running_pods(platform, "survivor")) == 2 and
+                    running_pods(platform, "survivor"))
+    victim = next(p for p in pods if p.metadata.labels["batch.kubernetes.io/job-completion-index"] == "1")
+    node = victim.spec.node_name
+    core = platform.core()
+    spare = core.read_node(node)
+    core.delete_node(node)
+    try:
+        # The pod GC marks the orphaned pod DisruptionTarget and deletes it; the Job's pod failure policy ignores
+        # it and creates a replacement under index 1, which the scheduler puts on another node of the pool.
+        replaced = wait_for("a replacement for index 1 on another node", lambda: [
+            p for p in running_pods(platform, "survivor")
+            if p.metadata.labels["batch.kubernetes.io/job-completion-index"] == "1"
+            and p.metadata.uid != victim.metadata.uid], timeout=150)
+        assert replaced[0].spec.node_name != node
+        js = platform.get(*JOBSET, "survivor", NS)
+        assert (js.get("status") or {}).get("restarts", 0) == 0
+        assert admitted(platform, "survivor")
+    finally:
+        body = spare.to_dict()
+        platform.plane.add_nodes([{"apiVersion": "v1", "kind": "Node",
+                                   "metadata": {"name": node, "labels": body["metadata"]["labels"],
+                                                "annotations": body["metadata"]["annotations"]},
+                                   "spec": {"taints": [t for t in body["spec"]["taints"] or []]},
+                                   "status": {"allocatable": body["status"]["allocatable"],
+                                              "capacity": body["status"]["capacity"]}}])
