@@ -68,7 +68,7 @@ def _plan(name: str, out: Path) -> subprocess.CompletedProcess:
 def plan_out(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cluster-plans")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        procs = dict(zip(PLANNED, pool.map(lambda n: _plan(n, out), PLANNED)))
+        procs = dict(zip(PLANNED, pool.map(lambda n: _plan(n, out), PLANNED), strict=True))
     failed = {n: p.stdout + p.stderr for n, p in procs.items() if p.returncode}
     assert not failed, f"planning failed: {failed}"
     return out

@@ -21,7 +21,8 @@ from kubernetes.dynamic.exceptions import ApiException
 
 from infra.k8s import pod_admission
 from tests.infra.k8s import test_pod_admission as cases
-from tools.cluster.plane import Plane, module_dir
+from tools.cluster.controllers import module_dir
+from tools.cluster.plane import Plane
 from tools.validation import pod_security
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -197,3 +197,38 @@ def test_a_lost_nodes_pod_is_replaced_under_the_same_index_without_a_restart(pla
                                    "spec": {"taints": [t for t in body["spec"]["taints"] or []]},
                                    "status": {"allocatable": body["status"]["allocatable"],
                                               "capacity": body["status"]["capacity"]}}])
+
+
+def test_an_elastic_job_is_admitted_whole_at_max_or_waits(platform, cli, tmp_path, clean):
+    """What Kueue 0.19 does with `nodes: MIN:MAX` (docs/teams.md): the JobSet's worker Job has MAX pods, Kueue
+    reserves quota for all MAX and admits nothing less; with fewer than MAX GPUs free the job waits, even though
+    MIN would fit (no partial admission for JobSets)."""
+    assert submit(cli, platform, tmp_path, name="elastic", nodes="1:2")[0] == 0
+    wait_for("'elastic' admitted", lambda: admitted(platform, "elastic"))
+    (assignment,) = workload_of(platform, "elastic")["status"]["admission"]["podSetAssignments"]
+    assert assignment["count"] == 2 and gpu_usage(platform) == 2
+    assert submit(cli, platform, tmp_path, name="filler", nodes="1")[0] == 0
+    wait_for("'filler' admitted", lambda: admitted(platform, "filler"))
+    assert gpu_usage(platform) == 3
+    assert submit(cli, platform, tmp_path, name="elastic2", nodes="1:2")[0] == 0
+    wl = wait_for("Kueue's verdict on 'elastic2'", lambda: (w := workload_of(platform, "elastic2")) and
+                  condition(w, "QuotaReserved") and w)
+    assert condition(wl, "QuotaReserved")["status"] == "False"
+    assert gpu_usage(platform) == 3 and not pods_of(platform, "elastic2")
+
+
+def test_rbac_a_viewer_cannot_submit_and_another_team_cannot_see(platform, cli, tmp_path, clean):
+    code, _, err = submit(cli, platform, tmp_path, user="vera", name="sneaky")
+    assert code != 0 and 'User "vera" cannot create resource "jobsets"' in err, err
+    assert platform.get(*JOBSET, "sneaky", NS) is None
+    assert submit(cli, platform, tmp_path, name="private", nodes="1")[0] == 0
+    code, out, err = cli("status", "private", "--kubeconfig", platform.kubeconfigs["vera"])
+    assert code == 0, err  # a viewer of research may follow it
+    code, _, err = cli("status", "private", "--team", "research", "--kubeconfig", platform.kubeconfigs["mallory"])
+    assert code != 0 and 'User "mallory" cannot' in err, err
+    # bob submits for platform; research's alice cannot read platform's jobs (aws-dev makes ml-platform a viewer
+    # of research, not the other way round).
+    code, _, err = submit(cli, platform, tmp_path, user="bob", name="platjob", team="platform", pool="l40s-spot")
+    assert code == 0, err
+    code, _, err = cli("status", "platjob", "--team", "platform", "--kubeconfig", platform.kubeconfigs["alice"])
+    assert code != 0 and 'User "alice" cannot' in err, err

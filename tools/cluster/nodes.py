@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_train.spec import naming
-from tools.cluster.plane import KWOK_ANNOTATION
+from tools.cluster.controllers import KWOK_ANNOTATION
 
 PODS_PER_NODE = "110"
 

@@ -8,20 +8,12 @@ Usage:
     python -m tools.cluster status    # the running plane's kubeconfig and processes, exit 1 if none runs
     plane = Plane.start(); ...; plane.stop()                # the same from Python (tests/cluster/conftest.py)
 
-What runs, and how it is wired:
-- etcd with `--unsafe-no-fsync` (a test store), and the API server with its own CA, serving certificate, client
-  certificates for the admin (`system:masters`) and each controller's own identity, a service-account key pair,
-  `--authorization-mode=Node,RBAC`, and its default admission plugins (Pod Security, ValidatingAdmissionPolicy,
-  the webhooks) and CEL;
-- Kueue and JobSet run outside the cluster with their webhooks on loopback: their CRDs and webhook configurations
-  are read from the pinned modules' own `config/components` directories, every `service` client config becomes
-  `url: https://127.0.0.1:PORT/PATH` with the plane's CA, Kueue's conversion webhooks included; webhooks of
-  integrations the platform's Kueue configuration does not enable are left out, as the chart leaves them inert;
-- Kueue runs with the platform's own Configuration (infra.k8s.tenancy.kueue_configuration), with only what an
-  out-of-cluster process needs changed (ports, certificates, no leader election, no visibility server);
-- kwok manages the nodes annotated `kwok.x-k8s.io/node: fake` with upstream's stages: nodes go Ready and keep
-  their lease, bound pods go Running, a pod labelled `pod-container-running-failed.stage.kwok.x-k8s.io: "true"`
-  fails with the exit code of its annotation, and deleted pods go away. Pods never complete by themselves.
+What runs: etcd with `--unsafe-no-fsync` (a test store), and the API server with its own CA, serving certificate,
+client certificates for the admin (`system:masters`) and each controller's own identity, a service-account key
+pair, `--authorization-mode=Node,RBAC`, and its default admission plugins (Pod Security, ValidatingAdmissionPolicy,
+the webhooks) and CEL; then the controller manager, the scheduler, and what tools/cluster/controllers.py starts
+(Kueue, JobSet, kwok). A user is a client certificate of the plane's CA: the RBAC authorizer sees its name and
+groups exactly as they would come from a cloud's authenticator.
 
 There is no kubelet, no container runtime, no kube-proxy and no cloud: see docs/testing.md for what that leaves out.
 """
@@ -29,7 +21,7 @@ There is no kubelet, no container runtime, no kube-proxy and no cloud: see docs/
 from __future__ import annotations
 
 import base64
-import copy
+import contextlib
 import json
 import os
 import shutil
@@ -37,7 +29,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -47,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from tools.cluster import controllers
 from tools.cluster.pki import Authority
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,29 +47,12 @@ BIN = ROOT / "build" / "cluster" / "bin"
 RUN = ROOT / "build" / "cluster" / "run"
 READY_TIMEOUT_S = 180
 SERVICE_CIDR = "10.96.0.0/16"
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-# Upstream's stages (kwok module, kustomize/stage/...): what a simulated kubelet does with nodes and pods.
-KWOK_STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
-               "pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml",
-               "pod/chaos/pod-container-running-failed.yaml")
-FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
-FAIL_EXIT_CODE = "pod-container-running-failed.stage.kwok.x-k8s.io/exit-code"
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def module_dir(module: str, path: str) -> Path:
-    """Where the Go module cache holds `path` at the version tools/cluster/go/<module>/go.mod pins."""
-    out = subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", path], cwd=HERE / "go" / module,
-                         capture_output=True, text=True, check=True).stdout.strip()
-    if not out:  # not downloaded yet on this machine
-        subprocess.run(["go", "mod", "download", path], cwd=HERE / "go" / module, check=True)
-        return module_dir(module, path)
-    return Path(out)
 
 
 def build() -> None:
@@ -90,52 +65,6 @@ def kubeconfig(server: str, ca: Path, cert: Path, key: Path, user: str, namespac
             "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
             "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
             "contexts": [{"name": user, "context": {"cluster": "local", "user": user, "namespace": namespace}}]}
-
-
-def _loopback(webhook_config: dict, port: int, ca_bundle: str) -> dict:
-    """A webhook configuration or CRD conversion whose Service reference becomes a loopback URL."""
-    client = webhook_config["clientConfig"]
-    service = client.pop("service")
-    client["url"] = f"https://127.0.0.1:{port}{service.get('path', '/')}"
-    client["caBundle"] = ca_bundle
-    return webhook_config
-
-
-def _framework_rules(frameworks: list[str]) -> set[tuple[str, str]]:
-    """Kueue's integration names ("batch/job", "jobset.x-k8s.io/jobset", "pod") as (API group, resource)."""
-    rules = set()
-    for name in frameworks:
-        group, _, kind = name.rpartition("/")
-        rules.add((group, kind.lower() + "s"))
-    return rules
-
-
-def kueue_webhooks(manifests: list[dict], frameworks: list[str], port: int, ca_bundle: str) -> list[dict]:
-    """Kueue's webhook configurations for the plane: its own kinds and the enabled integrations, on loopback,
-    with the namespace selector its kustomization gives the integration webhooks."""
-    enabled = _framework_rules(frameworks)
-    skip_system = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                                         "values": ["kube-system", "kueue-system"]}]}
-    out = []
-    for doc in manifests:
-        doc = copy.deepcopy(doc)
-        kept = []
-        for hook in doc.get("webhooks", []):
-            pairs = {(g, r) for rule in hook["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-            own = all(g == "kueue.x-k8s.io" for g, _ in pairs)
-            if not own and not pairs <= enabled:
-                continue
-            if not own:
-                hook["namespaceSelector"] = skip_system
-            kept.append(_loopback(hook, port, ca_bundle))
-        doc["webhooks"] = kept
-        doc["metadata"]["name"] = "kueue-" + doc["metadata"]["name"]
-        out.append(doc)
-    return out
-
-
-def _docs(path: Path) -> list[dict]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
 @dataclass
@@ -200,7 +129,7 @@ class Plane:
             (self.run / f"{ident.split(':')[-1]}.kubeconfig").write_text(
                 yaml.safe_dump(kubeconfig(self.server, ca.cert, cert, key, ident)))
 
-        self._spawn("etcd", [
+        self.spawn("etcd", [
             "--name=local", f"--data-dir={self.run / 'etcd'}", "--unsafe-no-fsync",
             f"--listen-client-urls=http://127.0.0.1:{ports['etcd']}",
             f"--advertise-client-urls=http://127.0.0.1:{ports['etcd']}",
@@ -209,7 +138,7 @@ class Plane:
             f"--initial-cluster=local=http://127.0.0.1:{ports['etcd-peer']}", "--log-level=warn"])
         self._wait("etcd", f"http://127.0.0.1:{ports['etcd']}/health")
 
-        self._spawn("kube-apiserver", [
+        self.spawn("kube-apiserver", [
             f"--etcd-servers=http://127.0.0.1:{ports['etcd']}", "--bind-address=127.0.0.1",
             f"--secure-port={ports['apiserver']}", "--advertise-address=127.0.0.1",
             "--endpoint-reconciler-type=none", f"--cert-dir={self.run / 'apiserver'}",
@@ -226,93 +155,23 @@ class Plane:
              "ready_s": round(time.monotonic() - t0, 1)}, indent=1))
 
     def _start_controllers(self, ports: dict[str, int], ca: Authority, sa_key: Path) -> None:
-        self._spawn("kube-controller-manager", [
+        self.spawn("kube-controller-manager", [
             f"--kubeconfig={self.run / 'kube-controller-manager.kubeconfig'}", "--leader-elect=false",
             "--secure-port=0", f"--service-account-private-key-file={sa_key}", f"--root-ca-file={ca.cert}",
             "--use-service-account-credentials=false", "--controllers=*,-nodeipam"])
-        self._spawn("kube-scheduler", [
+        self.spawn("kube-scheduler", [
             f"--kubeconfig={self.run / 'kube-scheduler.kubeconfig'}", "--leader-elect=false",
             "--secure-port=0"])
 
         ca_bundle = base64.b64encode(ca.cert.read_bytes()).decode()
-        self._install_kueue(ports, ca, ca_bundle)
-        self._install_jobset(ports, ca, ca_bundle)
-        self._start_kwok()
+        controllers.install_kueue(self, ports, ca, ca_bundle)
+        controllers.install_jobset(self, ports, ca, ca_bundle)
+        controllers.start_kwok(self)
         self._wait("kueue", f"http://127.0.0.1:{ports['kueue-health']}/readyz")
         self._wait("jobset", f"http://127.0.0.1:{ports['jobset-health']}/readyz")
         self.wait_for_webhooks()
 
-    def _install_kueue(self, ports: dict[str, int], ca: Authority, ca_bundle: str) -> None:
-        from infra.k8s.tenancy import kueue_configuration
-
-        src = module_dir("kueue", "sigs.k8s.io/kueue") / "config" / "components"
-        for crd in sorted((src / "crd" / "bases").glob("*.yaml")):
-            doc = _docs(crd)[0]
-            plural = doc["spec"]["names"]["plural"]
-            if (src / "crd" / "patches" / f"webhook_in_{plural}.yaml").exists() and any(
-                    f"- path: patches/webhook_in_{plural}.yaml" == line.strip()
-                    for line in (src / "crd" / "kustomization.yaml").read_text().splitlines()):
-                doc["spec"]["conversion"] = {"strategy": "Webhook", "webhook": _loopback(
-                    {"clientConfig": {"service": {"path": "/convert"}}, "conversionReviewVersions": ["v1"]},
-                    ports["kueue-webhook"], ca_bundle)}
-            self.apply([doc])
-        config = kueue_configuration()
-        frameworks = config["integrations"]["frameworks"]
-        self.apply(kueue_webhooks(_docs(src / "webhook" / "manifests.yaml"), frameworks, ports["kueue-webhook"],
-                                  ca_bundle))
-        self.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}])
-        certs = self._certs("kueue", ca)
-        config.update({
-            "namespace": "kueue-system",
-            "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['kueue-health']}"},
-            "metrics": {"bindAddress": "0"},
-            "webhook": {"port": ports["kueue-webhook"], "host": "127.0.0.1", "certDir": str(certs)},
-            "leaderElection": {"leaderElect": False},
-            "internalCertManagement": {"enable": False},
-            "featureGates": {"VisibilityOnDemand": False},
-        })
-        (self.run / "kueue.yaml").write_text(yaml.safe_dump(config))
-        self._spawn("kueue", [f"--config={self.run / 'kueue.yaml'}", "--zap-log-level=2"],
-                    env={"KUBECONFIG": str(self.admin_kubeconfig)})
-
-    def _install_jobset(self, ports: dict[str, int], ca: Authority, ca_bundle: str) -> None:
-        src = module_dir("jobset", "sigs.k8s.io/jobset") / "config" / "components"
-        self.apply(_docs(src / "crd" / "bases" / "jobset.x-k8s.io_jobsets.yaml"))
-        hooks = []
-        for doc in _docs(src / "webhook" / "manifests.yaml"):
-            doc["metadata"]["name"] = "jobset-" + doc["metadata"]["name"]
-            doc["webhooks"] = [_loopback(h, ports["jobset-webhook"], ca_bundle) for h in doc["webhooks"]]
-            hooks.append(doc)
-        self.apply(hooks)
-        certs = self._certs("jobset", ca)
-        config = {"apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
-                  "webhook": {"port": ports["jobset-webhook"], "host": "127.0.0.1", "certDir": str(certs)},
-                  "metrics": {"bindAddress": "0"},
-                  "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['jobset-health']}"},
-                  "leaderElection": {"leaderElect": False}, "internalCertManagement": {"enable": False}}
-        (self.run / "jobset.yaml").write_text(yaml.safe_dump(config))
-        self._spawn("jobset", [f"--config={self.run / 'jobset.yaml'}"],
-                    env={"KUBECONFIG": str(self.admin_kubeconfig)})
-
-    def _start_kwok(self) -> None:
-        stages = module_dir("kwok", "sigs.k8s.io/kwok") / "kustomize" / "stage"
-        docs = [d for rel in KWOK_STAGES for d in _docs(stages / rel)]
-        (self.run / "kwok.yaml").write_text(yaml.safe_dump_all(docs))
-        self._spawn("kwok", [f"--kubeconfig={self.admin_kubeconfig}", "--manage-all-nodes=false",
-                             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-                             "--node-lease-duration-seconds=40", "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1",
-                             f"--config={self.run / 'kwok.yaml'}"])
-
-    def _certs(self, name: str, ca: Authority) -> Path:
-        """A webhook server's certificate directory as controller-runtime reads it (tls.crt, tls.key)."""
-        crt, key = ca.serving(f"{name}-webhook")
-        out = self.run / f"{name}-certs"
-        out.mkdir()
-        shutil.copy(crt, out / "tls.crt")
-        shutil.copy(key, out / "tls.key")
-        return out
-
-    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         log = (self.run / f"{name}.log").open("ab")
         proc = subprocess.Popen([str(BIN / ("etcd" if name == "etcd" else name)), *args], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -438,11 +297,9 @@ class Plane:
 
     def stop(self, keep: bool = False) -> None:
         """Stop every process of the plane (its process group), then remove the run directory unless `keep`."""
-        for name, pid in reversed(list(self.pids.items())):
-            try:
+        for pid in reversed(list(self.pids.values())):
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
         deadline = time.monotonic() + 20
         for pid in self.pids.values():
             while time.monotonic() < deadline:
@@ -450,44 +307,11 @@ class Plane:
                     os.kill(pid, 0)
                 except ProcessLookupError:
                     break
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    pass
                 time.sleep(0.05)
             else:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         if not keep:
             shutil.rmtree(self.run, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    cmd = (argv if argv is not None else sys.argv[1:]) or ["status"]
-    if cmd[0] == "up":
-        plane = Plane.start()
-        state = json.loads((plane.run / "state.json").read_text())
-        print(f"local control plane ready in {state['ready_s']} s at {plane.server}")
-        print(f"export KUBECONFIG={plane.admin_kubeconfig}")
-        return 0
-    if cmd[0] == "down":
-        plane = Plane.load()
-        if plane is None:
-            print("no local control plane runs")
-            return 0
-        plane.stop()
-        print("local control plane stopped")
-        return 0
-    if cmd[0] == "status":
-        plane = Plane.load()
-        if plane is None:
-            print("no local control plane runs")
-            return 1
-        print(f"{plane.server}  KUBECONFIG={plane.admin_kubeconfig}")
-        for name, up in plane.alive().items():
-            print(f"  {name:24} {'running' if up else 'EXITED'}")
-        return 0 if all(plane.alive().values()) else 1
-    print("usage: python -m tools.cluster up|down|status", file=sys.stderr)
-    return 2
