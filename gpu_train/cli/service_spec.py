@@ -14,9 +14,10 @@ from typing import Any
 import yaml
 
 from gpu_train.client.cluster import ClientError
+from gpu_train.install import install_hint
 
-SERVE_EXTRA = 'pip install "gpu-train[serve]"'
-LOCAL_EXTRA = 'pip install "gpu-train[serve-local]"'
+SERVE_EXTRA = install_hint("serve")
+LOCAL_EXTRA = install_hint("serve-local")
 # Flags that set the service spec's canary schedule and objectives: flag -> (spec key path, type).
 CANARY_FLAGS = {
     "steps": (("canary", "steps"), lambda v: [int(x) for x in v.split(",")]),

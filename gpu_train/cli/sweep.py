@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.client.cluster import ClientError
+from gpu_train.install import install_hint
 from gpu_train.sweeps.journal import CONTROLLER_PID
 
 DEFAULT_SOURCE = "the embedded default sweep"
@@ -94,7 +95,7 @@ def register(sub: Any, common: Any) -> None:
 
 def _need_optuna() -> None:
     if importlib.util.find_spec("optuna") is None:
-        raise ClientError('`gpu-train sweep` needs Optuna: pip install "gpu-train[cli,sweeps]"')
+        raise ClientError(f"`gpu-train sweep` needs Optuna: {install_hint('cli', 'sweeps')}")
 
 
 def load(spec: str | None):
@@ -199,8 +200,8 @@ def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int, workdir:
     if nproc < 1:
         raise ClientError(f"--nproc {nproc} must be >= 1")
     if importlib.util.find_spec("torch") is None:
-        raise ClientError('`gpu-train sweep run --local` runs the trainer on this machine and needs it installed: '
-                       'pip install "gpu-train[trainer,cli,sweeps]"')
+        raise ClientError("`gpu-train sweep run --local` runs the trainer on this machine and needs it installed: "
+                          + install_hint("trainer", "cli", "sweeps"))
     _check_trials(sweep, source, nproc)
     template = sweep.template
     data_uri = data or (template.dataset_uri if template.dataset_uri.startswith("file://") else "synthetic")

@@ -1,7 +1,7 @@
 """`gpu-train serve --local`: one or two model versions on this machine behind the same weighted route as in the
 cluster, and optionally the promotion loop against a Prometheus that scrapes the route.
 
-Usage (gpu_train/cli/serve.py calls `serve_local`; needs `pip install "gpu-train[serve-local]"`):
+Usage (gpu_train/cli/serve.py calls `serve_local`; needs `pip install ".[serve-local]"`):
     gpu-train serve --local runs/make-train/export --port 8000
     gpu-train serve --local models:/tiny@champion --canary models:/tiny/2 --canary-weight 10 \\
         --auto --prometheus http://127.0.0.1:9090 --steps 10,50 --step-seconds 60

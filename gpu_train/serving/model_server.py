@@ -1,7 +1,7 @@
 """A model server for this machine: an exported model over HTTP with the OpenAI-compatible API of KServe's Hugging
 Face server.
 
-Run (`gpu-train serve --local` starts it; it needs `pip install "gpu-train[serve-local]"`):
+Run (`gpu-train serve --local` starts it; it needs `pip install ".[serve-local]"`):
     python -m gpu_train.serving.model_server --model runs/make-train/export --name make-train --port 8001
     curl -s localhost:8001/v1/completions -H 'content-type: application/json' \\
         -d '{"model": "make-train", "prompt": "def ", "max_tokens": 16}'
