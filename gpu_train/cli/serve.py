@@ -144,8 +144,11 @@ def run_local(args: argparse.Namespace) -> int:
 
     try:
         found = parse_model(args.local)
+        registered = [m for m in (args.local, args.canary) if m and not isinstance(parse_model(m), Path)]
     except LocalError as exc:
         raise ClientError(str(exc)) from None
+    # A registered model needs a tracking server: asked for before anything runs or is written.
+    mlflow = registry(args.local_tracking_uri, True) if registered else None
     name = args.local_name or (found.name if isinstance(found, Path) else found.name)
     name = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:32] or "model"
     spec = build_spec(args, spec_file=args.local_spec, name=name, team="local",
@@ -160,9 +163,9 @@ def run_local(args: argparse.Namespace) -> int:
                         prometheus=args.local_prometheus if args.local_auto else "")
     _log_serving()
     try:
-        return serve_local(spec, args.local, args.canary, opts, lambda: registry(args.local_tracking_uri, True))
+        return serve_local(spec, args.local, args.canary, opts, lambda: mlflow)
     except LocalError as exc:
-        raise ClientError(str(exc), code=1) from None
+        raise ClientError(str(exc), code=exc.code) from None
 
 
 def _positive(flag: str, text: str) -> int:

@@ -7,6 +7,7 @@ Usage: `spec = build_spec(args, spec_file=..., name=..., team=..., model=...)`; 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -80,12 +81,17 @@ def build_spec(args: argparse.Namespace, *, spec_file: str | None, name: str, te
 
 
 def registry(uri: str | None, required: bool):
-    """MLflow at `uri`, else $MLFLOW_TRACKING_URI; None when neither is set and the caller can do without."""
+    """MLflow at `uri`, else $MLFLOW_TRACKING_URI; None when neither is set and the caller can do without. Never
+    MLflow's own default, which would create ./mlflow.db in the working directory."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri and not required:
-        return None
+    if not uri:
+        if not required:
+            return None
+        raise ClientError("a registered model needs MLflow: give --tracking-uri URI or set MLFLOW_TRACKING_URI")
     try:
         from gpu_train.serving.registry import MlflowRegistry
     except ImportError:
         raise ClientError(f"the model registry needs MLflow's client: {SERVE_EXTRA}") from None
+    # MLflow's own INFO lines (a new SQLite store's migrations) are not the command's: its output stays its own lines.
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
     return MlflowRegistry(uri)

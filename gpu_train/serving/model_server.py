@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import random
+import socket
 import sys
 import threading
 import time
@@ -46,6 +47,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from gpu_train.serving.metrics import CONTENT_TYPE, ModelMetrics
+from gpu_train.serving.ports import bind
 
 COMPLETION_PATHS = ("/v1/completions", "/openai/v1/completions")
 
@@ -191,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", required=True, help="the model's name in the API (the service's name)")
     ap.add_argument("--version", default="local", help="the version label its metrics and answers carry")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--port", type=int, default=8000, help="bound before the model loads; in use: exit 2")
+    ap.add_argument("--fd", type=int, default=None, help="listen on this inherited socket instead of --host/--port "
+                                                         "(gpu-train serve --local binds it first)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--inject-errors", type=float, default=0.0, metavar="FRACTION",
                     help="answer this share of completions with HTTP 500 (rehearse a rollback)")
@@ -200,13 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.inject_errors <= 1:
         ap.error(f"--inject-errors must be within 0..1 (got {args.inject_errors})")
     try:
+        # The port first: one in use is an error now, not after the model has loaded.
+        sock = socket.socket(fileno=args.fd) if args.fd is not None else bind(args.host, args.port)
         model = LoadedModel(args.model, threads=args.threads)
-    except (ModelError, OSError, ValueError) as exc:
+    except (ModelError, OSError, ValueError) as exc:  # PortError is a ValueError
         print(f"gpu-train: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     app = create_app(model, name=args.name, version=args.version, inject_errors=args.inject_errors,
                      inject_delay_ms=args.inject_delay_ms)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
     return 0
 
 
