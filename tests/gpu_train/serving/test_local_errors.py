@@ -1,4 +1,4 @@
-"""`gpu-train serve --local` and the model server refuse what they cannot serve before they start anything: a port
+"""`gpu-train serve --local`, the model server and the route refuse what they cannot serve before they start anything: a port
 in use or out of range, a registered model the registry does not have. Each is one line naming the culprit, exit
 status 2, no process left behind and nothing written into the working directory.
 
@@ -118,3 +118,10 @@ def test_a_model_the_registry_lacks_is_one_line_and_writes_nothing_here(run, tmp
     assert proc.returncode == 2
     assert "model missing:1 is not in the registry" in one_line(proc)
     assert list(run.cwd.iterdir()) == []
+
+
+def test_the_clusters_route_binds_its_port_before_it_reads_its_config_map(run, occupied):
+    proc = run("--service", "chat", "--namespace", "team-research", "--config-map", "chat-route", "--port",
+               str(occupied), module="gpu_train.serving.router")
+    assert proc.returncode == 2
+    assert f"--port {occupied}: cannot listen on 0.0.0.0:{occupied} (in use" in one_line(proc)
