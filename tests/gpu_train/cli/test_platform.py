@@ -3,8 +3,8 @@ platform file say so when they have neither it nor a cluster.
 
 Run: .venv/bin/pytest tests/gpu_train/cli/test_platform.py -q
 
-The first test runs the real command, which runs the real plan tool (python -m infra.plan) for aws-dev: about 30 s
-on an idle 2-core machine. The file it writes is then used as a newcomer would: `gpu-train lint` over
+The first test runs the real command, which runs the real plan tool (python -m infra.plan) for aws-dev: 28 s measured
+on a 2-core machine busy with other work. The file it writes is then used as a newcomer would: `gpu-train lint` over
 examples/jobs and `gpu-train submit --dry-run` of one of them.
 """
 
