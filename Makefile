@@ -108,7 +108,7 @@ test:
 	  [ $$main = 0 ] && [ $$e2e = 0 ]
 
 # The unit lane: everything not marked `integration` (tests/conftest.py marks the tests that plan the stacks, train
-# for real or start servers), on every core. Under 2 minutes on 2 cores.
+# for real or start servers), on every core. 3 min 20 s on a 2-core machine busy with other work.
 test-fast: setup lint
 	$(BIN)/pytest -q -m "not integration" -n auto
 

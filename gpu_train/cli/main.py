@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpu_train.cli import sweep
-from gpu_train.client.cluster import ClientError
+from gpu_train.cli import platform, sweep
+from gpu_train.client.cluster import ClientError, NoCluster
 
 PROG = "gpu-train"
+# What lint, apply, submit and sweep say when they have neither a cluster nor a --platform file.
+PLATFORM_HINT = ("without a cluster, give --platform FILE: `gpu-train platform --stack <stack>` writes one from the "
+                 "offline plan (docs/gitops.md)")
 
 
 def _common(p: argparse.ArgumentParser, team: bool = True) -> None:
@@ -127,6 +130,7 @@ def parser() -> argparse.ArgumentParser:
 
     add_serve(sub, _common)
     sweep.register(sub, _common)
+    platform.add_parser(sub)
     return ap
 
 
@@ -158,7 +162,18 @@ def _gitops(args) -> int:
 
 def run(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command in ("lint", "apply", "submit", "sweep") and not getattr(args, "platform", None):
+        try:
+            return _run(args)
+        except NoCluster as exc:
+            raise ClientError(f"{exc}; {PLATFORM_HINT}", code=exc.code) from None
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     cmd = args.command
+    if cmd == "platform":
+        return platform.platform(args)
     if cmd == "kubeconfig":
         from gpu_train.cli.kubeconfig import write_kubeconfig
         from gpu_train.client.cluster import load_contract

@@ -111,9 +111,10 @@ def add_parser(sub: Any, common: Any) -> None:
     b = actions.add_parser("bench", help="a bounded load test: latency percentiles and throughput")
     b.add_argument("--url", default="http://127.0.0.1:8000", help="the service (or a port-forward to it)")
     b.add_argument("--model", default="", help="the model's name in the API (default: the server's only model)")
-    b.add_argument("--requests", type=int, default=200)
-    b.add_argument("--concurrency", type=int, default=4)
-    b.add_argument("--max-tokens", type=int, default=16)
+    # Read as text and checked in run_bench, so a bad value is one line naming the flag.
+    b.add_argument("--requests", default="200", help="completions to send (default 200)")
+    b.add_argument("--concurrency", default="4", help="at most this many in flight (default 4)")
+    b.add_argument("--max-tokens", default="16", help="tokens per completion (default 16)")
     b.add_argument("--prompt", default="def ")
     b.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -143,8 +144,11 @@ def run_local(args: argparse.Namespace) -> int:
 
     try:
         found = parse_model(args.local)
+        registered = [m for m in (args.local, args.canary) if m and not isinstance(parse_model(m), Path)]
     except LocalError as exc:
         raise ClientError(str(exc)) from None
+    # A registered model needs a tracking server: asked for before anything runs or is written.
+    mlflow = registry(args.local_tracking_uri, True) if registered else None
     name = args.local_name or (found.name if isinstance(found, Path) else found.name)
     name = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:32] or "model"
     spec = build_spec(args, spec_file=args.local_spec, name=name, team="local",
@@ -159,9 +163,33 @@ def run_local(args: argparse.Namespace) -> int:
                         prometheus=args.local_prometheus if args.local_auto else "")
     _log_serving()
     try:
-        return serve_local(spec, args.local, args.canary, opts, lambda: registry(args.local_tracking_uri, True))
+        return serve_local(spec, args.local, args.canary, opts, lambda: mlflow)
     except LocalError as exc:
-        raise ClientError(str(exc), code=1) from None
+        raise ClientError(str(exc), code=exc.code) from None
+
+
+def _positive(flag: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ClientError(f"{flag} {text!r} is not a whole number") from None
+    if value < 1:
+        raise ClientError(f"{flag} {value} must be >= 1")
+    return value
+
+
+def _service_url(text: str) -> str:
+    """An http(s) URL with a host and a valid port: what the bench can send completions to."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 -- raises ValueError for a port out of range or not a number
+    except ValueError as exc:
+        raise ClientError(f"--url {text!r} is not a usable URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ClientError(f"--url {text!r} is not an http:// or https:// URL with a host (e.g. http://127.0.0.1:8000)")
+    return text.rstrip("/")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -170,15 +198,22 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from gpu_train.serving.bench import format_summary, load
 
+    requests = _positive("--requests", args.requests)
+    concurrency = _positive("--concurrency", args.concurrency)
+    max_tokens = _positive("--max-tokens", args.max_tokens)
+    url = _service_url(args.url)
     model = args.model
     if not model:
         try:
-            with urllib.request.urlopen(f"{args.url.rstrip('/')}/v1/models", timeout=10) as resp:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as resp:
                 model = json.load(resp)["data"][0]["id"]
         except OSError as exc:
-            raise ClientError(f"no model list at {args.url}/v1/models ({exc}): is the service up?", code=1) from None
-    summary = asyncio.run(load(args.url, model=model, requests=args.requests, concurrency=args.concurrency,
-                               max_tokens=args.max_tokens, prompt=args.prompt)).summary()
+            raise ClientError(f"no model list at {url}/v1/models ({exc}): is the service up?", code=1) from None
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ClientError(f"{url}/v1/models did not answer a model list: is it a gpu-train or KServe "
+                              "service?", code=1) from None
+    summary = asyncio.run(load(url, model=model, requests=requests, concurrency=concurrency,
+                               max_tokens=max_tokens, prompt=args.prompt)).summary()
     print(json.dumps(summary, sort_keys=True) if args.json else format_summary(summary))
     return 0 if summary["ok"] else 1
 

@@ -7,6 +7,7 @@ Usage: `spec = build_spec(args, spec_file=..., name=..., team=..., model=...)`; 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,10 @@ from typing import Any
 import yaml
 
 from gpu_train.client.cluster import ClientError
+from gpu_train.install import install_hint
 
-SERVE_EXTRA = 'pip install "gpu-train[serve]"'
-LOCAL_EXTRA = 'pip install "gpu-train[serve-local]"'
+SERVE_EXTRA = install_hint("serve")
+LOCAL_EXTRA = install_hint("serve-local")
 # Flags that set the service spec's canary schedule and objectives: flag -> (spec key path, type).
 CANARY_FLAGS = {
     "steps": (("canary", "steps"), lambda v: [int(x) for x in v.split(",")]),
@@ -79,12 +81,17 @@ def build_spec(args: argparse.Namespace, *, spec_file: str | None, name: str, te
 
 
 def registry(uri: str | None, required: bool):
-    """MLflow at `uri`, else $MLFLOW_TRACKING_URI; None when neither is set and the caller can do without."""
+    """MLflow at `uri`, else $MLFLOW_TRACKING_URI; None when neither is set and the caller can do without. Never
+    MLflow's own default, which would create ./mlflow.db in the working directory."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if not uri and not required:
-        return None
+    if not uri:
+        if not required:
+            return None
+        raise ClientError("a registered model needs MLflow: give --tracking-uri URI or set MLFLOW_TRACKING_URI")
     try:
         from gpu_train.serving.registry import MlflowRegistry
     except ImportError:
         raise ClientError(f"the model registry needs MLflow's client: {SERVE_EXTRA}") from None
+    # MLflow's own INFO lines (a new SQLite store's migrations) are not the command's: its output stays its own lines.
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
     return MlflowRegistry(uri)

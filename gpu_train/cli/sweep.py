@@ -12,8 +12,9 @@ Usage:
 The sweep's state (its journal, Optuna's journal, the plot, the trials' run directories) lives in
 runs/<sweep name>/ (--runs); a cluster sweep's journal is also copied to the checkpoints bucket after every record,
 so `sweep run SPEC` here and `sweep submit SPEC` continue each other. Running the same command again after the
-controller was stopped or killed continues the same sweep. It needs the sweeps extra (Optuna); --local the trainer
-as well.
+controller was stopped or killed continues the same sweep. run, submit, replay and the --cluster commands need the
+sweeps extra (Optuna), run --local the trainer as well; status and stop here read the journal and need only the cli
+extra (status draws its plot where matplotlib is installed, and says so where it is not).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.client.cluster import ClientError
+from gpu_train.install import install_hint
 from gpu_train.sweeps.journal import CONTROLLER_PID
 
 DEFAULT_SOURCE = "the embedded default sweep"
@@ -92,9 +94,11 @@ def register(sub: Any, common: Any) -> None:
             common(c, team=False)
 
 
-def _need_optuna() -> None:
-    if importlib.util.find_spec("optuna") is None:
-        raise ClientError('`gpu-train sweep` needs Optuna: pip install "gpu-train[cli,sweeps]"')
+def _need_optuna(command: str) -> None:
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise ClientError(f"`gpu-train sweep {command}` needs Optuna: {install_hint('cli', 'sweeps')}") from None
 
 
 def load(spec: str | None):
@@ -108,11 +112,12 @@ def load(spec: str | None):
 
 
 def run(args: argparse.Namespace, session_of: Any = None) -> int:
-    _need_optuna()
     cmd = args.sweep_command
+    cluster = cmd == "submit" or getattr(args, "cluster", False) or (cmd == "run" and not args.local)
+    if cmd in ("run", "submit", "replay") or cluster:
+        _need_optuna(cmd)  # its decisions (run, replay) or the cluster's trials; status and stop only read
     sweep = load(args.spec)
     sweep_dir = Path(args.runs) / sweep.name
-    cluster = cmd == "submit" or getattr(args, "cluster", False) or (cmd == "run" and not args.local)
     if cmd == "replay" or (cmd in ("status", "stop") and not cluster):
         return {"status": status, "replay": replay, "stop": stop}[cmd](
             sweep, sweep_dir if cmd == "stop" else _journaled(sweep, sweep_dir))
@@ -199,8 +204,8 @@ def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int, workdir:
     if nproc < 1:
         raise ClientError(f"--nproc {nproc} must be >= 1")
     if importlib.util.find_spec("torch") is None:
-        raise ClientError('`gpu-train sweep run --local` runs the trainer on this machine and needs it installed: '
-                       'pip install "gpu-train[trainer,cli,sweeps]"')
+        raise ClientError("`gpu-train sweep run --local` runs the trainer on this machine and needs it installed: "
+                          + install_hint("trainer", "cli", "sweeps"))
     _check_trials(sweep, source, nproc)
     template = sweep.template
     data_uri = data or (template.dataset_uri if template.dataset_uri.startswith("file://") else "synthetic")
@@ -217,12 +222,16 @@ def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int, workdir:
 
 
 def status(sweep, sweep_dir: Path) -> int:
+    """The table from the journal alone: no Optuna (the `cli` extra has none); the plot where matplotlib is."""
     from gpu_train.sweeps.journal import SweepState, read_journal
     from gpu_train.sweeps.report import PLOT, plot_sweep, status_table
 
     state = SweepState.replay(read_journal(sweep_dir / "journal.jsonl"))
     print(status_table(sweep, state))
-    print(f"plot      {plot_sweep(sweep, state, sweep_dir / PLOT)}")
+    try:
+        print(f"plot      {plot_sweep(sweep, state, sweep_dir / PLOT)}")
+    except ImportError:
+        print(f"plot      not drawn: it needs matplotlib ({install_hint('sweeps')})")
     parent = (state.start or {}).get("mlflow_parent_run_id")
     if parent:
         print(f"mlflow    parent run {parent}")

@@ -40,6 +40,10 @@ class ClientError(Exception):
         self.code = code
 
 
+class NoCluster(ClientError):
+    """No kubeconfig to reach a cluster with: the commands that can work from a platform file say how to get one."""
+
+
 @dataclass
 class Session:
     kubeconfig: Path
@@ -72,8 +76,8 @@ def kubeconfig_path(explicit: str | None) -> Path:
     if default.is_file():
         return default
     where = f"KUBECONFIG={env} names no existing file" if env else f"{default} does not exist and KUBECONFIG is not set"
-    raise ClientError(f"no kubeconfig: {where}. Get one for your team with `gpu-train kubeconfig --platform "
-                   f"platform.json --team <team>` ({DOCS})")
+    raise NoCluster(f"no kubeconfig: {where}. Get one for your team with `gpu-train kubeconfig --platform "
+                    f"platform.json --team <team>` ({DOCS})")
 
 
 def connect(kubeconfig: str | None = None, context: str | None = None) -> Session:
@@ -188,7 +192,7 @@ def load_contract(session: Session | None, team: str, platform_file: str | None 
                 raise ClientError(f"--platform {platform_file}: no such file")
             return PlatformContract.from_json(path.read_text(), str(path))
         if session is None:
-            raise ClientError("no cluster to read the platform contract from: pass --platform FILE")
+            raise NoCluster("no cluster to read the platform contract from: pass --platform FILE")
         ns = team_namespace(team)
         try:
             cm = session.core.read_namespaced_config_map(naming.PLATFORM_CONFIGMAP, ns)

@@ -15,7 +15,7 @@ directory under ./runs/<job name> instead of the node's NVMe, no object store un
 checkpoint URI, and the dataset: --data, or the spec's own when it is a local file:// manifest, else the
 built-in synthetic data (a cluster dataset in object storage is the cluster's to read). A job of its own code runs
 in its working directory (the spec's folder unless `workdir`), as it runs in the image's /workspace. It needs the
-trainer package (`pip install "gpu-train[trainer]"`); without it, one line says so. Ctrl-C stops it the way
+trainer package (`pip install ".[trainer]"`); without it, one line says so. Ctrl-C stops it the way
 SIGTERM stops a cluster job: the launcher has every worker stop (the bundled trainer after a final checkpoint),
 prints one line and exits 130, which this returns (the same command resumes); a second Ctrl-C stops at once.
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.client.cluster import ClientError
+from gpu_train.install import install_hint
 from gpu_train.jobs.launch import Site, bundled_settings, launch_env, local_command, nccl_env, rendezvous_env
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.job import JobSpec, NodeRange, job_problems, read_job, trainer_settings
@@ -110,8 +111,8 @@ def run_local(spec_path: str | Path | None, *, nproc: int = DEFAULT_NPROC, data:
     if nproc < 1:
         raise ClientError(f"--nproc {nproc} must be >= 1")
     if importlib.util.find_spec("torch") is None:
-        raise ClientError('`gpu-train run --local` runs the trainer on this machine and needs it installed: '
-                          'pip install "gpu-train[trainer]"')
+        raise ClientError("`gpu-train run --local` runs the trainer on this machine and needs it installed: "
+                          + install_hint("trainer"))
     try:
         job = read_job(raw, key="job")
     except SettingsError as exc:

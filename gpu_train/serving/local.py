@@ -1,15 +1,17 @@
 """`gpu-train serve --local`: one or two model versions on this machine behind the same weighted route as in the
 cluster, and optionally the promotion loop against a Prometheus that scrapes the route.
 
-Usage (gpu_train/cli/serve.py calls `serve_local`; needs `pip install "gpu-train[serve-local]"`):
+Usage (gpu_train/cli/serve.py calls `serve_local`; needs `pip install ".[serve-local]"`):
     gpu-train serve --local runs/make-train/export --port 8000
     gpu-train serve --local models:/tiny@champion --canary models:/tiny/2 --canary-weight 10 \\
         --auto --prometheus http://127.0.0.1:9090 --steps 10,50 --step-seconds 60
 
 A model is an exported directory (python -m trainer.export) or a registered version (`models:/NAME/VERSION`,
-`models:/NAME@ALIAS`, or NAME[:VERSION|@ALIAS]), downloaded from MLflow into a cache directory. Each version runs
-in its own model server process on a free port (gpu_train.serving.model_server: python -m, so this command never
-imports torch itself); the route runs in this process on --port, with the same metrics as in the cluster. Two directories are
+`models:/NAME@ALIAS`, or NAME[:VERSION|@ALIAS]), downloaded from MLflow into a cache directory. --port is bound
+first: a port in use or out of range is one error before anything starts or is written. Each version runs in its
+own model server process (gpu_train.serving.model_server: python -m, so this command never imports torch
+itself) on a port this process binds and hands it (gpu_train.serving.ports); the route runs in this process on
+--port, with the same metrics as in the cluster, and is announced once it accepts requests. Two directories are
 labelled versions 1 (stable) and 2 (canary). With --auto the promotion loop (gpu_train.serving.canary) reads
 the route's metrics from --prometheus and moves the weights here; when the models are registered versions, the
 `champion` and `challenger` aliases move in MLflow as in the cluster. Every decision is one log line and one line
@@ -39,6 +41,7 @@ from aiohttp import web
 from gpu_train.jobs.serving import ServedVersion
 from gpu_train.serving.canary import CanaryState, Decision, PromotionLoop
 from gpu_train.serving.metrics import RouteMetrics
+from gpu_train.serving.ports import PortError, bind
 from gpu_train.serving.prometheus import Prometheus
 from gpu_train.serving.router import Route, RouteBackend, create_app
 from gpu_train.spec.serving import ModelRef, ServiceSpec
@@ -48,7 +51,12 @@ READY_TIMEOUT_S = 300.0
 
 
 class LocalError(RuntimeError):
-    """A model or server that cannot be used here; the message names it."""
+    """A model or server that cannot be used here; the message names it. `code` is the command's exit status: 2 for
+    what the user gave (a model the registry does not have, a port in use), 1 for what failed."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -79,37 +87,48 @@ def resolve(text: str, fallback_version: int, registry_factory: Callable[[], Any
     found = parse_model(text)
     if isinstance(found, Path):
         return LocalModel(text, found, fallback_version)
+    from gpu_train.serving.registry import RegistryError
+
     registry = registry_factory()
-    served: ServedVersion = registry.resolve(found)
+    try:
+        served: ServedVersion = registry.resolve(found)
+    except RegistryError as exc:
+        raise LocalError(str(exc), code=2) from None
     dest = cache / found.name / str(served.version)
     path = dest / served.source.rstrip("/").rsplit("/", 1)[-1]
     if not (path / "config.json").is_file():
         LOG.info("downloading %s version %s from %s to %s", found.name, served.version, registry.uri, dest)
-        path = registry.download(served, dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            path = registry.download(served, dest)
+        except RegistryError as exc:
+            raise LocalError(str(exc)) from None
     return LocalModel(text, path, served.version, registered=found, run_id=served.run_id)
 
 
-def free_port() -> int:
-    """A port no one listens on now (the model servers' ports are this process's business, not the user's)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ServerProcess:
-    """One model server (python -m gpu_train.serving.model_server) on a port of this machine."""
+    """One model server (python -m gpu_train.serving.model_server) on a port of this machine that this process
+    binds first and hands over (--fd): no other server can hold it, so /health answering is this server's."""
 
-    def __init__(self, model: LocalModel, *, name: str, port: int, threads: int = 0,
+    def __init__(self, model: LocalModel, *, name: str, threads: int = 0,
                  inject_errors: float = 0.0, inject_delay_ms: int = 0) -> None:
-        self.model, self.port = model, port
-        self.url = f"http://127.0.0.1:{port}"
+        self.model = model
+        try:
+            sock = bind("127.0.0.1", 0, "model server port", any_port=True)
+        except PortError as exc:
+            raise LocalError(str(exc)) from None
+        self.port = int(sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "gpu_train.serving.model_server", "--model", str(model.path), "--name", name,
-               "--version", str(model.version), "--port", str(port), "--threads", str(threads)]
+               "--version", str(model.version), "--fd", str(sock.fileno()), "--threads", str(threads)]
         if inject_errors:
             cmd += ["--inject-errors", str(inject_errors)]
         if inject_delay_ms:
             cmd += ["--inject-delay-ms", str(inject_delay_ms)]
-        self.proc = subprocess.Popen(cmd)
+        try:
+            self.proc = subprocess.Popen(cmd, pass_fds=[sock.fileno()])
+        finally:
+            sock.close()  # the server's copy is the one that listens
         self.http = urllib3.PoolManager(timeout=urllib3.Timeout(total=600), retries=False)
 
     def wait_ready(self, deadline: float) -> None:
@@ -194,30 +213,61 @@ class LocalOptions:
     prometheus: str = ""  # with it, the promotion loop runs
 
 
-def run_route(app: web.Application, port: int, stop: threading.Event) -> None:
-    """The route on 127.0.0.1:port in this thread, until `stop` is set."""
+class RouteThread(threading.Thread):
+    """The route on an already bound socket, in a thread of its own, until `stop` is set. `started` is set once
+    it accepts requests; a failure sets `stop` and is kept in `error`, so the command ends instead of serving
+    nothing."""
 
-    async def serve() -> None:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        while not stop.is_set():
-            await asyncio.sleep(0.2)
-        await runner.cleanup()
+    def __init__(self, app: web.Application, sock: socket.socket, stop: threading.Event) -> None:
+        super().__init__(name="route", daemon=True)
+        self.app, self.sock, self.stop = app, sock, stop
+        self.started = threading.Event()
+        self.error: BaseException | None = None
 
-    asyncio.run(serve())
+    def run(self) -> None:
+        async def serve() -> None:
+            runner = web.AppRunner(self.app)
+            await runner.setup()
+            try:
+                await web.SockSite(runner, self.sock).start()
+                self.started.set()
+                while not self.stop.is_set():
+                    await asyncio.sleep(0.2)
+            finally:
+                await runner.cleanup()
+
+        try:
+            asyncio.run(serve())
+        except Exception as exc:  # reported by serve_local, which stops the servers
+            self.error = exc
+            LOG.error("the route stopped: %s", exc)
+            self.stop.set()
 
 
 def serve_local(spec: ServiceSpec, stable: str, canary: str | None, opts: LocalOptions,
                 registry_factory: Callable[[], Any]) -> int:
-    """Serve until interrupted; returns the exit status."""
-    opts.workdir.mkdir(parents=True, exist_ok=True)
+    """Serve until interrupted; returns the exit status. The route's port is bound first (in use or out of range:
+    LocalError, code 2, before any model is fetched or server started), and nothing is written (--workdir
+    included) before the models are found."""
+    try:
+        route_sock = bind("127.0.0.1", opts.port, "--port")
+    except PortError as exc:
+        raise LocalError(str(exc), code=2) from None
+    try:
+        return _serve(spec, stable, canary, opts, registry_factory, route_sock)
+    finally:
+        route_sock.close()
+
+
+def _serve(spec: ServiceSpec, stable: str, canary: str | None, opts: LocalOptions,
+           registry_factory: Callable[[], Any], route_sock: socket.socket) -> int:
     cache = opts.workdir / "models"
     models = [resolve(stable, 1, registry_factory, cache)]
     if canary:
         models.append(resolve(canary, 2, registry_factory, cache))
         if models[0].version == models[1].version:
-            raise LocalError(f"{stable} and {canary} are the same version ({models[0].version})")
+            raise LocalError(f"{stable} and {canary} are the same version ({models[0].version})", code=2)
+    opts.workdir.mkdir(parents=True, exist_ok=True)
     registered = all(m.registered is not None for m in models)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -226,7 +276,7 @@ def serve_local(spec: ServiceSpec, stable: str, canary: str | None, opts: LocalO
     try:
         for i, model in enumerate(models):
             servers[model.version] = ServerProcess(
-                model, name=spec.name, port=free_port(), threads=opts.threads,
+                model, name=spec.name, threads=opts.threads,
                 inject_errors=opts.canary_inject_errors if i else 0.0,
                 inject_delay_ms=opts.canary_inject_delay_ms if i else 0)
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -239,15 +289,19 @@ def serve_local(spec: ServiceSpec, stable: str, canary: str | None, opts: LocalO
             state = CanaryState.new(spec, stable=models[0].version, canary=models[1].version,
                                     canary_run_id=models[1].run_id, now=time.time())
             actions.set_canary_weight(state, opts.canary_weight)
-        thread = threading.Thread(target=run_route, args=(create_app(route, RouteMetrics()), opts.port, stop),
-                                  daemon=True)
+        thread = RouteThread(create_app(route, RouteMetrics()), route_sock, stop)
         thread.start()
+        while not thread.started.wait(0.2):
+            if stop.is_set() or not thread.is_alive():
+                raise LocalError(f"the route did not start on port {opts.port}: {thread.error or 'interrupted'}")
         print(f"gpu-train: serving {spec.name} at http://127.0.0.1:{opts.port}/v1/completions ("
               + ", ".join(f"version {v} {w}%" for v, w in route.weights().items()) + ")", file=sys.stderr, flush=True)
         if state is not None and opts.prometheus:
             _start_loop(spec, state, actions, opts, registry_factory() if registered else None, stop)
         while not stop.is_set() and all(s.proc.poll() is None for s in actions.live()):
             stop.wait(0.5)
+        if thread.error is not None:
+            raise LocalError(f"the route on port {opts.port} stopped: {thread.error}")
         dead = [s for s in actions.live() if s.proc.poll() is not None]
         if dead and not stop.is_set():
             raise LocalError(f"the model server for {dead[0].model.label} exited with status {dead[0].proc.returncode}")

@@ -1,7 +1,7 @@
 """A model server for this machine: an exported model over HTTP with the OpenAI-compatible API of KServe's Hugging
 Face server.
 
-Run (`gpu-train serve --local` starts it; it needs `pip install "gpu-train[serve-local]"`):
+Run (`gpu-train serve --local` starts it; it needs `pip install ".[serve-local]"`):
     python -m gpu_train.serving.model_server --model runs/make-train/export --name make-train --port 8001
     curl -s localhost:8001/v1/completions -H 'content-type: application/json' \\
         -d '{"model": "make-train", "prompt": "def ", "max_tokens": 16}'
@@ -10,7 +10,10 @@ Routes: POST /v1/completions (and /openai/v1/completions, KServe's path), GET /v
 GET /v1/models/<name> (ready or not, KServe's readiness route), GET /health, GET /metrics (prometheus_client).
 A completion takes `prompt` (a string or a list of strings), `max_tokens`, `temperature` (0 = greedy),
 `top_p`, `stop` and `seed`, and answers OpenAI's `text_completion` object with `usage` and a `finish_reason` of
-`stop` (end-of-text or a stop string) or `length`.
+`stop` (end-of-text or a stop string) or `length`. `usage.completion_tokens` counts the tokens generated up to
+the end-of-text token or the one that completes a stop string. A request that does not fit the model's context
+(max_tokens of the context's length or more, capped at one less; a prompt too long for the tokens asked for, cut
+from its start) is answered with a `warnings` list beside OpenAI's fields saying so, and one log line.
 
 Why a server of its own, not KServe's: KServe publishes its Python SDK on PyPI (`kserve`) but not its Hugging
 Face server (`huggingfaceserver`), which exists only as the repository's source built into the runtime images
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import json
 import random
+import socket
 import sys
 import threading
 import time
@@ -46,6 +50,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from gpu_train.serving.metrics import CONTENT_TYPE, ModelMetrics
+from gpu_train.serving.ports import bind
 
 COMPLETION_PATHS = ("/v1/completions", "/openai/v1/completions")
 
@@ -89,10 +94,19 @@ class LoadedModel:
         self.suppress = list(range(self.vocab, embedding))
         self.lock = threading.Lock()
 
-    def complete(self, prompt: str, req: CompletionRequest) -> tuple[str, str, int, int]:
-        """(text, finish reason, prompt tokens, completion tokens)."""
+    def complete(self, prompt: str, req: CompletionRequest) -> tuple[str, str, int, int, list[str]]:
+        """(text, finish reason, prompt tokens, completion tokens, warnings). The completion tokens are those
+        generated up to the end-of-text token or up to the one that completed a stop string, not past it; the
+        warnings say what of the request did not fit the model's context (max_tokens capped, the prompt cut)."""
         ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else [self.eos]
         budget = min(req.max_tokens, self.context - 1)
+        warnings = []
+        if budget < req.max_tokens:
+            warnings.append(f"max_tokens {req.max_tokens} is more than the model's context of {self.context} tokens "
+                            f"allows: at most {budget} tokens are generated")
+        if len(ids) > self.context - budget:
+            warnings.append(f"the prompt's {len(ids)} tokens and {budget} to generate exceed the model's context of "
+                            f"{self.context} tokens: only the prompt's last {self.context - budget} tokens are read")
         ids = ids[-(self.context - budget):]
         x = torch.tensor([ids])
         sampling = {"do_sample": True, "temperature": req.temperature, "top_p": req.top_p} if req.temperature > 0 \
@@ -108,11 +122,14 @@ class LoadedModel:
         if self.eos in new:
             new = new[:new.index(self.eos)]
         text = self.tokenizer.decode(new, skip_special_tokens=True)
-        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        cut = min((text.find(s) for s in stops if s and s in text), default=-1)
+        stops = [s for s in ([req.stop] if isinstance(req.stop, str) else list(req.stop or [])) if s]
+        cut = min((text.find(s) for s in stops if s in text), default=-1)
         if cut >= 0:
             text, finish = text[:cut], "stop"
-        return text, finish, len(ids), len(new)
+            # Generation ends with the token that completes the stop string; the tokens after it are not counted.
+            new = new[:next(k for k in range(1, len(new) + 1)
+                            if any(s in self.tokenizer.decode(new[:k], skip_special_tokens=True) for s in stops))]
+        return text, finish, len(ids), len(new), warnings
 
 
 def create_app(model: LoadedModel, *, name: str, version: str, inject_errors: float = 0.0,
@@ -154,15 +171,20 @@ def create_app(model: LoadedModel, *, name: str, version: str, inject_errors: fl
         if req.model and req.model != name:
             raise HTTPException(404, f"model {req.model!r} is not served here (this server serves {name!r})")
         prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-        choices, used, made = [], 0, 0
+        choices, used, made, warnings = [], 0, 0, []
         for i, prompt in enumerate(prompts):
-            text, finish, n_in, n_out = model.complete(prompt, req)
+            text, finish, n_in, n_out, said = model.complete(prompt, req)
             choices.append({"index": i, "text": text, "finish_reason": finish, "logprobs": None})
             used, made = used + n_in, made + n_out
+            warnings += [w for w in said if w not in warnings]
         metrics.tokens.labels(name, version).inc(made)
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": name, "choices": choices,
-                "usage": {"prompt_tokens": used, "completion_tokens": made, "total_tokens": used + made}}
+        answer = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                  "model": name, "choices": choices,
+                  "usage": {"prompt_tokens": used, "completion_tokens": made, "total_tokens": used + made}}
+        if warnings:  # beside OpenAI's fields, which clients read and leave the rest alone; and one log line
+            answer["warnings"] = warnings
+            print(f"gpu-train: model {name} version {version}: {'; '.join(warnings)}", file=sys.stderr, flush=True)
+        return answer
 
     for prefix in ("", "/openai"):
         app.add_api_route(f"{prefix}/v1/completions", completions, methods=["POST"])
@@ -191,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", required=True, help="the model's name in the API (the service's name)")
     ap.add_argument("--version", default="local", help="the version label its metrics and answers carry")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--port", type=int, default=8000, help="bound before the model loads; in use: exit 2")
+    ap.add_argument("--fd", type=int, default=None, help="listen on this inherited socket instead of --host/--port "
+                                                         "(gpu-train serve --local binds it first)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--inject-errors", type=float, default=0.0, metavar="FRACTION",
                     help="answer this share of completions with HTTP 500 (rehearse a rollback)")
@@ -200,13 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.inject_errors <= 1:
         ap.error(f"--inject-errors must be within 0..1 (got {args.inject_errors})")
     try:
+        # The port first: one in use is an error now, not after the model has loaded.
+        sock = socket.socket(fileno=args.fd) if args.fd is not None else bind(args.host, args.port)
         model = LoadedModel(args.model, threads=args.threads)
-    except (ModelError, OSError, ValueError) as exc:
+    except (ModelError, OSError, ValueError) as exc:  # PortError is a ValueError
         print(f"gpu-train: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     app = create_app(model, name=args.name, version=args.version, inject_errors=args.inject_errors,
                      inject_delay_ms=args.inject_delay_ms)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
     return 0
 
 

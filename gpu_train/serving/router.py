@@ -36,6 +36,7 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from gpu_train.serving.metrics import CONTENT_TYPE, RouteMetrics
+from gpu_train.serving.ports import PortError, bind
 
 LOG = logging.getLogger("gpu_train.serving.router")
 INFERENCE = ("completions", "chat/completions")
@@ -199,9 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--service", required=True)
     ap.add_argument("--namespace", required=True)
     ap.add_argument("--config-map", required=True, help="the route ConfigMap (route.json)")
-    ap.add_argument("--port", type=int, default=8080)
+    ap.add_argument("--port", type=int, default=8080, help="bound first: in use or out of range, exit 2")
     ap.add_argument("--poll-seconds", type=float, default=1.0)
     args = ap.parse_args(argv)
+    try:  # before the ConfigMap is read: a port the route cannot hold is one line, not a failure after start-up
+        sock = bind("0.0.0.0", args.port)  # noqa: S104 - a pod's own address
+    except PortError as exc:
+        print(f"gpu-train: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     source = ConfigMapSource(args.namespace, args.config_map)
     route = Route(args.service, source.read())
@@ -213,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         task.cancel()
 
     app.cleanup_ctx.append(background)
-    web.run_app(app, host="0.0.0.0", port=args.port, print=None)  # noqa: S104 - a pod's own address
+    web.run_app(app, sock=sock, print=None)
     return 0
 
 
