@@ -462,6 +462,11 @@ class CheckpointManager:
             except CheckpointInvalid as exc:
                 if exists(p / MANIFEST):
                     log.warning("skipping checkpoint %s: %s", p, exc)
+                elif self.store is None:
+                    log.warning("skipping checkpoint %s: no %s (a save that did not finish)", p, MANIFEST)
+                else:
+                    log.warning("skipping local copy of checkpoint %s: no %s (a save that did not finish); its "
+                                "remote copy is tried if it has one", p, MANIFEST)
                 continue
             problems = check_files(p, manifest["files"], hashes=False)
             if not problems:
@@ -545,9 +550,13 @@ class CheckpointManager:
             local, denied = self._local_complete()
         if self.env.rank == 0 and self.store is not None:
             try:
-                remote = self._remote_listing()[1]
+                names, remote = self._remote_listing()
             except DataError as exc:
                 error = f"checkpoint.remote_uri: cannot list checkpoints: {exc}"
+            else:
+                for name in sorted(set(names) - set(remote), reverse=True):
+                    log.warning("skipping checkpoint %s/%s: no %s in the store (an upload that did not finish)",
+                                self.remote_uri, name, MANIFEST)
         views = self._gather((self.owner, local, remote, error, denied))
         if views[0][3]:
             raise BadInput(views[0][3])
