@@ -534,8 +534,12 @@ class CheckpointManager:
         *,
         check: Callable[[dict[str, Any], str], None] | None = None,
         apply: Callable[[dict[str, Any]], None] | None = None,
+        report: bool = True,
     ) -> Path | None:
         """Load the newest checkpoint that every rank can read and load; None if there is none.
+
+        With `report`, rank 0 logs one line `resumed from PATH at step N` (a loop that says more itself passes
+        False).
 
         `check(manifest, where)` may raise BadInput to refuse a checkpoint (it runs before anything is
         fetched or loaded, with the same manifest on every rank). `apply(trainer_state)` restores the loop's
@@ -595,6 +599,8 @@ class CheckpointManager:
                 self._skip(name, problem)
                 continue
             self.model_touched = False
+            if report and self.env.rank == 0:
+                log.info("resumed from %s at step %d", self.local_dir / name, manifest["step"])
             return self.local_dir / name
         if unreadable:
             # Starting over would train from step 0 beside checkpoints nobody may read (and could not prune them):
