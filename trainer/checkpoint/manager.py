@@ -552,15 +552,13 @@ class CheckpointManager:
         error = None
         if self.owner:
             local, denied = self._local_complete()
+        unfinished: set[str] = set()  # rank 0: steps in the store without a manifest
         if self.env.rank == 0 and self.store is not None:
             try:
                 names, remote = self._remote_listing()
+                unfinished = set(names) - set(remote)
             except DataError as exc:
                 error = f"checkpoint.remote_uri: cannot list checkpoints: {exc}"
-            else:
-                for name in sorted(set(names) - set(remote), reverse=True):
-                    log.warning("skipping checkpoint %s/%s: no %s in the store (an upload that did not finish)",
-                                self.remote_uri, name, MANIFEST)
         views = self._gather((self.owner, local, remote, error, denied))
         if views[0][3]:
             raise BadInput(views[0][3])
@@ -568,6 +566,9 @@ class CheckpointManager:
         owned = [set(names) for is_owner, names, _, _, _ in views if is_owner]
         common = set.intersection(*owned) if owned else set()
         candidates = sorted(set(views[0][2]) | common, reverse=True)
+        for name in sorted(unfinished - common, reverse=True):  # one that every node holds whole is still tried
+            log.warning("skipping checkpoint %s/%s: no %s in the store (an upload that did not finish)",
+                        self.remote_uri, name, MANIFEST)
         local_here = set(local)
         for name in candidates:
             where = f"{self.remote_uri}/{name}" if name not in common else str(self.local_dir / name)
