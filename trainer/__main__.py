@@ -59,12 +59,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def bad_input(message: str) -> int:
-    """One line on stderr; under the launcher, stop torchrun from restarting the group (trainer/errors.py)."""
+    """One line on stderr: under the launcher its own (the worker stops torchrun from restarting the group and
+    leaves the message to it, trainer/errors.py), else this worker's."""
     from trainer.errors import stop_retries
 
     text = one_line(message)
-    print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
-    stop_retries(text)
+    if not stop_retries(text):
+        print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
     return EXIT_BAD_INPUT
 
 

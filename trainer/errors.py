@@ -24,7 +24,10 @@ afterwards. So under the launcher (which sets TRAINER_EXIT_FILE and TRAINER_LAUN
 a node that finds bad input writes its message to TRAINER_EXIT_FILE and SIGKILLs its torchrun agent before
 exiting: the agent never sees a failed worker, so it restarts nothing; the node's other workers die with it
 (they asked for SIGKILL on their parent's death, trainer.distributed.bind_to_agent); the launcher finds the
-file, prints the message and exits 2. Without the launcher (plain torchrun) the worker only exits 2.
+file, prints the message and exits 2: that line is the only one, as the workers print nothing themselves then.
+Without the launcher (plain torchrun) each worker prints its line and exits 2, and torchrun restarts the group
+into the same error until --max-restarts is used up: torchrun cannot skip restarts by exit code, so a plain
+torchrun run stops at the first bad input only with --max-restarts=0 (docs/trainer.md).
 """
 
 from __future__ import annotations
@@ -73,7 +76,9 @@ def _parent_pid_of(pid: int) -> int | None:
 
 
 def stop_retries(message: str) -> bool:
-    """Record bad input for the launcher and stop this node's torchrun agent; True if this call did it.
+    """Record bad input for the launcher and stop this node's torchrun agent; True when the launcher will print
+    the message (this worker recorded it, or another worker of this node already did): the worker then prints
+    nothing itself, so the message is one line however many workers found it.
 
     Does nothing (returns False) unless this worker runs under a torchrun that the launcher started: the
     agent is our parent and the launcher is the agent's parent. Only the first worker of a node to get here
@@ -89,7 +94,7 @@ def stop_retries(message: str) -> bool:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        return False
+        return True  # another worker of this node recorded its message and is killing the agent
     except OSError:
         return False
     with os.fdopen(fd, "w") as f:

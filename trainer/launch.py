@@ -8,7 +8,8 @@ is torchrun's, the job's command last: the bundled trainer's own arguments follo
     gpu-train-launch ... --max-restarts=3 --shutdown-timeout=285 train.py --lr 3e-4   # a team's own code
 
 Environment:
-    TRAINER_DATA_WAIT_S   seconds to wait for the dataset manifest to appear (default 0: check once)
+    TRAINER_DATA_WAIT_S   seconds to wait for the dataset manifest to appear in an object store (s3://, gs://;
+                          default 0: check once); a local dataset (file://, a path) is always checked once
     RDZV_DNS_TIMEOUT      seconds to wait for the rendezvous host's DNS name (default 600)
 
 In order:
@@ -16,7 +17,8 @@ In order:
    anything waits: the settings, the batch layout at every world
    size from MIN to MAX nodes times --nproc-per-node, the metrics ports, writable run and checkpoint
    directories, and the dataset (its manifest, the vocabulary, windows of model.context tokens). A missing
-   manifest is waited for up to TRAINER_DATA_WAIT_S with one message naming the URI and how to upload it.
+   manifest in an object store is waited for up to TRAINER_DATA_WAIT_S with one message naming the URI and how
+   to upload it; a local one (file://, a path) fails at once, naming the path.
    Any failure: one line naming the setting, exit 2, torchrun never starts.
 2. The rendezvous host: JobSet publishes a pod's DNS name only once the pod exists, and torchrun decides
    whether this pod hosts the c10d store by resolving the --rdzv-endpoint host and comparing it with its own
@@ -107,14 +109,18 @@ def _local_world_size(nproc_per_node: str) -> int:
 
 
 def _wait_for_manifest(uri: str, endpoint: str | None, wait_s: int) -> None:
-    """Poll for the dataset manifest up to wait_s seconds, saying once what is missing and how to fix it."""
-    from gpu_train.storage import open_store
+    """Poll for the dataset manifest up to wait_s seconds, saying once what is missing and how to fix it. A local
+    dataset (file:// or a plain path) is checked once: nothing uploads into it while the launcher waits, so a
+    missing manifest there is a mistyped path."""
+    from gpu_train.storage import FileStore, open_store
     from trainer.data.errors import DataError
     from trainer.data.shards import split_manifest_uri
 
     root, key = split_manifest_uri(uri)
     try:
         store = open_store(root, endpoint_url=endpoint)
+        if isinstance(store, FileStore):
+            wait_s = 0
         deadline = time.monotonic() + wait_s
         told = False
         while not store.exists(key):

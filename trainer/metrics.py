@@ -71,9 +71,15 @@ _STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 
 class TrainerMetrics:
     """This worker's Prometheus metrics, served on `port` (0: kept, not served); `rank` labels the per-rank
-    gauges; `restarts` and `val_loss` are the starting values of trainer_restarts_total and trainer_val_loss."""
+    gauges; `restarts` and `val_loss` are the starting values of trainer_restarts_total and trainer_val_loss.
+    `log_every`: a loop of its own that calls record_step gets a loss line on rank 0 every this many steps (0:
+    none); the bundled trainer's MetricsProcessor prints its own."""
 
-    def __init__(self, port: int = 0, rank: int = 0, *, restarts: int = 0, val_loss: float | None = None) -> None:
+    def __init__(self, port: int = 0, rank: int = 0, *, restarts: int = 0, val_loss: float | None = None,
+                 log_every: int = 10) -> None:
+        if log_every < 0:
+            raise ValueError(f"log_every must be >= 0 (got {log_every})")
+        self.log_every = log_every  # record_step's loss line on rank 0 every this many steps (0: none)
         self.registry = CollectorRegistry()
         r = self.registry
         self.step = Gauge("trainer_step", "Last completed optimizer step", registry=r)
@@ -158,6 +164,9 @@ class TrainerMetrics:
         self.step_seconds.observe(step_s)
         self.tokens_per_second.set(tokens / step_s if step_s > 0 else math.nan)
         self.last_step_ts.set(time.time() if now is None else now)
+        if self.log_every and self.rank == "0" and step % self.log_every == 0:
+            console_log.info("step %d: loss %.4f, %.3f s, %.0f tokens/s", step, loss, step_s,
+                             tokens / step_s if step_s > 0 else math.nan)
 
     def observe_rank(self, *, step_s: float, compute_s: float, data_wait_s: float, collective_wait_s: float) -> None:
         self.rank_step.set(step_s)

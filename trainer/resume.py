@@ -73,7 +73,7 @@ def resume(t: Trainer) -> tuple[str | None, str | None]:
                         run_id=state.get("mlflow_run_id") or _manifest_run_id(seen.get("manifest")),
                         run_key=state.get("mlflow_run_key") or None)
 
-    found = t.checkpointer.resume(t.model, t.optimizer, check=check, apply=apply)
+    found = t.checkpointer.resume(t.model, t.optimizer, check=check, apply=apply, report=False)  # said below
     if found is None:
         if t.checkpointer.model_touched:  # a load that failed part-way may have changed parameters
             t.build_model()

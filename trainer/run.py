@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gpu_train.spec.layout import MESH_DIMS
+from gpu_train.spec.layout import MESH_DIMS, Layout
 from gpu_train.spec.trainer_config import flatten, to_dict
 from trainer import Tracker, TrainingFailed, Watchdog, flops, outputs, state_sha256
 from trainer.metrics import JsonlLog, MetricsProcessor, StepClock, TrainerMetrics
@@ -28,6 +28,30 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trainer")
 MLFLOW_STATUS = {"completed": "FINISHED", "stopped_early": "FINISHED", "preempted": "KILLED"}
+
+
+def parallel_mode(layout: Layout, pp_schedule: str) -> str:
+    """How the model is spread at this layout, as trainer/runner.py and trainer/pipeline.py build it: pipeline
+    stages (with their schedule) and tensor parallelism when used, then the data parallelism: DDP when nothing
+    else is used, else FSDP2, sharding over dp_shard (HSDP when it also replicates) or replicating only."""
+    parts = []
+    if layout.pp > 1:
+        parts.append(f"pp ({pp_schedule})")
+    if layout.tp > 1:
+        parts.append("tp")
+    if not layout.sharded:
+        parts.append("ddp")
+    elif layout.dp_shard > 1:
+        parts.append("hsdp" if layout.dp_replicate > 1 else "fsdp")
+    else:
+        parts.append("fsdp2 replicated")
+    return " + ".join(parts)
+
+
+def layout_text(layout: Layout, pp_schedule: str) -> str:
+    """The start-up line's layout: `dp=2 (replicate 2 x shard 1) x tp=1 x pp=1, ddp`."""
+    return (f"dp={layout.dp} (replicate {layout.dp_replicate} x shard {layout.dp_shard}) x tp={layout.tp} x "
+            f"pp={layout.pp}, {parallel_mode(layout, pp_schedule)}")
 
 
 def open_outputs(t: Trainer, run_id: str | None, resumed_from: str | None) -> None:
@@ -62,8 +86,8 @@ def open_outputs(t: Trainer, run_id: str | None, resumed_from: str | None) -> No
     if rank0:
         log.info("model %.2fM params (%.2fM non-embedding), world %d, global batch %d x %d tokens, %d micro "
                  "batches of %d per rank, %s, %s", n_params / 1e6, n_nonemb / 1e6, env.world_size,
-                 t.global_batch, cfg.model.context, t.accum, tc.micro_batch_size, tc.parallel,
-                 "bf16" if t.dtype else "fp32")
+                 t.global_batch, cfg.model.context, t.accum, tc.micro_batch_size,
+                 layout_text(t.runner.layout, tc.pp_schedule), "bf16" if t.dtype else "fp32")
     t.watchdog = Watchdog(cfg.watchdog, rank=env.rank, local_rank=env.local_rank, dump_dir=t.run_dir / "watchdog")
     t.exits.callback(t.watchdog.stop)
     t.clock = StepClock(env.device)

@@ -10,7 +10,8 @@ The library calls are the plain loop's (examples/plain-loop/train.py, docs/your-
 open_dataset + GlobalSampler for the sample order at any world size, CheckpointManager for the model, the
 optimizer, each rank's RNG (so dropout replays exactly after a restart) and this loop's own state (the sampler's
 position and the schedule), Preemption for SIGTERM, Tracker for MLflow (only when the job has a tracking URI),
-TrainerMetrics for each step's loss and throughput on the worker's Prometheus port.
+TrainerMetrics for each step's loss and throughput on the worker's Prometheus port and a loss line on rank 0 every
+--log-every steps; the checkpoint manager says in one line which step a launch resumed from.
 At the end rank 0 writes result.json with the sha256 of the final weights, and steps.jsonl holds each step's
 loss and sample indices.
 """
@@ -58,6 +59,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=10, help="steps of linear learning-rate warmup")
     p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--log-every", type=int, default=10, help="steps between loss lines on rank 0 (0: none)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -94,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     tracker.log_dataset(job.dataset_uri, ds.manifest_sha256)
     ddp = DistributedDataParallel(model)
     log = (job.run_dir / "steps.jsonl").open("a") if env.rank == 0 else None
-    prometheus = TrainerMetrics(port=job.metrics_port, rank=env.rank, restarts=env.restart_count)
+    prometheus = TrainerMetrics(port=job.metrics_port, rank=env.rank, restarts=env.restart_count,
+                                log_every=args.log_every)  # and a loss line on rank 0 every --log-every steps
     step = sampler.next_step
     with Preemption(sigint=True, shutdown_timeout_s=job.shutdown_timeout_s) as preemption:
         while step < args.steps:

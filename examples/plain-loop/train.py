@@ -10,10 +10,12 @@ What the library gives this loop (docs/your-code.md):
 - open_dataset + GlobalSampler: step s reads the same global batch at any world size, so a resumed job (after a
   killed worker, a preemption, or with fewer nodes) continues the exact sample order;
 - CheckpointManager: asynchronous verified saves (keep 2), resume from the newest checkpoint every rank can load,
-  past a damaged one, at any world size (the model, the optimizer, each rank's RNG and the sampler's position);
+  past a damaged one, at any world size (the model, the optimizer, each rank's RNG and the sampler's position),
+  with one line saying which (`resumed from .../step_000000010 at step 10`);
 - Preemption: SIGTERM (or Ctrl-C) becomes a final checkpoint and exit 75, which the platform restarts;
 - Watchdog: a step that hangs ends the worker with its stacks instead of holding the job forever;
-- TrainerMetrics: each step's loss and throughput on this worker's Prometheus port, which the platform scrapes;
+- TrainerMetrics: each step's loss and throughput on this worker's Prometheus port, which the platform scrapes,
+  and a loss line on rank 0 every --log-every steps;
 - TrialBudget: as a sweep's trial (--budget-uri), hold at each rung with a checkpoint until promoted or stopped,
   reporting the validation loss there (examples/plain-loop/sweep.yaml).
 
@@ -79,6 +81,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--log-every", type=int, default=10, help="steps between loss lines on rank 0 (0: none)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--val-every", type=int, default=0, help="steps between validation losses (0: none)")
     p.add_argument("--val-batches", type=int, default=4, help="global batches of the val split per evaluation")
@@ -128,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens_per_step = args.global_batch * args.context
     ddp = DistributedDataParallel(model)
     log = (job.run_dir / "steps.jsonl").open("a") if env.rank == 0 else None
-    prometheus = TrainerMetrics(port=job.metrics_port, rank=env.rank, restarts=env.restart_count)
+    prometheus = TrainerMetrics(port=job.metrics_port, rank=env.rank, restarts=env.restart_count,
+                                log_every=args.log_every)  # and a loss line on rank 0 every --log-every steps
     watchdog = Watchdog(rank=env.rank, local_rank=env.local_rank, dump_dir=job.run_dir / "watchdog")
     watchdog.start()
     step = sampler.next_step

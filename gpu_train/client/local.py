@@ -13,7 +13,8 @@ the same command and environment contract the cluster job gets (gpu_train.jobs.l
 bundled trainer its settings). What differs on one machine: one node (`--nnodes=1`) with nproc workers, a run
 directory under ./runs/<job name> instead of the node's NVMe, no object store unless the spec names a file://
 checkpoint URI, and the dataset: --data, or the spec's own when it is a local file:// manifest, else the
-built-in synthetic data (a cluster dataset in object storage is the cluster's to read). A job of its own code runs
+built-in synthetic data (a cluster dataset in object storage is the cluster's to read); a dataset on this disk
+without its manifest (a mistyped path) is refused at once with one line naming it. A job of its own code runs
 in its working directory (the spec's folder unless `workdir`), as it runs in the image's /workspace. It needs the
 trainer package (`pip install ".[trainer]"`); without it, one line says so. Ctrl-C stops it the way
 SIGTERM stops a cluster job: the launcher has every worker stop (the bundled trainer after a final checkpoint),
@@ -38,6 +39,7 @@ from gpu_train.install import install_hint
 from gpu_train.jobs.launch import Site, bundled_settings, launch_env, local_command, nccl_env, rendezvous_env
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.job import JobSpec, NodeRange, job_problems, read_job, trainer_settings
+from gpu_train.spec.values import as_uri
 
 # The embedded default: what `make train` runs, as a job spec.
 DEFAULT_SPEC: dict[str, Any] = {
@@ -87,7 +89,7 @@ def local_site(job: JobSpec, *, runs: str | Path, data: str = "") -> Site:
     file:// one (else the built-in synthetic data: a cluster dataset in object storage is the cluster's to read),
     the spec's checkpoint URI when it is a file:// one."""
     if data:
-        data_uri = data
+        data_uri = as_uri(data)  # a plain path is this shell's, whatever the job's working directory
     elif job.dataset_uri.startswith("file://"):
         data_uri = job.dataset_uri
     else:
@@ -97,6 +99,27 @@ def local_site(job: JobSpec, *, runs: str | Path, data: str = "") -> Site:
                   "(--data URI to use another)", file=sys.stderr)
     checkpoint_uri = job.checkpoint_uri if job.checkpoint_uri.startswith("file://") else ""
     return Site(run_dir=str(Path(runs).resolve() / job.name), dataset_uri=data_uri, checkpoint_uri=checkpoint_uri)
+
+
+def local_dataset_problem(uri: str) -> str | None:
+    """Why a dataset on this machine's disk (file://) cannot be used, checked at once: nothing will upload it while
+    the job waits, so a missing manifest is a mistyped path. None for one that is there, the synthetic data, or an
+    object store (whose manifest the launcher waits for, TRAINER_DATA_WAIT_S)."""
+    if not uri.startswith("file://"):
+        return None
+    from gpu_train.storage import StorageError, open_store
+    from trainer.data.shards import split_manifest_uri
+
+    root, key = split_manifest_uri(uri)
+    try:
+        store = open_store(root)
+        found = store.exists(key)
+    except StorageError as exc:
+        return f"{uri}: {exc}"
+    if not found:
+        return (f"{uri}: no dataset manifest at {store.url_of(key)}; prepare one there first: "
+                f"python -m trainer.data prepare ... --out {root}")
+    return None
 
 
 def run_local(spec_path: str | Path | None, *, nproc: int = DEFAULT_NPROC, data: str = "", runs: str | Path = "runs",
@@ -121,6 +144,9 @@ def run_local(spec_path: str | Path | None, *, nproc: int = DEFAULT_NPROC, data:
     if problems:
         raise ClientError("\n".join(f"{source}: {p}" for p in problems))
     site = local_site(job, runs=runs, data=data)
+    problem = local_dataset_problem(site.dataset_uri)
+    if problem:
+        raise ClientError(f"{'--data' if data else f'{source}: datasetUri'} {problem}")
     cwd = None
     if not job.bundled:
         cwd = Path(workdir) if workdir else (Path(spec_path).resolve().parent if spec_path else Path.cwd())

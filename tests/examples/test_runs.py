@@ -82,10 +82,11 @@ class Reference(dict):
     def __init__(self, factory: pytest.TempPathFactory) -> None:
         super().__init__()
         self.factory = factory
+        self.output: dict[str, str] = {}  # example -> what its run printed
 
     def __missing__(self, example: str) -> Path:
         tmp = self.factory.mktemp(example)
-        _finish(_start(tmp, example, tmp / "runs"))
+        self.output[example] = _finish(_start(tmp, example, tmp / "runs"))
         self[example] = tmp / "runs" / yaml.safe_load((ROOT / "examples" / example / "job.yaml").read_text())["name"]
         return self[example]
 
@@ -107,6 +108,13 @@ def test_each_example_trains_under_run_local_on_two_cpu_workers(uninterrupted, e
     # keep=2: the two newest verified checkpoints stay, the older ones are pruned.
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == [
         f"step_{STEPS - EVERY:09d}", f"step_{STEPS:09d}"]
+    # The library's loss line (TrainerMetrics.record_step), rank 0 only, every --log-every (default 10) steps: the
+    # loss of the step steps.jsonl holds.
+    out = uninterrupted.output[example]
+    lines = [line for line in out.splitlines() if "[rank" in line and ": loss " in line]
+    assert len(lines) == STEPS // 10 and all("[rank0]" in line for line in lines), out[-4000:]
+    for line, step in zip(lines, range(10, STEPS + 1, 10), strict=True):
+        assert f"step {step}: loss {steps[step - 1]['loss']:.4f}, " in line, line
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
@@ -124,6 +132,10 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_bit_identical(uninterrupt
     restarted = sorted(s for s, r in steps.items() if r["restart"] == 1)
     assert restarted and restarted[-1] == STEPS - 1, out[-4000:]  # torchrun restarted the workers once ...
     assert restarted[0] % EVERY == 0 and restarted[0] >= EVERY  # ... which resumed from a checkpoint
+    # ... and said so once, through the library (CheckpointManager.resume), naming it and its step.
+    resumed = [line for line in out.splitlines() if "resumed from" in line]
+    assert len(resumed) == 1, out[-4000:]
+    assert f"resumed from {run / 'checkpoints' / f'step_{restarted[0]:09d}'} at step {restarted[0]}" in resumed[0]
     assert _result(run)["params_sha256"] == _result(reference)["params_sha256"]
     expected = _steps(reference)
     assert [steps[s]["loss"] for s in range(STEPS)] == [expected[s]["loss"] for s in range(STEPS)]

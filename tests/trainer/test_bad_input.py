@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.launch import ROOT, SMALL, child_env, run_trainer
+from tests.trainer.launch import FAULTS, ROOT, SMALL, child_env, run_trainer
 
 # Starts the trainer and its launcher as processes, one per case.
 pytestmark = pytest.mark.integration
@@ -358,6 +358,40 @@ def test_a_shard_missing_mid_run_stops_every_rank_without_retries(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if "error:" in line or "bad input" in line]
     assert lines and all(missing in line and "data.uri" in line for line in lines), lines
     assert lines[-1].startswith("gpu-train-launch: bad input, not retried:")
+
+
+def _zero_hash(root: Path, shard: str) -> None:
+    """The manifest's sha256 of `shard` zeroed: the shard's bytes no longer match it."""
+    manifest = json.loads((root / "manifest.json").read_text())
+    (entry,) = [e for e in manifest["shards"] if e["file"] == shard]
+    entry["sha256"] = "0" * 64
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("fault", ["manifest deleted", "shard hash zeroed"])
+def test_bad_data_under_the_launcher_is_one_attempt_one_line_and_exit_2(tmp_path, fault):
+    """torchrun may restart the group 3 times, 2 workers find the fault: the first attempt is the only one, the
+    message is one line (the launcher's; the workers leave it to it) and the launch exits 2, which the JobSet's
+    podFailurePolicy fails at once. A deleted manifest is what the workers find when it went away after the
+    launcher's own check (here the fault-injecting entry, which the launcher does not check, stands for that)."""
+    uri = _synth(tmp_path / "data", 200000, shard_tokens=20000)
+    if fault == "manifest deleted":
+        (tmp_path / "data" / "manifest.json").unlink()
+        module, needle = FAULTS, f"{uri}/manifest.json: dataset manifest not found"
+    else:
+        _zero_hash(tmp_path / "data", _first_shard(uri, SMALL))
+        module, needle = "trainer", "manifest says " + "0" * 64
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.launch", "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+         "--rdzv-endpoint=127.0.0.1:0", "--max-restarts=3", "--monitor-interval=0.2", "-m", module,
+         "--run-dir", str(tmp_path / "run"), *SMALL, "train.steps=30", f"data.uri={uri}"],
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "will restart worker group" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if needle in line]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("gpu-train-launch: bad input, not retried: ") and "data.uri" in lines[0], lines
 
 
 def test_a_storage_outage_mid_run_is_retryable_not_bad_input(tmp_path, failing_s3):

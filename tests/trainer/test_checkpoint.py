@@ -235,6 +235,52 @@ def test_damaged_remote_checkpoint_falls_back_to_the_previous_one(copy):
     assert "at step 3" in res.output
 
 
+def _lines(output: str, needle: str) -> list[str]:
+    return [line for line in output.splitlines() if needle in line]
+
+
+def test_a_newest_local_checkpoint_without_its_manifest_is_named_and_its_remote_copy_used(copy):
+    """Step 4 lacks its local manifest, step 3 its manifest in the store: step 4 is resumed through the store's
+    manifest after one line naming the local folder; step 3, whole on this node, is not called skipped."""
+    run_dir, remote, overrides = copy
+    newest = run_dir / "checkpoints" / "step_000000004"
+    (newest / MANIFEST).unlink()
+    (remote / "step_000000003" / MANIFEST).unlink()
+    res = run_trainer(run_dir, None, [*_without(overrides, "train.steps"), "train.steps=5"])
+    assert res.returncode == 0, res.output[-4000:]
+    skipped = _lines(res.output, "skipping")
+    assert len(skipped) == 1 and f"local copy of checkpoint {newest}: no {MANIFEST}" in skipped[0], res.output[-4000:]
+    assert f"resumed from {newest} at step 4" in res.output  # the store's manifest vouches for the local files
+    assert (newest / MANIFEST).is_file()
+
+
+def test_a_newest_remote_checkpoint_without_its_manifest_is_named_and_skipped(copy):
+    run_dir, remote, overrides = copy
+    shutil.rmtree(run_dir / "checkpoints" / "step_000000004")  # this node lost it; the store's copy is unfinished
+    (remote / "step_000000004" / MANIFEST).unlink()
+    res = run_trainer(run_dir, None, [*_without(overrides, "train.steps"), "train.steps=5"])
+    assert res.returncode == 0, res.output[-4000:]
+    skipped = _lines(res.output, f"skipping checkpoint file://{remote}/step_000000004")
+    assert len(skipped) == 1 and f"no {MANIFEST} in the store" in skipped[0], res.output[-4000:]
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_000000003'} at step 3" in res.output
+
+
+def test_a_leftover_step_folder_without_a_manifest_is_named_and_skipped(copy):
+    """No remote store: an unfinished save's folder (newer than any checkpoint) and the newest checkpoint with its
+    manifest deleted are each one line naming the folder; the run resumes from step 3."""
+    run_dir, _remote, overrides = copy
+    ckpts = run_dir / "checkpoints"
+    leftover = ckpts / "step_000000009"
+    leftover.mkdir()
+    (ckpts / "step_000000004" / MANIFEST).unlink()
+    res = run_trainer(run_dir, None, [*_without(overrides, "train.steps", "checkpoint.remote_uri"), "train.steps=5"])
+    assert res.returncode == 0, res.output[-4000:]
+    for folder in (leftover, ckpts / "step_000000004"):
+        skipped = _lines(res.output, f"skipping checkpoint {folder}")
+        assert len(skipped) == 1 and f"no {MANIFEST}" in skipped[0], res.output[-4000:]
+    assert f"resumed from {ckpts / 'step_000000003'} at step 3" in res.output
+
+
 def test_checkpoints_upload_to_s3_and_restore_from_it(tmp_path, s3):
     run_dir = tmp_path / "run"
     base = [*SMALL, "checkpoint.every_steps=1", "checkpoint.keep=2", f"checkpoint.remote_uri=s3://{s3.bucket}/runs/a",

@@ -100,12 +100,16 @@ def _fake_torchrun(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def _launch(args: list[str], path: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+def _launch_env(path: str) -> dict[str, str]:
     full = {k: v for k, v in os.environ.items()
             if k not in ("RDZV_DNS_TIMEOUT", "TRAINER_DATA_WAIT_S", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")}
-    full.update({"PATH": path, "GPU_TRAIN_PYTHON": sys.executable, "PYTHONPATH": str(ROOT), **env})
-    return subprocess.run(["bash", str(LAUNCHER), *args], cwd=tmp_path, env=full, capture_output=True, text=True,
-                          timeout=120)
+    full.update({"PATH": path, "GPU_TRAIN_PYTHON": sys.executable, "PYTHONPATH": str(ROOT)})
+    return full
+
+
+def _launch(args: list[str], path: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(LAUNCHER), *args], cwd=tmp_path, env={**_launch_env(path), **env},
+                          capture_output=True, text=True, timeout=120)
 
 
 TINY = ["tracking.enabled=false", "model.context=32", "train.global_batch_tokens=384", "train.micro_batch_size=2"]
@@ -173,29 +177,55 @@ def test_launcher_preflight_refuses_bad_settings_before_torchrun(tmp_path, args,
     assert not (tmp_path / "argv").exists()
 
 
-def test_launcher_waits_for_the_dataset_then_starts(tmp_path):
-    """The manifest appears while the launcher waits (TRAINER_DATA_WAIT_S): one message, then torchrun."""
+def test_launcher_refuses_a_missing_local_dataset_at_once_whatever_the_wait(tmp_path):
+    """Nothing uploads into a directory on this disk while the launcher waits: a missing file:// manifest (or one
+    under a plain path) is a mistyped path, refused with one line naming it although TRAINER_DATA_WAIT_S is 600."""
     bin_dir = _fake_torchrun(tmp_path)
-    data = tmp_path / "data"
+    for uri, named in ((f"file://{tmp_path / 'no-such'}", f"file://{tmp_path / 'no-such'}/manifest.json"),
+                       (str(tmp_path / "typo"), f"file://{tmp_path / 'typo'}/manifest.json")):
+        args = ["--nnodes=1", "--nproc-per-node=1", "--rdzv-endpoint=localhost:29400", "-m", "trainer", "--run-dir",
+                str(tmp_path / "run"), *TINY, f"data.uri={uri}"]
+        try:
+            missing = subprocess.run(["bash", str(LAUNCHER), *args], cwd=tmp_path, capture_output=True, text=True,
+                                     timeout=60, env={**_launch_env(f"{bin_dir}:{os.environ['PATH']}"),
+                                                      "TRAINER_DATA_WAIT_S": "600"})
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the launcher still waits for the local dataset {uri}") from None
+        assert missing.returncode == 2, missing.stderr
+        lines = missing.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"dataset manifest {named} not found" in lines[0], missing.stderr
+        assert "waiting" not in missing.stderr and "Traceback" not in missing.stderr
+        assert not (tmp_path / "argv").exists()
+
+
+def test_launcher_waits_for_a_dataset_in_object_storage_then_starts(tmp_path, s3):
+    """The manifest appears in the store while the launcher waits (TRAINER_DATA_WAIT_S): one message, then
+    torchrun."""
+    bin_dir = _fake_torchrun(tmp_path)
+    uri = f"s3://{s3.bucket}/ds"
     args = ["--nnodes=1", "--nproc-per-node=1", "--rdzv-endpoint=localhost:29400", "-m", "trainer", "--run-dir",
-            str(tmp_path / "run"), *TINY, f"data.uri=file://{data}"]
-    missing = _launch(args, f"{bin_dir}:{os.environ['PATH']}", tmp_path, TRAINER_DATA_WAIT_S="0")
+            str(tmp_path / "run"), *TINY, f"data.uri={uri}", f"data.endpoint_url={s3.endpoint}",
+            f"data.cache_dir={tmp_path / 'cache'}"]
+    env = {**_launch_env(f"{bin_dir}:{os.environ['PATH']}"), **s3.env}
+    missing = subprocess.run(["bash", str(LAUNCHER), *args], cwd=tmp_path, env={**env, "TRAINER_DATA_WAIT_S": "0"},
+                             capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2
-    assert f"dataset manifest file://{data}/manifest.json not found" in missing.stderr
+    assert f"dataset manifest {uri}/manifest.json not found" in missing.stderr
     assert "python -m trainer.data prepare" in missing.stderr and "Traceback" not in missing.stderr
     assert not (tmp_path / "argv").exists()
 
-    full = {k: v for k, v in os.environ.items() if k not in ("RDZV_DNS_TIMEOUT", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")}
-    full.update(PATH=f"{bin_dir}:{os.environ['PATH']}", GPU_TRAIN_PYTHON=sys.executable, PYTHONPATH=str(ROOT),
-                TRAINER_DATA_WAIT_S="90")
-    proc = subprocess.Popen(["bash", str(LAUNCHER), *args], cwd=tmp_path, env=full, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(["bash", str(LAUNCHER), *args], cwd=tmp_path, env={**env, "TRAINER_DATA_WAIT_S": "90"},
+                            stderr=subprocess.PIPE, text=True)
     try:
         first = proc.stderr.readline()  # blocks until the launcher says what it waits for
-        assert f"waiting up to 90s (TRAINER_DATA_WAIT_S) for dataset manifest file://{data}/manifest.json" in first
+        assert f"waiting up to 90s (TRAINER_DATA_WAIT_S) for dataset manifest {uri}/manifest.json" in first
         assert not (tmp_path / "argv").exists()
+        data = tmp_path / "data"
         subprocess.run([sys.executable, "-m", "trainer.data", "synth", "--out", f"file://{data}", "--tokens", "20000"],
                        cwd=ROOT, check=True, capture_output=True, timeout=120)
+        client = s3.client()
+        for f in sorted(data.iterdir(), key=lambda f: f.name == "manifest.json"):  # the manifest last
+            client.upload_file(str(f), s3.bucket, f"ds/{f.name}")
         rest = proc.stderr.read()
         assert proc.wait(timeout=120) == 0, rest
     finally:

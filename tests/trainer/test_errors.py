@@ -37,6 +37,16 @@ def test_bad_input_kills_the_agent_and_leaves_the_message_for_the_launcher(tmp_p
     assert exit_file.read_text() == "data.uri: dataset manifest missing\n"
 
 
+def test_a_second_worker_leaves_the_message_to_the_launcher_and_prints_nothing(tmp_path):
+    """Another worker of the node recorded its message first: this one kills nothing and is told (True) that the
+    launcher prints it, so the message stays one line."""
+    exit_file = tmp_path / "bad-input"
+    exit_file.write_text("data.uri: the first worker's message\n")
+    proc = _agent({EXIT_FILE_ENV: str(exit_file), LAUNCHER_PID_ENV: str(os.getpid())})
+    assert proc.returncode == 0 and proc.stdout.strip() == "True"
+    assert exit_file.read_text() == "data.uri: the first worker's message\n"
+
+
 def test_without_the_launcher_nothing_is_killed(tmp_path):
     exit_file = tmp_path / "bad-input"
     not_ours = _agent({EXIT_FILE_ENV: str(exit_file), LAUNCHER_PID_ENV: "1"})  # the agent's parent is not pid 1

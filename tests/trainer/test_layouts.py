@@ -64,17 +64,20 @@ def assert_matches(records: dict[int, dict], plain: dict[int, dict], steps: rang
         assert records[step]["loss"] == pytest.approx(plain[step]["loss"], rel=REL), step
 
 
-@pytest.mark.parametrize(("nproc", "layout"), [
-    (2, ["train.tp=2"]),
-    (2, ["train.pp=2", "train.pp_schedule=gpipe"]),
-    (2, ["train.pp=2", "train.pp_schedule=1f1b"]),
-    (2, ["train.pp=2", "train.pp_schedule=interleaved_1f1b", "train.pp_stages_per_rank=2"]),
-    (4, ["train.pp=2", "train.tp=2", "train.pp_schedule=1f1b"]),
+@pytest.mark.parametrize(("nproc", "layout", "named"), [
+    (2, ["train.tp=2"], "x tp=2 x pp=1, tp + fsdp2 replicated"),
+    (2, ["train.pp=2", "train.pp_schedule=gpipe"], "x tp=1 x pp=2, pp (gpipe) + fsdp2 replicated"),
+    (2, ["train.pp=2", "train.pp_schedule=1f1b"], "x tp=1 x pp=2, pp (1f1b) + fsdp2 replicated"),
+    (2, ["train.pp=2", "train.pp_schedule=interleaved_1f1b", "train.pp_stages_per_rank=2"],
+     "x tp=1 x pp=2, pp (interleaved_1f1b) + fsdp2 replicated"),
+    (4, ["train.pp=2", "train.tp=2", "train.pp_schedule=1f1b"], "x tp=2 x pp=2, pp (1f1b) + tp + fsdp2 replicated"),
 ], ids=["tp2", "pp2-gpipe", "pp2-1f1b", "pp2-interleaved", "pp2xtp2"])
-def test_each_layout_trains_the_plain_runs_losses_and_weights(tmp_path, plain_run, plain, nproc, layout):
+def test_each_layout_trains_the_plain_runs_losses_and_weights(tmp_path, plain_run, plain, nproc, layout, named):
     run_dir = tmp_path / "run"
     res = run_trainer(run_dir, nproc, [*FP32, "checkpoint.every_steps=0", *layout], timeout=TIMEOUT)
     assert res.returncode == 0, res.output[-3000:]
+    start = [line for line in res.output.splitlines() if "non-embedding" in line]  # the start-up line
+    assert len(start) == 1 and f"dp=1 (replicate 1 x shard 1) {named}, fp32" in start[0], start
     assert_matches(step_records(run_dir), plain, range(1, STEPS + 1))
     assert summary(run_dir)["val_loss"] == pytest.approx(summary(plain_run)["val_loss"], rel=REL)
     ours, want = exported(run_dir), exported(plain_run)

@@ -462,6 +462,11 @@ class CheckpointManager:
             except CheckpointInvalid as exc:
                 if exists(p / MANIFEST):
                     log.warning("skipping checkpoint %s: %s", p, exc)
+                elif self.store is None:
+                    log.warning("skipping checkpoint %s: no %s (a save that did not finish)", p, MANIFEST)
+                else:
+                    log.warning("skipping local copy of checkpoint %s: no %s (a save that did not finish); its "
+                                "remote copy is tried if it has one", p, MANIFEST)
                 continue
             problems = check_files(p, manifest["files"], hashes=False)
             if not problems:
@@ -529,8 +534,12 @@ class CheckpointManager:
         *,
         check: Callable[[dict[str, Any], str], None] | None = None,
         apply: Callable[[dict[str, Any]], None] | None = None,
+        report: bool = True,
     ) -> Path | None:
         """Load the newest checkpoint that every rank can read and load; None if there is none.
+
+        With `report`, rank 0 logs one line `resumed from PATH at step N` (a loop that says more itself passes
+        False).
 
         `check(manifest, where)` may raise BadInput to refuse a checkpoint (it runs before anything is
         fetched or loaded, with the same manifest on every rank). `apply(trainer_state)` restores the loop's
@@ -543,9 +552,11 @@ class CheckpointManager:
         error = None
         if self.owner:
             local, denied = self._local_complete()
+        unfinished: set[str] = set()  # rank 0: steps in the store without a manifest
         if self.env.rank == 0 and self.store is not None:
             try:
-                remote = self._remote_listing()[1]
+                names, remote = self._remote_listing()
+                unfinished = set(names) - set(remote)
             except DataError as exc:
                 error = f"checkpoint.remote_uri: cannot list checkpoints: {exc}"
         views = self._gather((self.owner, local, remote, error, denied))
@@ -555,6 +566,9 @@ class CheckpointManager:
         owned = [set(names) for is_owner, names, _, _, _ in views if is_owner]
         common = set.intersection(*owned) if owned else set()
         candidates = sorted(set(views[0][2]) | common, reverse=True)
+        for name in sorted(unfinished - common, reverse=True):  # one that every node holds whole is still tried
+            log.warning("skipping checkpoint %s/%s: no %s in the store (an upload that did not finish)",
+                        self.remote_uri, name, MANIFEST)
         local_here = set(local)
         for name in candidates:
             where = f"{self.remote_uri}/{name}" if name not in common else str(self.local_dir / name)
@@ -586,6 +600,8 @@ class CheckpointManager:
                 self._skip(name, problem)
                 continue
             self.model_touched = False
+            if report and self.env.rank == 0:
+                log.info("resumed from %s at step %d", self.local_dir / name, manifest["step"])
             return self.local_dir / name
         if unreadable:
             # Starting over would train from step 0 beside checkpoints nobody may read (and could not prune them):

@@ -57,6 +57,27 @@ def test_a_spec_is_checked_before_anything_starts(tmp_path, cli):
     assert code == 2 and only_error_lines(err) and "does not divide at world size 3" in err
 
 
+@pytest.mark.parametrize("kind", ["file-uri", "plain-path", "own-code"])
+def test_a_mistyped_local_dataset_fails_at_once_naming_it(tmp_path, kind):
+    """A dataset on this disk without its manifest is a typo, not an upload still to come: one line naming the path
+    before anything starts, for the bundled trainer (which otherwise waits dataWaitMinutes, 10 by default) and a
+    job of its own code alike; a plain path is read from where the command runs."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "TRAINER_DATA_WAIT_S")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    data = {"file-uri": f"file://{tmp_path}/no/such", "plain-path": "no/such", "own-code": "no/such"}[kind]
+    job = [str(ROOT / "examples" / "plain-loop" / "job.yaml")] if kind == "own-code" else []
+    try:
+        proc = subprocess.run([str(Path(sys.executable).parent / "gpu-train"), "run", "--local", *job, "--data", data],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"gpu-train run --local --data {data} did not fail at once") from None
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert only_error_lines(proc.stderr) and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    assert f"--data file://{tmp_path}/no/such: no dataset manifest at file://{tmp_path}/no/such/manifest.json" in (
+        proc.stderr)
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.slow
 def test_run_local_trains_the_embedded_default_on_cpu(tmp_path):
     """The embedded default (the tiny preset, 200 steps, 2 CPU workers, synthetic data) trains to completion and
