@@ -86,6 +86,7 @@ class Platform:
     contract_file: Path
     stored: list[dict[str, Any]]
     kubeconfigs: dict[str, Path]
+    nodes: list[dict[str, Any]]
 
     def core(self):
         from kubernetes import client, config
@@ -133,7 +134,7 @@ def platform(plane, stack_objects, plan_out, tmp_path_factory) -> Platform:
         "bob": plane.user_kubeconfig("bob", ("ml-platform",), "team-platform"),
         "vera": plane.user_kubeconfig("vera", ("ml-platform",), "team-research"),
         "mallory": plane.user_kubeconfig("mallory", ("contractors",), "team-research"),
-    })
+    }, nodes)
     names = {n["metadata"]["name"] for n in nodes}
     wait_for("every kwok node Ready", lambda: names <= {
         n.metadata.name for n in p.core().list_node().items
@@ -157,7 +158,7 @@ def cli(capsys, monkeypatch, tmp_path):
 def job_spec(tmp_path: Path, **over: Any) -> Path:
     """A job spec file for research's l4-spot pool."""
     settings: dict[str, Any] = {"name": "e2e", "team": "research", "pool": "l4-spot", "preset": "gpt2-124m",
-                                "nodes": "1", "gpusPerNode": 1, "steps": 200, "globalBatchTokens": 65536,
+                                "nodes": "1:1", "gpusPerNode": 1, "steps": 200, "globalBatchTokens": 65536,
                                 "checkpointEvery": 50, "maxRestarts": 5}
     settings.update(over)
     path = tmp_path / f"{settings['name']}.yaml"

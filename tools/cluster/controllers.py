@@ -14,7 +14,9 @@ Usage (tools/cluster/plane.py calls these once the API server is ready):
   APIService needs a Service the API server can reach, and without kube-proxy it cannot).
 - kwok manages the nodes annotated `kwok.x-k8s.io/node: fake` with upstream's stages: nodes go Ready and keep
   their lease, bound pods go Running, a pod labelled `pod-container-running-failed.stage.kwok.x-k8s.io: "true"`
-  fails with the exit code of its annotation, and deleted pods go away. Pods never complete by themselves.
+  fails with the exit code of its annotation, and deleted pods go away. Pods never complete by themselves. Pod and
+  node addresses are loopback ones (127.128.0.0/16, 127.0.0.1), so nothing the API server dials leaves this
+  machine: it refuses to proxy to them ("address not allowed"), and a kubelet port it asks for logs has no server.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import copy
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,7 @@ KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
                "pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml",
                "pod/chaos/pod-container-running-failed.yaml")
+KUEUE_METRICS_CERTS = "/etc/kueue/metrics/certs"
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 FAIL_EXIT_CODE = "pod-container-running-failed.stage.kwok.x-k8s.io/exit-code"
 
@@ -131,8 +135,26 @@ def install_kueue(plane: Plane, ports: dict[str, int], ca: Authority, ca_bundle:
         "featureGates": {"VisibilityOnDemand": False},
     })
     (plane.run / "kueue.yaml").write_text(yaml.safe_dump(config))
+    _kueue_metrics_certs(certs)
     plane.spawn("kueue", [f"--config={plane.run / 'kueue.yaml'}", "--zap-log-level=2"],
                 env={"KUBECONFIG": str(plane.admin_kubeconfig)})
+
+
+def _kueue_metrics_certs(certs: Path) -> None:
+    """Kueue 0.19 opens KUEUE_METRICS_CERTS whenever its own certificate management is off (cmd/kueue/main.go), even
+    with its metrics server off, as it is here: it needs a readable pair there, which is never served."""
+    target = Path(KUEUE_METRICS_CERTS)
+    if (target / "tls.crt").exists() and (target / "tls.key").exists():
+        return
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ("tls.crt", "tls.key"):
+            shutil.copy(certs / name, target / name)
+    except OSError as e:
+        raise RuntimeError(f"Kueue needs a certificate pair in {target} (its metrics server is off, but it opens them "
+                           f"anyway) and the plane cannot write it: {e}; create that folder writable once") from e
+    print(f"local control plane: wrote a throwaway certificate pair to {target}, where Kueue reads one at start-up",
+          file=sys.stderr)
 
 
 def install_jobset(plane: Plane, ports: dict[str, int], ca: Authority, ca_bundle: str) -> None:
@@ -163,7 +185,7 @@ def start_kwok(plane: Plane) -> None:
     (plane.run / "kwok.yaml").write_text(yaml.safe_dump_all(docs))
     plane.spawn("kwok", [f"--kubeconfig={plane.admin_kubeconfig}", "--manage-all-nodes=false",
                          f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-                         "--node-lease-duration-seconds=40", "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1",
+                         "--node-lease-duration-seconds=40", "--cidr=127.128.0.1/16", "--node-ip=127.0.0.1",
                          f"--config={plane.run / 'kwok.yaml'}"])
 
 

@@ -100,6 +100,7 @@ class Plane:
         """Start a plane in `run`. `controllers=False` starts only etcd and the API server, as envtest does: enough
         for admission, schemas and RBAC, with nothing acting on what is stored."""
         build()
+        run = run.resolve()
         if run.exists():
             stale = cls.load(run)
             if stale is not None:
@@ -158,7 +159,7 @@ class Plane:
         self.spawn("kube-controller-manager", [
             f"--kubeconfig={self.run / 'kube-controller-manager.kubeconfig'}", "--leader-elect=false",
             "--secure-port=0", f"--service-account-private-key-file={sa_key}", f"--root-ca-file={ca.cert}",
-            "--use-service-account-credentials=false", "--controllers=*,-nodeipam"])
+            "--use-service-account-credentials=true", "--controllers=*,-nodeipam"])
         self.spawn("kube-scheduler", [
             f"--kubeconfig={self.run / 'kube-scheduler.kubeconfig'}", "--leader-elect=false",
             "--secure-port=0"])
