@@ -35,8 +35,7 @@ from tools.cluster.plane import Plane
 from tools.cluster.platform import apply_plan, install_crds, plan_objects
 
 ROOT = Path(__file__).resolve().parents[2]
-STACK = "aws-dev"
-SERVING = "aws-dev-serving"
+STACK = SERVING = "aws-dev-serving"  # aws-dev with serving on: its objects are a superset of aws-dev's
 PLANNED = ("aws-dev", "aws-prod", "gcp-dev", "gcp-prod", SERVING)
 
 
