@@ -44,7 +44,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
+from gpu_train.spec.errors import Int, SettingsError, validation_problems
 from gpu_train.spec.naming import DNS_LABEL, PROJECT
 
 # From Kueue's admission to a running trainer container on a fresh GPU node: the provisioner's decision, instance
@@ -68,7 +68,6 @@ BUNDLED_TRAINER = ("python", "-m", "trainer")
 TRAINER_ONLY = {"preset": "preset", "overrides": "overrides", "steps": "steps",
                 "global_batch_tokens": "globalBatchTokens", "checkpoint_every": "checkpointEvery"}
 IMAGE_DIGEST = re.compile(r"^[a-z0-9.\-/:_]+@sha256:[0-9a-f]{64}$")
-Int = Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)]
 
 
 @dataclass(frozen=True)
@@ -120,21 +119,22 @@ class JobSpec(BaseModel):
                                                                         "the trainer's own schema")
     nodes: Nodes = Field(NodeRange(1, 1), description="torchrun --nnodes MIN:MAX: the JobSet has MAX pods, admitted "
                                                       "whole; training goes on while MIN nodes are present")
-    gpus_per_node: Int = Field(0, description="0 = all GPUs of the pool's instance type")
+    gpus_per_node: Int = Field(0, ge=0, description="0 = all GPUs of the pool's instance type")
     dataset_uri: str = Field("", description="\"\" = <datasets bucket>/<job name>/manifest.json")
     checkpoint_uri: str = Field("", description="\"\" = <checkpoints bucket>/<team>/<job name>")
-    steps: Int = 1000
-    global_batch_tokens: Int = 524288
-    checkpoint_every: Int = 200
+    steps: Int = Field(1000, ge=1, description="optimizer steps the bundled trainer runs")
+    global_batch_tokens: Int = Field(524288, ge=1, description="tokens per optimizer step over all ranks; divides at "
+                                                               "every world size the job may run at")
+    checkpoint_every: Int = Field(200, ge=1, description="steps between checkpoints")
     priority_class: Literal["production", "sweep"] = Field(
         "production", description="Kueue WorkloadPriorityClass gpu-train-<this>: production jobs preempt sweep "
                                   "trials in their team's queue, and sweeps are the first to give back borrowed quota")
     suspend: bool = Field(False, description="pause (true: quota released, pods gone) and resume (false) through "
                                              "`pulumi up`")
-    max_restarts: Int = Field(3, description="torchrun --max-restarts and the JobSet's failurePolicy.maxRestarts")
-    data_wait_minutes: Int = Field(10, description="how long the pods wait for the dataset manifest before "
+    max_restarts: Int = Field(3, ge=0, description="torchrun --max-restarts and the JobSet's failurePolicy.maxRestarts")
+    data_wait_minutes: Int = Field(10, ge=0, description="how long the pods wait for the dataset manifest before "
                                                    "failing the job")
-    rendezvous_timeout_minutes: Int = Field(35, description="torchrun join timeout; at least Kueue's pods-ready "
+    rendezvous_timeout_minutes: Int = Field(35, ge=1, description="torchrun join timeout; at least Kueue's pods-ready "
                                                             "timeout (30)")
 
     @property
@@ -288,18 +288,8 @@ def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[Te
         p.append(f"{key}.pool {job.pool!r} is not one of gpuPools[].name ({', '.join(x.name for x in pools)})")
     elif job.nodes.max > pool.max_nodes:
         p.append(f"{key}.nodes MAX {job.nodes.max} is more than pool {pool.name!r} maxNodes {pool.max_nodes}")
-    if job.gpus_per_node < 0:
-        p.append(f"{key}.gpusPerNode must be >= 0 (got {job.gpus_per_node})")
-    elif pool is not None and pool.gpus_per_node and job.gpus_per_node > pool.gpus_per_node:
+    if pool is not None and pool.gpus_per_node and job.gpus_per_node > pool.gpus_per_node:
         p.append(f"{key}.gpusPerNode {job.gpus_per_node} is more than {pool.instance_type} has ({pool.gpus_per_node})")
-    for name, camel in (("steps", "steps"), ("global_batch_tokens", "globalBatchTokens"),
-                        ("checkpoint_every", "checkpointEvery")):
-        if getattr(job, name) < 1:
-            p.append(f"{key}.{camel} must be >= 1 (got {getattr(job, name)})")
-    if job.max_restarts < 0:
-        p.append(f"{key}.maxRestarts must be >= 0 (got {job.max_restarts})")
-    if job.data_wait_minutes < 0:
-        p.append(f"{key}.dataWaitMinutes must be >= 0 (got {job.data_wait_minutes})")
     p.extend(timeout_problems(rendezvous_s=job.rendezvous_timeout_minutes * 60, key=f"{key}.rendezvousTimeoutMinutes"))
     for name, camel in (("dataset_uri", "datasetUri"), ("checkpoint_uri", "checkpointUri")):
         uri = getattr(job, name)
@@ -307,7 +297,7 @@ def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[Te
             p.append(f"{key}.{camel} must be {scheme}<bucket>/<path> (got {uri!r})")
     shape_ok = _override_shape_problems(job, key, p)
     gpus = gpus_per_node(job, pool)
-    if shape_ok and job.bundled and job.steps >= 1 and job.global_batch_tokens >= 1 and job.checkpoint_every >= 1:
+    if shape_ok and job.bundled:
         p.extend(trainer_problems(job, gpus=gpus, gpu_type=pool.gpu_type if pool is not None else "", key=key))
     if team is not None and pool is not None:
         nominal = int(team.gpu_quota.get(pool.name, 0))

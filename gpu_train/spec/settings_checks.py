@@ -199,9 +199,9 @@ def cluster_problems(s: StackSettings) -> list[str]:
         if net.prefixlen == 0:
             p.append(f"{K}cluster.publicAccessCidrs {list(c.public_access_cidrs)} together open the API "
                      "endpoint to the whole internet (0.0.0.0/0)")
-    if c.system_nodes_min < 1 or c.system_nodes_max < c.system_nodes_min:
-        p.append(f"{K}cluster.systemNodesMax must be >= systemNodesMin >= 1 "
-                 f"(got {c.system_nodes_min}..{c.system_nodes_max})")
+    if c.system_nodes_max < c.system_nodes_min:
+        p.append(f"{K}cluster.systemNodesMax must be >= systemNodesMin "
+                 f"(got {c.system_nodes_max} < {c.system_nodes_min})")
     return p
 
 
@@ -222,12 +222,8 @@ def pool_problems(s: StackSettings) -> list[str]:
         if shape is None:
             p.append(f"{pk}.instanceType {pool.instance_type!r} is not a known {s.cloud} GPU type "
                      f"(known: {', '.join(catalog.known(s.cloud))})")
-        if pool.min_nodes < 0:
-            p.append(f"{pk}.minNodes must be >= 0 (got {pool.min_nodes})")
         if pool.max_nodes < pool.min_nodes:
             p.append(f"{pk}.maxNodes must be >= minNodes (got {pool.max_nodes} < {pool.min_nodes})")
-        if pool.max_nodes < 1:
-            p.append(f"{pk}.maxNodes must be >= 1 (got {pool.max_nodes})")
         if not s.is_prod and pool.min_nodes != 0:
             p.append(f"{pk}.minNodes must be 0 in a {s.environment} stack (GPU pools scale to zero)")
         if pool.capacity in ("reservation", "capacity-block") and not pool.reservation_id:
@@ -260,20 +256,9 @@ def service_problems(s: StackSettings) -> list[str]:
         p.append(f"{K}cache.masters must be 1, 3 or 5 (an odd journal quorum; got {s.cache.masters})")
     if s.is_prod and s.cache.enabled and s.cache.masters == 1:
         p.append(f"{K}cache.masters must be 3 or 5 in a prod stack (a single master is a single point of failure)")
-    for name, camel in (("page_store_gb", "pageStoreGb"), ("journal_gb", "journalGb")):
-        if getattr(s.cache, name) < 1:
-            p.append(f"{K}cache.{camel} must be >= 1")
     m = s.monitoring
     if not DURATION.match(m.retention):
         p.append(f"{K}monitoring.retention must be a Prometheus duration like '15d' (got {m.retention!r})")
-    if m.storage_gb < 1 or m.grafana_storage_gb < 1:
-        p.append(f"{K}monitoring.storageGb and grafanaStorageGb must be >= 1")
-    if not 1 <= m.low_utilization_percent <= 100:
-        p.append(f"{K}monitoring.lowUtilizationPercent must be between 1 and 100 (got {m.low_utilization_percent})")
-    if m.checkpoint_max_age_minutes < 1:
-        p.append(f"{K}monitoring.checkpointMaxAgeMinutes must be >= 1 (got {m.checkpoint_max_age_minutes})")
-    if s.mlflow.storage_gb < 1:
-        p.append(f"{K}mlflow.storageGb must be >= 1")
     return p
 
 
@@ -282,19 +267,12 @@ def health_problems(h: HealthSettings) -> list[str]:
     p = []
     seen: set[int] = set()
     for i, code in enumerate(h.xid_codes):
-        if not 1 <= code <= 999:
-            p.append(f"{k}.xidCodes[{i}] {code} is not an NVIDIA XID (1 to 999)")
-        elif code in APPLICATION_XIDS:
+        if code in APPLICATION_XIDS:
             p.append(f"{k}.xidCodes[{i}] XID {code} is raised by an application fault, not a GPU fault "
                      f"(application XIDs: {sorted(APPLICATION_XIDS)}); quarantining on it would empty healthy nodes")
         elif code in seen:
             p.append(f"{k}.xidCodes[{i}] XID {code} is listed twice")
         seen.add(code)
-    if h.max_concurrent_repairs < 1:
-        p.append(f"{k}.maxConcurrentRepairs must be >= 1 (got {h.max_concurrent_repairs})")
-    if h.dcgm_diag_level not in (1, 2):
-        p.append(f"{k}.dcgmDiagLevel must be 1 or 2 (got {h.dcgm_diag_level}): level 3 and 4 run for 30 minutes "
-                 "and more, longer than a node may wait before it takes work")
     return p
 
 
@@ -369,13 +347,9 @@ def quota_problems(s: StackSettings, team: TeamSettings, tk: str) -> list[str]:
             capacity = s.pool_capacity(pools[name]) if name in pools else 0
             if name not in pools:
                 p.append(f"{tk}.gpuQuota.{name} is not one of gpuPools[].name ({', '.join(pools)})")
-            elif gpus < 0:
-                p.append(f"{tk}.gpuQuota.{name} must be >= 0 (got {gpus})")
             elif capacity and gpus > capacity:
                 p.append(f"{tk}.gpuQuota.{name} {gpus} is more than pool {name!r} can ever hold "
                          f"({capacity} GPUs: maxNodes x GPUs per node)")
-    elif team.gpu_quota < 0:
-        p.append(f"{tk}.gpuQuota must be >= 0 (got {team.gpu_quota})")
     if not p and pools and sum(s.team_quota(team).values()) == 0:
         p.append(f"{tk}.gpuQuota gives team {team.name!r} no GPUs on any pool: it could only run on what "
                  "other teams lend")

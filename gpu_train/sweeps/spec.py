@@ -49,9 +49,10 @@ class Parameter(_Model):
     type: Literal["float", "int"] = Field("float", description="uniform and logUniform: float or int values")
     min: float | None = Field(None, description="lower bound (inclusive)")
     max: float | None = Field(None, description="upper bound (inclusive)")
-    step: float | None = Field(None, description="uniform: spacing of the values (grid search needs it or points)")
-    points: int | None = Field(None, description="grid search: how many values between min and max (log-spaced "
-                                                 "for logUniform)")
+    step: float | None = Field(None, gt=0, description="uniform: spacing of the values (grid search needs it or "
+                                                       "points)")
+    points: int | None = Field(None, ge=2, description="grid search: how many values between min and max "
+                                                       "(log-spaced for logUniform)")
     values: list[str | int | float | bool] | None = Field(None, description="choice: the values")
 
     @model_validator(mode="after")
@@ -75,10 +76,8 @@ class Parameter(_Model):
             if self.type == "int" and self.min is not None and self.max is not None and (
                     self.min != int(self.min) or self.max != int(self.max)):
                 problems.append("min: int parameters need whole-number bounds")
-            if self.step is not None and (self.step <= 0 or self.distribution == "logUniform"):
-                problems.append("step: must be > 0, and only for uniform")
-            if self.points is not None and self.points < 2:
-                problems.append(f"points: at least 2 (got {self.points})")
+            if self.step is not None and self.distribution == "logUniform":
+                problems.append("step: only for uniform")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -92,7 +91,7 @@ class Objective(_Model):
 class EarlyStopping(_Model):
     name: Literal["none", "median", "asha"] = Field("none", description="none, median (stop below the median) or "
                                                                         "asha (successive halving: pause, promote)")
-    min_tokens: int = Field(0, description="asha: the first rung in tokens; median: tokens before any stop")
+    min_tokens: int = Field(0, ge=0, description="asha: the first rung in tokens; median: tokens before any stop")
     reduction_factor: int = Field(3, ge=2, description="asha: a rung keeps the best 1/reductionFactor")
 
 

@@ -217,15 +217,15 @@ BAD = [
     ("aws-dev", _set("monitoring.checkpointMaxAgeMinutes", -5),
      "gpu-train:monitoring.checkpointMaxAgeMinutes must be >= 1 (got -5)"),
     ("aws-dev", _set("monitoring.lowUtilizationPercent", -1),
-     "gpu-train:monitoring.lowUtilizationPercent must be between 1 and 100 (got -1)"),
+     "gpu-train:monitoring.lowUtilizationPercent must be >= 1 (got -1)"),
     ("aws-dev", _set("health.xidCodes", [79, 31]),
      "gpu-train:health.xidCodes[1] XID 31 is raised by an application fault, not a GPU fault"),
     ("gcp-dev", _set("health.xidCodes", [48, 48]), "gpu-train:health.xidCodes[1] XID 48 is listed twice"),
-    ("aws-dev", _set("health.xidCodes", [0]), "gpu-train:health.xidCodes[0] 0 is not an NVIDIA XID (1 to 999)"),
+    ("aws-dev", _set("health.xidCodes", [0]), "gpu-train:health.xidCodes[0] must be >= 1 (got 0)"),
     ("aws-dev", _set("health.xidCodes", ["79"]), "gpu-train:health.xidCodes[0] must be a whole number"),
     ("aws-dev", _set("health.xidCodes", 79), "gpu-train:health.xidCodes must be a list"),
     ("gcp-prod", _set("health.maxConcurrentRepairs", 0), "gpu-train:health.maxConcurrentRepairs must be >= 1 (got 0)"),
-    ("aws-prod", _set("health.dcgmDiagLevel", 3), "gpu-train:health.dcgmDiagLevel must be 1 or 2 (got 3)"),
+    ("aws-prod", _set("health.dcgmDiagLevel", 3), "gpu-train:health.dcgmDiagLevel must be <= 2 (got 3)"),
     ("aws-dev", _set("health.remediaton", False), "gpu-train:health.remediaton is not a known setting (did you mean "
                                                   "'remediation'?)"),
     ("aws-dev", _set("health.nodeRepair", "yes"), "gpu-train:health.nodeRepair must be true or false"),
@@ -494,11 +494,11 @@ def test_a_job_spec_is_the_stacks_job_under_another_key():
     assert read_job(raw, key="job") == cfg.job
     with pytest.raises(SettingsError) as err:
         read_job({**raw, "steps": 0, "pool": "h100", "stepz": 1}, key="job")
-    assert err.value.problems == ["job.stepz is not a known setting (did you mean 'steps'?)"]
-    problems = job_problems(read_job({**raw, "steps": 0, "pool": "h100"}, key="job"),
+    assert err.value.problems == ["job.steps must be >= 1 (got 0)",
+                                  "job.stepz is not a known setting (did you mean 'steps'?)"]
+    problems = job_problems(read_job({**raw, "pool": "h100"}, key="job"),
                             pools=settings_checks.pool_facts(cfg), teams=settings_checks.team_facts(cfg),
                             scheme="s3://", key="job")
-    assert "job.steps must be >= 1 (got 0)" in problems
     assert "job.pool 'h100' is not one of gpuPools[].name (l4-spot, l40s-spot)" in problems
     assert all(p.startswith("job.") for p in problems)
 
