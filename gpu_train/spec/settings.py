@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -150,7 +150,8 @@ class TeamSettings(Settings):
     name: str = Field(description="DNS label; namespace team-<name>")
     gpu_quota: Gpus | dict[str, Gpus] = Field(description="nominal GPUs in the team's ClusterQueue per pool, "
                                                         "`{pool: GPUs}` (pools left out: 0), or one number for "
-                                                        "every pool (capped at each pool's maxNodes x GPUs)")
+                                                        "every pool; never more than a pool holds (maxNodes x "
+                                                        "GPUs)")
     submitters: tuple[str, ...] = Field((), description="Kubernetes groups allowed to submit jobs (GKE: Google "
                                                         "group e-mail addresses); the team's RoleBindings name "
                                                         "exactly these")
@@ -279,15 +280,15 @@ class StackSettings(Settings):
 
     def team_quota(self, team: TeamSettings) -> dict[str, int]:
         """The team's nominal GPU quota on every pool, by pool name."""
-        return pool_quotas(team.gpu_quota, {p.name: self.pool_capacity(p) for p in self.gpu_pools})
+        return pool_quotas(team.gpu_quota, [p.name for p in self.gpu_pools])
 
 
-def pool_quotas(gpu_quota: int | Mapping[str, int], capacities: Mapping[str, int]) -> dict[str, int]:
+def pool_quotas(gpu_quota: int | Mapping[str, int], pools: Iterable[str]) -> dict[str, int]:
     """A team's `gpuQuota` setting as nominal GPUs per pool: the mapping's entry (0 when absent), or the one number
-    on every pool, capped at the pool's capacity (maxNodes x GPUs per node)."""
+    on every pool. Both forms are checked against each pool's capacity the same way (settings_checks)."""
     if isinstance(gpu_quota, Mapping):
-        return {name: int(gpu_quota.get(name, 0)) for name in capacities}
-    return {name: min(int(gpu_quota), capacity) for name, capacity in capacities.items()}
+        return {name: int(gpu_quota.get(name, 0)) for name in pools}
+    return dict.fromkeys(pools, int(gpu_quota))
 
 
 def _engine_value(key: str, value: Any) -> Any:

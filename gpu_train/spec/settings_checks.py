@@ -342,14 +342,17 @@ def team_problems(s: StackSettings) -> list[str]:
 def quota_problems(s: StackSettings, team: TeamSettings, tk: str) -> list[str]:
     p = []
     pools = {pool.name: pool for pool in s.gpu_pools}
-    if isinstance(team.gpu_quota, Mapping):
-        for name, gpus in team.gpu_quota.items():
-            capacity = s.pool_capacity(pools[name]) if name in pools else 0
-            if name not in pools:
-                p.append(f"{tk}.gpuQuota.{name} is not one of gpuPools[].name ({', '.join(pools)})")
-            elif capacity and gpus > capacity:
-                p.append(f"{tk}.gpuQuota.{name} {gpus} is more than pool {name!r} can ever hold "
-                         f"({capacity} GPUs: maxNodes x GPUs per node)")
+    # The one-number form is that number on every pool: both forms are held to each pool's capacity alike.
+    per_pool = isinstance(team.gpu_quota, Mapping)
+    entries = team.gpu_quota if isinstance(team.gpu_quota, Mapping) else dict.fromkeys(pools, team.gpu_quota)
+    for name, gpus in entries.items():
+        key = f"{tk}.gpuQuota.{name}" if per_pool else f"{tk}.gpuQuota"
+        capacity = s.pool_capacity(pools[name]) if name in pools else 0
+        if name not in pools:
+            p.append(f"{key} is not one of gpuPools[].name ({', '.join(pools)})")
+        elif capacity and gpus > capacity:
+            p.append(f"{key} {gpus} is more than pool {name!r} can ever hold "
+                     f"({capacity} GPUs: maxNodes x GPUs per node)")
     if not p and pools and sum(s.team_quota(team).values()) == 0:
         p.append(f"{tk}.gpuQuota gives team {team.name!r} no GPUs on any pool: it could only run on what "
                  "other teams lend")

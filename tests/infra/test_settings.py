@@ -103,14 +103,29 @@ def test_settings_of_other_namespaces_are_ignored():
 
 def test_gpu_quota_is_one_number_for_every_pool_or_a_mapping():
     raw = copy.deepcopy(raw_stack("aws-dev"))  # pools: l4-spot 4 x 1 GPU, l40s-spot 2 x 1 GPU
-    raw["gpu-train:teams"][0]["gpuQuota"] = 3
+    raw["gpu-train:teams"][0]["gpuQuota"] = 2
     cfg = check(raw, "aws-dev")
-    # One number: that many on every pool, never more than a pool holds (l40s-spot holds 2).
-    assert cfg.team_quota(cfg.teams[0]) == {"l4-spot": 3, "l40s-spot": 2}
+    # One number: that many on every pool.
+    assert cfg.team_quota(cfg.teams[0]) == {"l4-spot": 2, "l40s-spot": 2}
     raw["gpu-train:teams"][0]["gpuQuota"] = {"l40s-spot": 1, "l4-spot": 2}
     cfg = check(raw, "aws-dev")
     assert cfg.team_quota(cfg.teams[0]) == {"l4-spot": 2, "l40s-spot": 1}
     assert cfg.team_quota(cfg.teams[1]) == {"l4-spot": 0, "l40s-spot": 2}
+
+
+@pytest.mark.parametrize("quota", [100, {"l4-spot": 100}, 3, {"l40s-spot": 3}])
+def test_a_quota_above_a_pools_capacity_is_refused_in_either_form(quota):
+    raw = copy.deepcopy(raw_stack("aws-dev"))  # pools: l4-spot 4 x 1 GPU, l40s-spot 2 x 1 GPU
+    raw["gpu-train:teams"][0]["gpuQuota"] = quota
+    pools = {p["name"]: p["maxNodes"] for p in raw["gpu-train:gpuPools"]}  # one GPU per node in both types
+    gpus = quota if isinstance(quota, int) else next(iter(quota.values()))
+    over = [name for name, capacity in pools.items() if gpus > capacity and (isinstance(quota, int) or name in quota)]
+    key = "gpu-train:teams[0].gpuQuota" if isinstance(quota, int) else f"gpu-train:teams[0].gpuQuota.{over[0]}"
+    with pytest.raises(SettingsError) as err:
+        check(raw, "aws-dev")
+    named = [p for p in err.value.problems if "can ever hold" in p]
+    assert [p.split(" is more than pool ")[1].split("'")[1] for p in named] == over
+    assert all(p.startswith(f"{key} {gpus} is more than pool ") for p in named), named
 
 
 def _set(path: str, value):
