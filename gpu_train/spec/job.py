@@ -153,11 +153,13 @@ def read_job_file(path: str | Path, title: str = "invalid job spec") -> dict[str
     every problem (SettingsError)."""
     import yaml
 
+    from gpu_train.spec import yamlfile
+
     p = Path(path).expanduser()
     if not p.is_file():
         raise SettingsError([f"{path}: no such job spec file"], title=title)
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yamlfile.load(p.read_text())
     except OSError as exc:
         raise SettingsError([f"{path}: {exc.strerror or exc}"], title=title) from None
     except yaml.YAMLError as exc:

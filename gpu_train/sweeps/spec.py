@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from gpu_train.spec import yamlfile
 from gpu_train.spec.errors import SettingsError, validation_problems
 from gpu_train.spec.job import MANAGED_OVERRIDES, JobSpec, command_problems, read_job, read_job_file
 
@@ -241,7 +242,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     """The sweep spec in `path`, every problem named with the file and the field."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yamlfile.load(path.read_text())
     except OSError as exc:
         raise SettingsError([f"{path}: {exc.strerror}"], title="invalid sweep spec") from None
     except yaml.YAMLError as exc:
