@@ -19,6 +19,7 @@ ${trialParameters.<name>} and ${trial.budgetUri} in that command, and counts its
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -173,6 +174,8 @@ def _problems(s: SweepSpec) -> list[str]:
             p.append(f"searchSpace.{key} must be a dotted trainer key like 'train.lr'")
         elif key in MANAGED_OVERRIDES or key in ("train.budget_uri", "tracking.parent_run_id"):
             p.append(f"searchSpace.{key} is set for every trial by the sweep itself and cannot be searched")
+        else:
+            p += _trainer_key_problems(s, key)
     if not own and s.trial_config.tokens_per_step:
         p.append("trialConfig.tokensPerStep is for a template with its own command; the bundled trainer's step is "
                  "trialTemplate.globalBatchTokens")
@@ -201,6 +204,26 @@ def _problems(s: SweepSpec) -> list[str]:
     if tc.parallel_trials > tc.num_trials:
         p.append(f"trialConfig.parallelTrials {tc.parallel_trials} is more than numTrials {tc.num_trials}")
     return p
+
+
+def _trainer_key_problems(s: SweepSpec, key: str) -> list[str]:
+    """A searched key of the bundled trainer: one of its settings (its own schema, gpu_train.spec.trainer_config),
+    and each of the space's bounds and choices a value it takes, on the template's preset."""
+    from gpu_train.spec.job import override_text
+    from gpu_train.spec.trainer_config import ConfigError, build_config, reference
+
+    known = [name for name, _, _ in reference()]
+    if key not in known:
+        close = difflib.get_close_matches(key, known, n=1)
+        return [f"searchSpace.{key} is not a setting of the trainer" +
+                (f" (did you mean {close[0]!r}?)" if close else f" (settings: {', '.join(known)})")]
+    for value in dict.fromkeys(trial[key] for trial in bound_trials(s)):
+        try:
+            build_config(s.template.preset, overrides=[override_text(key, value)])
+        except ConfigError as exc:
+            if str(exc).startswith(key):  # the template's own problems are named under trialTemplate
+                return [f"searchSpace.{key}: the trainer refuses {value!r}: {exc}"]
+    return []
 
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
