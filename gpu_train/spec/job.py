@@ -81,6 +81,32 @@ class NodeRange:
         return f"{self.min}:{self.max}"
 
 
+@dataclass(frozen=True)
+class World:
+    """The world sizes a job runs at: MIN to MAX nodes of `gpus_per_node` GPUs each. Every figure `gpu-train submit`
+    prints for a world size (the memory a GPU needs, the carbon estimate) and every layout check names it through
+    `describe`, so that no two of them count a job's GPUs differently."""
+
+    nodes: NodeRange
+    gpus_per_node: int
+
+    def size(self, nodes: int) -> int:
+        """GPUs in all at `nodes` nodes."""
+        return nodes * self.gpus_per_node
+
+    def describe(self, nodes: int, which: str = "", within: str = "") -> str:
+        """`world size 16 (MAX 2 nodes x 8 GPUs)`: `which` says which end of the range it is, if either, and
+        `within` the setting the range comes from (`world size 8 (1 node x 8 GPUs, within job.nodes 1:2)`)."""
+        node_s, gpu_s = "s" if nodes != 1 else "", "s" if self.gpus_per_node != 1 else ""
+        end, setting = f"{which} " if which else "", f", within {within}" if within else ""
+        return f"world size {self.size(nodes)} ({end}{nodes} node{node_s} x {self.gpus_per_node} GPU{gpu_s}{setting})"
+
+
+def job_world(job: JobSpec, pool_gpus_per_node: int) -> World:
+    """The job's world sizes on a pool whose nodes have this many GPUs: its own gpusPerNode, or all of a node's."""
+    return World(job.nodes, job.gpus_per_node or pool_gpus_per_node)
+
+
 def parse_nodes(value: Any) -> NodeRange:
     """`"2:4"` -> NodeRange(2, 4); anything else is refused with the form it must have."""
     if isinstance(value, NodeRange):
@@ -202,7 +228,7 @@ class TeamFacts(Protocol):
 
 def gpus_per_node(job: JobSpec, pool: PoolFacts | None) -> int:
     """GPUs each of the job's pods uses: the setting, or all of its pool's (0 when the pool is unknown)."""
-    return job.gpus_per_node or (pool.gpus_per_node if pool is not None else 0)
+    return job_world(job, pool.gpus_per_node if pool is not None else 0).gpus_per_node
 
 
 def override_text(key: str, value: Any) -> str:
@@ -364,42 +390,47 @@ def _layout_problems(job: JobSpec, tcfg: Any, *, gpus: int, gpu_type: str, key: 
     lo, hi = job.nodes.min, job.nodes.max
     model_parallel = tcfg.train.pp * tcfg.train.tp
 
+    world = World(job.nodes, gpus)
+
     def where(n: int) -> str:
-        return f"{n * gpus} ({n} nodes x {gpus} GPUs, within {key}.nodes {job.nodes})"
+        return world.describe(n, within=f"{key}.nodes {job.nodes}")
 
     for n in range(lo, hi + 1):
         for setting, text in world_problems(tcfg, n * gpus, gpus_per_node=gpus):
             if setting != "train.global_batch_tokens":
-                return [f"{_setting_key(job, setting, key)}: the layout does not fit world size {where(n)}: {text}"]
+                return [f"{_setting_key(job, setting, key)}: the layout does not fit {where(n)}: {text}"]
             per_step = tcfg.train.micro_batch_size * tcfg.model.context
             sizes = [m * gpus for m in range(lo, hi + 1)]
             lcm = math.lcm(*(size // model_parallel for size in sizes)) * per_step
             hint = (f"A multiple of {lcm} tokens works at every world size from {sizes[0]} to {sizes[-1]}"
                     if lcm <= 1 << 32 else f"No global batch of practical size divides every world size from "
                     f"{sizes[0]} to {sizes[-1]}; narrow {key}.nodes")
-            return [f"{key}.globalBatchTokens {job.global_batch_tokens} does not divide at world size {where(n)}: "
+            return [f"{key}.globalBatchTokens {job.global_batch_tokens} does not divide at {where(n)}: "
                     f"{text}. {hint}"]
     for n in range(lo, hi + 1) if gpu_type else ():
         problem = memory_problem(tcfg, resolve_layout(tcfg.train, n * gpus), gpu_type, preset=job.preset)
         if problem:
-            return [f"{key}.pool {job.pool!r}: at world size {where(n)}, {problem}"]
+            return [f"{key}.pool {job.pool!r}: at {where(n)}, {problem}"]
     return []
 
 
 def memory_line(job: JobSpec, *, gpus: int, gpu_type: str) -> str:
     """The line `gpu-train submit` prints: the memory a GPU needs under the job's layout at MIN nodes, where it is
-    largest (more nodes only add data-parallel ranks, which shard or replicate, never add, what a GPU holds)."""
+    largest (more nodes only add data-parallel ranks, which shard or replicate, never add, what a GPU holds); the
+    line names that world size as the carbon line names its own (World.describe)."""
     from gpu_train.spec.catalog.gpus import memory_gb
     from gpu_train.spec.layout import resolve_layout
     from gpu_train.spec.memory import memory_per_gpu
     from gpu_train.spec.trainer_config import ConfigError, build_config
 
+    world = World(job.nodes, gpus)
     try:
         tcfg = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()])
-        layout = resolve_layout(tcfg.train, job.nodes.min * gpus)
+        layout = resolve_layout(tcfg.train, world.size(job.nodes.min))
         estimate = memory_per_gpu(tcfg, layout)
     except ConfigError as exc:
         return f"memory: no estimate ({exc})"
     capacity = memory_gb(gpu_type)
     of = f" of a {gpu_type}'s {capacity} GB" if capacity else ""
-    return f"memory: ~{estimate.describe()} per GPU{of}, under {layout} at {job.nodes.min * gpus} GPUs"
+    return (f"memory: ~{estimate.describe()} per GPU{of}, under {layout} at {world.describe(job.nodes.min, 'MIN')}, "
+            "where a GPU holds the most")

@@ -298,7 +298,7 @@ BAD = [
      "No global batch of practical size divides every world size from 8 to 512; narrow gpu-train:job.nodes"),
     # gpt2-124m: 65536 / 1024 = 64 sequences; 2 nodes x 1 GPU x micro batch 64 = 128 does not divide 64.
     ("aws-dev", _set("job.overrides.train.micro_batch_size", 64),
-     "gpu-train:job.globalBatchTokens 65536 does not divide at world size 2 (2 nodes x 1 GPUs"),
+     "gpu-train:job.globalBatchTokens 65536 does not divide at world size 2 (2 nodes x 1 GPU,"),
     ("aws-dev", _set("image.prebuilt", "trainer:latest"), "gpu-train:image.prebuilt must be pinned by digest"),
     ("aws-dev", _set("image.allowedRegistries", ["ghcr.io/acme"]),
      "gpu-train:image.allowedRegistries[0] must be a registry host and optional path ending in '/', like "
