@@ -3,9 +3,10 @@
 Usage: `gpu_train.spec.settings.parse` runs `problems` on settings whose values all have their types; the cloud
 layers add their own (infra/aws/settings_checks.py, infra/gcp/settings_checks.py) before they create anything.
 
-What is checked here: the stack name; zones; the address plan (valid, large enough, disjoint); the public
-endpoint; GPU pools against the GPU catalog (gpu_train/spec/catalog), their sizes and capacity types and the
-GPU cap; the cache quorum; monitoring and health values; teams, their groups and quotas; the job against its pool
+What is checked here: the stack name; the region against the policy pack's allowed regions and the networks
+against private address space (gpu_train/spec/placement.py, whose rules the policy pack uses too); zones; the
+address plan (valid, large enough, disjoint); the public endpoint; GPU pools against the GPU catalog
+(gpu_train/spec/catalog), their sizes, capacity types and node labels, and the GPU cap; the cache quorum; monitoring and health values; teams, their groups and quotas; the job against its pool
 and team (gpu_train/spec/job.py); serving's GPU pools and the stack's services (gpu_train/spec/serving.py); the
 prebuilt image's digest; and, for a stack marked `deploy: true`, the placeholder values that example stacks carry.
 Over 400 lines because it is the one home of the checks that hold on either cloud; what a job or a service spec
@@ -25,6 +26,7 @@ from pydantic import BaseModel
 from gpu_train.spec import catalog
 from gpu_train.spec.job import IMAGE_DIGEST, job_problems
 from gpu_train.spec.naming import DNS_LABEL, PROJECT
+from gpu_train.spec.placement import ALLOWED_REGIONS, PRIVATE_RANGES, label_problem, private_range, region_of
 from gpu_train.spec.serving import service_problems as one_service
 from gpu_train.spec.serving import stack_service_problems
 
@@ -93,6 +95,9 @@ def problems(s: StackSettings) -> list[str]:
     p: list[str] = []
     if not DNS_LABEL.match(s.stack):
         p.append(f"stack name {s.stack!r} must be a lowercase DNS label")
+    if region_of(s.region) not in ALLOWED_REGIONS:
+        p.append(f"{K}region {s.region!r} is not one of the policy pack's allowed regions "
+                 f"({', '.join(ALLOWED_REGIONS)}): its allowed-regions rule would refuse the stack's resources")
     if not s.zones:
         p.append(f"{K}zones must list at least one zone")
     if len(set(s.zones)) != len(s.zones):
@@ -179,6 +184,9 @@ def network_problems(s: StackSettings) -> list[str]:
             nets[key] = net
             if net.prefixlen > 20:
                 p.append(f"{key} must be /20 or larger (got /{net.prefixlen})")
+            if private_range(str(net)) is None:
+                p.append(f"{key} {net} is not private address space: it must lie in one of "
+                         f"{', '.join(PRIVATE_RANGES)}")
     items = list(nets.items())
     for i, (ka, a) in enumerate(items):
         for kb, b in items[i + 1:]:
@@ -239,9 +247,11 @@ def pool_problems(s: StackSettings) -> list[str]:
             p.append(f"{pk}.zone {pool.zone!r} is not one of zones {list(s.zones)}")
         if shape is not None and shape.accelerator == "neuron":
             p.append(f"{pk}.instanceType {pool.instance_type} has Trainium chips; the trainer image needs NVIDIA GPUs")
-        for label in pool.labels:
+        for label, value in pool.labels.items():
             if label.startswith(RESERVED_LABEL_PREFIXES):
                 p.append(f"{pk}.labels.{label} uses a reserved prefix")
+            elif why := label_problem(label, value):
+                p.append(f"{pk}.labels.{label} is not a Kubernetes label: {why}")
         if shape is not None:
             total_gpus += shape.gpus * pool.max_nodes
     if total_gpus > s.limits.max_gpus:

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from gpu_train.spec import placement, settings_checks
 from gpu_train.spec import settings as config
-from gpu_train.spec import settings_checks
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.job import JobSpec, job_problems, read_job
 from infra import clouds
@@ -193,6 +193,16 @@ BAD = [
     ("aws-dev", _set("gpuPools[0].name", "L4_Spot"), "gpu-train:gpuPools[0].name 'L4_Spot' must be a lowercase"),
     ("aws-dev", _set("network.vpcCidr", "10.0.0.0/33"), "gpu-train:network.vpcCidr must be an IPv4 CIDR block"),
     ("aws-dev", _set("network.podCidr", "10.10.0.0/16"), "gpu-train:network.podCidr 10.10.0.0/16 overlaps"),
+    ("aws-dev", _set("network.serviceCidr", "8.8.0.0/16"),
+     "gpu-train:network.serviceCidr 8.8.0.0/16 is not private address space: it must lie in one of 10.0.0.0/8, "
+     "100.64.0.0/10, 172.16.0.0/12, 192.168.0.0/16"),
+    ("aws-dev", _set("network.vpcCidr", "172.32.0.0/16"), "gpu-train:network.vpcCidr 172.32.0.0/16 is not private"),
+    ("aws-dev", _set("gpuPools[0].labels", {"team": "ml research"}),
+     "gpu-train:gpuPools[0].labels.team is not a Kubernetes label: label value 'ml research'"),
+    ("aws-dev", _set("gpuPools[0].labels", {"team": "x" * 64}), "gpu-train:gpuPools[0].labels.team is not a "
+                                                                "Kubernetes label: label value"),
+    ("aws-dev", _set("gpuPools[0].labels", {"Team_Name/x": "a"}),
+     "gpu-train:gpuPools[0].labels.Team_Name/x is not a Kubernetes label: label key 'Team_Name/x': its prefix"),
     ("aws-prod", _set("network.nat", "single"), "gpu-train:network.nat must be 'per-zone' in a prod stack"),
     ("aws-dev", _set("cluster.kubernetesVersion", "1.19"),
      "gpu-train:cluster.kubernetesVersion '1.19' is not a Kubernetes minor EKS offers"),
@@ -410,11 +420,36 @@ def test_settings_are_frozen():
                                                ("aws", "us-gov-west-1"), ("aws", "cn-north-1"),
                                                ("gcp", "europe-west4"), ("gcp", "northamerica-south1")])
 def test_real_regions_pass(cloud, region):
+    """Every real region passes the cloud's own rules; one outside the policy pack's allowed regions is refused by
+    that rule alone, at plan time, as the pack would refuse the stack's resources."""
     base = "aws-dev" if cloud == "aws" else "gcp-dev"
     raw = copy.deepcopy(raw_stack(base))
     raw["gpu-train:region"] = region
     raw["gpu-train:zones"] = [f"{region}a", f"{region}b"] if cloud == "aws" else [f"{region}-a"]
-    assert check(raw, base).region == region
+    if region in placement.ALLOWED_REGIONS:
+        assert check(raw, base).region == region
+        return
+    with pytest.raises(SettingsError) as err:
+        check(raw, base)
+    assert err.value.problems == [f"gpu-train:region {region!r} is not one of the policy pack's allowed regions "
+                                  f"({', '.join(placement.ALLOWED_REGIONS)}): its allowed-regions rule would refuse "
+                                  "the stack's resources"]
+
+
+@pytest.mark.parametrize(("cloud", "region"), [("aws", "us-east-1"), ("gcp", "us-central1"), ("aws", "eu-west-1"),
+                                               ("aws", "ap-southeast-5"), ("gcp", "europe-west3")])
+def test_the_plan_refuses_the_regions_the_policy_pack_refuses(cloud, region):
+    from policies.core import Context, Resource
+    from policies.tagging import allowed_regions
+
+    base = "gcp-dev" if cloud == "gcp" else "aws-dev"
+    raw = copy.deepcopy(raw_stack(base))
+    raw["gpu-train:region"] = region
+    raw["gpu-train:zones"] = [f"{region}a", f"{region}b"] if cloud == "aws" else [f"{region}-a"]
+    plan = settings_checks.problems(config.read(raw).model_copy(update={"stack": base}))
+    network = Resource(type="gcp:compute/subnetwork:Subnetwork", name="n", urn="urn:n", props={"region": region})
+    pack = list(allowed_regions(network, Context(stack=base)))
+    assert any(p.startswith(f"gpu-train:region {region!r} is not one of") for p in plan) == bool(pack)
 
 
 @pytest.mark.parametrize(("stack", "channel", "version"), [
