@@ -60,6 +60,10 @@ class Number:
     capped: bool
 
 
+def _value(bound: Any) -> Any:
+    return next(getattr(bound, name) for name in ("ge", "gt", "le", "lt") if hasattr(bound, name))
+
+
 def _unwrap(tp: Any, metadata: list[Any]) -> Any:
     while typing.get_origin(tp) is typing.Annotated:
         tp, *more = typing.get_args(tp)
@@ -92,9 +96,11 @@ def _of_type(tp: Any, metadata: list[Any], model: type[BaseModel], field: str, p
     elif isinstance(tp, type) and issubclass(tp, BaseModel):
         yield from _numbers(tp, path, seen)
     elif tp in (int, float):
-        bounds = tuple(m for m in metadata if isinstance(m, BOUND_TYPES))
-        capped = any(getattr(m, "func", None) is errors.int32 for m in metadata)
-        yield Number(model, field, path, tp, bounds, capped)
+        # The int32 cap is the type's, not the field's own bound, whether a validator or a bound of +-INT_MAX.
+        cap = [m for m in metadata if getattr(m, "func", None) is getattr(errors, "int32", object())
+               or isinstance(m, BOUND_TYPES) and abs(_value(m)) == INT_MAX]
+        bounds = tuple(m for m in metadata if isinstance(m, BOUND_TYPES) and m not in cap)
+        yield Number(model, field, path, tp, bounds, bool(cap))
 
 
 def _raw_stack(name: str) -> dict:
