@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from gpu_train.spec import yamlfile
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.naming import PROJECT
 from gpu_train.spec.settings import read
@@ -57,7 +58,7 @@ def read_stack_file(path: Path) -> tuple[str, dict[str, Any]]:
     if not match:
         raise SettingsError([f"{path}: a stack settings file must be named Pulumi.<stack>.yaml"])
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = yamlfile.load(path.read_text()) or {}
     except FileNotFoundError:
         raise SettingsError([f"{path}: no such stack settings file"]) from None
     except yaml.YAMLError as exc:

@@ -27,13 +27,16 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
+from gpu_train.spec.placement import PRIVATE_RANGES
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-# IANA IPv4 special-purpose ranges that are not globally reachable, plus multicast (224.0.0.0/4),
-# which is never a unicast source. 255.255.255.255/32 lies inside 240.0.0.0/4.
+# IANA IPv4 special-purpose ranges that are not globally reachable: the private ranges a stack's networks must lie
+# in (gpu_train/spec/placement.py, which the plan's settings checks use too) and the others, plus multicast
+# (224.0.0.0/4), which is never a unicast source. 255.255.255.255/32 lies inside 240.0.0.0/4.
 _NOT_PUBLIC_V4 = (
-    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
-    "192.0.0.0/24", "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24",
+    *PRIVATE_RANGES, "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16",
+    "192.0.0.0/24", "192.0.2.0/24", "198.18.0.0/15", "198.51.100.0/24",
     "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
 )
 _GLOBAL_V6 = "2000::/3"

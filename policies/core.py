@@ -23,18 +23,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpu_train.spec import naming
+from gpu_train.spec import naming, placement
 
 Level = Literal["mandatory", "advisory"]
 Scope = Literal["resource", "stack"]
 LEVELS: tuple[str, ...] = ("mandatory", "advisory", "disabled")
 
-# Regions the platform is allowed to run in unless the policy config says otherwise: the ones with
-# the GPU types the stacks use (H100/L4/L40S) in both clouds.
-DEFAULT_ALLOWED_REGIONS: tuple[str, ...] = (
-    "us-east-1", "us-east-2", "us-west-2", "eu-west-1",
-    "us-central1", "us-east4", "us-east5", "europe-west4",
-)
+# Regions the platform is allowed to run in unless the policy config says otherwise; the plan's settings checks
+# hold a stack's region to the same list (gpu_train/spec/placement.py).
+DEFAULT_ALLOWED_REGIONS: tuple[str, ...] = placement.ALLOWED_REGIONS
 DEFAULT_MAX_GPUS = 64
 ENVIRONMENTS = ("dev", "staging", "prod")
 

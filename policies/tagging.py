@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Iterator, Mapping
 from functools import cache
 
+from gpu_train.spec.placement import AWS_REGION, AWS_ZONE, region_of
 from policies.core import Context, Resource, dig, items
 
 _SDK_PACKAGES = {"aws": "pulumi_aws", "gcp": "pulumi_gcp"}
@@ -86,9 +87,6 @@ def required_tags(res: Resource, ctx: Context) -> Iterator[str]:
         yield f"{field} lacks {', '.join(missing)} (has: {', '.join(sorted(tags)) or 'none'})."
 
 
-_AWS_ZONE = re.compile(r"^([a-z]{2}(-gov)?-[a-z]+-[0-9])[a-z]$")
-_AWS_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")
-_GCP_ZONE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 _REGION_KEYS = ("region", "location", "zone")
 # Where an AWS resource shows its region when it has no `region` input: availability zones, ARNs
 # (arn:partition:service:region:account:resource) and VPC endpoint service names
@@ -98,16 +96,6 @@ _ARN = re.compile(r"^arn:aws[a-z-]*:[a-z0-9-]+:([a-z0-9-]*):")
 _ENDPOINT_SERVICE = re.compile(r"^com\.amazonaws\.([a-z0-9-]+)\.")
 
 
-def region_of(location: str) -> str:
-    """The region a location names: zones map to their region; regions stay as they are."""
-    loc = location.lower()
-    for pattern in (_AWS_ZONE, _GCP_ZONE):
-        m = pattern.match(loc)
-        if m:
-            return m.group(1)
-    return loc
-
-
 def _aws_places(value, path: str = "") -> Iterator[tuple[str, str]]:
     """(where, region) for every AWS zone, ARN region and endpoint service region in a prop tree."""
     if isinstance(value, Mapping):
@@ -115,14 +103,14 @@ def _aws_places(value, path: str = "") -> Iterator[tuple[str, str]]:
             where = f"{path}.{key}" if path else str(key)
             if key in _AWS_ZONE_KEYS:
                 for zone in (items(v) if not isinstance(v, str) else [v]):
-                    if isinstance(zone, str) and _AWS_ZONE.match(zone):
+                    if isinstance(zone, str) and AWS_ZONE.match(zone):
                         yield where, region_of(zone)
             else:
                 yield from _aws_places(v, where)
     elif isinstance(value, str):
         for pattern in (_ARN, _ENDPOINT_SERVICE):
             m = pattern.match(value)
-            if m and _AWS_REGION.match(m.group(1)):
+            if m and AWS_REGION.match(m.group(1)):
                 yield path, m.group(1)
     else:
         for i, v in enumerate(items(value)):

@@ -7,7 +7,7 @@ Usage:
     python -m tools.settings_reference --schema > stack-settings.schema.json
 
 The models (gpu_train/spec/settings.py, gpu_train/spec/job.py, gpu_train/spec/serving.py) are the one source: each field's key, type,
-default and description. In the document, each table sits between `<!-- settings: <key> -->` and
+default, range (a number's own bounds, shown with its type) and description. In the document, each table sits between `<!-- settings: <key> -->` and
 `<!-- /settings -->`; the prose around the tables is written by hand.
 """
 
@@ -19,10 +19,13 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import annotated_types
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from gpu_train.spec.job import JobSpec, NodeRange
@@ -32,14 +35,30 @@ from gpu_train.spec.settings import StackSettings
 BLOCK = re.compile(r"(<!-- settings: (?P<key>[^ ]+) -->\n)(?P<body>.*?)(<!-- /settings -->)", re.S)
 
 
-def type_name(tp: Any) -> str:
+def range_text(metadata: Sequence[Any]) -> str:
+    """A number's own bounds as the table shows them: `>= 1`, `1 to 100`, `> 0, < 100`; "" for none."""
+    found: dict[str, Any] = {}
+    for m in metadata:
+        for bound in m.metadata if isinstance(m, FieldInfo) else [m]:
+            for attr, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+                if isinstance(bound, annotated_types.BaseMetadata) and hasattr(bound, attr):
+                    found[op] = getattr(bound, attr)
+    if ">=" in found and "<=" in found and len(found) == 2:
+        return f"{found['>=']} to {found['<=']}"
+    return ", ".join(f"{op} {value}" for op, value in found.items())
+
+
+def type_name(tp: Any, metadata: Sequence[Any] = ()) -> str:
+    """The type column: the type, with a number's own bounds (`int >= 1`, `a list of int 1 to 999`)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Annotated:
-        return type_name(args[0])
+        return type_name(args[0], [*metadata, *args[1:]])
     if origin in (typing.Union, types.UnionType):
-        names = [type_name(a) for a in args if a is not type(None)]
+        names = [type_name(a, metadata) for a in args if a is not type(None)]
         text = " or ".join(names)
         return f"{text} or absent" if type(None) in args else text
+    if tp in (int, float) and range_text(metadata):
+        return f"{type_name(tp)} {range_text(metadata)}"
     if origin is Literal:
         return " \\| ".join(repr(a) for a in args)
     if tp is NodeRange:
@@ -49,7 +68,8 @@ def type_name(tp: Any) -> str:
     if isinstance(tp, type) and issubclass(tp, BaseModel) or origin in (dict, typing.Mapping) or tp is dict:
         return "a mapping"
     if origin in (tuple, list):
-        return "a list"
+        item = type_name(args[0]) if args else ""
+        return f"a list of {item}" if item.startswith(("int ", "number ")) else "a list"
     return {int: "int", str: "str", bool: "bool", float: "number"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -84,7 +104,8 @@ def table(model: type[BaseModel]) -> str:
         if field.exclude:
             continue
         meaning = (field.description or "").replace("|", "\\|")
-        rows.append(f"| `{field.alias or name}` | {type_name(field.annotation)} | {default_text(field)} | {meaning} |")
+        kind = type_name(field.annotation, field.metadata)
+        rows.append(f"| `{field.alias or name}` | {kind} | {default_text(field)} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 

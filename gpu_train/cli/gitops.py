@@ -53,6 +53,22 @@ def _specs(root: Path, teams: set[str] | None) -> tuple[list[tuple[Path, str, Ma
     return out, problems
 
 
+def _team_problems(root: Path, teams: list[str], contracts: Callable[[str], PlatformContract]) -> list[str]:
+    """`--team` values that name no team: held against the platform's teams (every team's contract lists them all;
+    the first one readable is asked), or against the jobs folder's team folders when no contract can be read."""
+    folders = sorted({team for _, team in gitops.spec_files(root)[0]})
+    known: list[str] | None = None
+    for team in dict.fromkeys([*teams, *folders]):
+        try:
+            known = [t.name for t in contracts(team).teams]
+            break
+        except ClientError:  # not this team's namespace (unknown, or not readable with this kubeconfig)
+            continue
+    where, names = ("this platform", known) if known is not None else (f"{root}'s team folders", folders)
+    return [f"--team {team!r} is not a team of {where} (teams: {', '.join(names) or 'none'})"
+            for team in teams if team not in names]
+
+
 def _checked(specs, contracts: Callable[[str], PlatformContract]) -> tuple[list[tuple[Path, JobSpec]], list[str]]:
     jobs, problems = [], []
     for path, team, raw in specs:
@@ -93,6 +109,9 @@ def apply(session: Session | None, root: str, *, teams: list[str], contracts: Ca
     """Make each team's namespace match its spec files; returns 1 when something needs a person (drift, a name
     taken by a JobSet apply did not create), else 0."""
     out = out or sys.stdout
+    unknown = _team_problems(Path(root), teams, contracts) if teams else []
+    if unknown:
+        raise ClientError("\n".join(unknown))
     specs, problems = _specs(Path(root), set(teams) if teams else None)
     jobs, more = _checked(specs, contracts)
     if problems + more:

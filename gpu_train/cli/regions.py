@@ -33,16 +33,33 @@ def offerings_check(instance_type: str) -> str:
             f"Name=instance-type,Values={instance_type} --region REGION`")
 
 
+def _check_home(home: str, cloud: str, pool_type: str) -> None:
+    """--home is a region of the pool type's cloud: the latency is estimated between regions of that cloud."""
+    try:
+        carbon.region(cloud, home)
+    except carbon.CarbonDataError as exc:
+        other = next((c for c in ("aws", "gcp") if c != cloud and (c, home) in carbon.regions()), None)
+        if other is None:
+            raise ClientError(f"--home: {exc}") from None
+        article = "an" if other == "aws" else "a"
+        raise ClientError(f"--home {home!r} is {article} {other.upper()} region, and --pool-type {pool_type} runs on "
+                          f"{cloud.upper()}: give the {cloud.upper()} region your users or data are nearest to") \
+            from None
+
+
 def regions(*, pool_type: str, allow: str = "", home: str = "", max_latency_ms: float | None = None,
             explain: bool = False, out=None) -> int:
     out = out or sys.stdout
     cloud = cloud_of(pool_type)
     try:
         allowed = carbon.allowed([t for t in allow.split(",") if t.strip()]) if allow else None
-        if home:
-            carbon.region(cloud, home)
     except carbon.CarbonDataError as exc:
-        raise ClientError(f"--{'home' if home and 'region' in str(exc) else 'allow'}: {exc}") from None
+        raise ClientError(f"--allow: {exc}") from None
+    if home:
+        _check_home(home, cloud, pool_type)
+    if max_latency_ms is not None and not max_latency_ms > 0:  # NaN too
+        raise ClientError(f"--max-latency-ms {max_latency_ms:g} must be > 0 (the longest round trip from --home, in "
+                          "milliseconds)")
     if max_latency_ms is not None and not home:
         raise ClientError("--max-latency-ms needs --home REGION (the latency is estimated from there)")
     ranking = advisor.rank(cloud, pool_type, allow=allowed, home=home, max_latency_ms=max_latency_ms)

@@ -16,6 +16,7 @@ import yaml
 
 from gpu_train.client.cluster import ClientError
 from gpu_train.install import install_hint
+from gpu_train.spec import yamlfile
 
 SERVE_EXTRA = install_hint("serve")
 LOCAL_EXTRA = install_hint("serve-local")
@@ -39,7 +40,7 @@ def _read_yaml(path_text: str, flag: str) -> Any:
     if not path.is_file():
         raise ClientError(f"{flag} {path_text}: no such file")
     try:
-        return yaml.safe_load(path.read_text())
+        return yamlfile.load(path.read_text())
     except yaml.YAMLError as exc:
         raise ClientError(f"{path_text}: not valid YAML: {str(exc).splitlines()[0]}") from None
 

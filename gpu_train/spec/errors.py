@@ -19,9 +19,10 @@ from __future__ import annotations
 import difflib
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
 
 # Exit codes of `python -m trainer`, the launcher and any job the platform runs (docs/trainer.md). The JobSet's
 # podFailurePolicy fails a job at once on EXIT_BAD_INPUT; every other failure is retried.
@@ -34,6 +35,21 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT: the user's Ctrl-C, after the graceful st
 
 # Kubernetes object fields are int32: no whole-number setting may exceed one.
 INT_MAX = 2**31 - 1
+
+
+def int32(value: int) -> int:
+    """The int32 cap of every whole-number setting, as a validator rather than a `Field(ge=..., le=...)` bound:
+    pydantic applies a type's bound after the field's own, so a bound in the type would replace a field's
+    `Field(ge=1)` instead of adding to it."""
+    if abs(value) > INT_MAX:
+        raise PydanticCustomError("int32", "must be at most {limit}, a Kubernetes int32 (got {got})",
+                                  {"limit": INT_MAX, "got": value})
+    return value
+
+
+# A whole number that fits the int32 fields of Kubernetes objects; each field states its own range besides
+# (`steps: Int = Field(1000, ge=1)`), which tests/gpu_train/spec/test_bounds.py requires.
+Int = Annotated[int, AfterValidator(int32)]
 
 
 class BadInput(Exception):
@@ -151,6 +167,10 @@ def validation_problems(exc: ValidationError, *, prefix: str, root: type[BaseMod
     problems: list[str] = []
     for loc, errs in by_key.items():
         key = key_of(prefix, loc)
+        # A union branch whose type the value has (the number of `int | dict`) says what is wrong with it; the
+        # other branches' "wrong type" would only mislead.
+        valued = [e for e in errs if not _type_word(e["type"])]
+        errs = valued or errs
         words = [w for w in (_type_word(e["type"]) for e in errs) if w]
         if len(errs) > 1 and len(words) == len(errs):
             shapes = " or ".join(dict.fromkeys(words))
@@ -180,8 +200,6 @@ def _one(err: Mapping[str, Any], key: str, loc: tuple, prefix: str, root: type[B
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
         bound = next(iter(ctx.values()), "?")
-        if op == "<=" and bound == INT_MAX:
-            return [f"{key} must be at most {INT_MAX} (got {value})"]
         return [f"{key} must be {op} {bound} (got {value})"]
     if kind == "string_pattern_mismatch":
         return [f"{key} {value!r} does not match {ctx.get('pattern')}"]

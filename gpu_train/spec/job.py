@@ -44,7 +44,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
+from gpu_train.spec.errors import Int, SettingsError, validation_problems
 from gpu_train.spec.naming import DNS_LABEL, PROJECT
 
 # From Kueue's admission to a running trainer container on a fresh GPU node: the provisioner's decision, instance
@@ -68,7 +68,6 @@ BUNDLED_TRAINER = ("python", "-m", "trainer")
 TRAINER_ONLY = {"preset": "preset", "overrides": "overrides", "steps": "steps",
                 "global_batch_tokens": "globalBatchTokens", "checkpoint_every": "checkpointEvery"}
 IMAGE_DIGEST = re.compile(r"^[a-z0-9.\-/:_]+@sha256:[0-9a-f]{64}$")
-Int = Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)]
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,32 @@ class NodeRange:
 
     def __str__(self) -> str:
         return f"{self.min}:{self.max}"
+
+
+@dataclass(frozen=True)
+class World:
+    """The world sizes a job runs at: MIN to MAX nodes of `gpus_per_node` GPUs each. Every figure `gpu-train submit`
+    prints for a world size (the memory a GPU needs, the carbon estimate) and every layout check names it through
+    `describe`, so that no two of them count a job's GPUs differently."""
+
+    nodes: NodeRange
+    gpus_per_node: int
+
+    def size(self, nodes: int) -> int:
+        """GPUs in all at `nodes` nodes."""
+        return nodes * self.gpus_per_node
+
+    def describe(self, nodes: int, which: str = "", within: str = "") -> str:
+        """`world size 16 (MAX 2 nodes x 8 GPUs)`: `which` says which end of the range it is, if either, and
+        `within` the setting the range comes from (`world size 8 (1 node x 8 GPUs, within job.nodes 1:2)`)."""
+        node_s, gpu_s = "s" if nodes != 1 else "", "s" if self.gpus_per_node != 1 else ""
+        end, setting = f"{which} " if which else "", f", within {within}" if within else ""
+        return f"world size {self.size(nodes)} ({end}{nodes} node{node_s} x {self.gpus_per_node} GPU{gpu_s}{setting})"
+
+
+def job_world(job: JobSpec, pool_gpus_per_node: int) -> World:
+    """The job's world sizes on a pool whose nodes have this many GPUs: its own gpusPerNode, or all of a node's."""
+    return World(job.nodes, job.gpus_per_node or pool_gpus_per_node)
 
 
 def parse_nodes(value: Any) -> NodeRange:
@@ -120,21 +145,22 @@ class JobSpec(BaseModel):
                                                                         "the trainer's own schema")
     nodes: Nodes = Field(NodeRange(1, 1), description="torchrun --nnodes MIN:MAX: the JobSet has MAX pods, admitted "
                                                       "whole; training goes on while MIN nodes are present")
-    gpus_per_node: Int = Field(0, description="0 = all GPUs of the pool's instance type")
+    gpus_per_node: Int = Field(0, ge=0, description="0 = all GPUs of the pool's instance type")
     dataset_uri: str = Field("", description="\"\" = <datasets bucket>/<job name>/manifest.json")
     checkpoint_uri: str = Field("", description="\"\" = <checkpoints bucket>/<team>/<job name>")
-    steps: Int = 1000
-    global_batch_tokens: Int = 524288
-    checkpoint_every: Int = 200
+    steps: Int = Field(1000, ge=1, description="optimizer steps the bundled trainer runs")
+    global_batch_tokens: Int = Field(524288, ge=1, description="tokens per optimizer step over all ranks; divides at "
+                                                               "every world size the job may run at")
+    checkpoint_every: Int = Field(200, ge=1, description="steps between checkpoints")
     priority_class: Literal["production", "sweep"] = Field(
         "production", description="Kueue WorkloadPriorityClass gpu-train-<this>: production jobs preempt sweep "
                                   "trials in their team's queue, and sweeps are the first to give back borrowed quota")
     suspend: bool = Field(False, description="pause (true: quota released, pods gone) and resume (false) through "
                                              "`pulumi up`")
-    max_restarts: Int = Field(3, description="torchrun --max-restarts and the JobSet's failurePolicy.maxRestarts")
-    data_wait_minutes: Int = Field(10, description="how long the pods wait for the dataset manifest before "
+    max_restarts: Int = Field(3, ge=0, description="torchrun --max-restarts and the JobSet's failurePolicy.maxRestarts")
+    data_wait_minutes: Int = Field(10, ge=0, description="how long the pods wait for the dataset manifest before "
                                                    "failing the job")
-    rendezvous_timeout_minutes: Int = Field(35, description="torchrun join timeout; at least Kueue's pods-ready "
+    rendezvous_timeout_minutes: Int = Field(35, ge=1, description="torchrun join timeout; at least Kueue's pods-ready "
                                                             "timeout (30)")
 
     @property
@@ -153,11 +179,13 @@ def read_job_file(path: str | Path, title: str = "invalid job spec") -> dict[str
     every problem (SettingsError)."""
     import yaml
 
+    from gpu_train.spec import yamlfile
+
     p = Path(path).expanduser()
     if not p.is_file():
         raise SettingsError([f"{path}: no such job spec file"], title=title)
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yamlfile.load(p.read_text())
     except OSError as exc:
         raise SettingsError([f"{path}: {exc.strerror or exc}"], title=title) from None
     except yaml.YAMLError as exc:
@@ -200,7 +228,7 @@ class TeamFacts(Protocol):
 
 def gpus_per_node(job: JobSpec, pool: PoolFacts | None) -> int:
     """GPUs each of the job's pods uses: the setting, or all of its pool's (0 when the pool is unknown)."""
-    return job.gpus_per_node or (pool.gpus_per_node if pool is not None else 0)
+    return job_world(job, pool.gpus_per_node if pool is not None else 0).gpus_per_node
 
 
 def override_text(key: str, value: Any) -> str:
@@ -288,18 +316,8 @@ def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[Te
         p.append(f"{key}.pool {job.pool!r} is not one of gpuPools[].name ({', '.join(x.name for x in pools)})")
     elif job.nodes.max > pool.max_nodes:
         p.append(f"{key}.nodes MAX {job.nodes.max} is more than pool {pool.name!r} maxNodes {pool.max_nodes}")
-    if job.gpus_per_node < 0:
-        p.append(f"{key}.gpusPerNode must be >= 0 (got {job.gpus_per_node})")
-    elif pool is not None and pool.gpus_per_node and job.gpus_per_node > pool.gpus_per_node:
+    if pool is not None and pool.gpus_per_node and job.gpus_per_node > pool.gpus_per_node:
         p.append(f"{key}.gpusPerNode {job.gpus_per_node} is more than {pool.instance_type} has ({pool.gpus_per_node})")
-    for name, camel in (("steps", "steps"), ("global_batch_tokens", "globalBatchTokens"),
-                        ("checkpoint_every", "checkpointEvery")):
-        if getattr(job, name) < 1:
-            p.append(f"{key}.{camel} must be >= 1 (got {getattr(job, name)})")
-    if job.max_restarts < 0:
-        p.append(f"{key}.maxRestarts must be >= 0 (got {job.max_restarts})")
-    if job.data_wait_minutes < 0:
-        p.append(f"{key}.dataWaitMinutes must be >= 0 (got {job.data_wait_minutes})")
     p.extend(timeout_problems(rendezvous_s=job.rendezvous_timeout_minutes * 60, key=f"{key}.rendezvousTimeoutMinutes"))
     for name, camel in (("dataset_uri", "datasetUri"), ("checkpoint_uri", "checkpointUri")):
         uri = getattr(job, name)
@@ -307,7 +325,7 @@ def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[Te
             p.append(f"{key}.{camel} must be {scheme}<bucket>/<path> (got {uri!r})")
     shape_ok = _override_shape_problems(job, key, p)
     gpus = gpus_per_node(job, pool)
-    if shape_ok and job.bundled and job.steps >= 1 and job.global_batch_tokens >= 1 and job.checkpoint_every >= 1:
+    if shape_ok and job.bundled:
         p.extend(trainer_problems(job, gpus=gpus, gpu_type=pool.gpu_type if pool is not None else "", key=key))
     if team is not None and pool is not None:
         nominal = int(team.gpu_quota.get(pool.name, 0))
@@ -372,42 +390,47 @@ def _layout_problems(job: JobSpec, tcfg: Any, *, gpus: int, gpu_type: str, key: 
     lo, hi = job.nodes.min, job.nodes.max
     model_parallel = tcfg.train.pp * tcfg.train.tp
 
+    world = World(job.nodes, gpus)
+
     def where(n: int) -> str:
-        return f"{n * gpus} ({n} nodes x {gpus} GPUs, within {key}.nodes {job.nodes})"
+        return world.describe(n, within=f"{key}.nodes {job.nodes}")
 
     for n in range(lo, hi + 1):
         for setting, text in world_problems(tcfg, n * gpus, gpus_per_node=gpus):
             if setting != "train.global_batch_tokens":
-                return [f"{_setting_key(job, setting, key)}: the layout does not fit world size {where(n)}: {text}"]
+                return [f"{_setting_key(job, setting, key)}: the layout does not fit {where(n)}: {text}"]
             per_step = tcfg.train.micro_batch_size * tcfg.model.context
             sizes = [m * gpus for m in range(lo, hi + 1)]
             lcm = math.lcm(*(size // model_parallel for size in sizes)) * per_step
             hint = (f"A multiple of {lcm} tokens works at every world size from {sizes[0]} to {sizes[-1]}"
                     if lcm <= 1 << 32 else f"No global batch of practical size divides every world size from "
                     f"{sizes[0]} to {sizes[-1]}; narrow {key}.nodes")
-            return [f"{key}.globalBatchTokens {job.global_batch_tokens} does not divide at world size {where(n)}: "
+            return [f"{key}.globalBatchTokens {job.global_batch_tokens} does not divide at {where(n)}: "
                     f"{text}. {hint}"]
     for n in range(lo, hi + 1) if gpu_type else ():
         problem = memory_problem(tcfg, resolve_layout(tcfg.train, n * gpus), gpu_type, preset=job.preset)
         if problem:
-            return [f"{key}.pool {job.pool!r}: at world size {where(n)}, {problem}"]
+            return [f"{key}.pool {job.pool!r}: at {where(n)}, {problem}"]
     return []
 
 
 def memory_line(job: JobSpec, *, gpus: int, gpu_type: str) -> str:
     """The line `gpu-train submit` prints: the memory a GPU needs under the job's layout at MIN nodes, where it is
-    largest (more nodes only add data-parallel ranks, which shard or replicate, never add, what a GPU holds)."""
+    largest (more nodes only add data-parallel ranks, which shard or replicate, never add, what a GPU holds); the
+    line names that world size as the carbon line names its own (World.describe)."""
     from gpu_train.spec.catalog.gpus import memory_gb
     from gpu_train.spec.layout import resolve_layout
     from gpu_train.spec.memory import memory_per_gpu
     from gpu_train.spec.trainer_config import ConfigError, build_config
 
+    world = World(job.nodes, gpus)
     try:
         tcfg = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()])
-        layout = resolve_layout(tcfg.train, job.nodes.min * gpus)
+        layout = resolve_layout(tcfg.train, world.size(job.nodes.min))
         estimate = memory_per_gpu(tcfg, layout)
     except ConfigError as exc:
         return f"memory: no estimate ({exc})"
     capacity = memory_gb(gpu_type)
     of = f" of a {gpu_type}'s {capacity} GB" if capacity else ""
-    return f"memory: ~{estimate.describe()} per GPU{of}, under {layout} at {job.nodes.min * gpus} GPUs"
+    return (f"memory: ~{estimate.describe()} per GPU{of}, under {layout} at {world.describe(job.nodes.min, 'MIN')}, "
+            "where a GPU holds the most")

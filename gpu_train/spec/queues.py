@@ -31,13 +31,9 @@ MEMORY_GIB_PER_GPU = 512
 EXCLUDED_RESOURCE_PREFIXES = ("vpc.amazonaws.com/", "networking.gke.io")
 
 
-def pool_capacity(pool: GpuPool) -> int:
-    return pool.max_nodes * pool.gpus_per_node
-
-
 def team_pool_quotas(team: TeamSettings, pools: Sequence[GpuPool]) -> dict[str, int]:
     """The team's nominal GPUs on every pool, from its `gpuQuota` setting."""
-    return pool_quotas(team.gpu_quota, {p.name: pool_capacity(p) for p in pools})
+    return pool_quotas(team.gpu_quota, [p.name for p in pools])
 
 
 def resource_flavor(pool: GpuPool) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
+from gpu_train.spec.errors import Int, SettingsError, validation_problems
 from gpu_train.spec.naming import DNS_LABEL
 
 # KServe, pinned: v0.20.0 is the newest release in its public repository (github.com/kserve/kserve tags), whose
@@ -59,7 +59,8 @@ CHAMPION = "champion"
 CHALLENGER = "challenger"
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ALIAS = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
-Int = Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)]
+# A canary step: a share of the traffic in percent.
+Percent = Annotated[Int, Field(ge=1, le=99)]
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,9 @@ class QualityCheck(Spec):
 class Canary(Spec):
     """How a new version is tried: traffic steps, each held for stepSeconds while the SLOs hold."""
 
-    steps: tuple[Int, ...] = Field((10, 50), min_length=1, description="traffic percentages the canary is given "
-                                                                        "in turn; after the last it is promoted")
+    steps: tuple[Percent, ...] = Field((10, 50), min_length=1, description="traffic percentages (1 to 99) the "
+                                                                            "canary is given in turn, rising; after "
+                                                                            "the last it is promoted")
     step_seconds: Int = Field(300, ge=1, description="how long each step lasts, and the trailing window the SLOs "
                                                      "are measured over")
     interval_seconds: Int = Field(30, ge=1, description="how often the promotion loop reads Prometheus")
@@ -161,9 +163,7 @@ class Canary(Spec):
     @model_validator(mode="after")
     def _steps_rise(self) -> Canary:
         problems = []
-        if any(not 1 <= s <= 99 for s in self.steps):
-            problems.append(f"steps must each be 1..99 percent (got {list(self.steps)})")
-        elif list(self.steps) != sorted(set(self.steps)):
+        if list(self.steps) != sorted(set(self.steps)):
             problems.append(f"steps must rise (got {list(self.steps)})")
         if self.interval_seconds > self.step_seconds:
             problems.append(f"intervalSeconds {self.interval_seconds} must be <= stepSeconds {self.step_seconds}")

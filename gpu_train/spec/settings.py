@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from gpu_train.spec.errors import INT_MAX, SettingsError, validation_problems
+from gpu_train.spec.errors import Int, SettingsError, validation_problems
 from gpu_train.spec.job import JobSpec
 from gpu_train.spec.naming import PROJECT
 from gpu_train.spec.serving import ServiceSpec
@@ -39,9 +39,10 @@ OTHER_NAMESPACES = ("pulumi", "aws", "gcp", "kubernetes", "docker-build")
 Cloud = Literal["aws", "gcp"]
 Environment = Literal["dev", "staging", "prod"]
 Capacity = Literal["spot", "on-demand", "reservation", "capacity-block"]
-# A whole number that fits the int32 fields of Kubernetes objects.
-Int = Annotated[int, Field(ge=-INT_MAX, le=INT_MAX)]
-
+# An NVIDIA XID error code.
+Xid = Annotated[Int, Field(ge=1, le=999)]
+# GPUs of nominal quota.
+Gpus = Annotated[Int, Field(ge=0)]
 
 
 class Settings(BaseModel):
@@ -68,8 +69,8 @@ class ClusterSettings(Settings):
                                                             "publicAccessCidrs")
     public_access_cidrs: tuple[str, ...] = Field((), description="CIDRs allowed to reach a public endpoint")
     system_node_type: str = Field("", description="small on-demand pool for controllers (\"\" = cloud default)")
-    system_nodes_min: Int = 2
-    system_nodes_max: Int = 4
+    system_nodes_min: Int = Field(2, ge=1, description="system nodes always running")
+    system_nodes_max: Int = Field(4, ge=1, description="system nodes the group may grow to (>= systemNodesMin)")
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = Field("REGULAR", description="GKE only")
     regional: bool = Field(True, description="GKE only: regional control plane (else zonal, in zones[0])")
     master_cidr: str = Field("172.16.0.0/28", description="GKE only: private control-plane range")
@@ -80,8 +81,8 @@ class GpuPoolSettings(Settings):
     instance_type: str = Field(description="EC2 instance type or GCE machine type (the catalogs in "
                                                     "gpu_train/spec/catalog/)")
     capacity: Capacity = Field(description="capacity-block is AWS only")
-    min_nodes: Int = 0
-    max_nodes: Int
+    min_nodes: Int = Field(0, ge=0, description="nodes always running (0 in dev and staging: scale to zero)")
+    max_nodes: Int = Field(ge=1, description="nodes the pool may scale to (>= minNodes)")
     fabric: bool = Field(False, description="EFA (AWS) or GPUDirect TCPX/TCPXO/RDMA (GCP), with compact "
                                             "placement")
     zone: str = Field("", description="required for fabric pools: compact placement lives in exactly one zone")
@@ -93,19 +94,19 @@ class GpuPoolSettings(Settings):
 
 class CacheSettings(Settings):
     enabled: bool = Field(True, description="Alluxio on the GPU nodes' NVMe in front of the datasets bucket")
-    page_store_gb: Int = Field(500, description="per-worker page store quota on the NVMe path")
-    masters: Int = Field(1, description="1 in dev, 3 (embedded journal quorum) in prod")
-    journal_gb: Int = Field(20, description="per-master persistent journal (encrypted volume)")
+    page_store_gb: Int = Field(500, ge=1, description="per-worker page store quota on the NVMe path")
+    masters: Int = Field(1, ge=1, description="1 in dev, 3 (embedded journal quorum) in prod")
+    journal_gb: Int = Field(20, ge=1, description="per-master persistent journal (encrypted volume)")
 
 
 class MonitoringSettings(Settings):
     retention: str = Field("15d", description="Prometheus TSDB retention")
-    storage_gb: Int = Field(50, description="Prometheus volume (encrypted StorageClass)")
-    grafana_storage_gb: Int = 10
+    storage_gb: Int = Field(50, ge=1, description="Prometheus volume (encrypted StorageClass)")
+    grafana_storage_gb: Int = Field(10, ge=1, description="Grafana volume (encrypted StorageClass)")
     grafana_exposed: bool = Field(False, description="internal load balancer for Grafana; otherwise "
                                                      "port-forward only")
-    checkpoint_max_age_minutes: Int = Field(90, description="alert when the newest checkpoint is older than this")
-    low_utilization_percent: Int = Field(20, description="alert when mean GPU utilization stays below this for "
+    checkpoint_max_age_minutes: Int = Field(90, ge=1, description="alert when the newest checkpoint is older than this")
+    low_utilization_percent: Int = Field(20, ge=1, le=100, description="alert when mean GPU utilization stays below this for "
                                                          "30 min")
 
 
@@ -125,17 +126,17 @@ class HealthSettings(Settings):
     node_repair: bool = Field(True, description="the clouds' node repair: Karpenter's `nodeRepair` feature gate and "
                                                 "the EKS system node group's node repair (AWS), node auto-repair of "
                                                 "every node pool (GKE)")
-    xid_codes: tuple[Int, ...] = Field((48, 63, 64, 74, 79, 94, 95),
+    xid_codes: tuple[Xid, ...] = Field((48, 63, 64, 74, 79, 94, 95),
                                        description="NVIDIA XID errors that quarantine a node: double-bit ECC (48), "
                                                    "row remapping event and failure (63, 64), NVLink (74), GPU "
                                                    "fallen off the bus (79), contained and uncontained ECC (94, 95)")
-    max_concurrent_repairs: Int = Field(1, description="how many nodes may be repaired at once: the Karpenter "
+    max_concurrent_repairs: Int = Field(1, ge=1, description="how many nodes may be repaired at once: the Karpenter "
                                                        "NodePools' disruption budget (emptied or drifted nodes removed "
                                                        "at once), the EKS system node group's "
                                                        "`maxParallelNodesRepairedCount`, and the threshold of the "
                                                        "`GpuQuarantineStorm` alert")
-    dcgm_diag_level: Int = Field(1, description="`dcgmi diag -r` level of the pre-flight check: 1 (seconds) or 2 (a "
-                                                "few minutes)")
+    dcgm_diag_level: Int = Field(1, ge=1, le=2, description="`dcgmi diag -r` level of the pre-flight check: 1 "
+                                                            "(seconds) or 2 (a few minutes)")
 
 
 class TeamMemberSettings(Settings):
@@ -147,9 +148,10 @@ class TeamMemberSettings(Settings):
 
 class TeamSettings(Settings):
     name: str = Field(description="DNS label; namespace team-<name>")
-    gpu_quota: Int | dict[str, Int] = Field(description="nominal GPUs in the team's ClusterQueue per pool, "
+    gpu_quota: Gpus | dict[str, Gpus] = Field(description="nominal GPUs in the team's ClusterQueue per pool, "
                                                         "`{pool: GPUs}` (pools left out: 0), or one number for "
-                                                        "every pool (capped at each pool's maxNodes x GPUs)")
+                                                        "every pool; never more than a pool holds (maxNodes x "
+                                                        "GPUs)")
     submitters: tuple[str, ...] = Field((), description="Kubernetes groups allowed to submit jobs (GKE: Google "
                                                         "group e-mail addresses); the team's RoleBindings name "
                                                         "exactly these")
@@ -159,7 +161,7 @@ class TeamSettings(Settings):
 
 
 class LogsSettings(Settings):
-    retention_days: Int | None = Field(None, description="AWS: days the team namespaces' container logs stay in "
+    retention_days: Int | None = Field(None, ge=1, description="AWS: days the team namespaces' container logs stay in "
                                                          "CloudWatch Logs (unset: 30); GKE keeps them in Cloud "
                                                          "Logging, whose retention is the project's `_Default` "
                                                          "log bucket setting")
@@ -178,7 +180,7 @@ class MlflowSettings(Settings):
     enabled: bool = True
     database: Literal["in-cluster", "managed"] = Field("in-cluster", description="PostgreSQL in the cluster or "
                                                                                  "the cloud's managed one")
-    storage_gb: Int = 20
+    storage_gb: Int = Field(20, ge=1, description="GB of the tracking database's storage (in the cluster or managed)")
     register_name: str = Field("", description="model registry name for the job's final model (\"\" = job name)")
 
 
@@ -216,7 +218,7 @@ class CarbonSettings(Settings):
 
 
 class LimitsSettings(Settings):
-    max_gpus: Int = Field(64, description="cap on the sum of maxNodes x GPUs over all pools (also a policy)")
+    max_gpus: Int = Field(64, ge=1, description="cap on the sum of maxNodes x GPUs over all pools (also a policy)")
 
 
 class StackSettings(Settings):
@@ -278,15 +280,15 @@ class StackSettings(Settings):
 
     def team_quota(self, team: TeamSettings) -> dict[str, int]:
         """The team's nominal GPU quota on every pool, by pool name."""
-        return pool_quotas(team.gpu_quota, {p.name: self.pool_capacity(p) for p in self.gpu_pools})
+        return pool_quotas(team.gpu_quota, [p.name for p in self.gpu_pools])
 
 
-def pool_quotas(gpu_quota: int | Mapping[str, int], capacities: Mapping[str, int]) -> dict[str, int]:
+def pool_quotas(gpu_quota: int | Mapping[str, int], pools: Iterable[str]) -> dict[str, int]:
     """A team's `gpuQuota` setting as nominal GPUs per pool: the mapping's entry (0 when absent), or the one number
-    on every pool, capped at the pool's capacity (maxNodes x GPUs per node)."""
+    on every pool. Both forms are checked against each pool's capacity the same way (settings_checks)."""
     if isinstance(gpu_quota, Mapping):
-        return {name: int(gpu_quota.get(name, 0)) for name in capacities}
-    return {name: min(int(gpu_quota), capacity) for name, capacity in capacities.items()}
+        return {name: int(gpu_quota.get(name, 0)) for name in pools}
+    return dict.fromkeys(pools, int(gpu_quota))
 
 
 def _engine_value(key: str, value: Any) -> Any:

@@ -3,9 +3,10 @@
 Usage: `gpu_train.spec.settings.parse` runs `problems` on settings whose values all have their types; the cloud
 layers add their own (infra/aws/settings_checks.py, infra/gcp/settings_checks.py) before they create anything.
 
-What is checked here: the stack name; zones; the address plan (valid, large enough, disjoint); the public
-endpoint; GPU pools against the GPU catalog (gpu_train/spec/catalog), their sizes and capacity types and the
-GPU cap; the cache quorum; monitoring and health values; teams, their groups and quotas; the job against its pool
+What is checked here: the stack name; the region against the policy pack's allowed regions and the networks
+against private address space (gpu_train/spec/placement.py, whose rules the policy pack uses too); zones; the
+address plan (valid, large enough, disjoint); the public endpoint; GPU pools against the GPU catalog
+(gpu_train/spec/catalog), their sizes, capacity types and node labels, and the GPU cap; the cache quorum; monitoring and health values; teams, their groups and quotas; the job against its pool
 and team (gpu_train/spec/job.py); serving's GPU pools and the stack's services (gpu_train/spec/serving.py); the
 prebuilt image's digest; and, for a stack marked `deploy: true`, the placeholder values that example stacks carry.
 Over 400 lines because it is the one home of the checks that hold on either cloud; what a job or a service spec
@@ -25,6 +26,7 @@ from pydantic import BaseModel
 from gpu_train.spec import catalog
 from gpu_train.spec.job import IMAGE_DIGEST, job_problems
 from gpu_train.spec.naming import DNS_LABEL, PROJECT
+from gpu_train.spec.placement import ALLOWED_REGIONS, PRIVATE_RANGES, label_problem, private_range, region_of
 from gpu_train.spec.serving import service_problems as one_service
 from gpu_train.spec.serving import stack_service_problems
 
@@ -93,6 +95,9 @@ def problems(s: StackSettings) -> list[str]:
     p: list[str] = []
     if not DNS_LABEL.match(s.stack):
         p.append(f"stack name {s.stack!r} must be a lowercase DNS label")
+    if region_of(s.region) not in ALLOWED_REGIONS:
+        p.append(f"{K}region {s.region!r} is not one of the policy pack's allowed regions "
+                 f"({', '.join(ALLOWED_REGIONS)}): its allowed-regions rule would refuse the stack's resources")
     if not s.zones:
         p.append(f"{K}zones must list at least one zone")
     if len(set(s.zones)) != len(s.zones):
@@ -179,6 +184,9 @@ def network_problems(s: StackSettings) -> list[str]:
             nets[key] = net
             if net.prefixlen > 20:
                 p.append(f"{key} must be /20 or larger (got /{net.prefixlen})")
+            if private_range(str(net)) is None:
+                p.append(f"{key} {net} is not private address space: it must lie in one of "
+                         f"{', '.join(PRIVATE_RANGES)}")
     items = list(nets.items())
     for i, (ka, a) in enumerate(items):
         for kb, b in items[i + 1:]:
@@ -199,9 +207,9 @@ def cluster_problems(s: StackSettings) -> list[str]:
         if net.prefixlen == 0:
             p.append(f"{K}cluster.publicAccessCidrs {list(c.public_access_cidrs)} together open the API "
                      "endpoint to the whole internet (0.0.0.0/0)")
-    if c.system_nodes_min < 1 or c.system_nodes_max < c.system_nodes_min:
-        p.append(f"{K}cluster.systemNodesMax must be >= systemNodesMin >= 1 "
-                 f"(got {c.system_nodes_min}..{c.system_nodes_max})")
+    if c.system_nodes_max < c.system_nodes_min:
+        p.append(f"{K}cluster.systemNodesMax must be >= systemNodesMin "
+                 f"(got {c.system_nodes_max} < {c.system_nodes_min})")
     return p
 
 
@@ -222,12 +230,8 @@ def pool_problems(s: StackSettings) -> list[str]:
         if shape is None:
             p.append(f"{pk}.instanceType {pool.instance_type!r} is not a known {s.cloud} GPU type "
                      f"(known: {', '.join(catalog.known(s.cloud))})")
-        if pool.min_nodes < 0:
-            p.append(f"{pk}.minNodes must be >= 0 (got {pool.min_nodes})")
         if pool.max_nodes < pool.min_nodes:
             p.append(f"{pk}.maxNodes must be >= minNodes (got {pool.max_nodes} < {pool.min_nodes})")
-        if pool.max_nodes < 1:
-            p.append(f"{pk}.maxNodes must be >= 1 (got {pool.max_nodes})")
         if not s.is_prod and pool.min_nodes != 0:
             p.append(f"{pk}.minNodes must be 0 in a {s.environment} stack (GPU pools scale to zero)")
         if pool.capacity in ("reservation", "capacity-block") and not pool.reservation_id:
@@ -243,9 +247,11 @@ def pool_problems(s: StackSettings) -> list[str]:
             p.append(f"{pk}.zone {pool.zone!r} is not one of zones {list(s.zones)}")
         if shape is not None and shape.accelerator == "neuron":
             p.append(f"{pk}.instanceType {pool.instance_type} has Trainium chips; the trainer image needs NVIDIA GPUs")
-        for label in pool.labels:
+        for label, value in pool.labels.items():
             if label.startswith(RESERVED_LABEL_PREFIXES):
                 p.append(f"{pk}.labels.{label} uses a reserved prefix")
+            elif why := label_problem(label, value):
+                p.append(f"{pk}.labels.{label} is not a Kubernetes label: {why}")
         if shape is not None:
             total_gpus += shape.gpus * pool.max_nodes
     if total_gpus > s.limits.max_gpus:
@@ -260,20 +266,9 @@ def service_problems(s: StackSettings) -> list[str]:
         p.append(f"{K}cache.masters must be 1, 3 or 5 (an odd journal quorum; got {s.cache.masters})")
     if s.is_prod and s.cache.enabled and s.cache.masters == 1:
         p.append(f"{K}cache.masters must be 3 or 5 in a prod stack (a single master is a single point of failure)")
-    for name, camel in (("page_store_gb", "pageStoreGb"), ("journal_gb", "journalGb")):
-        if getattr(s.cache, name) < 1:
-            p.append(f"{K}cache.{camel} must be >= 1")
     m = s.monitoring
     if not DURATION.match(m.retention):
         p.append(f"{K}monitoring.retention must be a Prometheus duration like '15d' (got {m.retention!r})")
-    if m.storage_gb < 1 or m.grafana_storage_gb < 1:
-        p.append(f"{K}monitoring.storageGb and grafanaStorageGb must be >= 1")
-    if not 1 <= m.low_utilization_percent <= 100:
-        p.append(f"{K}monitoring.lowUtilizationPercent must be between 1 and 100 (got {m.low_utilization_percent})")
-    if m.checkpoint_max_age_minutes < 1:
-        p.append(f"{K}monitoring.checkpointMaxAgeMinutes must be >= 1 (got {m.checkpoint_max_age_minutes})")
-    if s.mlflow.storage_gb < 1:
-        p.append(f"{K}mlflow.storageGb must be >= 1")
     return p
 
 
@@ -282,19 +277,12 @@ def health_problems(h: HealthSettings) -> list[str]:
     p = []
     seen: set[int] = set()
     for i, code in enumerate(h.xid_codes):
-        if not 1 <= code <= 999:
-            p.append(f"{k}.xidCodes[{i}] {code} is not an NVIDIA XID (1 to 999)")
-        elif code in APPLICATION_XIDS:
+        if code in APPLICATION_XIDS:
             p.append(f"{k}.xidCodes[{i}] XID {code} is raised by an application fault, not a GPU fault "
                      f"(application XIDs: {sorted(APPLICATION_XIDS)}); quarantining on it would empty healthy nodes")
         elif code in seen:
             p.append(f"{k}.xidCodes[{i}] XID {code} is listed twice")
         seen.add(code)
-    if h.max_concurrent_repairs < 1:
-        p.append(f"{k}.maxConcurrentRepairs must be >= 1 (got {h.max_concurrent_repairs})")
-    if h.dcgm_diag_level not in (1, 2):
-        p.append(f"{k}.dcgmDiagLevel must be 1 or 2 (got {h.dcgm_diag_level}): level 3 and 4 run for 30 minutes "
-                 "and more, longer than a node may wait before it takes work")
     return p
 
 
@@ -364,18 +352,17 @@ def team_problems(s: StackSettings) -> list[str]:
 def quota_problems(s: StackSettings, team: TeamSettings, tk: str) -> list[str]:
     p = []
     pools = {pool.name: pool for pool in s.gpu_pools}
-    if isinstance(team.gpu_quota, Mapping):
-        for name, gpus in team.gpu_quota.items():
-            capacity = s.pool_capacity(pools[name]) if name in pools else 0
-            if name not in pools:
-                p.append(f"{tk}.gpuQuota.{name} is not one of gpuPools[].name ({', '.join(pools)})")
-            elif gpus < 0:
-                p.append(f"{tk}.gpuQuota.{name} must be >= 0 (got {gpus})")
-            elif capacity and gpus > capacity:
-                p.append(f"{tk}.gpuQuota.{name} {gpus} is more than pool {name!r} can ever hold "
-                         f"({capacity} GPUs: maxNodes x GPUs per node)")
-    elif team.gpu_quota < 0:
-        p.append(f"{tk}.gpuQuota must be >= 0 (got {team.gpu_quota})")
+    # The one-number form is that number on every pool: both forms are held to each pool's capacity alike.
+    per_pool = isinstance(team.gpu_quota, Mapping)
+    entries = team.gpu_quota if isinstance(team.gpu_quota, Mapping) else dict.fromkeys(pools, team.gpu_quota)
+    for name, gpus in entries.items():
+        key = f"{tk}.gpuQuota.{name}" if per_pool else f"{tk}.gpuQuota"
+        capacity = s.pool_capacity(pools[name]) if name in pools else 0
+        if name not in pools:
+            p.append(f"{key} is not one of gpuPools[].name ({', '.join(pools)})")
+        elif capacity and gpus > capacity:
+            p.append(f"{key} {gpus} is more than pool {name!r} can ever hold "
+                     f"({capacity} GPUs: maxNodes x GPUs per node)")
     if not p and pools and sum(s.team_quota(team).values()) == 0:
         p.append(f"{tk}.gpuQuota gives team {team.name!r} no GPUs on any pool: it could only run on what "
                  "other teams lend")

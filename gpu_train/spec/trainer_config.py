@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 
 import yaml
 
+from gpu_train.spec import yamlfile
 from gpu_train.spec.errors import ConfigError
 from gpu_train.spec.layout import check_static, micro_batches, resolve_layout
 from gpu_train.spec.values import NonFiniteError, ValueTextError, as_uri, parse_bool, parse_float, parse_int
@@ -318,7 +319,7 @@ def parse_override(text: str) -> tuple[str, str]:
 
 def load_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yamlfile.load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"--config {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:

@@ -29,7 +29,7 @@ import yaml
 
 from gpu_train.client.cluster import ClientError, Session, connect, load_contract
 from gpu_train.jobs.sweep_platform import SPEC_ENV
-from gpu_train.spec import naming
+from gpu_train.spec import naming, yamlfile
 from gpu_train.spec.errors import SettingsError
 
 
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if not text.strip():
             raise ClientError(f"no sweep spec: set {SPEC_ENV} to its YAML or pass --spec FILE")
         try:
-            raw = yaml.safe_load(text)
+            raw = yamlfile.load(text)
         except yaml.YAMLError as exc:
             raise ClientError(f"{source}: not valid YAML: {str(exc).splitlines()[0]}") from None
         sweep = parse_sweep(raw, source)

@@ -19,6 +19,7 @@ ${trialParameters.<name>} and ${trial.budgetUri} in that command, and counts its
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -29,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from gpu_train.spec import yamlfile
 from gpu_train.spec.errors import SettingsError, validation_problems
 from gpu_train.spec.job import MANAGED_OVERRIDES, JobSpec, command_problems, read_job, read_job_file
 
@@ -49,9 +51,10 @@ class Parameter(_Model):
     type: Literal["float", "int"] = Field("float", description="uniform and logUniform: float or int values")
     min: float | None = Field(None, description="lower bound (inclusive)")
     max: float | None = Field(None, description="upper bound (inclusive)")
-    step: float | None = Field(None, description="uniform: spacing of the values (grid search needs it or points)")
-    points: int | None = Field(None, description="grid search: how many values between min and max (log-spaced "
-                                                 "for logUniform)")
+    step: float | None = Field(None, gt=0, description="uniform: spacing of the values (grid search needs it or "
+                                                       "points)")
+    points: int | None = Field(None, ge=2, description="grid search: how many values between min and max "
+                                                       "(log-spaced for logUniform)")
     values: list[str | int | float | bool] | None = Field(None, description="choice: the values")
 
     @model_validator(mode="after")
@@ -75,10 +78,8 @@ class Parameter(_Model):
             if self.type == "int" and self.min is not None and self.max is not None and (
                     self.min != int(self.min) or self.max != int(self.max)):
                 problems.append("min: int parameters need whole-number bounds")
-            if self.step is not None and (self.step <= 0 or self.distribution == "logUniform"):
-                problems.append("step: must be > 0, and only for uniform")
-            if self.points is not None and self.points < 2:
-                problems.append(f"points: at least 2 (got {self.points})")
+            if self.step is not None and self.distribution == "logUniform":
+                problems.append("step: only for uniform")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -92,7 +93,7 @@ class Objective(_Model):
 class EarlyStopping(_Model):
     name: Literal["none", "median", "asha"] = Field("none", description="none, median (stop below the median) or "
                                                                         "asha (successive halving: pause, promote)")
-    min_tokens: int = Field(0, description="asha: the first rung in tokens; median: tokens before any stop")
+    min_tokens: int = Field(0, ge=0, description="asha: the first rung in tokens; median: tokens before any stop")
     reduction_factor: int = Field(3, ge=2, description="asha: a rung keeps the best 1/reductionFactor")
 
 
@@ -173,6 +174,8 @@ def _problems(s: SweepSpec) -> list[str]:
             p.append(f"searchSpace.{key} must be a dotted trainer key like 'train.lr'")
         elif key in MANAGED_OVERRIDES or key in ("train.budget_uri", "tracking.parent_run_id"):
             p.append(f"searchSpace.{key} is set for every trial by the sweep itself and cannot be searched")
+        else:
+            p += _trainer_key_problems(s, key)
     if not own and s.trial_config.tokens_per_step:
         p.append("trialConfig.tokensPerStep is for a template with its own command; the bundled trainer's step is "
                  "trialTemplate.globalBatchTokens")
@@ -201,6 +204,26 @@ def _problems(s: SweepSpec) -> list[str]:
     if tc.parallel_trials > tc.num_trials:
         p.append(f"trialConfig.parallelTrials {tc.parallel_trials} is more than numTrials {tc.num_trials}")
     return p
+
+
+def _trainer_key_problems(s: SweepSpec, key: str) -> list[str]:
+    """A searched key of the bundled trainer: one of its settings (its own schema, gpu_train.spec.trainer_config),
+    and each of the space's bounds and choices a value it takes, on the template's preset."""
+    from gpu_train.spec.job import override_text
+    from gpu_train.spec.trainer_config import ConfigError, build_config, reference
+
+    known = [name for name, _, _ in reference()]
+    if key not in known:
+        close = difflib.get_close_matches(key, known, n=1)
+        return [f"searchSpace.{key} is not a setting of the trainer" +
+                (f" (did you mean {close[0]!r}?)" if close else f" (settings: {', '.join(known)})")]
+    for value in dict.fromkeys(trial[key] for trial in bound_trials(s)):
+        try:
+            build_config(s.template.preset, overrides=[override_text(key, value)])
+        except ConfigError as exc:
+            if str(exc).startswith(key):  # the template's own problems are named under trialTemplate
+                return [f"searchSpace.{key}: the trainer refuses {value!r}: {exc}"]
+    return []
 
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
@@ -242,7 +265,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     """The sweep spec in `path`, every problem named with the file and the field."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yamlfile.load(path.read_text())
     except OSError as exc:
         raise SettingsError([f"{path}: {exc.strerror}"], title="invalid sweep spec") from None
     except yaml.YAMLError as exc:

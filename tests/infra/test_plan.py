@@ -18,9 +18,11 @@ import yaml
 from gpu_train.jobs import fit
 from gpu_train.spec import catalog
 from gpu_train.spec.contract import PlatformContract
+from gpu_train.spec.errors import SettingsError
 from infra import plan as plan_tool
 from infra.platform import CLOUD_AGENTS_CPU, CLOUD_AGENTS_MEMORY, GPU_NODE_AGENTS_CPU, GPU_NODE_AGENTS_MEMORY
 from tests.conftest import ROOT, STACKS, resources_of
+from tests.gpu_train.spec.test_yamlfile import twice
 
 # Runs the Pulumi program (python -m infra.plan) on every stack and on broken copies.
 pytestmark = pytest.mark.integration
@@ -33,6 +35,16 @@ def run_plan(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def test_all_four_stacks_exist():
     assert set(STACKS) >= {"aws-dev", "aws-prod", "gcp-dev", "gcp-prod"}
+
+
+def test_a_stack_file_with_a_key_twice_is_refused_naming_it_and_both_lines(tmp_path):
+    text, first, second = twice((ROOT / "stacks" / "Pulumi.aws-dev.yaml").read_text(), "maxNodes", "40")
+    path = tmp_path / "Pulumi.x.yaml"
+    path.write_text(text)
+    with pytest.raises(SettingsError) as err:
+        plan_tool.read_stack_file(path)
+    assert err.value.problems == [f"{path}: not valid YAML: key 'maxNodes' is given twice in one mapping, on lines "
+                                  f"{first} and {second} (keep one)"]
 
 
 def test_plan_document_shape(plans):

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from gpu_train.spec import placement, settings_checks
 from gpu_train.spec import settings as config
-from gpu_train.spec import settings_checks
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.job import JobSpec, job_problems, read_job
 from infra import clouds
@@ -103,14 +103,29 @@ def test_settings_of_other_namespaces_are_ignored():
 
 def test_gpu_quota_is_one_number_for_every_pool_or_a_mapping():
     raw = copy.deepcopy(raw_stack("aws-dev"))  # pools: l4-spot 4 x 1 GPU, l40s-spot 2 x 1 GPU
-    raw["gpu-train:teams"][0]["gpuQuota"] = 3
+    raw["gpu-train:teams"][0]["gpuQuota"] = 2
     cfg = check(raw, "aws-dev")
-    # One number: that many on every pool, never more than a pool holds (l40s-spot holds 2).
-    assert cfg.team_quota(cfg.teams[0]) == {"l4-spot": 3, "l40s-spot": 2}
+    # One number: that many on every pool.
+    assert cfg.team_quota(cfg.teams[0]) == {"l4-spot": 2, "l40s-spot": 2}
     raw["gpu-train:teams"][0]["gpuQuota"] = {"l40s-spot": 1, "l4-spot": 2}
     cfg = check(raw, "aws-dev")
     assert cfg.team_quota(cfg.teams[0]) == {"l4-spot": 2, "l40s-spot": 1}
     assert cfg.team_quota(cfg.teams[1]) == {"l4-spot": 0, "l40s-spot": 2}
+
+
+@pytest.mark.parametrize("quota", [100, {"l4-spot": 100}, 3, {"l40s-spot": 3}])
+def test_a_quota_above_a_pools_capacity_is_refused_in_either_form(quota):
+    raw = copy.deepcopy(raw_stack("aws-dev"))  # pools: l4-spot 4 x 1 GPU, l40s-spot 2 x 1 GPU
+    raw["gpu-train:teams"][0]["gpuQuota"] = quota
+    pools = {p["name"]: p["maxNodes"] for p in raw["gpu-train:gpuPools"]}  # one GPU per node in both types
+    gpus = quota if isinstance(quota, int) else next(iter(quota.values()))
+    over = [name for name, capacity in pools.items() if gpus > capacity and (isinstance(quota, int) or name in quota)]
+    key = "gpu-train:teams[0].gpuQuota" if isinstance(quota, int) else f"gpu-train:teams[0].gpuQuota.{over[0]}"
+    with pytest.raises(SettingsError) as err:
+        check(raw, "aws-dev")
+    named = [p for p in err.value.problems if "can ever hold" in p]
+    assert [p.split(" is more than pool ")[1].split("'")[1] for p in named] == over
+    assert all(p.startswith(f"{key} {gpus} is more than pool ") for p in named), named
 
 
 def _set(path: str, value):
@@ -178,6 +193,16 @@ BAD = [
     ("aws-dev", _set("gpuPools[0].name", "L4_Spot"), "gpu-train:gpuPools[0].name 'L4_Spot' must be a lowercase"),
     ("aws-dev", _set("network.vpcCidr", "10.0.0.0/33"), "gpu-train:network.vpcCidr must be an IPv4 CIDR block"),
     ("aws-dev", _set("network.podCidr", "10.10.0.0/16"), "gpu-train:network.podCidr 10.10.0.0/16 overlaps"),
+    ("aws-dev", _set("network.serviceCidr", "8.8.0.0/16"),
+     "gpu-train:network.serviceCidr 8.8.0.0/16 is not private address space: it must lie in one of 10.0.0.0/8, "
+     "100.64.0.0/10, 172.16.0.0/12, 192.168.0.0/16"),
+    ("aws-dev", _set("network.vpcCidr", "172.32.0.0/16"), "gpu-train:network.vpcCidr 172.32.0.0/16 is not private"),
+    ("aws-dev", _set("gpuPools[0].labels", {"team": "ml research"}),
+     "gpu-train:gpuPools[0].labels.team is not a Kubernetes label: label value 'ml research'"),
+    ("aws-dev", _set("gpuPools[0].labels", {"team": "x" * 64}), "gpu-train:gpuPools[0].labels.team is not a "
+                                                                "Kubernetes label: label value"),
+    ("aws-dev", _set("gpuPools[0].labels", {"Team_Name/x": "a"}),
+     "gpu-train:gpuPools[0].labels.Team_Name/x is not a Kubernetes label: label key 'Team_Name/x': its prefix"),
     ("aws-prod", _set("network.nat", "single"), "gpu-train:network.nat must be 'per-zone' in a prod stack"),
     ("aws-dev", _set("cluster.kubernetesVersion", "1.19"),
      "gpu-train:cluster.kubernetesVersion '1.19' is not a Kubernetes minor EKS offers"),
@@ -217,15 +242,15 @@ BAD = [
     ("aws-dev", _set("monitoring.checkpointMaxAgeMinutes", -5),
      "gpu-train:monitoring.checkpointMaxAgeMinutes must be >= 1 (got -5)"),
     ("aws-dev", _set("monitoring.lowUtilizationPercent", -1),
-     "gpu-train:monitoring.lowUtilizationPercent must be between 1 and 100 (got -1)"),
+     "gpu-train:monitoring.lowUtilizationPercent must be >= 1 (got -1)"),
     ("aws-dev", _set("health.xidCodes", [79, 31]),
      "gpu-train:health.xidCodes[1] XID 31 is raised by an application fault, not a GPU fault"),
     ("gcp-dev", _set("health.xidCodes", [48, 48]), "gpu-train:health.xidCodes[1] XID 48 is listed twice"),
-    ("aws-dev", _set("health.xidCodes", [0]), "gpu-train:health.xidCodes[0] 0 is not an NVIDIA XID (1 to 999)"),
+    ("aws-dev", _set("health.xidCodes", [0]), "gpu-train:health.xidCodes[0] must be >= 1 (got 0)"),
     ("aws-dev", _set("health.xidCodes", ["79"]), "gpu-train:health.xidCodes[0] must be a whole number"),
     ("aws-dev", _set("health.xidCodes", 79), "gpu-train:health.xidCodes must be a list"),
     ("gcp-prod", _set("health.maxConcurrentRepairs", 0), "gpu-train:health.maxConcurrentRepairs must be >= 1 (got 0)"),
-    ("aws-prod", _set("health.dcgmDiagLevel", 3), "gpu-train:health.dcgmDiagLevel must be 1 or 2 (got 3)"),
+    ("aws-prod", _set("health.dcgmDiagLevel", 3), "gpu-train:health.dcgmDiagLevel must be <= 2 (got 3)"),
     ("aws-dev", _set("health.remediaton", False), "gpu-train:health.remediaton is not a known setting (did you mean "
                                                   "'remediation'?)"),
     ("aws-dev", _set("health.nodeRepair", "yes"), "gpu-train:health.nodeRepair must be true or false"),
@@ -283,7 +308,7 @@ BAD = [
      "No global batch of practical size divides every world size from 8 to 512; narrow gpu-train:job.nodes"),
     # gpt2-124m: 65536 / 1024 = 64 sequences; 2 nodes x 1 GPU x micro batch 64 = 128 does not divide 64.
     ("aws-dev", _set("job.overrides.train.micro_batch_size", 64),
-     "gpu-train:job.globalBatchTokens 65536 does not divide at world size 2 (2 nodes x 1 GPUs"),
+     "gpu-train:job.globalBatchTokens 65536 does not divide at world size 2 (2 nodes x 1 GPU,"),
     ("aws-dev", _set("image.prebuilt", "trainer:latest"), "gpu-train:image.prebuilt must be pinned by digest"),
     ("aws-dev", _set("image.allowedRegistries", ["ghcr.io/acme"]),
      "gpu-train:image.allowedRegistries[0] must be a registry host and optional path ending in '/', like "
@@ -395,11 +420,36 @@ def test_settings_are_frozen():
                                                ("aws", "us-gov-west-1"), ("aws", "cn-north-1"),
                                                ("gcp", "europe-west4"), ("gcp", "northamerica-south1")])
 def test_real_regions_pass(cloud, region):
+    """Every real region passes the cloud's own rules; one outside the policy pack's allowed regions is refused by
+    that rule alone, at plan time, as the pack would refuse the stack's resources."""
     base = "aws-dev" if cloud == "aws" else "gcp-dev"
     raw = copy.deepcopy(raw_stack(base))
     raw["gpu-train:region"] = region
     raw["gpu-train:zones"] = [f"{region}a", f"{region}b"] if cloud == "aws" else [f"{region}-a"]
-    assert check(raw, base).region == region
+    if region in placement.ALLOWED_REGIONS:
+        assert check(raw, base).region == region
+        return
+    with pytest.raises(SettingsError) as err:
+        check(raw, base)
+    assert err.value.problems == [f"gpu-train:region {region!r} is not one of the policy pack's allowed regions "
+                                  f"({', '.join(placement.ALLOWED_REGIONS)}): its allowed-regions rule would refuse "
+                                  "the stack's resources"]
+
+
+@pytest.mark.parametrize(("cloud", "region"), [("aws", "us-east-1"), ("gcp", "us-central1"), ("aws", "eu-west-1"),
+                                               ("aws", "ap-southeast-5"), ("gcp", "europe-west3")])
+def test_the_plan_refuses_the_regions_the_policy_pack_refuses(cloud, region):
+    from policies.core import Context, Resource
+    from policies.tagging import allowed_regions
+
+    base = "gcp-dev" if cloud == "gcp" else "aws-dev"
+    raw = copy.deepcopy(raw_stack(base))
+    raw["gpu-train:region"] = region
+    raw["gpu-train:zones"] = [f"{region}a", f"{region}b"] if cloud == "aws" else [f"{region}-a"]
+    plan = settings_checks.problems(config.read(raw).model_copy(update={"stack": base}))
+    network = Resource(type="gcp:compute/subnetwork:Subnetwork", name="n", urn="urn:n", props={"region": region})
+    pack = list(allowed_regions(network, Context(stack=base)))
+    assert any(p.startswith(f"gpu-train:region {region!r} is not one of") for p in plan) == bool(pack)
 
 
 @pytest.mark.parametrize(("stack", "channel", "version"), [
@@ -494,11 +544,11 @@ def test_a_job_spec_is_the_stacks_job_under_another_key():
     assert read_job(raw, key="job") == cfg.job
     with pytest.raises(SettingsError) as err:
         read_job({**raw, "steps": 0, "pool": "h100", "stepz": 1}, key="job")
-    assert err.value.problems == ["job.stepz is not a known setting (did you mean 'steps'?)"]
-    problems = job_problems(read_job({**raw, "steps": 0, "pool": "h100"}, key="job"),
+    assert err.value.problems == ["job.steps must be >= 1 (got 0)",
+                                  "job.stepz is not a known setting (did you mean 'steps'?)"]
+    problems = job_problems(read_job({**raw, "pool": "h100"}, key="job"),
                             pools=settings_checks.pool_facts(cfg), teams=settings_checks.team_facts(cfg),
                             scheme="s3://", key="job")
-    assert "job.steps must be >= 1 (got 0)" in problems
     assert "job.pool 'h100' is not one of gpuPools[].name (l4-spot, l40s-spot)" in problems
     assert all(p.startswith("job.") for p in problems)
 

@@ -10,6 +10,7 @@ import ipaddress
 
 import pytest
 
+from gpu_train.spec import placement
 from policies.cidrs import blocks_coverage, internet_coverage
 
 V4 = "every public IPv4 address"
@@ -60,3 +61,12 @@ def test_exclusions_apply_to_their_own_block_only():
     assert blocks_coverage([("0.0.0.0/0", ["8.0.0.0/8"])]) is None
     assert blocks_coverage([("0.0.0.0/0", ["8.0.0.0/8"]), ("8.0.0.0/8", [])]) == V4
     assert internet_coverage(["0.0.0.0/0"], exclude=["0.0.0.0/1"]) is None
+
+
+@pytest.mark.parametrize("cidr", [*placement.PRIVATE_RANGES, "172.20.0.0/16", "100.64.0.0/16", "8.8.0.0/16",
+                                  "172.32.0.0/16", "192.169.0.0/16", "100.128.0.0/16"])
+def test_the_plans_private_ranges_are_what_the_pack_counts_as_not_public(cidr):
+    """The plan refuses a network outside the private ranges (gpu_train.spec.placement); the pack counts exactly
+    those, among others, as not public: the internet minus a private block is still the whole internet to it."""
+    private = placement.private_range(cidr) is not None
+    assert (internet_coverage(everything_but(cidr)) == V4) is private

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from gpu_train.spec import carbon, catalog
 from gpu_train.spec.catalog.gpus import tdp_watts
 from gpu_train.spec.flops import gpu_peak_flops, shape_flops_per_token
-from gpu_train.spec.job import JobSpec, override_text, trainer_settings
+from gpu_train.spec.job import JobSpec, World, job_world, override_text, trainer_settings
 
 # Model FLOPs utilisation assumed for the run time, a round figure below the 46% PaLM reports for its largest run
 # (https://arxiv.org/abs/2204.02311, table 3). The trainer measures the real value (trainer_mfu, the run summary);
@@ -38,12 +38,17 @@ class Estimate:
     cloud: str
     region: str
     instance_type: str
-    gpus: int = 0
+    world: World | None = None  # the job's world sizes; the estimate is for its MAX (module docstring)
     watts_per_gpu: int = 0
     hours: float = 0.0
     pue: float = 0.0
     intensity: float = 0.0  # gCO2e/kWh
     unknown: str = ""  # why there is no estimate ("" when there is one)
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs the run is estimated on: MAX nodes' (0 without an estimate)."""
+        return self.world.size(self.world.nodes.max) if self.world is not None else 0
 
     @property
     def gpu_kwh(self) -> float:
@@ -62,9 +67,10 @@ class Estimate:
     def line(self) -> str:
         if self.unknown:
             return f"carbon: no estimate ({self.unknown})"
+        at = self.world.describe(self.world.nodes.max, "MAX") if self.world is not None else ""
         return (f"carbon: ~{self.energy_kwh:,.3g} kWh, ~{self.kg_co2e:,.3g} kg CO2e in {self.region} "
                 f"({self.intensity:.0f} gCO2e/kWh, PUE {self.pue}; {self.gpus} GPUs x {self.watts_per_gpu} W TDP x "
-                f"{self.hours:,.2f} h at {ASSUMED_MFU:.0%} MFU)")
+                f"{self.hours:,.2f} h at {ASSUMED_MFU:.0%} MFU, at {at}, which Kueue admits whole)")
 
 
 def job_estimate(job: JobSpec, *, cloud: str, region: str, instance_type: str) -> Estimate:
@@ -88,10 +94,10 @@ def job_estimate(job: JobSpec, *, cloud: str, region: str, instance_type: str) -
         model = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()]).model
     except ConfigError as exc:
         return _unknown(base, f"the trainer refuses the job's settings: {exc}")
-    gpus = job.nodes.max * (job.gpus_per_node or shape.gpus)
+    world = job_world(job, shape.gpus)
     flops = job.steps * job.global_batch_tokens * shape_flops_per_token(model)
-    hours = flops / (gpus * peak * ASSUMED_MFU) / 3600
-    return Estimate(cloud=cloud, region=region, instance_type=instance_type, gpus=gpus, watts_per_gpu=watts,
+    hours = flops / (world.size(job.nodes.max) * peak * ASSUMED_MFU) / 3600
+    return Estimate(cloud=cloud, region=region, instance_type=instance_type, world=world, watts_per_gpu=watts,
                     hours=hours, pue=carbon.pue(cloud), intensity=where.intensity)
 
 

@@ -6,6 +6,8 @@ Run: .venv/bin/pytest tests/gpu_train/cli/test_regions.py -q
 
 from __future__ import annotations
 
+import pytest
+
 from gpu_train.spec import carbon
 
 CHECK = "aws ec2 describe-instance-type-offerings --location-type region --filters Name=instance-type,Values="
@@ -56,3 +58,23 @@ def test_a_type_without_a_row_is_shown_as_unknown(cli, monkeypatch):
     assert [row[1] for row in rows][:3] == ["eu-north-1", "eu-west-3", "eu-south-2"]  # 8.8, 51.1, 89.04 g/kWh
     assert {row[-1] for row in rows} == {"unknown"}
     assert f"which of these regions offer p5.48xlarge is not in the shipped table: check with `{CHECK}" in out
+
+
+def test_a_home_region_of_the_other_cloud_is_named_as_such(cli):
+    aws, gcp = (next(name for cloud, name in carbon.regions() if cloud == c) for c in ("aws", "gcp"))
+    code, out, err = cli("regions", "--pool-type", "p5.48xlarge", "--home", gcp)
+    assert code == 2 and out == ""
+    assert err.strip() == (f"gpu-train: error: --home {gcp!r} is a GCP region, and --pool-type p5.48xlarge runs on "
+                           "AWS: give the AWS region your users or data are nearest to")
+    code, _, err = cli("regions", "--pool-type", "a3-megagpu-8g", "--home", aws)
+    assert code == 2 and f"--home {aws!r} is an AWS region, and --pool-type a3-megagpu-8g runs on GCP" in err
+    code, _, err = cli("regions", "--pool-type", "p5.48xlarge", "--home", "mars-north-1")
+    assert code == 2 and "--home: region 'mars-north-1' of cloud 'aws' is not in the shipped carbon table" in err
+
+
+@pytest.mark.parametrize("limit", ["-5", "0", "nan"])
+def test_a_latency_limit_must_be_positive(cli, limit):
+    code, out, err = cli("regions", "--pool-type", "p5.48xlarge", "--home", "eu-west-1", "--max-latency-ms", limit)
+    assert code == 2 and out == ""
+    assert err.strip() == (f"gpu-train: error: --max-latency-ms {float(limit):g} must be > 0 (the longest round trip "
+                           "from --home, in milliseconds)")

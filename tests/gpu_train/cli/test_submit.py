@@ -160,13 +160,15 @@ def test_bad_settings_are_all_named_by_the_stacks_own_checks(tmp_path, cli, doc)
 
 
 def test_checks_after_reading(tmp_path, cli, doc):
-    """A spec whose values all have their types gets every check across settings, all at once."""
-    bad = spec(tmp_path, steps=0, overrides={"train.steps": 9}, nodes="1:9")
+    """A spec whose values all have their types and ranges gets every check across settings, all at once; a value
+    out of its range is refused when read, before them."""
+    bad = spec(tmp_path, overrides={"train.steps": 9}, nodes="1:9")
     code, _, err = cli("submit", bad, "--dry-run", "--platform", _platform_file(tmp_path, doc))
     assert code == 2 and only_error_lines(err)
-    assert "job.steps must be >= 1 (got 0)" in err
     assert "job.overrides.train.steps is set by job.steps; set that instead" in err
     assert "job.nodes MAX 9 is more than pool 'l4-spot' maxNodes 4" in err
+    code, _, err = cli("submit", spec(tmp_path, steps=0), "--dry-run", "--platform", _platform_file(tmp_path, doc))
+    assert code == 2 and err.strip().endswith("job.steps must be >= 1 (got 0)")
 
 
 def test_a_node_range_that_is_not_one_is_refused_when_read(tmp_path, cli, doc):

@@ -191,3 +191,18 @@ def test_advisory_fires_above_twice_the_best_allowed_region():
     # Allowed regions that do not offer the type do not count: only Belgium allowed -> nothing to compare with.
     assert advisor.advisory("gcp", "europe-west1", ["a3-megagpu-8g"], allow=carbon.allowed(["BE"])) is None
     assert math.isclose(advisor.ADVISORY_RATIO, 2.0)
+
+
+def test_submits_memory_and_carbon_lines_each_name_their_world_size():
+    """nodes 1:2 on one-GPU nodes: the memory a GPU needs is largest at MIN (1 GPU), the run is estimated at MAX (2
+    GPUs, the JobSet Kueue admits whole); each line says which, in the same words."""
+    from gpu_train.spec.job import memory_line
+
+    job = read_job({"name": "gpt2", "team": "research", "pool": "l4", "preset": "gpt2-124m", "nodes": "1:2",
+                    "steps": 1000, "globalBatchTokens": 524288})
+    est = job_estimate(job, cloud="aws", region="us-east-1", instance_type="g6.2xlarge")  # 1 x L4, 72 W
+    memory = memory_line(job, gpus=1, gpu_type="L4")
+    assert est.gpus == 2 and "; 2 GPUs x 72 W TDP x " in est.line()
+    assert est.line().endswith(", at world size 2 (MAX 2 nodes x 1 GPU), which Kueue admits whole)")
+    assert memory.endswith(" at world size 1 (MIN 1 node x 1 GPU), where a GPU holds the most")
+    assert "1 GPUs" not in memory + est.line()

@@ -145,7 +145,7 @@ def test_plan_time_errors_name_the_job_setting():
     (p,) = problems({**base, "overrides": {**SPEC["overrides"], "train.tp": 5}})
     assert p.startswith("job.overrides.train.tp: the trainer refuses it: train.tp=5: model.n_head 12")
     (p,) = problems({**base, "overrides": {**SPEC["overrides"], "train.tp": 16, "model.n_head": 16}})
-    assert p.startswith("job.overrides.train.tp: the layout does not fit world size 8 (1 nodes x 8 GPUs")
+    assert p.startswith("job.overrides.train.tp: the layout does not fit world size 8 (1 node x 8 GPUs")
     assert "more than the 8 GPUs of a node" in p
     (p,) = problems({**base, "overrides": {**SPEC["overrides"], "train.pp": 3}})
     assert p.startswith("job.overrides.train.pp: the layout does not fit world size 8")
@@ -165,4 +165,5 @@ def test_submit_prints_the_memory_a_gpu_needs_at_min_nodes():
     c = build_config("gpt2-2.7b", overrides=["train.global_batch_tokens=1048576"])
     want = memory_per_gpu(c, Layout(pp=1, dp_replicate=1, dp_shard=8, tp=1)).total / 1e9
     assert line.startswith(f"memory: ~{want:.1f} GB (") and "per GPU of a H100's 80 GB" in line
-    assert line.endswith("under pp=1 x dp_replicate=1 x dp_shard=8 x tp=1 at 8 GPUs")
+    assert line.endswith("under pp=1 x dp_replicate=1 x dp_shard=8 x tp=1 at world size 8 (MIN 1 node x 8 GPUs), "
+                         "where a GPU holds the most")

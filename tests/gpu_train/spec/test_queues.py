@@ -44,11 +44,11 @@ def test_cluster_queues_carry_each_teams_quota_per_pool_and_borrow_in_one_cohort
             assert by["memory"]["nominalQuota"] == f"{nominal * queues.MEMORY_GIB_PER_GPU}Gi"
 
 
-def test_one_number_of_gpus_applies_to_every_pool_up_to_its_size():
-    team = TeamSettings(name="a", gpu_quota=12)
-    # reserved holds 4 x 8 = 32 GPUs, small 1 x 8 = 8: 12 and 8.
+def test_one_number_of_gpus_applies_to_every_pool():
+    team = TeamSettings(name="a", gpu_quota=8)
+    # The settings checks refuse a number above any pool's capacity, as they refuse such a mapping entry.
     assert queues.team_pool_quotas(team, [pool("reserved"), pool("small", max_nodes=1)]) == \
-        {"reserved": 12, "small": 8}
+        {"reserved": 8, "small": 8}
 
 
 def test_a_team_may_use_its_nominal_quota_plus_what_the_others_lend():

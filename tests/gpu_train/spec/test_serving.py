@@ -50,7 +50,7 @@ def test_a_bad_model_reference_names_the_field_and_the_form(text, words):
 
 @pytest.mark.parametrize(("patch", "problem"), [
     ({"canary": {"steps": [50, 10]}}, "service.canary.steps must rise (got [50, 10])"),
-    ({"canary": {"steps": [10, 100]}}, "service.canary.steps must each be 1..99 percent (got [10, 100])"),
+    ({"canary": {"steps": [10, 100]}}, "service.canary.steps[1] must be <= 99 (got 100)"),
     ({"canary": {"stepSeconds": 20, "intervalSeconds": 30}},
      "service.canary.intervalSeconds 30 must be <= stepSeconds 20"),
     ({"canary": {"slo": {"errorRate": 1.5}}}, "service.canary.slo.errorRate must be <= 1.0 (got 1.5)"),

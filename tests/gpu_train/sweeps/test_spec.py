@@ -79,6 +79,10 @@ def test_the_template_may_be_a_file_beside_the_spec(tmp_path):
      "s.yaml: searchSpace.train.steps is set for every trial by the sweep itself"),
     (lambda d: d["searchSpace"].update({"lr": {"distribution": "choice", "values": [1]}}),
      "s.yaml: searchSpace.lr must be a dotted trainer key"),
+    (lambda d: d["searchSpace"].update({"train.lrr": d["searchSpace"].pop("train.lr")}),
+     "s.yaml: searchSpace.train.lrr is not a setting of the trainer (did you mean 'train.lr'?)"),
+    (lambda d: d["searchSpace"]["model.norm"].update(values=["layernorm", "batchnorm"]),
+     "s.yaml: searchSpace.model.norm: the trainer refuses 'batchnorm': model.norm: must be one of"),
     (lambda d: d["algorithm"]["earlyStopping"].update(minTokens=1000),
      "s.yaml: algorithm.earlyStopping.minTokens 1000 must be a positive multiple of the template's "
      "globalBatchTokens (4096)"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_train.spec import catalog
 from gpu_train.spec.settings import StackSettings, parse
 from infra import clouds
 from tests.conftest import STACKS
@@ -21,6 +22,10 @@ def plans(plans) -> dict[str, dict]:
     return {s: p for s, p in plans.items() if s in AWS_STACKS}
 
 
+def _capacity(pool: dict) -> int:
+    return catalog.shape("aws", pool["instanceType"]).gpus * pool["maxNodes"]
+
+
 def stack_cfg(pools: list[dict], environment: str = "prod", nat: str = "per-zone") -> StackSettings:
     raw = {
         "gpu-train:cloud": "aws", "gpu-train:environment": environment, "gpu-train:region": "us-west-2",
@@ -29,7 +34,8 @@ def stack_cfg(pools: list[dict], environment: str = "prod", nat: str = "per-zone
         "gpu-train:cluster": {"systemNodeType": "m6i.large"},
         "gpu-train:gpuPools": pools,
         "gpu-train:cache": {"masters": 3},
-        "gpu-train:teams": [{"name": "vision", "gpuQuota": 8}],
+        # Up to 8 GPUs on every pool, never more than the pool holds (a quota above that is refused).
+        "gpu-train:teams": [{"name": "vision", "gpuQuota": {p["name"]: min(8, _capacity(p)) for p in pools}}],
         "gpu-train:limits": {"maxGpus": 512},
     }
     cfg = parse(raw, stack="aws-test")
