@@ -20,6 +20,7 @@ import pytest
 from kubernetes.dynamic.exceptions import ApiException
 
 from infra.k8s import pod_admission
+from tests.cluster.conftest import wait_for
 from tests.infra.k8s import test_pod_admission as cases
 from tools.cluster.controllers import module_dir
 from tools.cluster.plane import Plane
@@ -74,6 +75,14 @@ def policies_by_fabric(bare):
         root, registries = (cases.AWS_ROOT, [cases.ECR]) if kind == "efa" else (cases.GCP_ROOT, [cases.AR])
         bare.apply(pod_admission.admission_policies(nvme_host_path=root, registries=registries))
         installed["kind"] = kind
+        # The API server takes a changed policy up through its informers: wait until the fabric's own job, as
+        # rendered, is admitted in every form (it is refused under the other fabric's policies).
+        jobset = cases.base_jobset(kind)
+        for form in ("Pod", "Job", "JobSet"):
+            obj = cases.as_kind(jobset, form)
+            obj["metadata"].setdefault("namespace", cases.NS)
+            wait_for(f"the {kind} policies in force for a {form}", lambda o=obj: not real_denials(bare, o),
+                     timeout=60)
     return install
 
 
