@@ -7,7 +7,7 @@ Usage:
     dtype = resolve_dtype(cfg, env)                          # bf16 on CUDA by default, None = fp32
     model, runner = build_model(cfg, env, dtype)             # this rank's GPT (state dict names) and its StepRunner
     loss = runner.forward_backward(windows, micro_batches)   # a step's forward and backward passes
-    norm = runner.clip_grad_norm_(cfg.train.grad_clip)       # the global gradient norm, over every rank
+    norm = runner.clip_grad_norm_(cfg.train.grad_clip)       # the global gradient norm, a device tensor
     optimizer = build_optimizer(model, cfg, env.device)
     scheduler = build_scheduler(optimizer, cfg)              # linear warmup, then cosine to train.min_lr
     continue_schedule(optimizer, scheduler, cfg, step)       # after a resume: at `step` under cfg's settings
@@ -124,7 +124,9 @@ def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[G
 
 # ---------------------------------------------------------------------------------------------- optimizer
 def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (norm gains/biases are not decayed)."""
+    """AdamW with weight decay on matrices only (norm gains/biases are not decayed), the fused kernel on every
+    device (CUDA and CPU): it alone takes `found_inf`, through which a step that must not be applied is skipped on
+    the device (trainer/step_flags.py), and it reads no step counter on the host. `device` is kept for callers."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [
@@ -132,7 +134,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -
         {"params": no_decay, "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(
-        groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2), fused=device.type == "cuda"
+        groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2), fused=True
     )
 
 

@@ -162,13 +162,13 @@ class PipelineRunner(StepRunner):
         with torch.no_grad():
             dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.tied_group)
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """The global norm over every stage's gradients, the tied weight counted on the first stage only."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         tied = self._tied_weight()
         skip = {id(tied)} if tied is not None and self.last and not self.first else set()
-        norm = self._global_sq_norm(params, skip) ** 0.5
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(norm))
+        norm = self._global_sq_norm(params, skip).sqrt().float()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
         return norm
 
     # ------------------------------------------------------------------------------------------ evaluation

@@ -7,7 +7,7 @@ Usage (trainer/parallelize.py's build_model puts them together):
     fully_shard_model([model], blocks, dp_mesh(mesh, layout), dtype)    # FSDP2 per block, then the root
     runner = StepRunner(layout, env, model, model, mesh=mesh)
     loss = runner.forward_backward(windows, micro_batches)
-    norm = runner.clip_grad_norm_(cfg.train.grad_clip)   # the global gradient norm, over every rank
+    norm = runner.clip_grad_norm_(cfg.train.grad_clip)   # the global gradient norm (a device tensor)
 
 Tensor parallelism (Megatron-LM's split, https://arxiv.org/abs/1909.08053, with sequence parallelism,
 https://arxiv.org/abs/2205.05198) through torch.distributed.tensor.parallel: q, k, v and the MLP's first matrix are
@@ -178,16 +178,18 @@ class StepRunner:
             loss_sum += local_value(loss.detach())
         return loss_sum
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip every gradient by the global norm (over all ranks' shards, once per parameter); returns it."""
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip every gradient by the global norm (over all ranks' shards, once per parameter); returns it, a
+        device tensor: nothing here waits for the device (no error_if_nonfinite, whose check reads the norm on the
+        host; a non-finite norm makes the step skipped instead, trainer/step_flags.py)."""
         if self.layout.tp == 1 and self.layout.pp == 1:  # DDP's plain tensors, or FSDP2's DTensors on one mesh
-            return float(local_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)))
+            return local_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True))
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = math.sqrt(self._global_sq_norm(params))
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(norm))
+        norm = self._global_sq_norm(params).sqrt().float()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
         return norm
 
-    def _global_sq_norm(self, params: list[torch.nn.Parameter], skip: set[int] | None = None) -> float:
+    def _global_sq_norm(self, params: list[torch.nn.Parameter], skip: set[int] | None = None) -> torch.Tensor:
         """Sum of squared gradient entries over every rank, each entry once: a rank's local shard counts divided
         by how many ranks hold the same shard (its mesh dimensions that replicate it). One all-reduce."""
         total = torch.zeros((), dtype=torch.float64, device=self.env.device)
@@ -202,7 +204,7 @@ class StepRunner:
                 copies, local = self.layout.dp * self.layout.tp, g
             total += local.detach().double().pow(2).sum() / copies
         dist.all_reduce(total)
-        return float(total)
+        return total
 
     def window_losses(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """Evaluation: each window's mean next-token loss (B,), or None on a rank that computes none."""
