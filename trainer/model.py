@@ -11,8 +11,10 @@ F.scaled_dot_product_attention (which picks flash/memory-efficient kernels on GP
 tied, LayerNorm or RMSNorm, learned absolute positions or rotary embeddings (RoPE, https://arxiv.org/abs/2104.09864).
 
 What lets other code split the model without knowing its insides (trainer/parallelize.py, trainer/pipeline.py):
-- query, key and value are three projections (`attn.q`, `attn.k`, `attn.v`) and the head count is read from the
-  projection's output width, so a tensor-parallel rank that holds some heads' columns runs the same code;
+- query, key and value are one projection, `attn.wqkv`, whose rows go head by head (head 0's query, key and value
+  rows, then head 1's, ...; `fuse_qkv` / `split_qkv` convert from and to three d x d matrices), and the head
+  count is read from its output width: a tensor-parallel rank that holds a contiguous block of its rows holds
+  whole heads and runs the same code, so one matmul serves every layout and the parameter has one name;
 - `blocks` is a ModuleDict keyed by the block's index ("0", "1", ...): a pipeline stage that keeps some blocks
   keeps their names, so every parameter has the same name (`blocks.7.mlp.fc.weight`) in every layout;
 - `forward` is `embed`, `run_blocks`, `logits`, `loss`, each usable alone by a stage that holds part of the model.
@@ -52,21 +54,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_head: int) -> torch.Tensor:
+    """`attn.wqkv.weight` (3d x d, head by head) from separate query, key and value matrices (d x d each)."""
+    return torch.stack([w.reshape(n_head, -1, w.shape[-1]) for w in (q, k, v)], dim=1).reshape(-1, q.shape[-1])
+
+
+def split_qkv(wqkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of `fuse_qkv`: (query, key, value) matrices of `attn.wqkv.weight`."""
+    q, k, v = wqkv.reshape(n_head, 3, -1, wqkv.shape[-1]).unbind(1)
+    return q.reshape(-1, wqkv.shape[-1]), k.reshape(-1, wqkv.shape[-1]), v.reshape(-1, wqkv.shape[-1])
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_head = cfg.n_head
         self.head_dim = cfg.d_model // cfg.n_head
-        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.v = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wqkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)  # head by head (module docstring)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, t, _ = x.shape
-        # -1 heads: all of them, or this tensor-parallel rank's share (its columns of q, k and v).
-        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (self.q(x), self.k(x), self.v(x)))
+        # -1 heads: all of them, or this tensor-parallel rank's share (its rows of wqkv: whole heads).
+        q, k, v = (z.transpose(1, 2) for z in self.wqkv(x).view(b, t, -1, 3, self.head_dim).unbind(3))
         if rope is not None:
             cos, sin = rope[0][:t], rope[1][:t]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

@@ -6,7 +6,7 @@ Usage (trainer/parallelize.py's build_model builds it when train.pp > 1):
     loss = runner.forward_backward(windows, micro_batches)          # GPipe, 1F1B or interleaved 1F1B
 
 Stages are built torchtitan's way (torchtitan/distributed/pipeline_parallel.py): each rank keeps the GPT it was
-given, with only its own blocks (the ModuleDict keeps their indices, so `blocks.7.attn.q.weight` has that name in
+given, with only its own blocks (the ModuleDict keeps their indices, so `blocks.7.attn.wqkv.weight` has that name in
 every layout), the embeddings on the first stage, the final norm and output layer on the last. Each stage is a
 PipelineStageModule over those modules, the unit FSDP2 shards and torch's PipelineStage runs.
 

@@ -10,9 +10,9 @@ Usage (trainer/parallelize.py's build_model puts them together):
     norm = runner.clip_grad_norm_(cfg.train.grad_clip)   # the global gradient norm (a device tensor)
 
 Tensor parallelism (Megatron-LM's split, https://arxiv.org/abs/1909.08053, with sequence parallelism,
-https://arxiv.org/abs/2205.05198) through torch.distributed.tensor.parallel: q, k, v and the MLP's first matrix are
-split by columns, each block's output projections by rows; norms and the residual stream are split along the
-sequence; the token embedding and the tied output layer are split along the vocabulary, and the loss is computed
+https://arxiv.org/abs/2205.05198) through torch.distributed.tensor.parallel: the fused query/key/value matrix (its
+rows head by head, trainer/model.py, so each rank gets whole heads) and the MLP's first matrix are split by columns,
+each block's output projections by rows; norms and the residual stream are split along the sequence; the token embedding and the tied output layer are split along the vocabulary, and the loss is computed
 on vocabulary shards (loss_parallel), so no rank ever holds a whole row of logits.
 
 The gradient norm under tensor or pipeline parallelism is summed by hand (one all-reduce of the squared local
@@ -87,7 +87,7 @@ def tensor_parallel(model: GPT, tp_mesh: Any) -> None:
         parallelize_module(block, tp_mesh, {
             "norm1": SequenceParallel(),
             "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-            "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.wqkv": ColwiseParallel(),  # rows head by head: each rank's block of rows holds whole heads
             "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
             "norm2": SequenceParallel(),
             "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
