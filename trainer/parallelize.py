@@ -95,9 +95,10 @@ def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[G
         with torch.device(env.device):
             model = GPT(cfg.model)
         model.activation_checkpointing = cfg.train.activation_checkpointing
+        model.loss_chunk_tokens = cfg.train.loss_chunk_tokens
         wrapped = DDP(model, device_ids=[env.local_rank] if env.is_cuda else None)
         runner: StepRunner = StepRunner(layout, env, model, torch.compile(wrapped) if cfg.train.compile else wrapped,
-                                        autocast_dtype=dtype)
+                                        autocast_dtype=dtype, attention=cfg.train.attention)
     else:
         mesh = build_mesh(layout, env)
         with torch.device("meta"):
@@ -109,8 +110,11 @@ def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[G
         else:
             if layout.tp > 1:
                 tensor_parallel(model, mesh["tp"])
+            else:  # under tensor parallelism the loss is computed on vocabulary shards instead (trainer/runner.py)
+                model.loss_chunk_tokens = cfg.train.loss_chunk_tokens
             fully_shard_model([model], list(model.blocks.values()), dp_mesh(mesh, layout), dtype)
-            runner = StepRunner(layout, env, model, torch.compile(model) if cfg.train.compile else model, mesh=mesh)
+            runner = StepRunner(layout, env, model, torch.compile(model) if cfg.train.compile else model, mesh=mesh,
+                                attention=cfg.train.attention)
             model.to_empty(device=env.device)
             model.init_buffers()
         # Rank 0's full weights hold other stages' blocks too: each rank keeps its own (strict only without a pipeline).

@@ -88,7 +88,7 @@ class PipelineRunner(StepRunner):
 
     def __init__(self, cfg: Config, layout: Layout, env: DistEnv, model: GPT, mesh: Any,
                  dtype: torch.dtype | None) -> None:
-        super().__init__(layout, env, model, model, mesh=mesh)
+        super().__init__(layout, env, model, model, mesh=mesh, attention=cfg.train.attention)
         t = cfg.train
         pp_mesh = mesh["pp"]
         self.pp_group, self.pp_rank = pp_mesh.get_group(), pp_mesh.get_local_rank()

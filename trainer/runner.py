@@ -40,6 +40,7 @@ from torch.distributed.tensor.parallel import (
     loss_parallel,
     parallelize_module,
 )
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpu_train.spec.layout import MESH_DIMS, Layout
 from trainer.distributed import DistEnv
@@ -118,6 +119,19 @@ def fully_shard_model(roots: list[torch.nn.Module], blocks: list[torch.nn.Module
 
 
 # ---------------------------------------------------------------------------------------------- the step
+# F.scaled_dot_product_attention's kernels by train.attention.
+SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
+def sdpa_backends(name: str, device_type: str) -> list[SDPBackend] | None:
+    """The kernels train.attention=`name` allows, or None for torch's own choice: "auto", and any setting on a
+    device other than CUDA (a CPU has the math kernel and a fused one of its own, which torch picks itself)."""
+    if name == "auto" or device_type != "cuda":
+        return None
+    return [SDPA_BACKENDS[name]]
+
+
 def local_value(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's full value (a replicated scalar loss), or the tensor itself."""
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -131,8 +145,9 @@ class StepRunner:
     batch, in order."""
 
     def __init__(self, layout: Layout, env: DistEnv, model: GPT, wrapped: torch.nn.Module, *, mesh: Any = None,
-                 autocast_dtype: torch.dtype | None = None) -> None:
+                 autocast_dtype: torch.dtype | None = None, attention: str = "auto") -> None:
         self.layout, self.env, self.model, self.wrapped, self.mesh = layout, env, model, wrapped, mesh
+        self.attention = sdpa_backends(attention, env.device.type)
         self.autocast_dtype = autocast_dtype  # DDP only: FSDP2's mixed precision policy casts by itself
         tp, dp = layout.tp, layout.dp
         self.data_world = dp
@@ -148,8 +163,14 @@ class StepRunner:
         return contextlib.nullcontext()
 
     def loss_context(self) -> contextlib.AbstractContextManager[Any]:
-        """Around forward and backward: the loss over vocabulary shards under tensor parallelism."""
-        return loss_parallel() if self.layout.tp > 1 else contextlib.nullcontext()
+        """Around forward and backward: the attention kernels of train.attention, and the loss over vocabulary
+        shards under tensor parallelism."""
+        stack = contextlib.ExitStack()
+        if self.attention is not None:
+            stack.enter_context(sdpa_kernel(self.attention))
+        if self.layout.tp > 1:
+            stack.enter_context(loss_parallel())
+        return stack
 
     def grad_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         """Gradients are reduced across ranks on the last micro batch only (DDP's no_sync before it; FSDP2's
