@@ -274,8 +274,10 @@ class MetricsProcessor:
                 self.jsonl.write(record)
             return record
         tps = self.tokens_per_step / record["step_s"]
+        # "time": when the step ended, if the caller says (the trainer writes a step's record once the host has
+        # read its flags, up to one step later), else now.
         record = {"event": "step", "step": step, **record, "tokens_per_s": tps, "mfu": self.mfu(tps),
-                  "time": time.time()}
+                  "time": record.get("time", time.time())}
         self.prometheus.observe_step(
             step=step, loss=record["loss"], tokens=self.tokens_per_step, step_s=record["step_s"],
             data_wait_s=record["data_wait_s"], fwd_bwd_s=record["forward_backward_s"],

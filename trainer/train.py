@@ -406,7 +406,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             "lr": timings.pop("lr"), "tokens": self.tokens_seen,
             # A step runs from its data to the end of its checkpoint save, without an evaluation.
             "step_s": time.perf_counter() - timings.pop("start") - eval_s, **timings, "checkpoint_block_s": ckpt_s,
-            "checkpoint_age_s": time.time() - last_saved if last_saved else None}
+            "checkpoint_age_s": time.time() - last_saved if last_saved else None, "time": time.time()}
         done = self.pending if self.pending is not None else self._settled
         if done is None or done.step != self.step:
             return
