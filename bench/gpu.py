@@ -22,6 +22,7 @@ the same batch, so the script is known to run before a GPU is lent; MFU and peak
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -125,9 +126,11 @@ def _estimate_gb(preset: str, overrides: list[str], gpus: int) -> float:
 
 def _bare(preset: str, steps: int, tokens_per_step: int, overrides: list[str]) -> float:
     """Tokens/s of the bare loop (bench/bare.py) on one device, one micro batch per step."""
+    # The trainer's workers run with OMP_NUM_THREADS=1 unless it is set (bench/runs.py); so does the bare loop.
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     out = subprocess.run([sys.executable, "-m", "bench.bare", "--preset", preset, "--steps", str(steps),
                           "--from-step", str(FROM_STEP), *overrides], cwd=ROOT, capture_output=True, text=True,
-                         check=True)
+                         check=True, env=env)
     tps = tokens_per_step / json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_step"]
     print(f"gpu: {preset} bare loop: {tps:,.0f} tokens/s", flush=True)
     return tps
@@ -153,7 +156,7 @@ def _trainer_row(row: str, preset: str, overrides: list[str], tokens: int, gpus:
         tps_per_gpu = tokens * gpus / seconds_per_step(events, FROM_STEP) / gpus
         mem = summary(run_dir).get("peak_memory_gb")
     m = mfu(tps_per_gpu, fpt, peak, 1)
-    est = f", estimate {estimate_gb:.1f} GB" if estimate_gb is not None else ""
+    est = f", estimate {estimate_gb:.3g} GB" if estimate_gb is not None else ""
     print(f"gpu: {row}: {tps_per_gpu:,.0f} tokens/s/GPU, MFU {m if m is None else round(100 * m, 1)}%, "
           f"peak memory {mem} GB{est}", flush=True)
     return Figure("gpu", row, tps_per_gpu, "tokens/s/GPU", reference, reference_name, ratio(tps_per_gpu, reference),
