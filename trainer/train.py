@@ -15,9 +15,14 @@ the library parts, and resumes from the newest checkpoint every rank can load (t
 repeats `train_step()` (data, `forward_backward_step()`, the step's all-reduce, the optimizer), evaluation,
 checkpoint and metrics until train.steps, SIGTERM, SIGINT or early stopping; `finish()` writes the outputs. The
 step's one all-reduce carries the loss and whether any rank got SIGTERM or SIGINT (and which), bad data or a
-storage failure, so every rank takes the same decision: stop after a synchronous checkpoint ("preempted", exit
-75, or 130 for Ctrl-C in one process), BadInput (bad data, or a non-finite loss or gradient norm: nothing is
+storage failure; whether the step is applied is decided on the device, and the host reads the flags one step later
+(trainer/step_flags.py; `settle()` reads them at once before an evaluation or a checkpoint), so every rank takes
+the same decision at the same point: stop after a synchronous checkpoint ("preempted", exit 75, or 130 for Ctrl-C
+in one process), BadInput (bad data, or a non-finite loss or gradient norm: the step was skipped and nothing is
 saved, since a restart would replay the same step) or TrainingFailed (a storage outage). docs/trainer.md.
+
+Over 400 lines because the step, the late reading of its flags and the loop that orders evaluations and
+checkpoints after that reading are one protocol, easier to check in one place.
 
 Step callbacks, `callback(trainer, point, step)` for the 0-based step being trained (none in production; tests
 inject a killed, hung or slow rank through them, tests/trainer/faults.py): "after_forward" (the last micro batch's
