@@ -3,9 +3,10 @@
 Usage: `python -m bench.bare --preset tiny --steps 60 model.n_layer=4 ...` prints one JSON line,
 {"seconds_per_step": ..., "from_step": ..., "to_step": ...}.
 
-Same model, optimizer, learning-rate schedule, gradient accumulation, clipping, batch and precision
-as `python -m trainer` with the same preset and overrides; no process group, no DDP wrapper, no
-sampler or dataset (batches are drawn once up front), no metrics, no checkpoints. Timed like the
+Same model (chunked loss and attention kernel included), optimizer, learning-rate schedule, gradient
+accumulation, clipping, batch and precision as `python -m trainer` with the same preset and overrides; no
+process group, no DDP wrapper, no sampler or dataset (batches are drawn once up front), no metrics, no
+checkpoints, and no host read of any tensor in a step (neither does the trainer's step). Timed like the
 trainer's metrics log: wall clock between the end of step `from_step` and the end of the last step.
 """
 
@@ -15,12 +16,15 @@ import argparse
 import contextlib
 import json
 import time
+from collections.abc import Iterator
 
 import torch
+from torch.nn.attention import sdpa_kernel
 
 from gpu_train.spec import trainer_config as tcfg
 from trainer.model import GPT
 from trainer.parallelize import build_optimizer, lr_at
+from trainer.runner import sdpa_backends
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
     model = GPT(cfg.model).to(device)
+    model.loss_chunk_tokens = cfg.train.loss_chunk_tokens  # the same output layer and loss as the trainer's
     if cfg.train.compile:
         model = torch.compile(model)
     opt = build_optimizer(model, cfg, device)
@@ -44,7 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     accum = b // micro
     data = torch.randint(0, cfg.model.vocab_size, (accum, micro, cfg.model.context + 1), device=device)
     bf16 = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
-    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+    kernels = sdpa_backends(cfg.train.attention, device.type)
+
+    @contextlib.contextmanager
+    def autocast() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if bf16:
+                stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
+            if kernels is not None:
+                stack.enter_context(sdpa_kernel(kernels))
+            yield
 
     def sync() -> None:
         if device.type == "cuda":
@@ -63,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss.item()  # the trainer reads the loss every step too
         if step == args.from_step:
             sync()
             start = time.perf_counter()

@@ -6,16 +6,23 @@ DDP at four times its preset's micro batch; then gpt2-350m under FSDP2 with tens
 becomes a row naming the worker's error line, and the section goes on with the next. Each trainer run's
 output is kept in build/bench/gpu-logs/.
 
-Usage: `python -m bench --only gpu --gpu` on a machine with at least one NVIDIA GPU. The tensor and
+Usage: `python -m bench --only gpu --gpu` (or `python -m bench.gpu`, the same rows as one script) on a machine with
+at least one NVIDIA GPU. The tensor and
 pipeline rows need two GPUs or more (one GPU per rank: NCCL refuses two ranks on one device); on a
 machine with fewer, and without CUDA, each row says what it needs instead of a figure. MFU counts the same
 FLOPs per token in every row (bench.common.preset_flops_per_token): a layout changes where they run, not
 how many there are. TP and PP rows run without torch.compile (the trainer refuses compile with either).
+Every data-parallel row sets its peak memory beside the plan-time estimate (gpu_train/spec/memory.py).
+
+The CPU-sized form (`python -m bench.gpu --cpu-sized`, or this section on a machine without CUDA): the same rows'
+code on the tiny preset in fp32 without compile, 20 steps, micro batch 8 and 32 under DDP beside the bare loop at
+the same batch, so the script is known to run before a GPU is lent; MFU and peak memory are n/a there.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,6 +32,9 @@ import torch
 
 from bench.common import Figure, preset_flops_per_token, ratio
 from bench.runs import ROOT, run_trainer, seconds_per_step, summary
+from gpu_train.spec import trainer_config as tcfg
+from gpu_train.spec.layout import resolve_layout
+from gpu_train.spec.memory import memory_per_gpu
 from trainer.flops import gpu_peak_flops, mfu
 
 FROM_STEP = 10
@@ -41,10 +51,16 @@ LAYOUTS = (
 )
 
 
-def run(quick: bool = False) -> list[Figure]:
-    if not torch.cuda.is_available():
-        why = "torch.cuda.is_available() is False here"
-        return [*(Figure("gpu", f"{preset} {parallel} bf16+compile, micro batch {micro} vs bare loop", None,
+# The CPU-sized form (module docstring).
+CPU_SIZED = (("tiny", 8, ("DDP",)), ("tiny", 32, ("DDP",)))
+
+
+def run(quick: bool = False, cpu_sized: bool = False) -> list[Figure]:
+    if cpu_sized or not torch.cuda.is_available():
+        why = "torch.cuda.is_available() is False here" if not torch.cuda.is_available() else "--cpu-sized"
+        cpu = _data_parallel(True, rows=CPU_SIZED, cuda=False)
+        return [*cpu,
+                *(Figure("gpu", f"{preset} {parallel} bf16+compile, micro batch {micro} vs bare loop", None,
                          "tokens/s/GPU", notes=f"needs a CUDA device ({why})")
                   for preset, micro, parallels in DATA_PARALLEL for parallel in parallels),
                 *(Figure("gpu", f"gpt2-350m {row} bf16 vs FSDP2", None, "tokens/s/GPU",
@@ -61,54 +77,71 @@ def _model_parallel(quick: bool, fsdp: Figure) -> list[Figure]:
                        notes=f"needs 2 GPUs or more, one per rank ({gpus}x {name} here)") for row, _ in LAYOUTS]
     peak, fpt, micro = gpu_peak_flops(name), preset_flops_per_token("gpt2-350m"), 8
     # The same global batch as the FSDP2 row; a pipeline runs it as micro batches of 8 per data-parallel rank.
-    common = _common(30 if quick else 60, micro, gpus)
-    return [_trainer_row(f"gpt2-350m {row} bf16 vs FSDP2", "gpt2-350m", [*common, *layout], micro, gpus, peak, fpt,
-                         fsdp.value, "FSDP2 bf16+compile, same GPUs", "") for row, layout in LAYOUTS]
+    common = [*_common(30 if quick else 60, micro, gpus, "gpt2-350m", True), "train.compile=false"]
+    return [_trainer_row(f"gpt2-350m {row} bf16 vs FSDP2", "gpt2-350m", [*common, *layout], micro * 1024, gpus, peak,
+                         fpt, fsdp.value, "FSDP2 bf16+compile, same GPUs", "") for row, layout in LAYOUTS]
 
 
-def _data_parallel(quick: bool) -> list[Figure]:
-    gpus = torch.cuda.device_count()
-    name = torch.cuda.get_device_name(0)
-    peak = gpu_peak_flops(name)
-    steps = 30 if quick else 60
+def _data_parallel(quick: bool, rows: tuple = DATA_PARALLEL, cuda: bool = True) -> list[Figure]:
+    gpus = torch.cuda.device_count() if cuda else 1
+    name = torch.cuda.get_device_name(0) if cuda else "CPU"
+    peak = gpu_peak_flops(name) if cuda else None
+    steps = 20 if not cuda else 30 if quick else 60
+    kind = "bf16+compile" if cuda else "fp32"
     figures = []
-    for preset, micro, parallels in DATA_PARALLEL:
+    for preset, micro, parallels in rows:
         # One optimizer step = one micro batch per GPU, so bare (1 GPU) and ours compare per GPU.
-        common = _common(steps, micro, gpus) + ["train.compile=true"]
+        common = _common(steps, micro, gpus, preset, cuda)
         fpt = preset_flops_per_token(preset)
+        context = tcfg.build_config(preset).model.context
         try:
-            bare_tps = _bare(preset, steps, micro, [*common, f"train.global_batch_tokens={micro * 1024}"])
+            bare_tps = _bare(preset, steps, micro * context,
+                             [*common, f"train.global_batch_tokens={micro * context}"])
         except subprocess.CalledProcessError as exc:
             bare_tps = None
             print(f"gpu: {preset} bare loop failed: {_last_line(exc.stderr)}", flush=True)
         for parallel in parallels:
-            row = f"{preset} {parallel} bf16+compile, micro batch {micro} vs bare loop"
+            row = f"{preset} {parallel} {kind}, micro batch {micro} vs bare loop"
             target = ">= 45% MFU" if preset == "gpt2-124m" else ""
-            figures.append(_trainer_row(row, preset, [*common, f"train.parallel={parallel.lower()}"], micro, gpus, peak, fpt,
-                                        bare_tps, f"bare loop, 1 GPU, micro batch {micro}", target))
+            overrides = [*common, f"train.parallel={parallel.lower()}"]
+            figures.append(_trainer_row(row, preset, overrides, micro * context, gpus, peak, fpt, bare_tps,
+                                        f"bare loop, 1 {'GPU' if cuda else 'process'}, micro batch {micro}", target,
+                                        estimate_gb=_estimate_gb(preset, overrides, gpus), device=name))
     return figures
 
 
-def _common(steps: int, micro: int, gpus: int) -> list[str]:
-    return [f"train.steps={steps}", f"train.micro_batch_size={micro}", "train.precision=bf16",
-            f"train.global_batch_tokens={micro * 1024 * gpus}", "checkpoint.every_steps=0", "metrics.log_every=10",
-            "train.deterministic=false"]
+def _common(steps: int, micro: int, gpus: int, preset: str, cuda: bool) -> list[str]:
+    context = tcfg.build_config(preset).model.context
+    return [f"train.steps={steps}", f"train.micro_batch_size={micro}",
+            f"train.precision={'bf16' if cuda else 'fp32'}", f"train.compile={'true' if cuda else 'false'}",
+            f"train.global_batch_tokens={micro * context * gpus}", "checkpoint.every_steps=0",
+            "metrics.log_every=10", "train.deterministic=false"]
 
 
-def _bare(preset: str, steps: int, micro: int, overrides: list[str]) -> float:
-    """Tokens/s of the bare loop (bench/bare.py) on one GPU, one micro batch of `micro` windows per step."""
+def _estimate_gb(preset: str, overrides: list[str], gpus: int) -> float:
+    """The plan-time memory estimate of one GPU for this run (gpu_train/spec/memory.py), in GB."""
+    cfg = tcfg.build_config(preset, None, overrides)
+    return memory_per_gpu(cfg, resolve_layout(cfg.train, gpus)).total / 1e9
+
+
+def _bare(preset: str, steps: int, tokens_per_step: int, overrides: list[str]) -> float:
+    """Tokens/s of the bare loop (bench/bare.py) on one device, one micro batch per step."""
+    # The trainer's workers run with OMP_NUM_THREADS=1 unless it is set (bench/runs.py); so does the bare loop.
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     out = subprocess.run([sys.executable, "-m", "bench.bare", "--preset", preset, "--steps", str(steps),
                           "--from-step", str(FROM_STEP), *overrides], cwd=ROOT, capture_output=True, text=True,
-                         check=True)
-    tps = micro * 1024 / json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_step"]
+                         check=True, env=env)
+    tps = tokens_per_step / json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_step"]
     print(f"gpu: {preset} bare loop: {tps:,.0f} tokens/s", flush=True)
     return tps
 
 
-def _trainer_row(row: str, preset: str, overrides: list[str], micro: int, gpus: int, peak: float | None, fpt: float,
-                 reference: float | None, reference_name: str, target: str) -> Figure:
-    """One trainer run under torchrun on this machine's GPUs, as a figure; a failed run is a row saying why."""
-    name = torch.cuda.get_device_name(0)
+def _trainer_row(row: str, preset: str, overrides: list[str], tokens: int, gpus: int, peak: float | None, fpt: float,
+                 reference: float | None, reference_name: str, target: str, *, estimate_gb: float | None = None,
+                 device: str | None = None) -> Figure:
+    """One trainer run under torchrun on this machine's GPUs (or one CPU process), as a figure; a failed run is a
+    row saying why. `tokens`: tokens per micro batch, one micro batch per step per rank."""
+    name = device or torch.cuda.get_device_name(0)
     logs = ROOT / "build" / "bench" / "gpu-logs"
     logs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,17 +153,36 @@ def _trainer_row(row: str, preset: str, overrides: list[str], micro: int, gpus: 
             print(f"gpu: {row}: failed: {_last_line(str(exc))}", flush=True)
             return Figure("gpu", row, None, "tokens/s/GPU", reference, reference_name, target=target,
                           notes=f"failed: {_last_line(str(exc))}")
-        tps_per_gpu = micro * 1024 * gpus / seconds_per_step(events, FROM_STEP) / gpus
+        tps_per_gpu = tokens * gpus / seconds_per_step(events, FROM_STEP) / gpus
         mem = summary(run_dir).get("peak_memory_gb")
     m = mfu(tps_per_gpu, fpt, peak, 1)
+    est = f", estimate {estimate_gb:.3g} GB" if estimate_gb is not None else ""
     print(f"gpu: {row}: {tps_per_gpu:,.0f} tokens/s/GPU, MFU {m if m is None else round(100 * m, 1)}%, "
-          f"peak memory {mem} GB", flush=True)
+          f"peak memory {mem} GB{est}", flush=True)
     return Figure("gpu", row, tps_per_gpu, "tokens/s/GPU", reference, reference_name, ratio(tps_per_gpu, reference),
                   target, (m is not None and m >= 0.45) if target else None,
-                  notes=f"MFU {100 * m:.1f}%, peak mem {mem:.1f} GB, {gpus}x {name}"
-                  if m is not None and mem is not None else f"{gpus}x {name}",
-                  extra={"mfu": m, "peak_memory_gb": mem,
+                  notes=f"MFU {100 * m:.1f}%, peak mem {mem:.1f} GB{est}, {gpus}x {name}"
+                  if m is not None and mem is not None else f"{gpus}x {name}{est}",
+                  extra={"mfu": m, "peak_memory_gb": mem, "estimate_gb": estimate_gb,
                          "reference_mfu": mfu(reference, fpt, peak, 1) if reference else None})
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from bench.__main__ import print_table
+
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpu-sized", action="store_true", help="the tiny preset on the CPU (module docstring)")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    figures = run(quick=args.quick, cpu_sized=args.cpu_sized)
+    print_table(figures)
+    return 0 if all(f.value is not None for f in figures if "needs a CUDA" not in f.notes) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 
 
 def _last_line(text: str) -> str:

@@ -31,8 +31,11 @@ Hugging Face layout); a byte-level model's token ids are the UTF-8 bytes, 256 be
 Hugging Face layout that tokenizer is written out as a ``tokenizer.json`` too (``byte_tokenizer_json``), so
 ``AutoTokenizer`` and the serving runtimes load every export alike.
 
-Checkpoints and exports written when attention had one fused query/key/value matrix (checkpoint format 2 and
-earlier) are read too: each ``attn.qkv.weight`` is split into ``attn.q``, ``attn.k`` and ``attn.v``.
+Exported weights hold attention's query, key and value as three matrices (``attn.q``, ``attn.k``, ``attn.v``),
+whatever the trainer's own layout (one matrix head by head, ``attn.wqkv``, checkpoint format 4). Every older
+layout is read too: checkpoint format 3 (three matrices), and checkpoints and exports written when attention had
+one fused matrix of query rows, then key rows, then value rows (checkpoint format 2 and earlier,
+``attn.qkv.weight``).
 
 Over 400 lines because it is the one place that reads models from every source (checkpoint, exported directory)
 and writes both layouts, each with its tokenizer: one mapping of weights and tokenizers for every export.
@@ -53,7 +56,7 @@ from typing import Any
 import torch
 
 from gpu_train.spec.trainer_config import ModelConfig
-from trainer.model import GPT
+from trainer.model import GPT, fuse_qkv, split_qkv
 
 FORMAT = "gpu-train-gpt"
 FORMAT_VERSION = 1
@@ -156,6 +159,7 @@ def to_hf_gpt2(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, to
     if problems:
         raise ExportError("not the GPT-2 architecture: " + "; ".join(problems))
     d = cfg.d_model
+    state = split_model_qkv(state, cfg.n_head)
 
     def t(name: str) -> torch.Tensor:
         return state[name].detach().t().contiguous()
@@ -224,9 +228,11 @@ def from_hf_gpt2(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, tor
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def own_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """This model's state dict for safetensors: the tied output embedding is stored once (as tok_emb)."""
-    return {k: v.detach().contiguous() for k, v in state.items() if k != "lm_head.weight"}
+def own_weights(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """This model's state dict for safetensors: the tied output embedding is stored once (as tok_emb), query, key
+    and value as three matrices."""
+    return {k: v.detach().contiguous() for k, v in split_model_qkv(state, cfg.n_head).items()
+            if k != "lm_head.weight"}
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -246,9 +252,34 @@ def split_fused_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+MODEL_QKV = "attn.wqkv.weight"  # the model's own (checkpoint format 4): one matrix, head by head
+
+
+def split_model_qkv(state: dict[str, torch.Tensor], n_head: int) -> dict[str, torch.Tensor]:
+    """Each `attn.wqkv.weight` as `attn.q.weight`, `attn.k.weight` and `attn.v.weight` (trainer.model.split_qkv)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if key.endswith(MODEL_QKV):
+            base = key[: -len("wqkv.weight")]
+            out.update(zip((f"{base}{w}.weight" for w in "qkv"), split_qkv(value, n_head), strict=True))
+        else:
+            out[key] = value
+    return out
+
+
+def fuse_model_qkv(state: dict[str, torch.Tensor], n_head: int) -> dict[str, torch.Tensor]:
+    """The inverse of `split_model_qkv`: each block's three matrices as its `attn.wqkv.weight`."""
+    out = {k: v for k, v in state.items() if not k.endswith(("attn.q.weight", "attn.k.weight", "attn.v.weight"))}
+    for key in state:
+        if key.endswith("attn.q.weight"):
+            base = key[: -len("q.weight")]
+            out[base + "wqkv.weight"] = fuse_qkv(*(state[f"{base}{w}.weight"] for w in "qkv"), n_head)
+    return out
+
+
 def _build(cfg: ModelConfig, state: dict[str, torch.Tensor], where: str) -> GPT:
     model = GPT(cfg)
-    state = split_fused_qkv(dict(state))
+    state = fuse_model_qkv(split_fused_qkv(dict(state)), cfg.n_head)
     state.setdefault("lm_head.weight", state.get("tok_emb.weight"))
     try:
         model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
@@ -347,7 +378,9 @@ def load_checkpoint(
     cfg = model_config_from(config.get("model", {}), f"{step_dir}/manifest.json 'config.model'")
     model = GPT(cfg)
     state = {"model": model.state_dict()}
-    if manifest.get("format", 0) < 3:  # written with one fused q/k/v matrix per block
+    if manifest.get("format", 0) < 4:  # written with three q/k/v matrices per block (format 3)
+        state["model"] = split_model_qkv(state["model"], cfg.n_head)
+    if manifest.get("format", 0) < 3:  # written with one fused q/k/v matrix of query rows, key rows, value rows
         fused = {k.replace("attn.q.weight", FUSED_QKV): torch.cat([v, v, v]) for k, v in state["model"].items()
                  if k.endswith("attn.q.weight")}
         state["model"] = {**{k: v for k, v in state["model"].items() if not k.endswith(("attn.q.weight",
@@ -359,7 +392,7 @@ def load_checkpoint(
             dcp.load(state, checkpoint_id=str(step_dir))
     except Exception as exc:  # DCP raises CheckpointException / RuntimeError with a long cause chain
         raise ExportError(f"{step_dir}: DCP could not load the model ({type(exc).__name__})") from exc
-    model.load_state_dict(split_fused_qkv(state["model"]))
+    model.load_state_dict(fuse_model_qkv(split_fused_qkv(state["model"]), cfg.n_head))
     model.eval()
     uri = data_uri or (config.get("data") or {}).get("uri") or "synthetic"
     endpoint = endpoint_url or (config.get("data") or {}).get("endpoint_url") or None
@@ -484,7 +517,7 @@ def write_model_dir(
         save_file(_cast(to_hf_gpt2(state, cfg), dtype), str(out / WEIGHTS), metadata={"format": "pt"})
         config = {**hf_gpt2_config(cfg, tokenizer.eot_id), "torch_dtype": dtype, "gpu_train": meta}
     else:
-        save_file(_cast(own_weights(state), dtype), str(out / WEIGHTS), metadata={"format": "pt"})
+        save_file(_cast(own_weights(state, cfg), dtype), str(out / WEIGHTS), metadata={"format": "pt"})
         config = {
             "format": FORMAT,
             "version": FORMAT_VERSION,

@@ -192,10 +192,8 @@ class StepClock:
     """Splits a step into this rank's compute and its wait for the slowest rank (module docstring: how)."""
 
     def __init__(self, device: Any) -> None:
-        import torch
-
         self._cuda = getattr(device, "type", "cpu") == "cuda"
-        self._events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self._cuda else []
+        self._events: list[Any] = []
         self._t: list[float | None] = [None, None, None]
 
     def _mark(self, i: int) -> None:
@@ -204,8 +202,14 @@ class StepClock:
             self._events[i].record()
 
     def start(self) -> None:
-        """Forward is about to start (the batch is on the device)."""
+        """Forward is about to start (the batch is on the device). New lists (and events) each step, so that a
+        copy taken after `synced()` (copy.copy) still splits its own step once the next one has started: the
+        trainer reads a step's split one step later, when its events have completed."""
         self._t = [None, None, None]
+        if self._cuda:
+            import torch
+
+            self._events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
         self._mark(0)
 
     def grads_ready(self) -> None:
@@ -217,7 +221,8 @@ class StepClock:
         self._mark(2)
 
     def split(self) -> tuple[float, float]:
-        """(forward/backward compute, collective wait) in seconds; call after the all-reduce's result was read."""
+        """(forward/backward compute, collective wait) in seconds; call once the all-reduce's result was read (on
+        CUDA its events must have completed)."""
         t0, t1, t2 = self._t
         if t0 is None or t2 is None:
             return 0.0, 0.0
@@ -278,8 +283,10 @@ class MetricsProcessor:
                 self.jsonl.write(record)
             return record
         tps = self.tokens_per_step / record["step_s"]
+        # "time": when the step ended, if the caller says (the trainer writes a step's record once the host has
+        # read its flags, up to one step later), else now.
         record = {"event": "step", "step": step, **record, "tokens_per_s": tps, "mfu": self.mfu(tps),
-                  "time": time.time()}
+                  "time": record.get("time", time.time())}
         self.prometheus.observe_step(
             step=step, loss=record["loss"], tokens=self.tokens_per_step, step_s=record["step_s"],
             data_wait_s=record["data_wait_s"], fwd_bwd_s=record["forward_backward_s"],

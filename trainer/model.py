@@ -11,17 +11,21 @@ F.scaled_dot_product_attention (which picks flash/memory-efficient kernels on GP
 tied, LayerNorm or RMSNorm, learned absolute positions or rotary embeddings (RoPE, https://arxiv.org/abs/2104.09864).
 
 What lets other code split the model without knowing its insides (trainer/parallelize.py, trainer/pipeline.py):
-- query, key and value are three projections (`attn.q`, `attn.k`, `attn.v`) and the head count is read from the
-  projection's output width, so a tensor-parallel rank that holds some heads' columns runs the same code;
+- query, key and value are one projection, `attn.wqkv`, whose rows go head by head (head 0's query, key and value
+  rows, then head 1's, ...; `fuse_qkv` / `split_qkv` convert from and to three d x d matrices), and the head
+  count is read from its output width: a tensor-parallel rank that holds a contiguous block of its rows holds
+  whole heads and runs the same code, so one matmul serves every layout and the parameter has one name;
 - `blocks` is a ModuleDict keyed by the block's index ("0", "1", ...): a pipeline stage that keeps some blocks
   keeps their names, so every parameter has the same name (`blocks.7.mlp.fc.weight`) in every layout;
-- `forward` is `embed`, `run_blocks`, `logits`, `loss`, each usable alone by a stage that holds part of the model.
+- `forward` is `embed`, `run_blocks`, `logits`, `loss`, each usable alone by a stage that holds part of the model
+  (or, with `loss_chunk_tokens` set, `embed`, `run_blocks` and `chunked_lm_loss`, which never builds the logits).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,21 +56,73 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_head: int) -> torch.Tensor:
+    """`attn.wqkv.weight` (3d x d, head by head) from separate query, key and value matrices (d x d each)."""
+    return torch.stack([w.reshape(n_head, -1, w.shape[-1]) for w in (q, k, v)], dim=1).reshape(-1, q.shape[-1])
+
+
+def split_qkv(wqkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of `fuse_qkv`: (query, key, value) matrices of `attn.wqkv.weight`."""
+    q, k, v = wqkv.reshape(n_head, 3, -1, wqkv.shape[-1]).unbind(1)
+    return q.reshape(-1, wqkv.shape[-1]), k.reshape(-1, wqkv.shape[-1]), v.reshape(-1, wqkv.shape[-1])
+
+
+class _ChunkedLMLoss(torch.autograd.Function):
+    """Mean cross entropy of the logits `h @ w.T` against `targets`, `chunk` rows at a time: each chunk's logits
+    exist only while its loss and its gradients (of h's rows and of w) are computed, in the forward pass; the
+    backward pass only scales them. The same FLOPs as the unchunked output layer and loss, without its (tokens x
+    vocabulary) logits in fp32 (3.3 GB for gpt2-124m at micro batch 16) or their gradient: the approach of Liger
+    Kernel's fused linear cross entropy (https://arxiv.org/abs/2410.10989), in plain PyTorch."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int,
+                dtype: torch.dtype) -> torch.Tensor:
+        n = h.shape[0]
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+        wc = w.to(dtype)
+        for i in range(0, n, chunk):
+            hc, y = h[i:i + chunk].to(dtype), targets[i:i + chunk]
+            logits = (hc @ wc.t()).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            loss += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+            # d(loss)/d(logits) of a mean cross entropy: (softmax - one-hot) / n.
+            g = logits.sub_(lse[:, None]).exp_()
+            g[torch.arange(g.shape[0], device=g.device), y] -= 1.0
+            g = g.div_(n).to(dtype)
+            grad_h[i:i + chunk] = g @ wc
+            grad_w += (g.t() @ hc).float()
+        ctx.save_for_backward(grad_h, grad_w.to(w.dtype))
+        return loss / n
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_out.to(grad_h.dtype), grad_w * grad_out.to(grad_w.dtype), None, None, None
+
+
+def chunked_lm_loss(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Mean next-token cross entropy (fp32) of the output layer `w` over hidden states `h` (..., d), `chunk` tokens
+    at a time (_ChunkedLMLoss); matmuls in the autocast dtype when autocast is on, as `nn.Linear` would run."""
+    device = h.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
+    return _ChunkedLMLoss.apply(h.flatten(0, -2), w, targets.flatten(), chunk, dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_head = cfg.n_head
         self.head_dim = cfg.d_model // cfg.n_head
-        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.v = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.wqkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)  # head by head (module docstring)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         b, t, _ = x.shape
-        # -1 heads: all of them, or this tensor-parallel rank's share (its columns of q, k and v).
-        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (self.q(x), self.k(x), self.v(x)))
+        # -1 heads: all of them, or this tensor-parallel rank's share (its rows of wqkv: whole heads).
+        q, k, v = (z.transpose(1, 2) for z in self.wqkv(x).view(b, t, -1, 3, self.head_dim).unbind(3))
         if rope is not None:
             cos, sin = rope[0][:t], rope[1][:t]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -117,6 +173,7 @@ class GPT(nn.Module):
                                  persistent=False)
             self.register_buffer("rope_sin", torch.empty_like(self.rope_cos), persistent=False)
         self.activation_checkpointing = False
+        self.loss_chunk_tokens = 0  # > 0: forward with targets computes the loss in chunks (chunked_lm_loss)
         self.init_buffers()
         self.reset_parameters()
 
@@ -185,6 +242,10 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logits = self.logits(self.run_blocks(self.embed(idx)))
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(logits, loss); with targets and loss_chunk_tokens > 0, (None, loss): the logits never exist whole."""
+        h = self.run_blocks(self.embed(idx))
+        if targets is not None and self.loss_chunk_tokens > 0:
+            return None, chunked_lm_loss(self.norm_f(h), self.lm_head.weight, targets, self.loss_chunk_tokens)
+        logits = self.logits(h)
         return logits, None if targets is None else self.loss(logits, targets)

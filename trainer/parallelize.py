@@ -7,7 +7,7 @@ Usage:
     dtype = resolve_dtype(cfg, env)                          # bf16 on CUDA by default, None = fp32
     model, runner = build_model(cfg, env, dtype)             # this rank's GPT (state dict names) and its StepRunner
     loss = runner.forward_backward(windows, micro_batches)   # a step's forward and backward passes
-    norm = runner.clip_grad_norm_(cfg.train.grad_clip)       # the global gradient norm, over every rank
+    norm = runner.clip_grad_norm_(cfg.train.grad_clip)       # the global gradient norm, a device tensor
     optimizer = build_optimizer(model, cfg, env.device)
     scheduler = build_scheduler(optimizer, cfg)              # linear warmup, then cosine to train.min_lr
     continue_schedule(optimizer, scheduler, cfg, step)       # after a resume: at `step` under cfg's settings
@@ -95,9 +95,10 @@ def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[G
         with torch.device(env.device):
             model = GPT(cfg.model)
         model.activation_checkpointing = cfg.train.activation_checkpointing
+        model.loss_chunk_tokens = cfg.train.loss_chunk_tokens
         wrapped = DDP(model, device_ids=[env.local_rank] if env.is_cuda else None)
         runner: StepRunner = StepRunner(layout, env, model, torch.compile(wrapped) if cfg.train.compile else wrapped,
-                                        autocast_dtype=dtype)
+                                        autocast_dtype=dtype, attention=cfg.train.attention)
     else:
         mesh = build_mesh(layout, env)
         with torch.device("meta"):
@@ -109,8 +110,11 @@ def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[G
         else:
             if layout.tp > 1:
                 tensor_parallel(model, mesh["tp"])
+            else:  # under tensor parallelism the loss is computed on vocabulary shards instead (trainer/runner.py)
+                model.loss_chunk_tokens = cfg.train.loss_chunk_tokens
             fully_shard_model([model], list(model.blocks.values()), dp_mesh(mesh, layout), dtype)
-            runner = StepRunner(layout, env, model, torch.compile(model) if cfg.train.compile else model, mesh=mesh)
+            runner = StepRunner(layout, env, model, torch.compile(model) if cfg.train.compile else model, mesh=mesh,
+                                attention=cfg.train.attention)
             model.to_empty(device=env.device)
             model.init_buffers()
         # Rank 0's full weights hold other stages' blocks too: each rank keeps its own (strict only without a pipeline).
@@ -124,7 +128,9 @@ def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[G
 
 # ---------------------------------------------------------------------------------------------- optimizer
 def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (norm gains/biases are not decayed)."""
+    """AdamW with weight decay on matrices only (norm gains/biases are not decayed), the fused kernel on every
+    device (CUDA and CPU): it alone takes `found_inf`, through which a step that must not be applied is skipped on
+    the device (trainer/step_flags.py), and it reads no step counter on the host. `device` is kept for callers."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [
@@ -132,7 +138,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -
         {"params": no_decay, "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(
-        groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2), fused=device.type == "cuda"
+        groups, lr=cfg.train.lr, betas=(cfg.train.beta1, cfg.train.beta2), fused=True
     )
 
 

@@ -6,7 +6,7 @@ Usage (trainer/parallelize.py's build_model builds it when train.pp > 1):
     loss = runner.forward_backward(windows, micro_batches)          # GPipe, 1F1B or interleaved 1F1B
 
 Stages are built torchtitan's way (torchtitan/distributed/pipeline_parallel.py): each rank keeps the GPT it was
-given, with only its own blocks (the ModuleDict keeps their indices, so `blocks.7.attn.q.weight` has that name in
+given, with only its own blocks (the ModuleDict keeps their indices, so `blocks.7.attn.wqkv.weight` has that name in
 every layout), the embeddings on the first stage, the final norm and output layer on the last. Each stage is a
 PipelineStageModule over those modules, the unit FSDP2 shards and torch's PipelineStage runs.
 
@@ -88,7 +88,7 @@ class PipelineRunner(StepRunner):
 
     def __init__(self, cfg: Config, layout: Layout, env: DistEnv, model: GPT, mesh: Any,
                  dtype: torch.dtype | None) -> None:
-        super().__init__(layout, env, model, model, mesh=mesh)
+        super().__init__(layout, env, model, model, mesh=mesh, attention=cfg.train.attention)
         t = cfg.train
         pp_mesh = mesh["pp"]
         self.pp_group, self.pp_rank = pp_mesh.get_group(), pp_mesh.get_local_rank()
@@ -162,13 +162,13 @@ class PipelineRunner(StepRunner):
         with torch.no_grad():
             dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.tied_group)
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """The global norm over every stage's gradients, the tied weight counted on the first stage only."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         tied = self._tied_weight()
         skip = {id(tied)} if tied is not None and self.last and not self.first else set()
-        norm = self._global_sq_norm(params, skip) ** 0.5
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(norm))
+        norm = self._global_sq_norm(params, skip).sqrt().float()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
         return norm
 
     # ------------------------------------------------------------------------------------------ evaluation

@@ -170,9 +170,11 @@ def compatibility_problem(cfg: Config, manifest: dict[str, Any], where: str, man
     rate schedule continues at the checkpoint's step under the new settings (trainer.parallelize.continue_schedule).
     """
     if manifest.get("format", 0) < FORMAT_VERSION:
-        return (f"checkpoint {where} is in format {manifest.get('format')} (one fused query/key/value matrix per "
-                f"block, optimizer state by group): this trainer writes and resumes format {FORMAT_VERSION}. Export "
-                "its weights (python -m trainer.export reads both) or start a new run directory")
+        layout = ("separate query, key and value matrices per block" if manifest.get("format") == 3 else
+                  "one fused query/key/value matrix per block, optimizer state by group")
+        return (f"checkpoint {where} is in format {manifest.get('format')} ({layout}): this trainer writes and "
+                f"resumes format {FORMAT_VERSION} (query, key and value in one matrix, head by head). Export its "
+                "weights (python -m trainer.export reads every format) or start a new run directory")
     ck_cfg = manifest.get("config") or {}
     ck_model = ck_cfg.get("model")
     mine = to_dict(cfg)

@@ -7,12 +7,12 @@ Usage (trainer/parallelize.py's build_model puts them together):
     fully_shard_model([model], blocks, dp_mesh(mesh, layout), dtype)    # FSDP2 per block, then the root
     runner = StepRunner(layout, env, model, model, mesh=mesh)
     loss = runner.forward_backward(windows, micro_batches)
-    norm = runner.clip_grad_norm_(cfg.train.grad_clip)   # the global gradient norm, over every rank
+    norm = runner.clip_grad_norm_(cfg.train.grad_clip)   # the global gradient norm (a device tensor)
 
 Tensor parallelism (Megatron-LM's split, https://arxiv.org/abs/1909.08053, with sequence parallelism,
-https://arxiv.org/abs/2205.05198) through torch.distributed.tensor.parallel: q, k, v and the MLP's first matrix are
-split by columns, each block's output projections by rows; norms and the residual stream are split along the
-sequence; the token embedding and the tied output layer are split along the vocabulary, and the loss is computed
+https://arxiv.org/abs/2205.05198) through torch.distributed.tensor.parallel: the fused query/key/value matrix (its
+rows head by head, trainer/model.py, so each rank gets whole heads) and the MLP's first matrix are split by columns,
+each block's output projections by rows; norms and the residual stream are split along the sequence; the token embedding and the tied output layer are split along the vocabulary, and the loss is computed
 on vocabulary shards (loss_parallel), so no rank ever holds a whole row of logits.
 
 The gradient norm under tensor or pipeline parallelism is summed by hand (one all-reduce of the squared local
@@ -40,6 +40,7 @@ from torch.distributed.tensor.parallel import (
     loss_parallel,
     parallelize_module,
 )
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpu_train.spec.layout import MESH_DIMS, Layout
 from trainer.distributed import DistEnv
@@ -87,7 +88,7 @@ def tensor_parallel(model: GPT, tp_mesh: Any) -> None:
         parallelize_module(block, tp_mesh, {
             "norm1": SequenceParallel(),
             "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-            "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.wqkv": ColwiseParallel(),  # rows head by head: each rank's block of rows holds whole heads
             "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
             "norm2": SequenceParallel(),
             "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
@@ -118,6 +119,19 @@ def fully_shard_model(roots: list[torch.nn.Module], blocks: list[torch.nn.Module
 
 
 # ---------------------------------------------------------------------------------------------- the step
+# F.scaled_dot_product_attention's kernels by train.attention.
+SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
+def sdpa_backends(name: str, device_type: str) -> list[SDPBackend] | None:
+    """The kernels train.attention=`name` allows, or None for torch's own choice: "auto", and any setting on a
+    device other than CUDA (a CPU has the math kernel and a fused one of its own, which torch picks itself)."""
+    if name == "auto" or device_type != "cuda":
+        return None
+    return [SDPA_BACKENDS[name]]
+
+
 def local_value(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's full value (a replicated scalar loss), or the tensor itself."""
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -131,8 +145,9 @@ class StepRunner:
     batch, in order."""
 
     def __init__(self, layout: Layout, env: DistEnv, model: GPT, wrapped: torch.nn.Module, *, mesh: Any = None,
-                 autocast_dtype: torch.dtype | None = None) -> None:
+                 autocast_dtype: torch.dtype | None = None, attention: str = "auto") -> None:
         self.layout, self.env, self.model, self.wrapped, self.mesh = layout, env, model, wrapped, mesh
+        self.attention = sdpa_backends(attention, env.device.type)
         self.autocast_dtype = autocast_dtype  # DDP only: FSDP2's mixed precision policy casts by itself
         tp, dp = layout.tp, layout.dp
         self.data_world = dp
@@ -148,8 +163,14 @@ class StepRunner:
         return contextlib.nullcontext()
 
     def loss_context(self) -> contextlib.AbstractContextManager[Any]:
-        """Around forward and backward: the loss over vocabulary shards under tensor parallelism."""
-        return loss_parallel() if self.layout.tp > 1 else contextlib.nullcontext()
+        """Around forward and backward: the attention kernels of train.attention, and the loss over vocabulary
+        shards under tensor parallelism."""
+        stack = contextlib.ExitStack()
+        if self.attention is not None:
+            stack.enter_context(sdpa_kernel(self.attention))
+        if self.layout.tp > 1:
+            stack.enter_context(loss_parallel())
+        return stack
 
     def grad_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         """Gradients are reduced across ranks on the last micro batch only (DDP's no_sync before it; FSDP2's
@@ -178,16 +199,18 @@ class StepRunner:
             loss_sum += local_value(loss.detach())
         return loss_sum
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip every gradient by the global norm (over all ranks' shards, once per parameter); returns it."""
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip every gradient by the global norm (over all ranks' shards, once per parameter); returns it, a
+        device tensor: nothing here waits for the device (no error_if_nonfinite, whose check reads the norm on the
+        host; a non-finite norm makes the step skipped instead, trainer/step_flags.py)."""
         if self.layout.tp == 1 and self.layout.pp == 1:  # DDP's plain tensors, or FSDP2's DTensors on one mesh
-            return float(local_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)))
+            return local_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True))
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = math.sqrt(self._global_sq_norm(params))
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, torch.tensor(norm))
+        norm = self._global_sq_norm(params).sqrt().float()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
         return norm
 
-    def _global_sq_norm(self, params: list[torch.nn.Parameter], skip: set[int] | None = None) -> float:
+    def _global_sq_norm(self, params: list[torch.nn.Parameter], skip: set[int] | None = None) -> torch.Tensor:
         """Sum of squared gradient entries over every rank, each entry once: a rank's local shard counts divided
         by how many ranks hold the same shard (its mesh dimensions that replicate it). One all-reduce."""
         total = torch.zeros((), dtype=torch.float64, device=self.env.device)
@@ -202,7 +225,7 @@ class StepRunner:
                 copies, local = self.layout.dp * self.layout.tp, g
             total += local.detach().double().pow(2).sum() / copies
         dist.all_reduce(total)
-        return float(total)
+        return total
 
     def window_losses(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         """Evaluation: each window's mean next-token loss (B,), or None on a rank that computes none."""

@@ -15,9 +15,14 @@ the library parts, and resumes from the newest checkpoint every rank can load (t
 repeats `train_step()` (data, `forward_backward_step()`, the step's all-reduce, the optimizer), evaluation,
 checkpoint and metrics until train.steps, SIGTERM, SIGINT or early stopping; `finish()` writes the outputs. The
 step's one all-reduce carries the loss and whether any rank got SIGTERM or SIGINT (and which), bad data or a
-storage failure, so every rank takes the same decision: stop after a synchronous checkpoint ("preempted", exit
-75, or 130 for Ctrl-C in one process), BadInput (bad data, or a non-finite loss or gradient norm: nothing is
+storage failure; whether the step is applied is decided on the device, and the host reads the flags one step later
+(trainer/step_flags.py; `settle()` reads them at once before an evaluation or a checkpoint), so every rank takes
+the same decision at the same point: stop after a synchronous checkpoint ("preempted", exit 75, or 130 for Ctrl-C
+in one process), BadInput (bad data, or a non-finite loss or gradient norm: the step was skipped and nothing is
 saved, since a restart would replay the same step) or TrainingFailed (a storage outage). docs/trainer.md.
+
+Over 400 lines because the step, the late reading of its flags and the loop that orders evaluations and
+checkpoints after that reading are one protocol, easier to check in one place.
 
 Step callbacks, `callback(trainer, point, step)` for the 0-based step being trained (none in production; tests
 inject a killed, hung or slow rank through them, tests/trainer/faults.py): "after_forward" (the last micro batch's
@@ -29,6 +34,7 @@ joined: the watchdog is in its "collective" phase and the other ranks wait in th
 from __future__ import annotations
 
 import contextlib
+import copy
 import faulthandler
 import logging
 import math
@@ -36,6 +42,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +79,26 @@ from trainer.budget import hold_for
 from trainer.errors import one_line
 from trainer.evaluate import EvalState, reduce_eval
 from trainer.export import TOKENIZER
-from trainer.metrics import batch_hash
+from trainer.metrics import StepClock, batch_hash
 from trainer.parallelize import build_model, build_optimizer, build_scheduler, resolve_dtype
 from trainer.preflight import check_inputs, checkpoint_dir_of, open_checked_dataset
 from trainer.resume import loop_state, resume
+from trainer.step_flags import PendingValues, StepFlags
 
 log = logging.getLogger("trainer")
+
+
+@dataclass
+class PendingStep:
+    """A step whose flags are on their way to the host, with what its record needs once they are read."""
+
+    step: int  # 1-based
+    values: PendingValues
+    fault: tuple[str, str] | None  # this rank's data failure in that step
+    clock: StepClock  # a copy taken after the step's all-reduce
+    optimizer_s: float
+    record: dict[str, Any] | None = None  # the step record, without the loss, until it is written
+    split: dict[str, float] = field(default_factory=dict)
 
 StepCallback = Callable[["Trainer", str, int], None]
 
@@ -105,6 +126,10 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.step, self.tokens_seen, self.loss_value, self.evals = 0, 0, math.nan, EvalState()  # resumed below
         self.first: tuple[int, float] | None = None  # (step, loss) of this launch's first step
         self.start_step, self.elapsed, self._reported_saves = 0, 0.0, 0
+        # The newest step whose flags the host has not read yet, and the last one it read (trainer/step_flags.py).
+        self.pending: PendingStep | None = None
+        self._settled: PendingStep | None = None
+        self.flags = StepFlags(env.device, env.world_size)
         self.run_key: str | None = None  # names this job's MLflow run in every checkpoint (trainer/run.py)
         self.exits = contextlib.ExitStack()  # everything opened so far, closed in reverse by close()
         try:
@@ -197,14 +222,19 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                 status = "preempted"  # stopped while held at its budget, the checkpoint of this step saved
                 break
             timings, stop = self.train_step()
+            every, evals = self.cfg.checkpoint.every_steps, self.cfg.eval.every_steps
+            evaluate = bool(evals) and (self.step % evals == 0 or self.step == t.steps)
+            save = stop or self.step == t.steps or bool(every and self.step % every == 0)
+            if evaluate or save:  # this step's flags first: a diverged step is never evaluated nor saved
+                self.settle()
+                stop = self.stop_signal is not None
             t_eval = time.perf_counter()
-            if self.cfg.eval.every_steps and (self.step % self.cfg.eval.every_steps == 0 or self.step == t.steps):
+            if evaluate:
                 self.evaluate()
             eval_s = time.perf_counter() - t_eval
             early = self.evals.exhausted(patience) and self.step < t.steps
             final = stop or early or self.step == t.steps
-            every = self.cfg.checkpoint.every_steps
-            ckpt_s = self.save_checkpoint(block=final) if final or (every and self.step % every == 0) else 0.0
+            ckpt_s = self.save_checkpoint(block=final) if final or save else 0.0
             self._log_step(timings, eval_s, ckpt_s)
             if stop:
                 status, saved = "preempted", self.checkpointer.saved
@@ -216,6 +246,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                 status = "stopped_early"
                 if self.env.rank == 0:
                     log.warning("early stopping at step %d: %s", self.step, self.evals.why_stopped(patience))
+        self.settle()
         self.watchdog.disarm()
         self.checkpointer.wait()
         self._report_saves()
@@ -249,8 +280,9 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         return [float(self.preemption.preempted()), float(self.preemption.signal_name == "SIGINT")]
 
     def train_step(self) -> tuple[dict[str, Any], bool]:
-        """One optimizer step on global batch self.step; returns (its timings, whether any rank got SIGTERM or
-        SIGINT: self.stop_signal says which)."""
+        """One optimizer step on global batch self.step, with no host read of a device tensor; returns (its
+        timings, whether the ranks agreed to stop: a stop signal any rank had by the previous step, whose flags the
+        host reads during this one; self.stop_signal says which)."""
         env, wd, step = self.env, self.watchdog, self.step
         wd.begin_step(step + 1)
         t0 = time.perf_counter()
@@ -260,47 +292,63 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.clock.start()
         loss_sum = self.forward_backward_step(windows)
         t_fb = time.perf_counter()
-        # One all-reduce: the mean loss, whether any rank got SIGTERM or SIGINT (and which), bad data or a storage
-        # failure.
         wd.phase("collective")
+        # The previous step's flags, copied to the host while this step's work was queued (trainer/step_flags.py):
+        # a diverged or bad previous step, skipped on the device, raises here; a stop signal ends after this step.
+        self.settle()
         for callback in self.step_callbacks:
             callback(self, "before_sync", step)
+        # One all-reduce: the loss, whether any rank got SIGTERM or SIGINT (and which), bad data or a storage failure.
         stop, sigint = self._stop_flags()
-        flags = torch.stack([loss_sum.float(), *(torch.tensor(float(x), device=env.device) for x in (
-            stop, fault is not None and fault[0] == "bad", fault is not None and fault[0] == "failed", sigint))])
-        dist.all_reduce(flags)
+        reduced = self.flags.reduce(loss_sum, stop=stop > 0, sigint=sigint > 0,
+                                    bad=fault is not None and fault[0] == "bad",
+                                    failed=fault is not None and fault[0] == "failed")
         self.clock.synced()
-        values = flags.tolist()  # one copy to the host; on CUDA it waits for the step's GPU work
         t_sync = time.perf_counter()
-        if values[2] > 0 or values[3] > 0:
-            raise_agreed(fault, env.world_size)
-        loss = values[0] / env.world_size
-        if not math.isfinite(loss):
-            raise BadInput(self._diverged(step + 1, f"loss {loss}"))
         wd.phase("optimizer")
-        if self.cfg.train.grad_clip > 0:
-            norm = self.runner.clip_grad_norm_(self.cfg.train.grad_clip)
-            if not math.isfinite(norm):
-                raise BadInput(self._diverged(step + 1, f"gradient norm {norm}"))
+        norm = self.runner.clip_grad_norm_(self.cfg.train.grad_clip) if self.cfg.train.grad_clip > 0 else None
+        # 1.0 leaves this step out on the device: parameters, moments and step counters unchanged.
+        self.optimizer.found_inf = self.flags.skip(reduced, norm)
         lr = self.optimizer.param_groups[0]["lr"]  # this step's learning rate (the scheduler moves on below)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         t_opt = time.perf_counter()
+        self.pending = PendingStep(step + 1, self.flags.send(reduced, norm), fault, copy.copy(self.clock),
+                                   t_opt - t_sync)
         wd.end_step(t_opt - t0)
-        self.step, self.loss_value = step + 1, loss
+        self.step = step + 1
         self.tokens_seen += self.cfg.train.global_batch_tokens
-        self.first = self.first or (step + 1, loss)
-        compute, wait = self.clock.split()
         timings = {"start": t0, "lr": lr, "data_wait_s": t_data - t0, "forward_backward_s": t_fb - t_data,
-                   "optimizer_s": t_opt - t_sync, "compute_s": compute + (t_opt - t_sync), "collective_wait_s": wait}
+                   "optimizer_s": t_opt - t_sync}
         if self.cfg.metrics.batch_hash:
             gathered: list[list[int] | None] = [None] * env.world_size
             dist.all_gather_object(gathered, indices)
             timings["batch_sha256"] = batch_hash([i for r in self.runner.data_ranks for i in gathered[r]])
-        if values[1] > 0:
-            self.stop_signal = "SIGINT" if values[4] > 0 else "SIGTERM"
-        return timings, values[1] > 0
+        return timings, self.stop_signal is not None
+
+    def settle(self) -> None:
+        """Read the newest step's flags now if the host has not yet (waiting for their copy only): a step is never
+        evaluated, checkpointed or logged before the host has seen that it was applied. Collective when a rank
+        had bad data or a storage failure in that step (every rank raises the same)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        values = pending.values.values()
+        if values.bad or values.failed:
+            raise_agreed(pending.fault, self.env.world_size)
+        what = values.diverged()
+        if what is not None:
+            raise BadInput(self._diverged(pending.step, what))
+        self.loss_value = values.loss
+        self.first = self.first or (pending.step, values.loss)
+        if values.stop:
+            self.stop_signal = "SIGINT" if values.sigint else "SIGTERM"
+        compute, wait = pending.clock.split()
+        pending.split = {"compute_s": compute + pending.optimizer_s, "collective_wait_s": wait}
+        self._settled = pending
+        if pending.record is not None:
+            self._write_step(pending)
 
     def forward_backward_step(self, windows: torch.Tensor) -> torch.Tensor:
         """Forward and backward over this rank's micro batches, gradients synced on the last one, through the
@@ -326,6 +374,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
 
     def evaluate(self) -> float:
         """Validation loss at self.step on every rank (the same value everywhere), recorded and logged."""
+        self.settle()
         cfg, env = self.cfg, self.env
         micro = cfg.eval.micro_batch_size or cfg.train.micro_batch_size
         t0 = time.perf_counter()
@@ -344,7 +393,9 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         return val_loss
 
     def save_checkpoint(self, *, block: bool) -> float:
-        """Checkpoint self.step (in the background unless `block`); returns the seconds training was blocked."""
+        """Checkpoint self.step (in the background unless `block`); returns the seconds training was blocked. Never
+        before the host has read that step's flags (settle): a skipped, diverged step is not saved."""
+        self.settle()
         with self.watchdog.allowance("checkpoint", self.cfg.watchdog.checkpoint_s):
             tok = self.tokenizer  # rank 0's; the checkpoint manager keeps rank 0's meta and files
             return self.checkpointer.save(
@@ -353,13 +404,24 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                 files={TOKENIZER: tok.json.encode()} if tok is not None and tok.json is not None else None)
 
     def _log_step(self, timings: dict[str, Any], eval_s: float, ckpt_s: float) -> None:
+        """The step record of self.step, written now if its flags were read, else once they are (its loss)."""
         self._report_saves()
         last_saved = self.checkpointer.last_success_unix
-        self.metrics.log(self.step, {
-            "loss": self.loss_value, "lr": timings.pop("lr"), "tokens": self.tokens_seen,
+        record = {
+            "lr": timings.pop("lr"), "tokens": self.tokens_seen,
             # A step runs from its data to the end of its checkpoint save, without an evaluation.
             "step_s": time.perf_counter() - timings.pop("start") - eval_s, **timings, "checkpoint_block_s": ckpt_s,
-            "checkpoint_age_s": time.time() - last_saved if last_saved else None})
+            "checkpoint_age_s": time.time() - last_saved if last_saved else None, "time": time.time()}
+        done = self.pending if self.pending is not None else self._settled
+        if done is None or done.step != self.step:
+            return
+        done.record = record
+        if done is self._settled:
+            self._write_step(done)
+
+    def _write_step(self, done: PendingStep) -> None:
+        self.metrics.log(done.step, {"loss": self.loss_value, **(done.record or {}), **done.split})
+        done.record = None
 
     def _report_saves(self) -> None:
         """Publish checkpoints that finished (in the background) since the last call."""

@@ -74,6 +74,12 @@ class TrainConfig:
     pp_stages_per_rank: int = 1  # interleaved_1f1b: stages each pipeline rank holds (2 or more)
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False  # torch.compile the model
+    # F.scaled_dot_product_attention's kernel on CUDA: auto = torch's choice (flash on an H100 in bf16, which
+    # measured fastest there, docs/performance.md); one name = that kernel alone. A CPU always takes torch's choice.
+    attention: Literal["auto", "flash", "cudnn", "efficient", "math"] = "auto"
+    # The output layer and the loss in chunks of this many tokens, so the (tokens x vocabulary) logits never exist
+    # whole (trainer/model.py, chunked_lm_loss); 0 = in one piece. Without tensor and pipeline parallelism only.
+    loss_chunk_tokens: int = 8192
     activation_checkpointing: bool = False  # recompute each block in backward to save memory
     deterministic: bool = True  # torch.use_deterministic_algorithms (warn-only on CUDA kernels without one)
     # A token budget ({"tokens": N}, file://, s3:// or gs://): train to N tokens, then hold there, checkpoint saved,
@@ -422,6 +428,7 @@ def _check_ranges(cfg: Config) -> None:
             raise ConfigError(f"{key} must be > 0 (got {value})")
     non_negative = {
         "train.warmup_steps": t.warmup_steps, "train.grad_clip": t.grad_clip,
+        "train.loss_chunk_tokens": t.loss_chunk_tokens,
         "train.min_lr": t.min_lr, "train.weight_decay": t.weight_decay,
         "checkpoint.every_steps": cfg.checkpoint.every_steps, "metrics.port": cfg.metrics.port,
         "data.prefetch_shards": cfg.data.prefetch_shards, "data.cache_max_bytes": cfg.data.cache_max_bytes,

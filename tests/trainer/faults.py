@@ -18,6 +18,15 @@ nothing if it exists, so that the restarted group trains on:
   (marker TRAINER_TEST_HANG_MARKER, default RUN_DIR/.test-hang-N; it records when the sleep began): a hung worker;
 - TRAINER_TEST_SLOW_RANK=R: rank R sleeps TRAINER_TEST_SLOW_S seconds (default 0.2) in every step, between the
   last micro batch's forward and backward passes: a straggler (no marker).
+- TRAINER_TEST_NAN_AT_STEP=N: in step N, after its backward passes, rank 0 makes one gradient NaN (a diverged
+  step) and saves the parameters and the optimizer state as they are then to RUN_DIR/.test-nan-before.pt, and
+  again once step N's optimizer step has run (in step N + 1, after its forward pass, before the host reads step N's
+  flags) to RUN_DIR/.test-nan-after.pt;
+- TRAINER_TEST_COUNT_HOST_READS=FILE: counts the calls that read a tensor's value on the host (Tensor.item,
+  tolist, cpu, __bool__, __float__, __int__) per 0-based step, a step counting from its first step callback to the
+  next step's, and writes {"start": reads before the first step's callback, "steps": {step: reads}} to FILE at
+  each step's first callback (so the counts of every step but the last are complete; the process ends with
+  os._exit, which runs no atexit hook).
 
 And one that is not a step callback:
 - TRAINER_TEST_UNREADABLE=DIR: from the start, this process sees DIR as a directory it may not read, as a
@@ -78,6 +87,57 @@ def slow(rank: int, seconds: float):
     return straggle
 
 
+def nan_at(step: int):
+    def snapshot(trainer: Any, name: str) -> None:
+        import torch
+
+        params = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+        torch.save({"params": params, "optimizer": trainer.optimizer.state_dict()}, trainer.run_dir / name)
+
+    def poison(trainer: Any, point: str, at: int) -> None:
+        if trainer.env.rank != 0:
+            return
+        if point == "before_sync" and at == step:
+            snapshot(trainer, ".test-nan-before.pt")
+            next(p for p in trainer.model.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
+        elif point == "after_forward" and at == step + 1:
+            snapshot(trainer, ".test-nan-after.pt")
+
+    return poison
+
+
+HOST_READS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
+
+
+def count_host_reads(path: str):
+    import torch
+
+    counts: dict[str, Any] = {"start": 0, "steps": {}}
+    where: list[int | None] = [None]
+
+    def counted(name: str):
+        original = getattr(torch.Tensor, name)
+
+        def read(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if where[0] is None:
+                counts["start"] += 1
+            else:
+                counts["steps"][where[0]] = counts["steps"].get(where[0], 0) + 1
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in HOST_READS:
+        setattr(torch.Tensor, name, counted(name))
+
+    def track(_trainer: Any, _point: str, at: int) -> None:
+        if where[0] is None or at > where[0]:
+            Path(path).write_text(json.dumps(counts))
+            where[0] = at
+            counts["steps"].setdefault(at, 0)
+
+    return track
+
+
 def deny(root: str) -> None:
     """Make `root` unreadable to this process (module docstring): os, io and builtins entry points that pathlib,
     shutil and torch.distributed.checkpoint use raise EACCES for it and for anything inside it."""
@@ -123,6 +183,10 @@ def callbacks(env: Mapping[str, str]) -> list[Any]:
                            float(env.get("TRAINER_TEST_HANG_S", "3600")), env.get("TRAINER_TEST_HANG_MARKER")))
     if "TRAINER_TEST_SLOW_RANK" in env:
         out.append(slow(int(env["TRAINER_TEST_SLOW_RANK"]), float(env.get("TRAINER_TEST_SLOW_S", "0.2"))))
+    if "TRAINER_TEST_NAN_AT_STEP" in env:
+        out.append(nan_at(int(env["TRAINER_TEST_NAN_AT_STEP"])))
+    if "TRAINER_TEST_COUNT_HOST_READS" in env:
+        out.append(count_host_reads(env["TRAINER_TEST_COUNT_HOST_READS"]))
     return out
 
 

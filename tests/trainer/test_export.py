@@ -22,9 +22,11 @@ from trainer.export import (
     ExportError,
     TokenizerSpec,
     from_hf_gpt2,
+    fuse_model_qkv,
     hf_gpt2_config,
     load_model_dir,
     newest_checkpoint,
+    split_model_qkv,
     to_hf_gpt2,
     write_model_dir,
 )
@@ -72,7 +74,11 @@ def test_conversion_round_trips_and_refuses_what_does_not_fit():
     cfg = ModelConfig()
     sd = _model(cfg).state_dict()
     back = from_hf_gpt2(to_hf_gpt2(sd, cfg), cfg)
-    assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
+    # Back in the exported layout (query, key and value as three matrices), which fuses to the model's exactly.
+    split = split_model_qkv(sd, cfg.n_head)
+    assert back.keys() == split.keys() and all(torch.equal(back[k], split[k]) for k in split)
+    fused = fuse_model_qkv(back, cfg.n_head)
+    assert fused.keys() == sd.keys() and all(torch.equal(fused[k], sd[k]) for k in sd)
     hf = to_hf_gpt2(sd, cfg)
     hf["transformer.h.1.mlp.c_fc.bias"][3] = 0.5
     with pytest.raises(ExportError, match="non-zero transformer.h.1.mlp.c_fc.bias"):
@@ -101,7 +107,8 @@ def test_other_architectures_export_as_safetensors_that_load_without_torch(tmp_p
                          timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
-    want = {k: list(v.shape) for k, v in m.state_dict().items() if k != "lm_head.weight"}
+    want = {k: list(v.shape) for k, v in split_model_qkv(m.state_dict(), cfg.n_head).items() if k != "lm_head.weight"}
+    assert "blocks.0.attn.q.weight" in want and "blocks.0.attn.wqkv.weight" not in want
     assert got["shapes"] == want
     assert got["emb0"] == pytest.approx(m.tok_emb.weight[0, :4].tolist())
     assert got["config"]["format"] == "gpu-train-gpt" and got["config"]["model"]["pos"] == "rope"

@@ -86,6 +86,7 @@ def test_cpu_run_lowers_loss_and_writes_outputs(tmp_path):
     # safetensors package and mapped back by hand, holds exactly the trained parameters.
     from safetensors.torch import load_file
 
+    from trainer.model import fuse_qkv
     from trainer.outputs import state_sha256
 
     hf_config = json.loads((run_dir / "model" / "config.json").read_text())
@@ -99,7 +100,8 @@ def test_cpu_run_lowers_loss_and_writes_outputs(tmp_path):
         h = f"transformer.h.{i}."
         ours.update({
             f"blocks.{i}.norm1.weight": hf[h + "ln_1.weight"], f"blocks.{i}.norm1.bias": hf[h + "ln_1.bias"],
-            **dict(zip((f"blocks.{i}.attn.{w}.weight" for w in "qkv"), hf[h + "attn.c_attn.weight"].t().chunk(3), strict=True)),
+            # GPT-2's c_attn holds the query, key and value side by side; ours, one matrix head by head.
+            f"blocks.{i}.attn.wqkv.weight": fuse_qkv(*hf[h + "attn.c_attn.weight"].t().chunk(3), n_head=2),
             f"blocks.{i}.attn.proj.weight": hf[h + "attn.c_proj.weight"].t(),
             f"blocks.{i}.norm2.weight": hf[h + "ln_2.weight"], f"blocks.{i}.norm2.bias": hf[h + "ln_2.bias"],
             f"blocks.{i}.mlp.fc.weight": hf[h + "mlp.c_fc.weight"].t(),

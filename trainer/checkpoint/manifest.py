@@ -31,7 +31,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 3
+# 4: attention's query, key and value in one matrix, head by head (`attn.wqkv.weight`, trainer/model.py); 3: three
+# matrices (`attn.q`, `attn.k`, `attn.v`); 2 and earlier: one matrix, query rows then key rows then value rows.
+FORMAT_VERSION = 4
 STEP_RE = re.compile(r"^step_(\d{9})$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
