@@ -25,6 +25,9 @@ The metric names are fixed (dashboards and alerts use them). Each rank is a sepa
 adds job/pod/instance; only the per-rank straggler gauges (`trainer_rank_*`) carry a label of their own,
 `rank` (the global rank), so that a rule can compare ranks of one job across pods and restarts.
 
+Over 400 lines because the processor, its sinks and the step clock share one record format and one set of metric
+names; split, each piece would re-declare them.
+
 Straggler signals (`StepClock`): per step and rank, `compute` is this rank's own forward/backward and optimizer
 work and `collective wait` the time it then spent blocked until the slowest rank caught up. The step's
 synchronising collectives are DDP's gradient all-reduce, which completes at the end of the last micro batch's

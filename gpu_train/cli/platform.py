@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.client.cluster import ClientError
-from gpu_train.install import install_hint
+from gpu_train.spec.install import install_hint
 
 
 def add_parser(sub: Any) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from gpu_train.client.cluster import ClientError
-from gpu_train.install import install_hint
 from gpu_train.spec import yamlfile
+from gpu_train.spec.install import install_hint
 
 SERVE_EXTRA = install_hint("serve")
 LOCAL_EXTRA = install_hint("serve-local")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.client.cluster import ClientError
-from gpu_train.install import install_hint
+from gpu_train.spec.install import install_hint
 from gpu_train.sweeps.journal import CONTROLLER_PID
 
 DEFAULT_SOURCE = "the embedded default sweep"

@@ -33,11 +33,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from gpu_train.client.cluster import ClientError
-from gpu_train.install import install_hint
 from gpu_train.jobs.launch import Site, bundled_settings, launch_env, local_command, nccl_env, rendezvous_env
+from gpu_train.spec import naming
 from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.install import install_hint
 from gpu_train.spec.job import JobSpec, NodeRange, job_problems, read_job, trainer_settings
 from gpu_train.spec.values import as_uri
 
@@ -107,18 +109,13 @@ def local_dataset_problem(uri: str) -> str | None:
     object store (whose manifest the launcher waits for, TRAINER_DATA_WAIT_S)."""
     if not uri.startswith("file://"):
         return None
-    from gpu_train.storage import StorageError, open_store
-    from trainer.data.shards import split_manifest_uri
-
-    root, key = split_manifest_uri(uri)
-    try:
-        store = open_store(root)
-        found = store.exists(key)
-    except StorageError as exc:
-        return f"{uri}: {exc}"
-    if not found:
-        return (f"{uri}: no dataset manifest at {store.url_of(key)}; prepare one there first: "
-                f"python -m trainer.data prepare ... --out {root}")
+    # The client imports neither the trainer nor the storage layer: a file:// dataset is a manifest file, or a
+    # folder holding the manifest under the name the trainer reads (naming.DATASET_MANIFEST).
+    path = Path(unquote(urlsplit(uri).path))
+    manifest = path if path.suffix == ".json" else path / naming.DATASET_MANIFEST
+    if not manifest.is_file():
+        return (f"{uri}: no dataset manifest at {manifest}; prepare one there first: "
+                f"python -m trainer.data prepare ... --out file://{manifest.parent}")
     return None
 
 

@@ -53,6 +53,8 @@ KARPENTER_SERVICE_ACCOUNT = "karpenter"
 EBS_CSI_NAMESPACE = "kube-system"
 EBS_CSI_SERVICE_ACCOUNT = "ebs-csi-controller-sa"
 TEAM_LABEL = "gpu-train.io/team"
+# The file a prepared dataset's folder holds its manifest in (trainer/data/manifest.py; `run --local` checks it).
+DATASET_MANIFEST = "manifest.json"
 METRICS_PORT = 9400  # trainer Prometheus port (TRAINER_METRICS_PORT); local rank r uses METRICS_PORT + r
 # The trainer image's numeric user and group (trainer/Dockerfile): training pods run as it, and the NVMe
 # DaemonSet hands each team's node directory to it.

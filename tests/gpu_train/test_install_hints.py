@@ -1,4 +1,4 @@
-"""Every install command the project gives works from the checkout: the hints of gpu_train.install name extras
+"""Every install command the project gives works from the checkout: the hints of gpu_train.spec.install name extras
 pyproject.toml has, and README.md and docs/*.md install only this project's extras (`pip install ".[x]"`, `-e
 ".[x]"`) or pinned packages, never a distribution named after the project, which no index publishes.
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_train.install import EXTRAS, install_hint
+from gpu_train.spec.install import EXTRAS, install_hint
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -34,11 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from gpu_train.spec.naming import DATASET_MANIFEST
 from trainer.data.errors import ManifestError
 
 FORMAT = "gpu-train-token-shards"
 VERSION = 1
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = DATASET_MANIFEST
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}

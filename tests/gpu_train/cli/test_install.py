@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_train.install import install_hint
+from gpu_train.spec.install import install_hint
 from tests.gpu_train.cli.conftest import contract_doc, spec
 
 ROOT = Path(__file__).resolve().parents[3]

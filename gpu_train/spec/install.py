@@ -1,7 +1,7 @@
 """What to install for a part of gpu-train: the one place a hint (`pip install ".[serve-local]"`) is formatted.
 
 Usage:
-    from gpu_train.install import install_hint
+    from gpu_train.spec.install import install_hint
     raise ClientError(f"`gpu-train serve --local` needs torch: {install_hint('serve-local')}")
 
 gpu-train is installed from its checkout, not from a package index (no distribution of that name is published),
