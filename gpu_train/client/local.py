@@ -114,7 +114,7 @@ def local_dataset_problem(uri: str) -> str | None:
     path = Path(unquote(urlsplit(uri).path))
     manifest = path if path.suffix == ".json" else path / naming.DATASET_MANIFEST
     if not manifest.is_file():
-        return (f"{uri}: no dataset manifest at {manifest}; prepare one there first: "
+        return (f"{uri}: no dataset manifest at {manifest.as_uri()}; prepare one there first: "
                 f"python -m trainer.data prepare ... --out file://{manifest.parent}")
     return None
 
