@@ -24,11 +24,13 @@ import base64
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -46,13 +48,31 @@ HERE = ROOT / "tools" / "cluster"
 BIN = ROOT / "build" / "cluster" / "bin"
 RUN = ROOT / "build" / "cluster" / "run"
 READY_TIMEOUT_S = 180
+START_ATTEMPTS = 3
 SERVICE_CIDR = "10.96.0.0/16"
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range: a port from that range, once released, can be taken by
+    any outgoing connection (the API server's own to etcd) before the component that was to listen on it starts."""
+    low = _ephemeral_range()[0]
+    for _ in range(200):
+        port = random.randint(max(1024, low - 12000), low - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 below {low}")
 
 
 def build() -> None:
@@ -96,7 +116,7 @@ class Plane:
 
     # -- life cycle ----------------------------------------------------------------------------------------
     @classmethod
-    def start(cls, run: Path = RUN, *, controllers: bool = True) -> Plane:
+    def start(cls, run: Path = RUN, *, controllers: bool = True, attempt: int = 1) -> Plane:
         """Start a plane in `run`. `controllers=False` starts only etcd and the API server, as envtest does: enough
         for admission, schemas and RBAC, with nothing acting on what is stored."""
         build()
@@ -113,6 +133,13 @@ class Plane:
         plane = cls(run=run, server=f"https://127.0.0.1:{ports['apiserver']}")
         try:
             plane._start(ports, controllers)
+        except RuntimeError as exc:
+            plane.stop(keep=True)
+            if "address already in use" not in str(exc) or attempt >= START_ATTEMPTS:
+                raise
+            print(f"local control plane: a port was taken while starting ({str(exc).splitlines()[0]}); "
+                  f"starting again on other ports (attempt {attempt + 1} of {START_ATTEMPTS})", file=sys.stderr)
+            return cls.start(run, controllers=controllers, attempt=attempt + 1)
         except BaseException:
             plane.stop(keep=True)
             raise
