@@ -234,6 +234,7 @@ def test_apply_dry_run_with_a_platform_file_compares_with_the_cluster(platform, 
     repo = tmp_path / "repo"
     (repo / "jobs" / "research").mkdir(parents=True)
     spec = job_spec(repo / "jobs" / "research", name="gitjob", nodes="1:1")
+    job_spec(repo / "jobs" / "research", name="keeper", nodes="1:1")
     for args in (["init", "-q"], ["config", "user.email", "ci@example.com"], ["config", "user.name", "ci"],
                  ["add", "-A"], ["commit", "-q", "-m", "gitjob"]):
         subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
@@ -241,15 +242,15 @@ def test_apply_dry_run_with_a_platform_file_compares_with_the_cluster(platform, 
     alice = platform.kubeconfigs["alice"]
     code, out, err = cli("apply", jobs, "--dry-run", "--platform", contract, "--kubeconfig", alice)
     assert code == 0, err
-    assert "create     research/gitjob" in out and not err
+    assert "create     research/gitjob" in out and "create     research/keeper" in out and not err
     assert cli("apply", jobs, "--kubeconfig", alice)[0] == 0
     code, out, err = cli("apply", jobs, "--dry-run", "--platform", contract, "--kubeconfig", alice)
     assert code == 0, err
-    assert "unchanged  research/gitjob" in out
+    assert "unchanged  research/gitjob" in out and "unchanged  research/keeper" in out
     spec.unlink()
     subprocess.run(["git", "commit", "-qam", "gone"], cwd=repo, check=True, capture_output=True)
     code, out, err = cli("apply", jobs, "--dry-run", "--prune", "--platform", contract, "--kubeconfig", alice)
-    assert "cancel     research/gitjob" in out, out + err
-    # No kubeconfig at all: it says that it did not look.
+    assert "cancel     research/gitjob" in out and "unchanged  research/keeper" in out, out + err
+    # No kubeconfig at all: it says that it did not look, and every job shows as create.
     code, out, err = cli("apply", jobs, "--dry-run", "--platform", contract)
-    assert code == 0 and "not compared with a cluster" in err
+    assert code == 0 and "not compared with a cluster" in err and "create     research/keeper" in out
