@@ -75,3 +75,13 @@ def test_kueue_reports_every_cluster_queue_active(platform):
             c["type"] == "Active" and c["status"] == "True" for c in
             (platform.get("kueue.x-k8s.io/v1beta2", "LocalQueue", name, ns).get("status") or {}).get(
                 "conditions", [])))
+
+
+def test_kueues_conversion_webhook_serves_the_older_api(platform):
+    """The ClusterQueues are stored as v1beta2; reading them as v1beta1 goes through Kueue's conversion webhook on
+    loopback."""
+    for cq in (o for o in platform.stored if o["kind"] == "ClusterQueue"):
+        old = platform.get("kueue.x-k8s.io/v1beta1", "ClusterQueue", cq["metadata"]["name"])
+        assert old["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+        assert old["spec"]["resourceGroups"][0]["flavors"][0]["name"] == \
+            cq["spec"]["resourceGroups"][0]["flavors"][0]["name"]

@@ -254,3 +254,35 @@ def test_apply_dry_run_with_a_platform_file_compares_with_the_cluster(platform, 
     # No kubeconfig at all: it says that it did not look, and every job shows as create.
     code, out, err = cli("apply", jobs, "--dry-run", "--platform", contract)
     assert code == 0 and "not compared with a cluster" in err and "create     research/keeper" in out
+
+
+def _fail(platform, pod, exit_code: int) -> None:
+    """kwok's chaos stage ends the pod's containers with this exit code (tools/cluster/controllers.py)."""
+    from tools.cluster.controllers import FAIL_EXIT_CODE, FAIL_LABEL
+
+    platform.core().patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, {"metadata": {
+        "labels": {FAIL_LABEL: "true"}, "annotations": {FAIL_EXIT_CODE: str(exit_code)}}})
+
+
+def test_bad_input_exit_2_fails_the_jobset_at_once(platform, cli, tmp_path, clean):
+    """docs/deploy-job.md: exit code 2 (bad input) fails the Job at once (podFailurePolicy FailJob) and so the
+    JobSet (failurePolicy on reason PodFailurePolicy), with no restart."""
+    assert submit(cli, platform, tmp_path, name="badinput", nodes="2:2")[0] == 0
+    pods = wait_for("both pods Running", lambda: len(running_pods(platform, "badinput")) == 2 and
+                    running_pods(platform, "badinput"))
+    _fail(platform, pods[0], 2)
+    js = wait_for("the JobSet Failed", lambda: condition(platform.get(*JOBSET, "badinput", NS), "Failed"))
+    assert js["status"] == "True"
+    assert (platform.get(*JOBSET, "badinput", NS).get("status") or {}).get("restarts", 0) == 0
+    code, out, err = cli("status", "badinput", "--kubeconfig", platform.kubeconfigs["alice"])
+    assert code == 0 and "job badinput in team-research: Failed" in out, out + err
+
+
+def test_any_other_failure_is_retried_by_the_job(platform, cli, tmp_path, clean):
+    """Exit code 1 counts against the worker Job's backoffLimit: the Job replaces the pod under the same index."""
+    assert submit(cli, platform, tmp_path, name="flaky", nodes="1:1")[0] == 0
+    (pod,) = wait_for("the pod Running", lambda: running_pods(platform, "flaky"))
+    _fail(platform, pod, 1)
+    wait_for("a new pod for index 0", lambda: [p for p in running_pods(platform, "flaky")
+                                               if p.metadata.uid != pod.metadata.uid])
+    assert condition(platform.get(*JOBSET, "flaky", NS), "Failed") is None
