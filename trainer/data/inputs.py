@@ -55,6 +55,8 @@ class PrepareStats:
     excluded: int = 0
     documents: dict[str, int] = field(default_factory=lambda: {"train": 0, "val": 0})
     reused: bool = False  # --out already held this dataset (same inputs and settings)
+    tasks: int = 0  # the job's task count
+    tasks_run: int = 0  # tasks this run ran (the others had committed in an earlier run)
 
 
 def format_of(path: Path) -> str:
@@ -150,8 +152,8 @@ def _line_ranges(path: Path, size: int, part: int) -> list[tuple[int, int]]:
 
 def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareStats,
                say: Callable[[str], None] | None = None) -> list[Task]:
-    """The tasks of the files, in order; a binary or empty text file is skipped and counted (a binary one with a
-    line through `say`, else the log)."""
+    """The tasks of the files, in order; a binary or empty text file is skipped and counted, with a line through
+    `say` (else the log)."""
     tasks: list[Task] = []
     for f in files:
         stats.files += 1
@@ -166,7 +168,10 @@ def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareS
                 raise DataError(f"{f.path}: not a readable Parquet file ({exc})") from exc
             tasks += [Task(str(f.path), "parquet", g, g + 1) for g in range(groups)]
         elif f.fmt == "jsonl":
-            if f.path.name.lower().endswith(".gz"):
+            if size == 0:
+                stats.skipped_empty += 1
+                (say or logging.getLogger("trainer.data").info)(f"skipped {f.path}: empty")
+            elif f.path.name.lower().endswith(".gz"):
                 tasks.append(Task(str(f.path), "jsonl", 0, size))
             else:
                 tasks += [
@@ -185,6 +190,11 @@ def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareS
                 continue
             if size == 0:
                 stats.skipped_empty += 1
+                why = f"skipped {f.path}: empty"
+                if say is not None:
+                    say(why)
+                else:
+                    logging.getLogger("trainer.data").info("%s", why)
                 continue
             tasks += [
                 Task(str(f.path), "text", lo, hi) for lo, hi in _line_ranges(f.path, size, TEXT_PIECE_BYTES)
