@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -128,6 +129,7 @@ class SparkEngine:
         if spark is None:
             if not self.master:
                 raise DataError("--engine spark needs --master (local[N], spark://host:7077, yarn, k8s://...)")
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the workers run this interpreter
             spark = (SparkSession.builder.master(self.master).appName("gpu-train prepare")
                      .config("spark.task.maxFailures", "1").config("spark.pyspark.python", sys.executable)
                      .config("spark.ui.enabled", "false").getOrCreate())  # fmt: skip
@@ -138,8 +140,8 @@ class SparkEngine:
             try:
                 results = rdd.map(lambda i: attempt(plan.value, i, out_uri, endpoint_url)).collect()
             except Exception as exc:  # noqa: BLE001 (py4j's error: a worker died; every task of the job is redone)
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                results = [_died(i, first[:300]) for i in indices]
+                lines = [line.strip() for line in str(exc).splitlines() if re.match(r"\s*\w+(Error|Exception): ", line)]
+                results = [_died(i, (lines[-1] if lines else type(exc).__name__)[:300]) for i in indices]
             yield from results
         finally:
             if started:

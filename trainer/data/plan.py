@@ -180,7 +180,7 @@ def task_bounds(weights: Sequence[int], tasks: int) -> tuple[int, ...]:
     bounds, seen, u = [0], 0, 0
     for i in range(1, tasks):
         goal = total * i // tasks
-        while u < len(weights) and seen + weights[u] <= goal and seen < goal:
+        while u < len(weights) and seen < goal:
             seen += weights[u]
             u += 1
         bounds.append(u)
