@@ -35,6 +35,11 @@ def _died(index: int, why: str) -> Outcome:
     return {"index": index, "ok": False, "error": f"the worker running it died ({why})", "retryable": True}
 
 
+def _adopt_env(env: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+
+
 class LocalEngine:
     """Worker processes on this machine (a fork server, so each starts from a clean, already-imported parent).
     One worker runs the tasks in this process."""
@@ -51,7 +56,10 @@ class LocalEngine:
             return
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["trainer.data.tasks"])
-        pool = ProcessPoolExecutor(min(self.workers, len(indices)), mp_context=ctx)
+        # The fork server keeps the environment of its start; each worker takes the driver's as it is now
+        # (credentials, endpoints).
+        pool = ProcessPoolExecutor(min(self.workers, len(indices)), mp_context=ctx, initializer=_adopt_env,
+                                   initargs=(dict(os.environ),))
         try:
             pending = {pool.submit(attempt, plan_json, i, out_uri, endpoint_url): i for i in indices}
             while pending:
