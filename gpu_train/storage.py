@@ -507,6 +507,23 @@ class S3Store:
 
         return self._call(prefix, "LIST", run)
 
+    def list_objects(self, prefix: str = "") -> list[tuple[str, int, str]]:
+        """(key, size, etag) of the objects under ``prefix``, sorted by key (one LIST, no HEADs)."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        op = "list_objects" if self.scheme == "gs" else "list_objects_v2"
+
+        def run() -> list[tuple[str, int, str]]:
+            pages = self.client.get_paginator(op).paginate(Bucket=self.bucket, Prefix=base + prefix)
+            return sorted((o["Key"][len(base) :], int(o["Size"]), str(o["ETag"]).strip('"'))
+                          for page in pages for o in page.get("Contents", []))  # fmt: skip
+
+        return self._call(prefix, "LIST", run)
+
+    def etag(self, key: str) -> str:
+        """The object's ETag (its content's identity: a changed object gets another one)."""
+        head = self._call(key, "HEAD", lambda: self.client.head_object(Bucket=self.bucket, Key=self.key_of(key)))
+        return str(head["ETag"]).strip('"')
+
     def exists(self, key: str) -> bool:
         try:
             self._call(key, "HEAD", lambda: self.client.head_object(Bucket=self.bucket, Key=self.key_of(key)))

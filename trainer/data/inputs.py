@@ -202,32 +202,35 @@ def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareS
     return tasks
 
 
-def _read_range(path: str, start: int, end: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(start)
-        return f.read(end - start)
-
-
-def _jsonl_error(task: Task, line_in_part: int, msg: str) -> DataError:
+def _jsonl_error(task: Task, line_in_part: int, msg: str, read: Callable[[int, int | None], bytes]) -> DataError:
     line = line_in_part
     if task.start:  # count the lines before this part only when reporting an error
-        line += _read_range(task.path, 0, task.start).count(b"\n")
+        line += read(0, task.start).count(b"\n")
     return DataError(f"{task.path}:{line}: {msg}")
 
 
-def read_documents(task: Task, text_field: str = "text") -> list[bytes]:
-    """The documents of one task, as UTF-8 bytes; malformed input raises DataError naming file and line."""
+def read_documents(task: Task, text_field: str = "text", *, read: Callable[[int, int | None], bytes] | None = None,
+                   parquet: Callable[[], Any] | None = None) -> list[bytes]:
+    """The documents of one task, as UTF-8 bytes; malformed input raises DataError naming file and line. ``read``
+    (bytes [start, end) of the task's file, None: to its end) and ``parquet`` (its pyarrow ParquetFile) read from
+    somewhere else than the local file system (trainer/data/remote.py)."""
+
+    def local(start: int, end: int | None) -> bytes:
+        with open(task.path, "rb") as f:
+            f.seek(start)
+            return f.read() if end is None else f.read(end - start)
+
+    read = read or local
     if task.fmt == "text":
-        return [_read_range(task.path, task.start, task.end)]
+        return [read(task.start, task.end)]
     if task.fmt == "jsonl":
         if task.path.lower().endswith(".gz"):
             try:
-                with gzip.open(task.path, "rb") as f:
-                    raw = f.read()
+                raw = gzip.decompress(read(0, None))
             except (OSError, EOFError) as exc:
                 raise DataError(f"{task.path}: not a readable gzip file ({exc})") from exc
         else:
-            raw = _read_range(task.path, task.start, task.end)
+            raw = read(task.start, task.end)
         docs = []
         for n, line in enumerate(raw.splitlines(), start=1):
             if not line.strip():
@@ -235,19 +238,19 @@ def read_documents(task: Task, text_field: str = "text") -> list[bytes]:
             try:
                 obj = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise _jsonl_error(task, n, f"not a JSON object ({exc})") from exc
+                raise _jsonl_error(task, n, f"not a JSON object ({exc})", read) from exc
             if not isinstance(obj, dict) or text_field not in obj:
-                raise _jsonl_error(task, n, f"expected a JSON object with a string {text_field!r} field")
+                raise _jsonl_error(task, n, f"expected a JSON object with a string {text_field!r} field", read)
             text = obj[text_field]
             if not isinstance(text, str):
-                raise _jsonl_error(task, n, f"{text_field!r} must be a string (got {type(text).__name__})")
+                raise _jsonl_error(task, n, f"{text_field!r} must be a string (got {type(text).__name__})", read)
             docs.append(text.encode("utf-8"))
         return docs
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(task.path)
+        pf = parquet() if parquet is not None else pq.ParquetFile(task.path)
     except (OSError, pa.ArrowException) as exc:
         raise DataError(f"{task.path}: not a readable Parquet file ({exc})") from exc
     if text_field not in pf.schema_arrow.names:

@@ -3,7 +3,7 @@ and tokenizer. Every task's output is a pure function of the plan and the task's
 
 Use::
 
-    inputs = describe_inputs(files)                              # path, size, sha256 of each input, in order
+    inputs = describe_inputs(files)                              # path, size, content hash of each input, in order
     units = plan_units(files, inputs, skip_binary=True, stats=stats)
     plan = Plan(settings=..., inputs=inputs, units=units, bounds=task_bounds(units, weights, 16), tokenizer=None)
     plan = plan.with_tokenizer({...})                            # once the tokenizer is fixed (trained or loaded)
@@ -52,11 +52,12 @@ def commit_key(index: int) -> str:
 
 @dataclass(frozen=True)
 class InputRef:
-    """One input object as the plan pins it: where, how big, and its content (sha256 of the bytes)."""
+    """One input as the plan pins it: where (an absolute path, or an s3:// / gs:// URI), how big, and its content:
+    ``sha256:<hex>`` of a local file's bytes, or ``etag:<etag>`` of an object (checked again before a task reads it)."""
 
     path: str
     size: int
-    sha256: str
+    content: str
     fmt: str
 
 
@@ -88,7 +89,7 @@ class Plan:
     def to_dict(self, *, with_tokenizer: bool = True) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "format": FORMAT, "version": VERSION, "tasks": self.tasks, "settings": self.settings,
-            "inputs": [{"path": r.path, "size": r.size, "sha256": r.sha256, "format": r.fmt} for r in self.inputs],
+            "inputs": [{"path": r.path, "size": r.size, "content": r.content, "format": r.fmt} for r in self.inputs],
             "units": [list(u) for u in self.units], "bounds": list(self.bounds),
         }  # fmt: skip
         if with_tokenizer:
@@ -113,7 +114,7 @@ class Plan:
             doc = json.loads(raw)
             if doc.get("format") != FORMAT or doc.get("version") != VERSION:
                 raise DataError(f"{uri}: not a {FORMAT} version {VERSION} document")
-            inputs = tuple(InputRef(d["path"], int(d["size"]), d["sha256"], d["format"]) for d in doc["inputs"])
+            inputs = tuple(InputRef(d["path"], int(d["size"]), d["content"], d["format"]) for d in doc["inputs"])
             units = tuple((int(a), int(b), int(c)) for a, b, c in doc["units"])
             plan = cls(doc["settings"], inputs, units, tuple(int(b) for b in doc["bounds"]), doc.get("tokenizer"))
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
@@ -146,7 +147,7 @@ def describe_inputs(files: Sequence[InputFile], threads: int = 8) -> tuple[Input
     """Each input's path, size and sha256, in the given order (hashed by a few threads: hashlib releases the GIL)."""
 
     def one(f: InputFile) -> InputRef:
-        return InputRef(os.path.abspath(f.path), f.path.stat().st_size, sha256_file(f.path), f.fmt)
+        return InputRef(os.path.abspath(f.path), f.path.stat().st_size, "sha256:" + sha256_file(f.path), f.fmt)
 
     with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
         return tuple(pool.map(one, files))

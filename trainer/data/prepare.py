@@ -32,11 +32,12 @@ from typing import Any
 from gpu_train.storage import ObjectNotFoundError, RetryPolicy, Store, open_store
 from trainer.data.engines import make_engine
 from trainer.data.errors import DataError, ManifestError
-from trainer.data.inputs import DEFAULT_EXCLUDES, PrepareStats, Task, collect_files, read_documents
+from trainer.data.inputs import DEFAULT_EXCLUDES, PrepareStats, Task, collect_files
 from trainer.data.manifest import MANIFEST_NAME, FileRef, Manifest, TokenizerInfo, dtype_for_vocab
 from trainer.data.plan import (
     COMMIT_PREFIX,
     PLAN_KEY,
+    InputRef,
     Plan,
     commit_key,
     default_tasks,
@@ -44,8 +45,9 @@ from trainer.data.plan import (
     plan_units,
     task_bounds,
 )
+from trainer.data.remote import is_remote, plan_remote
 from trainer.data.synthetic import VAL_STREAM, synthetic_shards
-from trainer.data.tasks import Commit, load_task_tokenizer, merge
+from trainer.data.tasks import Commit, load_task_tokenizer, merge, unit_documents
 from trainer.data.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer, load_gpt2, train_bpe
 from trainer.data.writer import write_dataset
 
@@ -168,7 +170,31 @@ def _clear(store: Store) -> None:
     store.delete(TOKENIZER_FILE)
 
 
-def _bpe_sample(plan: Plan, seed: int, limit: int) -> Iterable[str]:
+def _plan_inputs(inputs: Sequence[str | os.PathLike[str]], include: Sequence[str], exclude: Sequence[str],
+                 endpoint_url: str | None, skip_binary: bool, stats: PrepareStats, progress: Progress | None
+                 ) -> tuple[tuple[InputRef, ...], tuple[tuple[int, int, int], ...], list[int]]:  # fmt: skip
+    """The inputs pinned (local files hashed, objects by ETag), their units and weights: local files and directories
+    first (trainer/data/inputs.py), then each s3:// or gs:// prefix in the order given (trainer/data/remote.py)."""
+    local = [i for i in inputs if not is_remote(i)]
+    described: tuple[InputRef, ...] = ()
+    units: tuple[tuple[int, int, int], ...] = ()
+    weights: list[int] = []
+    if local:
+        files = collect_files(local, include, exclude, stats)
+        described = describe_inputs(files)
+        units, weights = plan_units(files, described, skip_binary=skip_binary, stats=stats, say=_say(progress))
+    for uri in (str(i) for i in inputs if is_remote(i)):
+        for (path, size, content, fmt), ranges, ws in plan_remote(
+            uri, include=include, exclude=exclude, endpoint_url=endpoint_url, skip_binary=skip_binary, stats=stats,
+            say=_say(progress),
+        ):  # fmt: skip
+            described += (InputRef(path, size, content, fmt),)
+            units += tuple((len(described) - 1, a, b) for a, b in ranges)
+            weights += ws
+    return described, units, weights
+
+
+def _bpe_sample(plan: Plan, seed: int, limit: int, endpoint_url: str | None) -> Iterable[str]:
     """Text for training a BPE: whole units in an order fixed by ``seed`` (a keyed hash of each unit's index), until
     ``limit`` bytes: a fixed sample of the whole input, not of its first files."""
     order = sorted(range(len(plan.units)), key=lambda u: hashlib.sha256(f"{seed}:{u}".encode()).digest())
@@ -176,14 +202,15 @@ def _bpe_sample(plan: Plan, seed: int, limit: int) -> Iterable[str]:
     for u in order:
         i, start, end = plan.units[u]
         ref = plan.inputs[i]
-        for doc in read_documents(Task(ref.path, ref.fmt, start, end), plan.settings["text_field"]):
+        for doc in unit_documents(Task(ref.path, ref.fmt, start, end), plan.settings["text_field"], endpoint_url):
             yield doc.decode("utf-8", errors="replace")
             seen += len(doc)
         if seen >= limit:
             return
 
 
-def _tokenizer(plan: Plan, gpt2: Tokenizer | None, progress: Progress | None, total: int) -> Tokenizer:
+def _tokenizer(plan: Plan, gpt2: Tokenizer | None, progress: Progress | None, total: int,
+               endpoint_url: str | None) -> Tokenizer:
     st = plan.settings
     if st["tokenizer"] == "byte":
         return ByteTokenizer()
@@ -192,7 +219,7 @@ def _tokenizer(plan: Plan, gpt2: Tokenizer | None, progress: Progress | None, to
     _say(progress)(f"training a BPE tokenizer of {st['vocab_size']} ids on a sample of "
                    f"{min(BPE_TRAIN_BYTES, total) / 1e6:,.1f} MB of the input (seed {st['seed']}) ...")
     t0 = time.monotonic()
-    tok = train_bpe(_bpe_sample(plan, st["seed"], BPE_TRAIN_BYTES), st["vocab_size"])
+    tok = train_bpe(_bpe_sample(plan, st["seed"], BPE_TRAIN_BYTES, endpoint_url), st["vocab_size"])
     _say(progress)(f"trained the BPE tokenizer in {time.monotonic() - t0:.1f}s")
     return tok
 
@@ -276,12 +303,11 @@ def prepare(
     if tokenizer == "byte" and vocab_size not in (None, ByteTokenizer.vocab_size):
         raise DataError(f"--vocab-size is fixed at {ByteTokenizer.vocab_size} for the byte tokenizer")
     runner = make_engine(engine, workers or os.cpu_count() or 1, address=address, master=master)
-    files = collect_files(inputs, include, exclude, stats)
     gpt2 = load_gpt2(tokenizer_file) if tokenizer == "gpt2" else None  # type: ignore[arg-type]
     tok_sha = hashlib.sha256(gpt2.to_json().encode()).hexdigest() if gpt2 is not None else ""  # type: ignore[attr-defined]
     vocab = gpt2.vocab_size if gpt2 is not None else (vocab_size or ByteTokenizer.vocab_size)
-    described = describe_inputs(files)
-    units, weights = plan_units(files, described, skip_binary=skip_binary, stats=stats, say=_say(progress))
+    inputs = [str(i) if is_remote(i) else i for i in inputs]
+    described, units, weights = _plan_inputs(inputs, include, exclude, endpoint_url, skip_binary, stats, progress)
     if not units:
         raise DataError(f"no text to tokenize in {[str(i) for i in inputs]}: every file was empty or binary")
     settings = {
@@ -307,7 +333,7 @@ def prepare(
         plan, tok = old, load_task_tokenizer(old, store)
     else:
         _clear(store)
-        tok = _tokenizer(plan, gpt2, progress, sum(weights))
+        tok = _tokenizer(plan, gpt2, progress, sum(weights), endpoint_url)
         raw = tok.to_json().encode() if tok.kind != "byte" else b""  # type: ignore[attr-defined]
         if raw:
             store.put_bytes(TOKENIZER_FILE, raw)
@@ -319,7 +345,7 @@ def prepare(
     pending = [i for i in range(plan.tasks) if commit_key(i) not in committed]
     task_bytes = [sum(weights[plan.bounds[i] : plan.bounds[i + 1]]) for i in range(plan.tasks)]
     stats.tasks, stats.tasks_run = plan.tasks, len(pending)
-    _say(progress)(f"{plan.tasks} tasks over {len(plan.units)} units of {len(files)} files"
+    _say(progress)(f"{plan.tasks} tasks over {len(plan.units)} units of {len(plan.inputs)} inputs"
                    + (f"; {plan.tasks - len(pending)} committed already, {len(pending)} to run" if old is not None
                       and not change else "") + f"; {runner.name} runner")  # fmt: skip
     if progress is not None:

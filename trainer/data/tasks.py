@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,7 @@ import numpy as np
 from gpu_train.storage import ObjectNotFoundError, StorageError, Store, open_store
 from trainer.data.cache import sha256_file
 from trainer.data.errors import DataError, ManifestError
-from trainer.data.inputs import read_documents
+from trainer.data.inputs import Task, read_documents
 from trainer.data.manifest import (
     MANIFEST_NAME,
     FileRef,
@@ -51,7 +52,8 @@ from trainer.data.manifest import (
     shard_doc,
 )
 from trainer.data.pack import Packer, Shard
-from trainer.data.plan import PLAN_KEY, Plan, commit_key
+from trainer.data.plan import PLAN_KEY, InputRef, Plan, commit_key
+from trainer.data.remote import check_etag, is_remote, read_remote_documents
 from trainer.data.tokenizer import TOKENIZER_FILE, BpeTokenizer, ByteTokenizer, Tokenizer
 
 COMMIT_FORMAT = "gpu-train-prepare-commit"
@@ -169,8 +171,26 @@ def _stage(store: Store, staging: Path, split: str, index: int, k: int, shard: S
     return info
 
 
-def run_task(plan: Plan, index: int, store: Store, tok: Tokenizer) -> Commit:
-    """Task ``index`` of ``plan``, start to commit (see the module docstring); returns its commit."""
+def unit_documents(unit: Task, text_field: str, endpoint_url: str | None = None) -> list[bytes]:
+    """The documents of one unit, from a local file or an object (s3://, gs://, read with ``endpoint_url``)."""
+    if is_remote(unit.path):
+        return read_remote_documents(unit, text_field, endpoint_url)
+    return read_documents(unit, text_field)
+
+
+def _check_input(ref: InputRef, endpoint_url: str | None) -> None:
+    """The input is still the one planned: an object's ETag, a local file's size (hashing it again would double the
+    reading); else a DataError naming it."""
+    if is_remote(ref.path):
+        check_etag(ref.path, ref.content, endpoint_url)
+    elif os.path.getsize(ref.path) != ref.size:
+        raise DataError(f"{ref.path} changed after the plan was made (size {ref.size} then, "
+                        f"{os.path.getsize(ref.path)} now): prepare again with --force to start over")
+
+
+def run_task(plan: Plan, index: int, store: Store, tok: Tokenizer, endpoint_url: str | None = None) -> Commit:
+    """Task ``index`` of ``plan``, start to commit (see the module docstring); returns its commit. ``endpoint_url``
+    is the S3 endpoint of inputs in object storage."""
     found = _read_commit(plan, store, index)
     if found is not None:
         verify_commit(found, plan, store)
@@ -186,8 +206,13 @@ def run_task(plan: Plan, index: int, store: Store, tok: Tokenizer) -> Commit:
             for shard in done:
                 shards[split].append(_stage(store, Path(tmp), split, index, len(shards[split]), shard, dtype))
 
+        refs = {r.path: r for r in plan.inputs}
+        checked: set[str] = set()
         for unit in plan.units_of(index):
-            docs = read_documents(unit, st["text_field"])
+            if unit.path not in checked:
+                _check_input(refs[unit.path], endpoint_url)
+                checked.add(unit.path)
+            docs = unit_documents(unit, st["text_field"], endpoint_url)
             if unit.fmt == "text" and docs and (note := _undecodable(docs[0], unit.path, unit.start, tok.kind)):
                 notes.append(note)
             if tok.kind == "byte":
@@ -220,12 +245,10 @@ def attempt(plan_json: bytes, index: int, out_uri: str, endpoint_url: str | None
     """Run one task and report it as plain data, so that any runner can ship it (pickled to a process, a Ray task, a
     Spark partition): ``{"index", "ok", "commit" (bytes) | "error" (one line), "retryable"}``. A bad input (a
     DataError other than a transient storage error) is not worth another attempt; anything else is."""
-    import os
-
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per task: the runner decides how many run at once
     try:
         plan, store, tok = _context(plan_json, endpoint_url, out_uri)
-        commit = run_task(plan, index, store, tok)
+        commit = run_task(plan, index, store, tok, endpoint_url)
     except DataError as exc:
         transient = isinstance(exc, StorageError) and exc.transient
         return {"index": index, "ok": False, "error": str(exc), "retryable": transient}

@@ -155,11 +155,11 @@ def test_a_failing_task_is_retried_a_bounded_number_of_times_and_named(corpus, t
     real = tasks_mod.run_task
     failures = {1: 1, 4: 99}  # task 1 fails once, task 4 always
 
-    def flaky(plan, index, store, tok):
+    def flaky(plan, index, store, tok, endpoint_url=None):
         if failures.get(index, 0) > 0:
             failures[index] -= 1
             raise OSError(f"injected failure of task {index}")
-        return real(plan, index, store, tok)
+        return real(plan, index, store, tok, endpoint_url)
 
     monkeypatch.setattr(tasks_mod, "run_task", flaky)
     with pytest.raises(DataError) as info:
