@@ -185,7 +185,7 @@ def parser() -> argparse.ArgumentParser:
                    help="tasks run at once: worker processes of the local runner, Ray tasks in flight, or Spark's "
                         "local[N] (default: the CPU count); the output does not depend on it")
     p.add_argument("--tasks", type=_positive, default=None,
-                   help="the job's fixed task count (default: about 32 MiB of input per task, whatever --workers); a "
+                   help="the job's fixed task count (default: about 8 MiB of input per task, whatever --workers); a "
                         "resumed job must keep it")
     p.add_argument("--engine", choices=("local", "ray", "spark"), default="local",
                    help="who runs the tasks: local processes (default), Ray, or Spark")

@@ -36,7 +36,7 @@ FORMAT = "gpu-train-prepare-plan"
 VERSION = 1
 PLAN_KEY = "prepare/plan.json"
 COMMIT_PREFIX = "prepare/task-"
-TASK_INPUT_BYTES = 32 << 20  # the default task count gives each task about this much input
+TASK_INPUT_BYTES = 8 << 20  # the default task count gives each task about this much input
 MAX_DEFAULT_TASKS = 4096
 # What a changed setting is called on the command line, for the one line that refuses a resume.
 FLAGS = {
@@ -168,7 +168,7 @@ def plan_units(files: Sequence[InputFile], inputs: Sequence[InputRef], *, skip_b
 
 
 def default_tasks(total_bytes: int) -> int:
-    """About TASK_BYTES of input per task (at least 1, at most MAX_DEFAULT_TASKS): a function of the inputs alone."""
+    """About TASK_INPUT_BYTES of input per task (at least 1, at most MAX_DEFAULT_TASKS): a function of the inputs alone."""
     return max(1, min(MAX_DEFAULT_TASKS, math.ceil(total_bytes / TASK_INPUT_BYTES)))
 
 

@@ -11,7 +11,7 @@ Use::
 
 A job is a fixed set of deterministic tasks (trainer/data/plan.py, trainer/data/tasks.py): the inputs (path, size,
 sha256), cut into units (a text file, a 32 MiB JSONL slice, a Parquet row group) and grouped into ``--tasks``
-contiguous runs (default: about 32 MiB of input each, whatever the worker count), the tokenizer and the settings
+contiguous runs (default: about 8 MiB of input each, whatever the worker count), the tokenizer and the settings
 form the plan, stored as ``prepare/plan.json``. Each task writes its shards and then its commit; one merge writes
 ``manifest.json`` from the commits. A runner (trainer/data/engines.py: local processes, Ray, Spark) only schedules
 the tasks, so the output is byte-identical for any runner and worker count. A relaunch runs only the tasks without a

@@ -54,7 +54,7 @@ def test_tasks_are_cut_by_input_bytes_and_the_default_count_ignores_workers():
     assert task_bounds([10, 10, 10, 10], 2) == (0, 2, 4)
     assert task_bounds([100, 1, 1], 3) == (0, 1, 1, 3)  # a unit bigger than a share: the next task is empty
     assert task_bounds([5], 4) == (0, 1, 1, 1, 1)
-    assert default_tasks(0) == 1 and default_tasks(100 << 20) == 4 and default_tasks(1 << 50) == 4096
+    assert default_tasks(0) == 1 and default_tasks(100 << 20) == 13 and default_tasks(1 << 50) == 4096
     with pytest.raises(DataError, match="--tasks must be >= 1"):
         task_bounds([1], 0)
 
@@ -232,3 +232,57 @@ def test_a_job_killed_mid_upload_resumes_with_only_its_unfinished_tasks(corpus, 
 
     tree = _s3_tree(moto_endpoint, bucket, "ds")
     assert {k: hashlib.sha256(v).hexdigest() for k, v in tree.items()} == reference
+
+
+@pytest.mark.slow
+def test_jsonl_and_parquet_objects_under_an_s3_prefix_give_the_local_files_bytes(corpus, bucket, moto_endpoint,
+                                                                                  tmp_path):
+    """The same files as objects: the same shards; the plan pins each object's ETag, and an object replaced after
+    planning fails the task that reads it and makes a resume refuse, each in one line naming it."""
+    picked = sorted(p for p in corpus.iterdir() if p.suffix in (".jsonl", ".parquet") or p.name.startswith("text-0"))
+    (tmp_path / "local").mkdir()
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    for p in picked:
+        (tmp_path / "local" / p.name).write_bytes(p.read_bytes())
+        s3.put_object(Bucket=bucket, Key=f"corpus/{p.name}", Body=p.read_bytes())
+    s3.put_object(Bucket=bucket, Key="corpus/.hidden.jsonl", Body=b'{"text": "never read"}\n')
+    local, _ = _prepare(tmp_path / "local", f"file://{tmp_path}/a", tasks=3)
+    remote, stats = _prepare(f"s3://{bucket}/corpus/", f"file://{tmp_path}/b", tasks=3, endpoint_url=moto_endpoint)
+    assert [s.data.sha256 for s in remote.shards] == [s.data.sha256 for s in local.shards]
+    assert [s.data.sha256 for s in remote.val_shards] == [s.data.sha256 for s in local.val_shards]
+    plan = json.loads((tmp_path / "b" / PLAN_KEY).read_text())
+    assert len(plan["inputs"]) == len(picked) - 1  # empty.jsonl is skipped (and said)
+    assert all(i["path"].startswith(f"s3://{bucket}/corpus/") and i["content"].startswith("etag:")
+               for i in plan["inputs"])  # fmt: skip
+    # An object replaced after planning.
+    victim = plan["inputs"][plan["units"][plan["bounds"][1]][0]]["path"]
+    (tmp_path / "b" / "manifest.json").unlink()
+    (tmp_path / "b" / commit_key(1)).unlink()
+    replaced = tmp_path / ("replaced" + Path(victim).suffix)
+    if replaced.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": ["replaced"]}), replaced)
+    else:
+        replaced.write_text('{"text": "replaced"}\n')
+    s3.put_object(Bucket=bucket, Key=victim.split(f"{bucket}/", 1)[1], Body=replaced.read_bytes())
+    out = attempt((tmp_path / "b" / PLAN_KEY).read_bytes(), 1, f"file://{tmp_path}/b", moto_endpoint)
+    assert not out["ok"] and out["error"].startswith(f"{victim} changed after the plan was made (etag:")
+    with pytest.raises(DataError, match=f"refusing to resume .*: input {victim} changed"):
+        _prepare(f"s3://{bucket}/corpus/", f"file://{tmp_path}/b", tasks=3, endpoint_url=moto_endpoint)
+
+
+def test_prepare_task_runs_one_task_of_a_planned_job_for_any_scheduler(corpus, reference, tmp_path, capsys):
+    """What a cluster runner starts per task: `prepare-task OUT --index I`; then prepare merges, running nothing."""
+    out = tmp_path / "ds"
+    _prepare(corpus, f"file://{out}")
+    (out / "manifest.json").unlink()
+    for i in (2, 6):
+        (out / commit_key(i)).unlink()
+    assert cli(["prepare-task", f"file://{out}", "--index", "2", "--index", "6"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["task 2: committed", "task 6: committed"]
+    _, stats = _prepare(corpus, f"file://{out}")
+    assert stats.tasks_run == 0 and tree_sha(out) == reference
+    assert cli(["prepare-task", f"file://{out}", "--index", str(TASKS)]) == 2
+    assert f"error: task {TASKS}: task {TASKS} does not exist: the plan has tasks 0..{TASKS - 1}" in capsys.readouterr().err
