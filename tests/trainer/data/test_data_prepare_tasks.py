@@ -286,3 +286,49 @@ def test_prepare_task_runs_one_task_of_a_planned_job_for_any_scheduler(corpus, r
     assert stats.tasks_run == 0 and tree_sha(out) == reference
     assert cli(["prepare-task", f"file://{out}", "--index", str(TASKS)]) == 2
     assert f"error: task {TASKS}: task {TASKS} does not exist: the plan has tasks 0..{TASKS - 1}" in capsys.readouterr().err
+
+
+def _children(pid: int) -> list[int]:
+    """Child pids of ``pid`` (from /proc: no psutil here)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_upload_is_replaced_and_the_job_finishes(corpus, reference, bucket, proxy, moto_endpoint,
+                                                                     capsys):
+    """SIGKILL one worker process while a shard upload hangs: its tasks are reported as died and run again (a
+    bounded retry), and the dataset equals a clean run's."""
+    proxy.stall_next(1, seconds=60, match="/shard-000002-000000.bin")
+    errors: list[BaseException] = []
+    progress = Progress(every_s=1e9)
+
+    def run() -> None:
+        try:
+            _prepare(corpus, f"s3://{bucket}/ds", endpoint_url=proxy.endpoint, workers=2, progress=progress)
+        except BaseException as exc:  # noqa: BLE001 (re-raised by the test thread)
+            errors.append(exc)
+
+    job = threading.Thread(target=run)
+    job.start()
+    try:
+        assert proxy.stalling.wait(120), "the upload of task 2's first shard never started"
+        servers = [p for p in _children(os.getpid()) if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        workers = [w for s in servers for w in _children(s)]
+        assert workers, "no worker processes found"
+        os.kill(workers[0], signal.SIGKILL)
+    finally:
+        job.join(300)
+    assert not errors, errors
+    assert "failed (attempt 1 of 3), will retry: the worker running it died" in capsys.readouterr().err
+    import hashlib
+
+    tree = _s3_tree(moto_endpoint, bucket, "ds")
+    assert {k: hashlib.sha256(v).hexdigest() for k, v in tree.items()} == reference
