@@ -59,6 +59,27 @@ def test_tasks_are_cut_by_input_bytes_and_the_default_count_ignores_workers():
         task_bounds([1], 0)
 
 
+def test_create_only_writes_on_a_file_system_and_on_gcs(tmp_path):
+    """The primitive every shard and commit goes through: exclusive create on a file system; on gs:// S3's
+    `If-None-Match: *` is rewritten to GCS's `x-goog-if-generation-match: 0` before signing."""
+    from botocore.awsrequest import AWSRequest
+
+    from gpu_train.storage import gcs_create_only
+
+    store = open_store(f"file://{tmp_path}")
+    assert store.put_if_absent("a/b.json", b"one") and not store.put_if_absent("a/b.json", b"two")
+    (tmp_path / "src").write_bytes(b"three")
+    assert store.put_if_absent("c.bin", tmp_path / "src") and not store.put_if_absent("c.bin", tmp_path / "src")
+    assert (tmp_path / "a" / "b.json").read_bytes() == b"one" and (tmp_path / "c.bin").read_bytes() == b"three"
+    assert not list(tmp_path.rglob("*.part"))
+    create = AWSRequest(method="PUT", url="https://storage.googleapis.com/b/k", headers={"If-None-Match": "*"})
+    gcs_create_only(create)
+    assert "If-None-Match" not in create.headers and create.headers["x-goog-if-generation-match"] == "0"
+    plain = AWSRequest(method="PUT", url="https://storage.googleapis.com/b/k", headers={})
+    gcs_create_only(plain)
+    assert "x-goog-if-generation-match" not in plain.headers
+
+
 @pytest.mark.slow
 def test_local_runs_are_byte_identical_for_1_3_and_8_workers(corpus, reference, tmp_path, capsys):
     """Same task count, 1, 3 and 8 worker processes: every shard, index, commit, the plan and the manifest equal."""
