@@ -26,6 +26,7 @@ import torch
 SECTIONS = {
     "overhead": "bench.overhead",
     "data": "bench.data_path",
+    "prepare": "bench.prepare",
     "checkpoint": "bench.checkpoint",
     "recovery": "bench.recovery",
     "elastic": "bench.elastic",

@@ -1,5 +1,5 @@
-"""Data path: what the sampler + shard cache deliver from a local S3 server, what verification costs, and
-how fast ``prepare`` tokenizes real text.
+"""Data path: what the sampler + shard cache deliver from a local S3 server and what verification costs (how fast
+``prepare`` tokenizes is bench/prepare.py's section).
 
 Usage: `python -m bench --only data` (`--quick` for smaller sizes).
 
@@ -10,15 +10,11 @@ same global batches in the same order (GlobalSampler, seed 0):
 - larger than the cache: a dataset four times the cache budget, one epoch with the block shuffle and
   the upcoming blocks fetched ahead (disk and memory read modes), GETs per shard per epoch counted at the
   server, next to the old whole-dataset shuffle on the same budget (a few steps, GETs extrapolated);
-- verification: proving a warm cache by seals (one stat per shard) against hashing every shard;
-- prepare: the Python standard library's own source (``*.py``, without tests and site-packages) as
-  byte-level tokens and as BPE tokens (a BPE trained on it once), with 1 and 2 worker processes.
+- verification: proving a warm cache by seals (one stat per shard) against hashing every shard.
 """
 
 from __future__ import annotations
 
-import os
-import resource
 import sysconfig
 import tempfile
 import time
@@ -33,9 +29,8 @@ from bench.common import Figure, local_s3, preset_flops_per_token, ratio
 from gpu_train.spec import trainer_config as tcfg
 from trainer.data import GlobalSampler, open_dataset
 from trainer.data.cache import CacheRef, ShardCache, sha256_file
-from trainer.data.inputs import PrepareStats, collect_files, plan_tasks, read_documents
-from trainer.data.prepare import prepare, synth
-from trainer.data.tokenizer import train_bpe
+from trainer.data.inputs import collect_files
+from trainer.data.prepare import synth
 from trainer.flops import gpu_peak_flops
 from trainer.model import GPT
 
@@ -194,35 +189,6 @@ def _stdlib_corpus(tmp: Path, limit: int) -> tuple[Path, int]:
     return out, total
 
 
-def _prepare_rates(tmp: Path, limit: int) -> dict[str, float]:
-    """MB/s of text through `prepare`: byte-level, and BPE with 1 and 2 worker processes."""
-    corpus, size = _stdlib_corpus(tmp, limit)
-    rates: dict[str, float] = {"bytes": size}
-    t0 = time.perf_counter()
-    prepare([corpus], f"file://{tmp}/byte", workers=2, val_fraction=0)
-    rates["byte"] = size / (time.perf_counter() - t0) / 1e6
-    # One trained BPE, saved, then used as a tokenizer file: the workers' encoding is what is timed.
-    tasks = plan_tasks(collect_files([corpus]), skip_binary=True, stats=PrepareStats())
-    t0 = time.perf_counter()
-    bpe = train_bpe((d.decode("utf-8", "replace") for t in tasks for d in read_documents(t)), 8192)
-    rates["bpe_train_s"] = time.perf_counter() - t0
-    (tmp / "bpe.json").write_text(bpe.to_json())
-    for workers in (1, 2):
-        t0, c0 = time.perf_counter(), _cpu_s()
-        prepare([corpus], f"file://{tmp}/bpe{workers}", tokenizer="gpt2", tokenizer_file=tmp / "bpe.json",
-                workers=workers, val_fraction=0)
-        rates[f"bpe{workers}"] = size / (time.perf_counter() - t0) / 1e6
-        rates[f"bpe{workers}_cpu_s"] = _cpu_s() - c0
-    rates["load"] = os.getloadavg()[0]
-    return rates
-
-
-def _cpu_s() -> float:
-    """CPU seconds of this process and its finished children (the worker processes)."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def run(quick: bool = False) -> list[Figure]:
     tokens = (1 << 23) if quick else (1 << 25)
     big_tokens = (1 << 23) if quick else (1 << 24)
@@ -255,7 +221,6 @@ def run(quick: bool = False) -> list[Figure]:
             old_steps = 4 if quick else 10
             old = _over_budget(big, endpoint, tmp / "old", budget, mode="disk", blocks=False, steps=old_steps,
                                counter=counter)
-        prep = _prepare_rates(Path(tempfile.mkdtemp()), (2 << 20) if quick else (8 << 20))
     finally:
         restore()
     cold, warm, naive = cold_tok / cold_s, warm_tok / warm_s, naive_tok / naive_s
@@ -299,12 +264,5 @@ def run(quick: bool = False) -> list[Figure]:
         Figure("data", "verification: full sha256 of the cache vs warm-cache delivery", hash_mbs, "MB/s",
                warm * 2 / 1e6, "warm cache delivery (uint16 tokens)", ratio(hash_mbs, warm * 2 / 1e6),
                notes="verify=full hashes each shard once per process"),
-        Figure("data", "prepare: BPE, 2 workers vs 1", prep["bpe2"], "MB/s of text", prep["bpe1"], "1 worker",
-               ratio(prep["bpe2"], prep["bpe1"]), notes=f"{prep['bytes'] / 1e6:.1f} MB of stdlib *.py, "
-               f"BPE 8192 trained once ({prep['bpe_train_s']:.1f}s, not included); CPU s 1 vs 2 workers "
-               f"{prep['bpe1_cpu_s']:.1f} vs {prep['bpe2_cpu_s']:.1f}; load average {prep['load']:.1f} on "
-               f"{os.cpu_count()} CPUs"),
-        Figure("data", "prepare: byte-level vs BPE with 2 workers", prep["byte"], "MB/s of text", prep["bpe2"],
-               "BPE, 2 workers", ratio(prep["byte"], prep["bpe2"])),
     ]
     return figures

@@ -78,6 +78,10 @@ class ObjectNotFoundError(StorageError):
     """The object (or bucket) does not exist."""
 
 
+class ObjectExistsError(StorageError):
+    """A create-only write found an object already at the key (HTTP 412 to ``If-None-Match: *``)."""
+
+
 @dataclass(frozen=True)
 class StoreOptions:
     """Client tuning; the defaults suit large sequential shard reads."""
@@ -133,6 +137,7 @@ class Store(Protocol):
     def download(self, key: str, dest_path: str | os.PathLike[str]) -> None: ...
     def upload(self, src_path: str | os.PathLike[str], key: str) -> None: ...
     def put_bytes(self, key: str, data: bytes) -> None: ...
+    def put_if_absent(self, key: str, data: bytes | os.PathLike[str]) -> bool: ...
     def list(self, prefix: str = "") -> list[str]: ...
     def exists(self, key: str) -> bool: ...
     def delete(self, key: str) -> None: ...
@@ -236,6 +241,27 @@ class FileStore:
         tmp.write_bytes(data)
         os.replace(tmp, dest)
 
+    def put_if_absent(self, key: str, data: bytes | os.PathLike[str]) -> bool:
+        """Create ``key`` from bytes or a file only if nothing is there (False if something is). The whole object is
+        written to a temporary file first and hard-linked into place, which fails if the name exists: a reader sees
+        all of it or nothing, and of two writers exactly one succeeds."""
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _tmp_name(dest)
+        try:
+            if isinstance(data, bytes):
+                tmp.write_bytes(data)
+            else:
+                shutil.copyfile(data, tmp)
+            os.link(tmp, dest)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise StorageError(f"{self.url_of(key)}: create failed: {exc}", uri=self.url_of(key)) from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+
     def list(self, prefix: str = "") -> list[str]:
         if not self.root.is_dir():
             return []
@@ -314,6 +340,8 @@ class S3Store:
         )
         if bearer is not None:
             client.meta.events.register("before-send.s3", bearer.sign)
+        if self.scheme == "gs":
+            client.meta.events.register("before-sign.s3.PutObject", gcs_create_only)
         return client
 
     @property
@@ -369,6 +397,10 @@ class S3Store:
             msg = f"{url}{where}: {action} failed: {code or status} {err.get('Message', '')}".rstrip()
             if status == 404 or code in ("404", "NoSuchKey", "NotFound", "NoSuchBucket"):
                 return ObjectNotFoundError(msg, uri=url)
+            if status == 412 or code == "PreconditionFailed":
+                return ObjectExistsError(msg, uri=url)
+            if code == "ConditionalRequestConflict":  # 409: a concurrent create of the same key is in flight
+                return StorageError(msg, uri=url, transient=True)
             return StorageError(
                 msg, uri=url, transient=status >= 500 or status == 429 or code in _TRANSIENT_CODES
             )
@@ -446,6 +478,24 @@ class S3Store:
             key, "PUT", lambda: self.client.put_object(Bucket=self.bucket, Key=self.key_of(key), Body=data)
         )
 
+    def put_if_absent(self, key: str, data: bytes | os.PathLike[str]) -> bool:
+        """Create ``key`` only if no object has it: one PUT with ``If-None-Match: *`` (S3 conditional writes; on
+        gs:// the same request carries ``x-goog-if-generation-match: 0``), False on 412. A single PUT, never a
+        multipart upload, so the object appears whole or not at all (S3 takes up to 5 GB in one PUT)."""
+
+        def put() -> None:
+            if isinstance(data, bytes):
+                self.client.put_object(Bucket=self.bucket, Key=self.key_of(key), Body=data, IfNoneMatch="*")
+                return
+            with open(data, "rb") as body:
+                self.client.put_object(Bucket=self.bucket, Key=self.key_of(key), Body=body, IfNoneMatch="*")
+
+        try:
+            self._call(key, "create", put)
+        except ObjectExistsError:
+            return False
+        return True
+
     def list(self, prefix: str = "") -> list[str]:
         base = f"{self.prefix}/" if self.prefix else ""
         # GCS's XML API speaks ListObjects (v1); S3 and its clones prefer v2.
@@ -456,6 +506,23 @@ class S3Store:
             return sorted(obj["Key"][len(base) :] for page in pages for obj in page.get("Contents", []))
 
         return self._call(prefix, "LIST", run)
+
+    def list_objects(self, prefix: str = "") -> list[tuple[str, int, str]]:
+        """(key, size, etag) of the objects under ``prefix``, sorted by key (one LIST, no HEADs)."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        op = "list_objects" if self.scheme == "gs" else "list_objects_v2"
+
+        def run() -> list[tuple[str, int, str]]:
+            pages = self.client.get_paginator(op).paginate(Bucket=self.bucket, Prefix=base + prefix)
+            return sorted((o["Key"][len(base) :], int(o["Size"]), str(o["ETag"]).strip('"'))
+                          for page in pages for o in page.get("Contents", []))  # fmt: skip
+
+        return self._call(prefix, "LIST", run)
+
+    def etag(self, key: str) -> str:
+        """The object's ETag (its content's identity: a changed object gets another one)."""
+        head = self._call(key, "HEAD", lambda: self.client.head_object(Bucket=self.bucket, Key=self.key_of(key)))
+        return str(head["ETag"]).strip('"')
 
     def exists(self, key: str) -> bool:
         try:
@@ -482,6 +549,15 @@ class S3Store:
                     Bucket=self.bucket, Delete={"Objects": b, "Quiet": True}
                 ),
             )
+
+
+def gcs_create_only(request: Any, **_: Any) -> None:
+    """GCS's XML API spells S3's create-only condition ``If-None-Match: *`` as ``x-goog-if-generation-match: 0``
+    (https://cloud.google.com/storage/docs/xml-api/reference-headers#xgoogifgenerationmatch); rewritten before the
+    request is signed, so an HMAC signature covers the header GCS reads."""
+    if request.headers.get("If-None-Match") == "*":
+        del request.headers["If-None-Match"]
+        request.headers["x-goog-if-generation-match"] = "0"
 
 
 class _GcsBearerToken:

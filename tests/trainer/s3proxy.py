@@ -6,6 +6,7 @@ Usage:
     with serving(proxy):                                  # sets proxy.endpoint
         proxy.fail_next(2, status=503, match="/shard_")   # the next 2 requests whose path matches get 503
         proxy.stall_next(1, seconds=3)                    # the next request stalls past the client's timeout
+        proxy.stalling.wait(30)                           # ... which has begun (an event, set by the proxy)
         proxy.refuse = {"/step_000000004/"}               # every PUT whose path matches gets 403 AccessDenied
         proxy.unavailable = {"/manifest"}                 # every GET whose path matches gets 503 SlowDown
         proxy.refused, proxy.gets("/shard_")              # what was refused; successful GETs (counting)
@@ -55,6 +56,7 @@ class FaultProxy:
     records: list[Record] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stalling: threading.Event = field(default_factory=threading.Event)  # set when a stall begins
 
     def fail_next(self, n: int, status: int = 503, match: str = "") -> None:
         with self.lock:
@@ -71,6 +73,7 @@ class FaultProxy:
             self.refused.clear()
             self.refuse = set()
             self.unavailable = set()
+            self.stalling.clear()
 
     def gets(self, match: str = "") -> list[Record]:
         with self.lock:
@@ -114,6 +117,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             headers = {k: v for k, v in self.headers.items()}
             fault = proxy._take_fault(self.command, path)
             if fault is not None and fault.kind == "stall":
+                proxy.stalling.set()
                 time.sleep(fault.stall_s)  # the client gives up first; its retry is a new connection
                 self.close_connection = True
                 return

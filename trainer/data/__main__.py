@@ -1,4 +1,4 @@
-"""Dataset command line: ``python -m trainer.data {prepare,synth,verify} --help``.
+"""Dataset command line: ``python -m trainer.data {prepare,prepare-task,synth,verify} --help``.
 
 Examples::
 
@@ -8,10 +8,13 @@ Examples::
     python -m trainer.data prepare docs.jsonl --out gs://bucket/ds --tokenizer bpe --vocab-size 8192
     python -m trainer.data prepare web.parquet --text-field content --tokenizer gpt2 \\
         --tokenizer-file ~/gpt2 --out s3://bucket/web
+    python -m trainer.data prepare corpus/ --out s3://bucket/ds --tasks 64 --engine ray --workers 16
+    python -m trainer.data prepare-task s3://bucket/ds --index 3     # one task of a planned job, e.g. in a pod
     python -m trainer.data synth --out /tmp/synth --tokens 1048576
     python -m trainer.data verify s3://bucket/datasets/corpus --cache-dir /nvme/cache
 
-Exit status 2 with a one-line message naming the file, shard or URI on bad input.
+Exit status 2 with a one-line message naming the file, shard or URI on bad input (``prepare-task``: 1 when a task
+failed in a way worth another attempt).
 """
 
 from __future__ import annotations
@@ -53,6 +56,12 @@ def _prepare(args: argparse.Namespace) -> None:
         tokenizer_file=args.tokenizer_file,
         shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
         workers=args.workers,
+        tasks=args.tasks,
+        engine=args.engine,
+        address=args.address,
+        master=args.master,
+        seed=args.seed,
+        attempts=args.attempts,
         endpoint_url=args.endpoint_url,
         include=args.include,
         exclude=[*([] if args.no_default_excludes else DEFAULT_EXCLUDES), *args.exclude],
@@ -69,10 +78,29 @@ def _prepare(args: argparse.Namespace) -> None:
         f"{'up to date' if stats.reused else 'wrote'}: "
         f"{len(m.shards)} shards, {m.total_tokens} tokens, {m.num_documents} documents; "
         f"val {len(m.val_shards)} shards, {m.val_tokens} tokens, {m.val_documents} documents "
-        f"({tok}, vocab {m.tokenizer.vocab_size}, {m.dtype}) from {stats.files} files "
+        f"({tok}, vocab {m.tokenizer.vocab_size}, {m.dtype}) from {stats.files} files in "
+        f"{(m.source or {}).get('tasks', '?')} tasks ({stats.tasks_run} run now) "
         f"({stats.excluded} paths excluded, {stats.skipped_binary} binary and {stats.skipped_empty} empty skipped) "
         f"to {args.out} in {dt:.1f}s"
     )
+
+
+def _prepare_task(args: argparse.Namespace) -> int:
+    """Run the given tasks of the plan stored at --out, one after the other, in this process; one line each."""
+    from gpu_train.storage import open_store
+    from trainer.data.plan import PLAN_KEY
+    from trainer.data.tasks import attempt
+
+    plan_json = open_store(args.out, endpoint_url=args.endpoint_url).get_bytes(PLAN_KEY)
+    status = 0
+    for index in args.index:
+        out = attempt(plan_json, index, args.out, args.endpoint_url)
+        if out["ok"]:
+            print(f"task {index}: committed")
+        else:
+            print(f"error: task {index}: {out['error']}", file=sys.stderr)
+            status = 2 if not out["retryable"] else 1
+    return status
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -154,7 +182,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=_positive, default=None, help="BPE vocabulary size (with EOT)")
     p.add_argument("--shard-tokens", type=_positive, default=None, help="tokens per shard (default 64 Mi)")
     p.add_argument("--workers", type=_positive, default=None,
-                   help="tokenizer threads (default: the CPU count; the BPE encoder releases the GIL)")
+                   help="tasks run at once: worker processes of the local runner, Ray tasks in flight, or Spark's "
+                        "local[N] (default: the CPU count); the output does not depend on it")
+    p.add_argument("--tasks", type=_positive, default=None,
+                   help="the job's fixed task count (default: about 8 MiB of input per task, whatever --workers); a "
+                        "resumed job must keep it")
+    p.add_argument("--engine", choices=("local", "ray", "spark"), default="local",
+                   help="who runs the tasks: local processes (default), Ray, or Spark")
+    p.add_argument("--address", default=None,
+                   help="--engine ray: an existing Ray cluster (ray://head:10001, or auto); default: start one here")
+    p.add_argument("--master", default=None,
+                   help="--engine spark: the master URL (spark://host:7077, yarn, k8s://...; default local[WORKERS])")
+    p.add_argument("--seed", type=int, default=0, help="fixes the sample a trained BPE learns from (default 0)")
+    p.add_argument("--attempts", type=_positive, default=3,
+                   help="tries per task before the job fails (default 3); bad input fails at once")
     p.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
                    help="when stderr is not a terminal, a progress line every SECONDS (default 10); on a terminal "
                         "one line is redrawn in place")
@@ -187,6 +228,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="redo it even if --out holds the same dataset")
 
+    t = sub.add_parser("prepare-task", help="run tasks of a planned prepare job (what a cluster runner starts)")
+    t.add_argument("out", type=as_uri, help="the job's destination (holding prepare/plan.json), as --out of prepare")
+    t.add_argument("--index", type=int, action="append", required=True,
+                   help="a task to run (repeatable); one that has committed already is verified and skipped")
+
     s = sub.add_parser("synth", help="write the synthetic learnable byte-level dataset")
     s.add_argument("--out", required=True, type=as_uri, help="destination: a plain path or a URI")
     s.add_argument("--tokens", type=_positive, default=1 << 20)
@@ -215,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.val_fraction is None:
                 args.val_fraction = DEFAULT_VAL_FRACTION
             _prepare(args)
+        elif args.cmd == "prepare-task":
+            return _prepare_task(args)
         elif args.cmd == "synth":
             from trainer.data.prepare import synth
 

@@ -55,6 +55,8 @@ class PrepareStats:
     excluded: int = 0
     documents: dict[str, int] = field(default_factory=lambda: {"train": 0, "val": 0})
     reused: bool = False  # --out already held this dataset (same inputs and settings)
+    tasks: int = 0  # the job's task count
+    tasks_run: int = 0  # tasks this run ran (the others had committed in an earlier run)
 
 
 def format_of(path: Path) -> str:
@@ -150,8 +152,8 @@ def _line_ranges(path: Path, size: int, part: int) -> list[tuple[int, int]]:
 
 def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareStats,
                say: Callable[[str], None] | None = None) -> list[Task]:
-    """The tasks of the files, in order; a binary or empty text file is skipped and counted (a binary one with a
-    line through `say`, else the log)."""
+    """The tasks of the files, in order; a binary or empty text file is skipped and counted, with a line through
+    `say` (else the log)."""
     tasks: list[Task] = []
     for f in files:
         stats.files += 1
@@ -166,7 +168,10 @@ def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareS
                 raise DataError(f"{f.path}: not a readable Parquet file ({exc})") from exc
             tasks += [Task(str(f.path), "parquet", g, g + 1) for g in range(groups)]
         elif f.fmt == "jsonl":
-            if f.path.name.lower().endswith(".gz"):
+            if size == 0:
+                stats.skipped_empty += 1
+                (say or logging.getLogger("trainer.data").info)(f"skipped {f.path}: empty")
+            elif f.path.name.lower().endswith(".gz"):
                 tasks.append(Task(str(f.path), "jsonl", 0, size))
             else:
                 tasks += [
@@ -185,6 +190,11 @@ def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareS
                 continue
             if size == 0:
                 stats.skipped_empty += 1
+                why = f"skipped {f.path}: empty"
+                if say is not None:
+                    say(why)
+                else:
+                    logging.getLogger("trainer.data").info("%s", why)
                 continue
             tasks += [
                 Task(str(f.path), "text", lo, hi) for lo, hi in _line_ranges(f.path, size, TEXT_PIECE_BYTES)
@@ -192,32 +202,35 @@ def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareS
     return tasks
 
 
-def _read_range(path: str, start: int, end: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(start)
-        return f.read(end - start)
-
-
-def _jsonl_error(task: Task, line_in_part: int, msg: str) -> DataError:
+def _jsonl_error(task: Task, line_in_part: int, msg: str, read: Callable[[int, int | None], bytes]) -> DataError:
     line = line_in_part
     if task.start:  # count the lines before this part only when reporting an error
-        line += _read_range(task.path, 0, task.start).count(b"\n")
+        line += read(0, task.start).count(b"\n")
     return DataError(f"{task.path}:{line}: {msg}")
 
 
-def read_documents(task: Task, text_field: str = "text") -> list[bytes]:
-    """The documents of one task, as UTF-8 bytes; malformed input raises DataError naming file and line."""
+def read_documents(task: Task, text_field: str = "text", *, read: Callable[[int, int | None], bytes] | None = None,
+                   parquet: Callable[[], Any] | None = None) -> list[bytes]:
+    """The documents of one task, as UTF-8 bytes; malformed input raises DataError naming file and line. ``read``
+    (bytes [start, end) of the task's file, None: to its end) and ``parquet`` (its pyarrow ParquetFile) read from
+    somewhere else than the local file system (trainer/data/remote.py)."""
+
+    def local(start: int, end: int | None) -> bytes:
+        with open(task.path, "rb") as f:
+            f.seek(start)
+            return f.read() if end is None else f.read(end - start)
+
+    read = read or local
     if task.fmt == "text":
-        return [_read_range(task.path, task.start, task.end)]
+        return [read(task.start, task.end)]
     if task.fmt == "jsonl":
         if task.path.lower().endswith(".gz"):
             try:
-                with gzip.open(task.path, "rb") as f:
-                    raw = f.read()
+                raw = gzip.decompress(read(0, None))
             except (OSError, EOFError) as exc:
                 raise DataError(f"{task.path}: not a readable gzip file ({exc})") from exc
         else:
-            raw = _read_range(task.path, task.start, task.end)
+            raw = read(task.start, task.end)
         docs = []
         for n, line in enumerate(raw.splitlines(), start=1):
             if not line.strip():
@@ -225,19 +238,19 @@ def read_documents(task: Task, text_field: str = "text") -> list[bytes]:
             try:
                 obj = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise _jsonl_error(task, n, f"not a JSON object ({exc})") from exc
+                raise _jsonl_error(task, n, f"not a JSON object ({exc})", read) from exc
             if not isinstance(obj, dict) or text_field not in obj:
-                raise _jsonl_error(task, n, f"expected a JSON object with a string {text_field!r} field")
+                raise _jsonl_error(task, n, f"expected a JSON object with a string {text_field!r} field", read)
             text = obj[text_field]
             if not isinstance(text, str):
-                raise _jsonl_error(task, n, f"{text_field!r} must be a string (got {type(text).__name__})")
+                raise _jsonl_error(task, n, f"{text_field!r} must be a string (got {type(text).__name__})", read)
             docs.append(text.encode("utf-8"))
         return docs
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(task.path)
+        pf = parquet() if parquet is not None else pq.ParquetFile(task.path)
     except (OSError, pa.ArrowException) as exc:
         raise DataError(f"{task.path}: not a readable Parquet file ({exc})") from exc
     if text_field not in pf.schema_arrow.names:

@@ -83,6 +83,25 @@ class ShardInfo:
 SPLITS = ("train", "val")
 
 
+def shard_doc(s: ShardInfo) -> dict[str, Any]:
+    """A shard as the manifest (and a prepare task's commit) writes it."""
+    return {
+        "file": s.data.file,
+        "tokens": s.tokens,
+        "bytes": s.data.bytes,
+        "sha256": s.data.sha256,
+        "documents": s.documents,
+        "index": {"file": s.index.file, "bytes": s.index.bytes, "sha256": s.index.sha256},
+    }
+
+
+def parse_shards(docs: Any, uri: str, where: str, dtype: str, names: set[str]) -> tuple[ShardInfo, ...]:
+    """Shard objects as written by ``shard_doc``, checked as a manifest's are (errors name ``uri`` and ``where``)."""
+    if not isinstance(docs, list):
+        raise ManifestError(f"{uri}: key '{where}' must be a list (got {type(docs).__name__})")
+    return _Reader(uri).shards(docs, where, dtype, names)
+
+
 @dataclass(frozen=True)
 class Manifest:
     tokenizer: TokenizerInfo
@@ -132,17 +151,7 @@ class Manifest:
             tok["bytes"] = self.tokenizer.file.bytes
 
         def shard_docs(shards: tuple[ShardInfo, ...]) -> list[dict[str, Any]]:
-            return [
-                {
-                    "file": s.data.file,
-                    "tokens": s.tokens,
-                    "bytes": s.data.bytes,
-                    "sha256": s.data.sha256,
-                    "documents": s.documents,
-                    "index": {"file": s.index.file, "bytes": s.index.bytes, "sha256": s.index.sha256},
-                }
-                for s in shards
-            ]
+            return [shard_doc(s) for s in shards]
 
         doc: dict[str, Any] = {
             "format": FORMAT,

@@ -5,78 +5,66 @@ Use::
     python -m trainer.data prepare corpus/ --out s3://bucket/datasets/corpus --workers 8
     python -m trainer.data prepare src/ --include '*.py' --exclude 'site-packages/' --out file:///data/py
     python -m trainer.data prepare web.parquet --text-field content --tokenizer gpt2 \\
-        --tokenizer-file ~/gpt2 --out gs://bucket/web
+        --tokenizer-file ~/gpt2 --out gs://bucket/web --engine ray --address ray://head:10001
+    python -m trainer.data prepare big/ --out s3://b/ds --tasks 512 --engine spark --master spark://host:7077
     python -m trainer.data synth --out file:///tmp/synth --tokens 1048576 --seed 0
 
-Inputs (found and read by trainer/data/inputs.py): files and directories (walked recursively, hidden files and ``DEFAULT_EXCLUDES`` skipped,
-``--include`` / ``--exclude`` gitignore-style patterns matched against the path below the directory,
-binary files skipped as git does: a NUL byte in the first 8000 bytes). Formats by suffix: ``.jsonl``
-(``.jsonl.gz``): one document per line, its ``--text-field``; ``.parquet``: one document per row of the
-``--text-field`` column, read row group by row group; anything else is plain text, one document per file
-(a file over 64 MiB is cut at line breaks into documents of at most 64 MiB).
-
-Work is split into tasks (a text file, a 32 MiB slice of a JSONL file, a Parquet row group), read and
-tokenized by ``--workers`` threads (see ``_encoded`` for why threads) and consumed in task order, so the
-output is byte-identical for any worker count. Each document goes to the training split or, with probability
-``--val-fraction`` decided by a hash of its bytes, to the held-out validation split (deterministic, and a
-document repeated in the corpus lands in the same split every time). Shards are staged locally, hashed
-and uploaded while tokenizing continues; ``manifest.json`` goes up last so a reader never sees a
-half-written dataset. The manifest records a fingerprint of the inputs and settings: running the same
-``prepare`` again finds it and returns at once (``--force`` redoes it).
+A job is a fixed set of deterministic tasks (trainer/data/plan.py, trainer/data/tasks.py): the inputs (path, size,
+sha256), cut into units (a text file, a 32 MiB JSONL slice, a Parquet row group) and grouped into ``--tasks``
+contiguous runs (default: about 8 MiB of input each, whatever the worker count), the tokenizer and the settings
+form the plan, stored as ``prepare/plan.json``. Each task writes its shards and then its commit; one merge writes
+``manifest.json`` from the commits. A runner (trainer/data/engines.py: local processes, Ray, Spark) only schedules
+the tasks, so the output is byte-identical for any runner and worker count. A relaunch runs only the tasks without a
+commit; a relaunch with other settings, inputs or task count over an unfinished job is refused in one line naming
+what changed (``--force`` starts over); over a finished dataset it makes the new one. A trained BPE learns from a
+sample of units drawn in an order fixed by ``--seed``.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import itertools
-import json
 import logging
 import os
 import time
-from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
-from gpu_train.storage import StorageError, Store, open_store
+from gpu_train.storage import ObjectNotFoundError, RetryPolicy, Store, open_store
+from trainer.data.engines import make_engine
 from trainer.data.errors import DataError, ManifestError
-from trainer.data.inputs import (
-    DEFAULT_EXCLUDES,
-    InputFile,
-    PrepareStats,
-    Task,
-    collect_files,
-    plan_tasks,
-    read_documents,
-)
+from trainer.data.inputs import DEFAULT_EXCLUDES, PrepareStats, Task, collect_files
 from trainer.data.manifest import MANIFEST_NAME, FileRef, Manifest, TokenizerInfo, dtype_for_vocab
-from trainer.data.pack import Packer
-from trainer.data.synthetic import VAL_STREAM, synthetic_shards
-from trainer.data.tokenizer import (
-    TOKENIZER_FILE,
-    ByteTokenizer,
-    Tokenizer,
-    load_gpt2,
-    train_bpe,
+from trainer.data.plan import (
+    COMMIT_PREFIX,
+    PLAN_KEY,
+    InputRef,
+    Plan,
+    commit_key,
+    default_tasks,
+    describe_inputs,
+    plan_units,
+    task_bounds,
 )
-from trainer.data.writer import DatasetWriter, write_dataset
+from trainer.data.remote import is_remote, plan_remote
+from trainer.data.synthetic import VAL_STREAM, synthetic_shards
+from trainer.data.tasks import Commit, load_task_tokenizer, merge, unit_documents
+from trainer.data.tokenizer import TOKENIZER_FILE, ByteTokenizer, Tokenizer, load_gpt2, train_bpe
+from trainer.data.writer import write_dataset
 
 DEFAULT_SHARD_TOKENS = 1 << 26  # 64 Mi tokens: 128 MiB uint16 shards, large enough for full-speed GETs
 DEFAULT_VAL_FRACTION = 0.01
-BPE_TRAIN_BYTES = 1 << 30  # a trained BPE learns from the first GiB of text
+DEFAULT_ATTEMPTS = 3
+BPE_TRAIN_BYTES = 1 << 30  # a trained BPE learns from a seeded sample of 1 GiB of the input
 TOKENIZERS = ("byte", "bpe", "gpt2")
-_VAL_SALT = b"gpu-train:val:"
+log = logging.getLogger("trainer.data")
 
 
 class Progress:
-    """What `prepare` says while it works, on `stream` (stderr by default): phases (the BPE training), one line per
-    fallback (a skipped file, an empty split), and its progress through the input: files, tokens, tokens/s and
-    the time left at the pace so far. On a terminal the progress line is redrawn in place (at most 5 times a
-    second); otherwise a line is printed every `every_s` seconds, and once at the end."""
+    """What `prepare` says while it works, on `stream` (stderr by default): phases (the BPE training, the plan), one
+    line per fallback (a skipped file, an undecodable one, a retried task, an empty split), and one progress line for
+    the whole job: tasks done of all, tokens, tokens/s, MB of input/s and the time left at the pace so far. Tasks
+    committed by an earlier run count as done but not towards the pace. On a terminal the line is redrawn in place
+    (at most 5 times a second); otherwise a line is printed every `every_s` seconds, and once at the end."""
 
     def __init__(self, stream: Any = None, *, every_s: float = 10.0, tty: bool | None = None) -> None:
         import sys
@@ -84,11 +72,12 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.every_s = 0.2 if self.tty else every_s
-        self.total_bytes = self.total_files = 0
-        self.bytes = self.files = self.tokens = 0
+        self.total_bytes = self.total_tasks = 0
+        self.bytes = self.tasks = self.tokens = 0  # this run's
+        self.done_before = self.bytes_before = 0  # committed by an earlier run
         self._t0 = self._last = 0.0
         self._drawn = False
-        self._shown = -1  # the bytes read at the last line drawn
+        self._shown = -1  # the tasks done at the last line drawn
 
     def say(self, text: str) -> None:
         """One line of its own (ending an in-place progress line first)."""
@@ -98,38 +87,38 @@ class Progress:
     def warn(self, text: str) -> None:
         self.say(f"warning: {text}")
 
-    def start(self, total_bytes: int, total_files: int) -> None:
-        import time
-
-        self.total_bytes, self.total_files = max(total_bytes, 1), total_files
+    def start(self, total_bytes: int, total_tasks: int, done_tasks: int = 0, done_bytes: int = 0) -> None:
+        self.total_bytes, self.total_tasks = max(total_bytes, 1), total_tasks
+        self.done_before, self.bytes_before = done_tasks, done_bytes
         self._t0 = self._last = time.monotonic()
 
-    def advance(self, nbytes: int, tokens: int, files: int) -> None:
-        import time
-
-        self.bytes, self.tokens, self.files = self.bytes + nbytes, self.tokens + tokens, self.files + files
+    def advance(self, nbytes: int, tokens: int, tasks: int = 1) -> None:
+        self.bytes, self.tokens, self.tasks = self.bytes + nbytes, self.tokens + tokens, self.tasks + tasks
         now = time.monotonic()
         if now - self._last >= self.every_s:
             self._last = now
             self._draw(now)
 
     def finish(self) -> None:
-        import time
-
-        if self.total_files and self._shown != self.bytes:
+        if self.total_tasks and self._shown != self.tasks:
             self._draw(time.monotonic())
         self._end_line()
 
     def line(self, now: float) -> str:
         elapsed = max(now - self._t0, 1e-9)
-        done = self.bytes / self.total_bytes
-        left = elapsed * (1 - done) / done if done > 0 else None
+        left_bytes = self.total_bytes - self.bytes_before - self.bytes
+        rate = self.bytes / elapsed
+        left = left_bytes / rate if rate > 0 else None
+        if self.done_before + self.tasks >= self.total_tasks:
+            left = 0.0
         eta = "?" if left is None else f"{int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}"
-        return (f"{self.files}/{self.total_files} files, {self.tokens:,} tokens, {self.tokens / elapsed:,.0f} "
-                f"tokens/s, {100 * done:.0f}% of {self.total_bytes / 1e6:,.1f} MB read, ETA {eta}")
+        done = (self.bytes_before + self.bytes) / self.total_bytes
+        return (f"{self.done_before + self.tasks}/{self.total_tasks} tasks, {self.tokens:,} tokens, "
+                f"{self.tokens / elapsed:,.0f} tokens/s, {rate / 1e6:,.1f} MB/s, {100 * done:.0f}% of "
+                f"{self.total_bytes / 1e6:,.1f} MB, ETA {eta}")
 
     def _draw(self, now: float) -> None:
-        self._shown = self.bytes
+        self._shown = self.tasks
         if self.tty:
             print(f"\rprepare: {self.line(now)}\x1b[K", end="", file=self.stream, flush=True)
             self._drawn = True
@@ -142,102 +131,132 @@ class Progress:
             self._drawn = False
 
 
-def is_val(doc: bytes, fraction: float) -> bool:
-    """Whether a document belongs to the held-out split: a keyed hash of its bytes below ``fraction``."""
-    if fraction <= 0:
-        return False
-    h = int.from_bytes(hashlib.sha256(_VAL_SALT + doc).digest()[:8], "big")
-    return h < fraction * 2.0**64
+# -- the driver -------------------------------------------------------------------------------------------
+def _say(progress: Progress | None) -> Callable[[str], None]:
+    return progress.say if progress is not None else lambda text: log.info("%s", text)
 
 
-# -- encoding ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Encoder:
-    tok: Tokenizer
-    kind: str
-    text_field: str
-    val_fraction: float
-    dtype: str
-
-    def __call__(self, task: Task) -> tuple[list[np.ndarray], list[bool]]:
-        docs = read_documents(task, self.text_field)
-        flags = [is_val(d, self.val_fraction) for d in docs]
-        if self.kind == "byte":  # uint8 here, widened to the shard dtype when packed
-            return [np.frombuffer(d, dtype=np.uint8) for d in docs], flags
-        return [ids.astype(self.dtype, copy=False) for ids in self.tok.encode_batch(docs)], flags
+def _stored(store: Store, key: str) -> bytes | None:
+    try:
+        return store.get_bytes(key)
+    except ObjectNotFoundError:
+        return None
 
 
-# -- writing ----------------------------------------------------------------------------------------------
-# -- prepare ----------------------------------------------------------------------------------------------
-def _fingerprint(files: Sequence[InputFile], settings: dict[str, Any]) -> str:
-    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-    for f in files:
-        st = f.path.stat()
-        h.update(f"{f.path.absolute()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
+def _manifest(store: Store) -> Manifest | None:
+    raw = _stored(store, MANIFEST_NAME)
+    try:
+        return None if raw is None else Manifest.parse(raw, uri=store.url_of(MANIFEST_NAME))
+    except ManifestError:
+        return None
 
 
 def _up_to_date(store: Store, fingerprint: str) -> Manifest | None:
-    """The manifest already at the destination, if it was written from the same inputs and settings."""
-    try:
-        if not store.exists(MANIFEST_NAME):
-            return None
-        manifest = Manifest.parse(store.get_bytes(MANIFEST_NAME), uri=store.url_of(MANIFEST_NAME))
-    except (ManifestError, StorageError):
+    """The manifest already at the destination, if it was written from the same plan (and every shard is there)."""
+    manifest = _manifest(store)
+    if manifest is None or (manifest.source or {}).get("fingerprint") != fingerprint:
         return None
-    if (manifest.source or {}).get("fingerprint") != fingerprint:
+    present = set(store.list("shard-")) | set(store.list("val-shard-"))
+    if any(s.data.file not in present for s in (*manifest.shards, *manifest.val_shards)):
         return None
-    for s in (*manifest.shards, *manifest.val_shards):
-        if not store.exists(s.data.file):
-            return None
     return manifest
 
 
-def _bpe_training_texts(tasks: Sequence[Task], text_field: str, limit: int) -> Iterator[str]:
+def _clear(store: Store) -> None:
+    """Remove a previous dataset and job: the manifest first, so that no reader meets shards it does not list."""
+    store.delete(MANIFEST_NAME)
+    for prefix in ("prepare/", "shard-", "val-shard-"):
+        store.delete_prefix(prefix)
+    store.delete(TOKENIZER_FILE)
+
+
+def _plan_inputs(inputs: Sequence[str | os.PathLike[str]], include: Sequence[str], exclude: Sequence[str],
+                 endpoint_url: str | None, skip_binary: bool, stats: PrepareStats, progress: Progress | None
+                 ) -> tuple[tuple[InputRef, ...], tuple[tuple[int, int, int], ...], list[int]]:  # fmt: skip
+    """The inputs pinned (local files hashed, objects by ETag), their units and weights: local files and directories
+    first (trainer/data/inputs.py), then each s3:// or gs:// prefix in the order given (trainer/data/remote.py)."""
+    local = [i for i in inputs if not is_remote(i)]
+    described: tuple[InputRef, ...] = ()
+    units: tuple[tuple[int, int, int], ...] = ()
+    weights: list[int] = []
+    if local:
+        files = collect_files(local, include, exclude, stats)
+        described = describe_inputs(files)
+        units, weights = plan_units(files, described, skip_binary=skip_binary, stats=stats, say=_say(progress))
+    for uri in (str(i) for i in inputs if is_remote(i)):
+        for (path, size, content, fmt), ranges, ws in plan_remote(
+            uri, include=include, exclude=exclude, endpoint_url=endpoint_url, skip_binary=skip_binary, stats=stats,
+            say=_say(progress),
+        ):  # fmt: skip
+            described += (InputRef(path, size, content, fmt),)
+            units += tuple((len(described) - 1, a, b) for a, b in ranges)
+            weights += ws
+    return described, units, weights
+
+
+def _bpe_sample(plan: Plan, seed: int, limit: int, endpoint_url: str | None) -> Iterable[str]:
+    """Text for training a BPE: whole units in an order fixed by ``seed`` (a keyed hash of each unit's index), until
+    ``limit`` bytes: a fixed sample of the whole input, not of its first files."""
+    order = sorted(range(len(plan.units)), key=lambda u: hashlib.sha256(f"{seed}:{u}".encode()).digest())
     seen = 0
-    for task in tasks:
-        for doc in read_documents(task, text_field):
+    for u in order:
+        i, start, end = plan.units[u]
+        ref = plan.inputs[i]
+        for doc in unit_documents(Task(ref.path, ref.fmt, start, end), plan.settings["text_field"], endpoint_url):
             yield doc.decode("utf-8", errors="replace")
             seen += len(doc)
-            if seen >= limit:
-                return
-
-
-def _encoded(
-    tasks: Sequence[Task], encode: _Encoder, workers: int
-) -> Iterator[tuple[list[np.ndarray], list[bool]]]:
-    """Encoded documents task by task, in task order, from ``workers`` threads.
-
-    Threads, not processes: the BPE encoder runs in Rust without the GIL (``tokenizers`` releases it in
-    ``encode_batch_fast``), file reads release it too, so threads scale the expensive part without
-    starting interpreters, copying the tokenizer or pickling token arrays between processes. Each call
-    stays on one thread (TOKENIZERS_PARALLELISM=false) so that ``workers`` is the number of cores used.
-    """
-    saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        if workers <= 1:
-            for task in tasks:
-                yield encode(task)
+        if seen >= limit:
             return
-        pool = ThreadPoolExecutor(workers, thread_name_prefix="prepare")
-        try:
-            # Ordered results keep the output independent of the worker count; a bounded window of tasks
-            # in flight keeps every thread busy without holding the whole corpus in memory.
-            ahead = iter(tasks)
-            pending = deque(pool.submit(encode, t) for t in itertools.islice(ahead, 4 * workers))
-            while pending:
-                done = pending.popleft().result()
-                for t in itertools.islice(ahead, 1):
-                    pending.append(pool.submit(encode, t))
-                yield done
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-    finally:
-        if saved is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
+def _tokenizer(plan: Plan, gpt2: Tokenizer | None, progress: Progress | None, total: int,
+               endpoint_url: str | None) -> Tokenizer:
+    st = plan.settings
+    if st["tokenizer"] == "byte":
+        return ByteTokenizer()
+    if gpt2 is not None:
+        return gpt2
+    _say(progress)(f"training a BPE tokenizer of {st['vocab_size']} ids on a sample of "
+                   f"{min(BPE_TRAIN_BYTES, total) / 1e6:,.1f} MB of the input (seed {st['seed']}) ...")
+    t0 = time.monotonic()
+    tok = train_bpe(_bpe_sample(plan, st["seed"], BPE_TRAIN_BYTES, endpoint_url), st["vocab_size"])
+    _say(progress)(f"trained the BPE tokenizer in {time.monotonic() - t0:.1f}s")
+    return tok
+
+
+def run_tasks(engine: Any, plan: Plan, pending: Sequence[int], out_uri: str, *, endpoint_url: str | None,
+              attempts: int, weights: Sequence[int], progress: Progress | None) -> None:
+    """Run ``pending`` tasks on ``engine`` until each has committed; a task that fails is tried again, up to
+    ``attempts`` times in all, after a jittered pause; one that fails on bad input (or too often) stops the job
+    with one line naming the task and its input."""
+    say = _say(progress)
+    policy = RetryPolicy(attempts=attempts, base_s=0.5, cap_s=10.0)
+    tries = dict.fromkeys(pending, 0)
+    todo = list(pending)
+    plan_json = plan.to_json()
+    for round_ in range(attempts):
+        failed: list[int] = []
+        for out in engine.run(plan_json, todo, out_uri, endpoint_url):
+            i = out["index"]
+            tries[i] += 1
+            if out["ok"]:
+                commit = Commit.parse(out["commit"], f"task {i}", plan.settings["dtype"])
+                for note in commit.notes:
+                    say(f"warning: {note}")
+                if progress is not None:
+                    progress.advance(weights[i], commit.tokens)
+                continue
+            first = plan.units_of(i)[0].path if plan.units_of(i) else "no input"
+            where = f"task {i} (input from {first})"
+            if not out["retryable"] or tries[i] >= attempts:
+                times = f" after {tries[i]} attempts" if tries[i] > 1 else ""
+                raise DataError(f"{where} failed{times}: {out['error']}")
+            say(f"{where} failed (attempt {tries[i]} of {attempts}), will retry: {out['error']}")
+            failed.append(i)
+        if not failed:
+            return
+        time.sleep(policy.delay(round_))
+        todo = failed
 
 
 def prepare(
@@ -249,6 +268,12 @@ def prepare(
     tokenizer_file: str | os.PathLike[str] | None = None,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     workers: int | None = None,
+    tasks: int | None = None,
+    engine: str = "local",
+    address: str | None = None,
+    master: str | None = None,
+    seed: int = 0,
+    attempts: int = DEFAULT_ATTEMPTS,
     endpoint_url: str | None = None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = DEFAULT_EXCLUDES,
@@ -268,119 +293,86 @@ def prepare(
         raise DataError(f"--val-fraction must be in [0, 1) (got {val_fraction})")
     if shard_tokens < 2:
         raise DataError(f"--shard-tokens must be >= 2 (got {shard_tokens})")
+    if attempts < 1:
+        raise DataError(f"--attempts must be >= 1 (got {attempts})")
     stats = stats if stats is not None else PrepareStats()
     if tokenizer == "gpt2" and tokenizer_file is None:
         raise DataError("--tokenizer gpt2 needs --tokenizer-file: GPT-2's vocab.json + merges.txt folder")
-    files = collect_files(inputs, include, exclude, stats)
-    store = open_store(out_uri, endpoint_url=endpoint_url)
-    tok_sha = ""
-    if tokenizer == "gpt2":
-        assert tokenizer_file is not None
-        tok: Tokenizer = load_gpt2(tokenizer_file)
-        tok_sha = hashlib.sha256(tok.to_json().encode()).hexdigest()  # type: ignore[attr-defined]
-    elif tokenizer == "bpe" and vocab_size is None:
+    if tokenizer == "bpe" and vocab_size is None:
         raise DataError("--tokenizer bpe needs --vocab-size")
-    elif tokenizer == "byte" and vocab_size not in (None, ByteTokenizer.vocab_size):
+    if tokenizer == "byte" and vocab_size not in (None, ByteTokenizer.vocab_size):
         raise DataError(f"--vocab-size is fixed at {ByteTokenizer.vocab_size} for the byte tokenizer")
-    settings = {
-        "tokenizer": tokenizer, "vocab_size": vocab_size, "tokenizer_sha256": tok_sha,
-        "shard_tokens": shard_tokens, "include": list(include), "exclude": list(exclude),
-        "skip_binary": skip_binary, "text_field": text_field, "val_fraction": val_fraction,
-    }  # fmt: skip
-    fingerprint = _fingerprint(files, settings)
-    if not force:
-        existing = _up_to_date(store, fingerprint)
-        if existing is not None:
-            stats.files = len(files)
-            stats.documents = {"train": existing.num_documents, "val": existing.val_documents}
-            stats.reused = True
-            return existing
-    tasks = plan_tasks(files, skip_binary=skip_binary, stats=stats, say=progress.say if progress is not None else None)
-    if not tasks:
+    runner = make_engine(engine, workers or os.cpu_count() or 1, address=address, master=master)
+    gpt2 = load_gpt2(tokenizer_file) if tokenizer == "gpt2" else None  # type: ignore[arg-type]
+    tok_sha = hashlib.sha256(gpt2.to_json().encode()).hexdigest() if gpt2 is not None else ""  # type: ignore[attr-defined]
+    vocab = gpt2.vocab_size if gpt2 is not None else (vocab_size or ByteTokenizer.vocab_size)
+    inputs = [str(i) if is_remote(i) else i for i in inputs]
+    described, units, weights = _plan_inputs(inputs, include, exclude, endpoint_url, skip_binary, stats, progress)
+    if not units:
         raise DataError(f"no text to tokenize in {[str(i) for i in inputs]}: every file was empty or binary")
-
-    if tokenizer != "gpt2":
-        tok = _byte_or_trained(tokenizer, vocab_size, tasks, text_field, progress)
+    settings = {
+        "tokenizer": tokenizer, "vocab_size": vocab_size, "tokenizer_sha256": tok_sha, "dtype": dtype_for_vocab(vocab),
+        "shard_tokens": shard_tokens, "include": list(include), "exclude": list(exclude), "skip_binary": skip_binary,
+        "text_field": text_field, "val_fraction": val_fraction, "seed": seed,
+    }  # fmt: skip
+    plan = Plan(settings, described, units, task_bounds(weights, tasks or default_tasks(sum(weights))))
+    store = open_store(out_uri, endpoint_url=endpoint_url)
+    if not force and (existing := _up_to_date(store, plan.recipe_sha256)) is not None:
+        stats.documents = {"train": existing.num_documents, "val": existing.val_documents}
+        stats.reused = True
+        return existing
+    old_raw = None if force else _stored(store, PLAN_KEY)
+    old = Plan.parse(old_raw, store.url_of(PLAN_KEY)) if old_raw is not None else None
+    change = old.difference(plan) if old is not None else ""
+    done = _manifest(store) if change else None
+    finished = old is not None and done is not None and (done.source or {}).get("plan") == old.sha256
+    if old is not None and change and not finished:
+        raise DataError(f"{store.url_of(PLAN_KEY)}: refusing to resume an unfinished preparation with other settings:"
+                        f" {change} (run it as before to finish it, or pass --force to start over)")
+    if old is not None and not change:
+        plan, tok = old, load_task_tokenizer(old, store)
+    else:
+        _clear(store)
+        tok = _tokenizer(plan, gpt2, progress, sum(weights), endpoint_url)
+        raw = tok.to_json().encode() if tok.kind != "byte" else b""  # type: ignore[attr-defined]
+        if raw:
+            store.put_bytes(TOKENIZER_FILE, raw)
+        plan = plan.with_tokenizer({"kind": tok.kind, "name": getattr(tok, "name", ""), "vocab_size": tok.vocab_size,
+                                    "eot_id": tok.eot_id, "sha256": hashlib.sha256(raw).hexdigest() if raw else ""})
+        if not store.put_if_absent(PLAN_KEY, plan.to_json()) and store.get_bytes(PLAN_KEY) != plan.to_json():
+            raise DataError(f"{store.url_of(PLAN_KEY)}: another prepare wrote another plan here meanwhile")
+    committed = {k for k in store.list(COMMIT_PREFIX)}
+    pending = [i for i in range(plan.tasks) if commit_key(i) not in committed]
+    task_bytes = [sum(weights[plan.bounds[i] : plan.bounds[i + 1]]) for i in range(plan.tasks)]
+    stats.tasks, stats.tasks_run = plan.tasks, len(pending)
+    _say(progress)(f"{plan.tasks} tasks over {len(plan.units)} units of {len(plan.inputs)} inputs"
+                   + (f"; {plan.tasks - len(pending)} committed already, {len(pending)} to run" if old is not None
+                      and not change else "") + f"; {runner.name} runner")  # fmt: skip
+    if progress is not None:
+        progress.start(sum(task_bytes), plan.tasks, plan.tasks - len(pending),
+                       sum(task_bytes) - sum(task_bytes[i] for i in pending))
+    run_tasks(runner, plan, pending, out_uri, endpoint_url=endpoint_url, attempts=attempts, weights=task_bytes,
+              progress=progress)
+    if progress is not None:
+        progress.finish()
     tok_file = None
-    if tokenizer != "byte":
-        raw = tok.to_json().encode()  # type: ignore[attr-defined]
-        store.put_bytes(TOKENIZER_FILE, raw)
+    if tok.kind != "byte":
+        raw = store.get_bytes(TOKENIZER_FILE)
         tok_file = FileRef(TOKENIZER_FILE, len(raw), hashlib.sha256(raw).hexdigest())
-    dtype = dtype_for_vocab(tok.vocab_size)
     info = TokenizerInfo(tok.kind, tok.vocab_size, tok.eot_id, tok_file, getattr(tok, "name", ""))
-    writer = DatasetWriter(store, dtype)
-    try:
-        _write_shards(tasks, _Encoder(tok, tok.kind, text_field, val_fraction, dtype), writer,
-                      workers=max(1, min(workers or os.cpu_count() or 1, len(tasks))),
-                      packers={s: Packer(eot_id=tok.eot_id, shard_tokens=shard_tokens, dtype=dtype)
-                               for s in ("train", "val")}, stats=stats, progress=progress)
-    except BaseException:
-        writer.abort()
-        raise
-    if val_fraction > 0 and not writer.infos["val"] and writer.infos["train"]:
-        text = (f"--val-fraction {val_fraction} held out none of the {stats.documents['train']} documents: the "
+    source = {"fingerprint": plan.recipe_sha256, "plan": plan.sha256, "tasks": plan.tasks, "files": stats.files,
+              "skipped_binary": stats.skipped_binary}  # fmt: skip
+    manifest = merge(plan, store, info, source)
+    stats.documents = {"train": manifest.num_documents, "val": manifest.val_documents}
+    if val_fraction > 0 and not manifest.val_shards:
+        text = (f"--val-fraction {val_fraction} held out none of the {manifest.num_documents} documents: the "
                 "validation split is empty, and a run with eval.every_steps will refuse this dataset; use a larger "
                 "--val-fraction or more documents")
         if progress is not None:
             progress.warn(text)
         else:
-            logging.getLogger("trainer.data").warning("%s", text)
-    source = {"fingerprint": fingerprint, "files": stats.files, "skipped_binary": stats.skipped_binary}
-    return writer.finish(info, val_fraction=val_fraction, source=source)
-
-
-def _byte_or_trained(kind: str, vocab_size: int | None, tasks: Sequence[Task], text_field: str,
-                     progress: Progress | None) -> Tokenizer:
-    """The byte tokenizer, or a BPE tokenizer trained on the first BPE_TRAIN_BYTES of the input."""
-    if kind == "byte":
-        return ByteTokenizer()
-    assert vocab_size is not None
-    if progress is not None:
-        progress.say(f"training a BPE tokenizer of {vocab_size} ids on the first "
-                     f"{min(BPE_TRAIN_BYTES, _task_bytes(tasks)) / 1e6:,.1f} MB of the input ...")
-    t0 = time.monotonic()
-    tok = train_bpe(_bpe_training_texts(tasks, text_field, BPE_TRAIN_BYTES), vocab_size)
-    if progress is not None:
-        progress.say(f"trained the BPE tokenizer in {time.monotonic() - t0:.1f}s")
-    return tok
-
-
-def _task_bytes(tasks: Sequence[Task]) -> int:
-    return sum(_weight(t) for t in tasks)
-
-
-def _weight(task: Task) -> int:
-    """A task's share of the input in bytes (a Parquet row group counts as its file's size over its groups)."""
-    return task.end - task.start if task.fmt != "parquet" else _row_group_bytes(task.path)
-
-
-@functools.lru_cache(maxsize=1024)
-def _row_group_bytes(path: str) -> int:
-    import pyarrow.parquet as pq
-
-    return os.path.getsize(path) // max(1, pq.ParquetFile(path).metadata.num_row_groups)
-
-
-def _write_shards(tasks: list[Task], encoder: _Encoder, writer: DatasetWriter, *, workers: int,
-                  packers: dict[str, Packer], stats: PrepareStats, progress: Progress | None = None) -> None:
-    """Encode the documents (in `workers` threads), pack each split's into shards and hand them to writer."""
-    weights = [_weight(t) for t in tasks] if progress is not None else []
-    last_of_file = {t.path: i for i, t in enumerate(tasks)}
-    if progress is not None:
-        progress.start(sum(weights), len(last_of_file))
-    for i, (docs, flags) in enumerate(_encoded(tasks, encoder, workers)):
-        for doc, val in zip(docs, flags, strict=True):
-            split = "val" if val else "train"
-            stats.documents[split] += 1
-            for shard in packers[split].add(doc):
-                writer.add(split, shard)
-        if progress is not None:
-            progress.advance(weights[i], sum(len(d) + 1 for d in docs), int(last_of_file[tasks[i].path] == i))
-    for split, packer in packers.items():
-        for shard in packer.finish():
-            writer.add(split, shard)
-    if progress is not None:
-        progress.finish()
+            log.warning("%s", text)
+    return manifest
 
 
 def synth(out_uri: str, *, tokens: int = 1 << 20, seed: int = 0, shard_tokens: int = 1 << 18,

@@ -257,9 +257,9 @@ def test_cli_prepare_verify_and_errors(tmp_path, capsys):
     assert text == "abc" * 100 + "first doc" + "second doc"
     assert cli(["verify", f"file://{tmp_path}/ds"]) == 0
     assert "ok:" in capsys.readouterr().out
-    (tmp_path / "ds" / "shard-000000.bin").write_bytes(b"\0\0" * 303)
+    (tmp_path / "ds" / "shard-000000-000000.bin").write_bytes(b"\0\0" * 303)
     assert cli(["verify", f"file://{tmp_path}/ds"]) == 2
-    assert f"file://{tmp_path}/ds/shard-000000.bin" in capsys.readouterr().err
+    assert f"file://{tmp_path}/ds/shard-000000-000000.bin" in capsys.readouterr().err
     (tmp_path / "bad.jsonl").write_text('{"text": 1}\n')
     assert (
         cli(["prepare", str(tmp_path / "bad.jsonl"), "--out", f"file://{tmp_path}/x", "--workers", "1"]) == 2

@@ -102,10 +102,10 @@ def test_input_errors_name_the_file_and_line(tmp_path, monkeypatch):
             prepare([tmp_path / "big.jsonl"], f"file://{tmp_path}/o", workers=workers)
     pq.write_table(pa.table({"body": ["x"]}), tmp_path / "t.parquet")
     with pytest.raises(DataError, match="t.parquet: cannot read column 'text'"):
-        prepare([tmp_path / "t.parquet"], f"file://{tmp_path}/o")
+        prepare([tmp_path / "t.parquet"], f"file://{tmp_path}/o-t")
     pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "n.parquet")
     with pytest.raises(DataError, match="n.parquet: column 'text' is int64, expected a string column"):
-        prepare([tmp_path / "n.parquet"], f"file://{tmp_path}/o")
+        prepare([tmp_path / "n.parquet"], f"file://{tmp_path}/o-n")
 
 
 def test_jsonl_parts_give_the_same_dataset_as_one_part(tmp_path, monkeypatch):
@@ -313,21 +313,21 @@ def _small_corpus(root: Path, files: int = 6) -> Path:
 
 
 def test_prepare_says_what_it_does_off_a_terminal(tmp_path, capsys):
-    """No terminal: the BPE training is announced and timed, each skipped file is named with why, progress lines
-    (files, tokens, rate, time left) come every --progress-every seconds and once at the end. Before, a BPE
-    prepare printed nothing until it was done."""
+    """No terminal: the BPE training is announced and timed, each skipped file is named with why, one progress line
+    for the whole job (tasks, tokens, rate, time left) comes every --progress-every seconds and once at the end."""
     corpus = _small_corpus(tmp_path)
     assert cli(["prepare", str(corpus), "--out", f"file://{tmp_path}/ds", "--tokenizer", "bpe", "--vocab-size", "300",
-                "--progress-every", "0", "--workers", "1"]) == 0
+                "--progress-every", "0", "--workers", "1", "--tasks", "6"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert f"prepare: skipped {corpus / 'blob.dat'}: binary (a NUL byte in its first 8000 bytes, as git decides; " \
            "--keep-binary keeps it)" in err
+    assert f"prepare: skipped {corpus / 'empty.txt'}: empty" in err
     assert any(line.startswith("prepare: training a BPE tokenizer of 300 ids") for line in err)
     assert any(line.startswith("prepare: trained the BPE tokenizer in ") for line in err)
-    progress = [line for line in err if " files, " in line]
-    assert len(progress) == 6, err  # one per file at --progress-every 0, the last one not repeated
-    assert progress[0].startswith("prepare: 1/6 files, ") and progress[-1].startswith("prepare: 6/6 files, ")
-    assert all("tokens/s" in line and "ETA " in line for line in progress)
+    progress = [line for line in err if " tasks, " in line]
+    assert len(progress) == 6, err  # one per task at --progress-every 0, the last one not repeated
+    assert progress[0].startswith("prepare: 1/6 tasks, ") and progress[-1].startswith("prepare: 6/6 tasks, ")
+    assert all("tokens/s" in line and "MB/s" in line and "ETA " in line for line in progress)
     assert "100% of" in progress[-1] and "ETA 0:00:00" in progress[-1]
 
 
@@ -338,7 +338,7 @@ def test_prepare_redraws_one_progress_line_on_a_terminal(tmp_path):
 
     out = io.StringIO()
     progress = Progress(out, tty=True)
-    progress.start(total_bytes=1000, total_files=2)
+    progress.start(total_bytes=1000, total_tasks=2)
     progress.every_s = 0  # every call draws, as the 0.2 s of a real terminal would over a long run
     progress.advance(500, 120, 1)
     progress.advance(500, 130, 1)
@@ -346,7 +346,7 @@ def test_prepare_redraws_one_progress_line_on_a_terminal(tmp_path):
     progress.finish()
     text = out.getvalue()
     assert text.count("\rprepare: ") == 2 and "\x1b[K" in text  # redrawn in place, the rest of the line cleared
-    assert "\rprepare: 2/2 files, 250 tokens" in text and "100% of 0.0 MB read" in text
+    assert "\rprepare: 2/2 tasks, 250 tokens" in text and "100% of 0.0 MB, ETA 0:00:00" in text
     assert text.endswith("\nprepare: something to say\n")  # a message of its own ends the progress line first
 
 
@@ -386,8 +386,9 @@ def test_an_empty_validation_split_is_said_when_it_is_written_and_when_it_is_ref
     assert "larger --val-fraction" in str(exc.value)
 
 
-def test_the_help_says_workers_are_threads(capsys):
+def test_the_help_says_what_workers_and_tasks_are(capsys):
     with pytest.raises(SystemExit):
         cli(["prepare", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--workers WORKERS tokenizer threads" in text and "processes" not in text
+    assert "--workers WORKERS tasks run at once" in text and "the output does not depend on it" in text
+    assert "--tasks TASKS the job's fixed task count" in text

@@ -110,7 +110,7 @@ def test_second_open_hits_cache_without_shard_gets(dataset_uri, proxy, tmp_path)
 def test_corrupted_shard_is_rejected_and_not_cached(dataset_uri, proxy, tmp_path, moto_endpoint, bucket):
     uri, _ = dataset_uri
     s3 = boto3.client("s3", endpoint_url=moto_endpoint)
-    key = "ds/shard-000001.bin"
+    key = "ds/shard-000000-000001.bin"
     good = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     s3.put_object(Bucket=bucket, Key=key, Body=bytes([good[0] ^ 0xFF]) + good[1:])  # same size, bad hash
     cache = tmp_path / "cache"
@@ -119,8 +119,8 @@ def test_corrupted_shard_is_rejected_and_not_cached(dataset_uri, proxy, tmp_path
         with pytest.raises(ShardIntegrityError) as info:
             ds.window(bad_window)
     msg = str(info.value)
-    assert "shard-000001.bin" in msg and f"{uri}/shard-000001.bin" in msg and "sha256" in msg
-    assert info.value.uri == f"{uri}/shard-000001.bin"
+    assert "shard-000000-000001.bin" in msg and f"{uri}/shard-000000-000001.bin" in msg and "sha256" in msg
+    assert info.value.uri == f"{uri}/shard-000000-000001.bin"
     sha = json.loads(s3.get_object(Bucket=bucket, Key="ds/manifest.json")["Body"].read())["shards"][1][
         "sha256"
     ]
@@ -134,10 +134,10 @@ def test_corrupted_shard_is_rejected_and_not_cached(dataset_uri, proxy, tmp_path
 
 def test_missing_shard_names_shard_and_uri(dataset_uri, proxy, tmp_path, moto_endpoint, bucket):
     uri, _ = dataset_uri
-    boto3.client("s3", endpoint_url=moto_endpoint).delete_object(Bucket=bucket, Key="ds/shard-000000.bin")
+    boto3.client("s3", endpoint_url=moto_endpoint).delete_object(Bucket=bucket, Key="ds/shard-000000-000000.bin")
     with _open(uri, proxy, tmp_path / "cache") as ds, pytest.raises(ShardMissingError) as info:
         ds.window(0)
-    assert f"{uri}/shard-000000.bin" in str(info.value)
+    assert f"{uri}/shard-000000-000000.bin" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,7 @@ def test_missing_manifest_is_a_manifest_error(proxy, bucket, tmp_path):
 def test_injected_503s_are_retried(dataset_uri, proxy, tmp_path):
     uri, _ = dataset_uri
     # 3 failures on one shard: more than botocore's 2 attempts, so the outer shard retry must step in too.
-    proxy.fail_next(3, status=503, match="shard-000000.bin")
+    proxy.fail_next(3, status=503, match="shard-000000-000000.bin")
     opts = StoreOptions(max_attempts=2, connect_timeout=2, read_timeout=2)
     with _open(uri, proxy, tmp_path / "cache", store_options=opts) as ds:
         w = ds.window(0)
@@ -184,23 +184,23 @@ def test_injected_503s_are_retried(dataset_uri, proxy, tmp_path):
 
 def test_stalled_read_times_out_and_is_retried(dataset_uri, proxy, tmp_path):
     uri, expected = dataset_uri
-    proxy.stall_next(1, seconds=2.5, match="shard-000000.bin")
+    proxy.stall_next(1, seconds=2.5, match="shard-000000-000000.bin")
     opts = StoreOptions(max_attempts=3, connect_timeout=1, read_timeout=1)
     with _open(uri, proxy, tmp_path / "cache", store_options=opts) as ds:
         np.testing.assert_array_equal(ds.window(0), expected[: CONTEXT + 1])
-    assert len(proxy.gets("shard-000000.bin")) == 1  # the stalled attempt never completed
+    assert len(proxy.gets("shard-000000-000000.bin")) == 1  # the stalled attempt never completed
 
 
 def test_persistent_outage_raises_storage_error_naming_uri(dataset_uri, proxy, tmp_path):
     uri, _ = dataset_uri
-    proxy.fail_next(1000, status=500, match="shard-000002.bin")
+    proxy.fail_next(1000, status=500, match="shard-000000-000002.bin")
     opts = StoreOptions(max_attempts=1, connect_timeout=1, read_timeout=1)  # only the bounded outer retry
     with _open(uri, proxy, tmp_path / "cache", store_options=opts) as ds:
         idx = next(i for i in range(ds.num_windows) if ds.locate(i)[0] == 2)
         with pytest.raises(ShardError) as info:
             ds.window(idx)
         assert ds.cache.stats.retries == FAST_RETRY.attempts - 1
-    assert f"{uri}/shard-000002.bin" in str(info.value) and info.value.shard == "shard-000002.bin"
+    assert f"{uri}/shard-000000-000002.bin" in str(info.value) and info.value.shard == "shard-000000-000002.bin"
     assert isinstance(info.value.__cause__, StorageError) and info.value.__cause__.transient
 
 
