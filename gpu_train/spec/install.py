@@ -14,7 +14,7 @@ does not exist.
 from __future__ import annotations
 
 # pyproject.toml's [project.optional-dependencies], in its order (tests/gpu_train/test_install_hints.py).
-EXTRAS = ("trainer", "infra", "cli", "serve", "serve-local", "examples", "sweeps", "dev")
+EXTRAS = ("trainer", "infra", "cli", "serve", "serve-local", "examples", "sweeps", "prep", "dev")
 
 
 def install_hint(*extras: str) -> str:
