@@ -22,8 +22,9 @@ from pathlib import Path
 
 from bench.common import Figure
 from bench.runs import ROOT
+from gpu_train.serving import ports
 from gpu_train.serving.bench import load
-from gpu_train.serving.local import run_route
+from gpu_train.serving.local import RouteThread
 from gpu_train.serving.metrics import RouteMetrics
 from gpu_train.serving.router import Route, RouteBackend, create_app
 from trainer.distributed import free_port
@@ -66,7 +67,10 @@ def serving(model: Path) -> Iterator[tuple[str, str]]:
         deadline = time.monotonic() + 300
         wait_answering(direct, proc, deadline)
         app = create_app(Route("bench", [RouteBackend("1", direct, 100)]), RouteMetrics())
-        threading.Thread(target=run_route, args=(app, route_port, stop), daemon=True).start()
+        route = RouteThread(app, ports.bind("127.0.0.1", route_port), stop)
+        route.start()
+        if not route.started.wait(60):
+            raise RuntimeError(f"the route did not start on port {route_port}: {route.error}")
         wait_answering(routed, proc, deadline)
         yield direct, routed
     finally:

@@ -105,9 +105,10 @@ def _jobset_api() -> tuple[str, str]:
 
 
 def apply(session: Session | None, root: str, *, teams: list[str], contracts: Callable[[str], PlatformContract],
-          prune: bool, dry_run: bool, replace_running: bool, commit: str = "", out=None) -> int:
+          prune: bool, dry_run: bool, replace_running: bool, commit: str = "", out=None, unread: str = "") -> int:
     """Make each team's namespace match its spec files; returns 1 when something needs a person (drift, a name
-    taken by a JobSet apply did not create), else 0."""
+    taken by a JobSet apply did not create), else 0. `unread`: why a dry run has no cluster to compare with (said
+    on one line once the specs are checked)."""
     out = out or sys.stdout
     unknown = _team_problems(Path(root), teams, contracts) if teams else []
     if unknown:
@@ -123,6 +124,9 @@ def apply(session: Session | None, root: str, *, teams: list[str], contracts: Ca
             raise ClientError(f"{path}: no git commit for this file (not in a git checkout, or changed since the last "
                            "commit): apply deploys what git holds; commit it, or pass --commit")
         by_team.setdefault(job.team, {})[job.name] = _render(contracts(job.team), job, where)
+    if unread:
+        print(f"gpu-train: apply --dry-run: not compared with a cluster ({unread}): every job shows as create, and "
+              "nothing as changed, drifted or pruned", file=sys.stderr)
     needs_person = 0
     totals: dict[str, int] = {}
     for team, desired in sorted(by_team.items()):

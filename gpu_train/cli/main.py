@@ -153,20 +153,20 @@ def _gitops(args) -> int:
     from gpu_train.cli import gitops
 
     client = _client(args)
-    if args.command == "lint":
-        return gitops.lint(args.target, client.contract)
-    if args.platform and args.dry_run:
+    unread = ""
+    if args.platform and (args.command == "lint" or args.dry_run):
         # A dry run from a platform file compares with the cluster when a kubeconfig reaches one, else says so.
         try:
-            session = client.session
+            session = None if args.command == "lint" else client.session
         except NoCluster as exc:
-            session = None
-            print(f"gpu-train: apply --dry-run: not compared with a cluster ({exc}): every job shows as create, "
-                  "and nothing as changed, drifted or pruned", file=sys.stderr)
+            session, unread = None, str(exc)
     else:
-        session = client.session
+        session = client.session  # no kubeconfig: NoCluster, whose message names `gpu-train platform`
+    if args.command == "lint":
+        return gitops.lint(args.target, client.contract)
     return gitops.apply(session, args.dir, teams=args.team, contracts=client.contract, prune=args.prune,
-                        dry_run=args.dry_run, replace_running=args.replace_running, commit=args.commit)
+                        dry_run=args.dry_run, replace_running=args.replace_running, commit=args.commit,
+                        unread=unread)
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -285,7 +285,7 @@ def test_fsdp_with_model_registration_on_two_nodes(tmp_path, s3):
     import mlflow
     from safetensors.torch import load_file
 
-    from trainer.export import from_hf_gpt2, model_config_from
+    from trainer.export import from_hf_gpt2, fuse_model_qkv, model_config_from
     from trainer.outputs import state_sha256
 
     nodes = _nodes(tmp_path, s3)
@@ -303,7 +303,9 @@ def test_fsdp_with_model_registration_on_two_nodes(tmp_path, s3):
     model_file = nodes._rank0_file("model/model.safetensors")
     config = json.loads((model_file.parent / "config.json").read_text())
     assert config["model_type"] == "gpt2" and config["n_layer"] == 2 and config["n_embd"] == 32
-    state = from_hf_gpt2(load_file(str(model_file)), model_config_from(config["gpu_train"]["model"], "config"))
+    cfg = model_config_from(config["gpu_train"]["model"], "config")
+    # Hugging Face's layout holds query, key and value apart; the trained state (and its hash) holds them fused.
+    state = fuse_model_qkv(from_hf_gpt2(load_file(str(model_file)), cfg), cfg.n_head)
     assert state_sha256(state) == got["params_sha256"]
     # The embedded MLflow store of the node rank 0 ran on: beside its run directory.
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{model_file.parent.parent.parent / 'mlflow.db'}")
