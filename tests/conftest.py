@@ -102,6 +102,22 @@ def _fresh_pulumi_root():
     yield
 
 
+@pytest.fixture
+def cli(capsys, monkeypatch, tmp_path):
+    """run(args) -> (status, stdout, stderr) of `gpu-train ARGS` in this process, with HOME in tmp_path (no stray
+    kubeconfig); the CLI tests and the cluster lane share it."""
+    from gpu_train.cli.main import main
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+    return run
+
+
 def resources_of(plan: dict, type_token: str) -> list[dict]:
     """All resources of one Pulumi type token in a plan."""
     return [r for r in plan["resources"] if r["type"] == type_token]

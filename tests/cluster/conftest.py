@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_train.cli.main import main
 from tools import variants
 from tools.cluster.nodes import pool_nodes
 from tools.cluster.plane import Plane
@@ -139,19 +138,6 @@ def platform(plane, stack_objects, plan_out, tmp_path_factory) -> Platform:
         n.metadata.name for n in p.core().list_node().items
         if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))})
     return p
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch, tmp_path):
-    """run(args) -> (status, stdout, stderr) of `gpu-train ARGS`, with HOME in tmp_path (no stray kubeconfig)."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main([str(a) for a in args])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-    return run
 
 
 def job_spec(tmp_path: Path, **over: Any) -> Path:

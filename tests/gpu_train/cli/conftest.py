@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_train.cli.main import main
 from gpu_train.spec import naming, queues
 from gpu_train.spec.catalog.aws import CATALOG as EC2
 from gpu_train.spec.contract import Fabric, GpuPool, PlatformContract
@@ -91,19 +90,6 @@ def spec(tmp_path: Path, **over: Any) -> Path:
     path = tmp_path / f"{settings['name']}.yaml"
     path.write_text(yaml.safe_dump(settings))
     return path
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch, tmp_path):
-    """run(args) -> (status, stdout, stderr) of `gpu-train ARGS`, with HOME in tmp_path (no stray kubeconfig)."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-
-    def run(*args: str) -> tuple[int, str, str]:
-        code = main([str(a) for a in args])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
-    return run
 
 
 def only_error_lines(err: str) -> bool:
