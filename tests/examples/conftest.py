@@ -1,3 +1,4 @@
-"""The `gpu-train` command's fixtures (the fake API server, the platform contract, the in-process command)."""
+"""The `gpu-train` command's fixtures (the fake API server, the platform contract); the in-process command, `cli`, is
+tests/conftest.py's."""
 
-from tests.gpu_train.cli.conftest import api, cli, doc  # noqa: F401
+from tests.gpu_train.cli.conftest import api, doc  # noqa: F401
