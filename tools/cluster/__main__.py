@@ -21,23 +21,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"local control plane ready in {state['ready_s']} s at {plane.server}")
         print(f"export KUBECONFIG={plane.admin_kubeconfig}")
         return 0
-    if cmd[0] == "down":
+    if cmd[0] in ("down", "status"):
         plane = Plane.load()
         if plane is None:
             print("no local control plane runs")
+            return 0 if cmd[0] == "down" else 1
+        if cmd[0] == "down":
+            plane.stop()
+            print("local control plane stopped")
             return 0
-        plane.stop()
-        print("local control plane stopped")
-        return 0
-    if cmd[0] == "status":
-        plane = Plane.load()
-        if plane is None:
-            print("no local control plane runs")
-            return 1
+        alive = plane.alive()
         print(f"{plane.server}  KUBECONFIG={plane.admin_kubeconfig}")
-        for name, up in plane.alive().items():
+        for name, up in alive.items():
             print(f"  {name:24} {'running' if up else 'EXITED'}")
-        return 0 if all(plane.alive().values()) else 1
+        return 0 if all(alive.values()) else 1
     print("usage: python -m tools.cluster up|down|status", file=sys.stderr)
     return 2
 
