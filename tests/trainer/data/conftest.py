@@ -4,13 +4,15 @@
 Run: ``.venv/bin/pytest tests/trainer/data -q``. The proxy forwards every request to moto over real HTTP,
 records (method, path, query, headers) for request counting, and on demand answers 503 or stalls past the
 client's read timeout, so retries are exercised on the wire rather than by patching botocore. A second
-instance (``cache_proxy``) serves the API under ``/api/v1/s3``, the path of the Alluxio S3 proxy.
+instance (``cache_proxy``) serves the API under ``/api/v1/s3``, the path of the Alluxio S3 proxy. ``corpus`` and
+``reference`` are prepare's task-test corpus and its dataset from one local worker, once per module.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import pytest
@@ -85,3 +87,22 @@ def bucket(moto_endpoint: str, aws_env: None) -> str:
     name = f"data-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """prepare's task tests' corpus (tests/trainer/data/prepare_corpus.py), once per test module."""
+    from tests.trainer.data.prepare_corpus import make_corpus
+
+    return make_corpus(tmp_path_factory.mktemp("prepare-corpus") / "in")
+
+
+@pytest.fixture(scope="module")
+def reference(corpus: Path, tmp_path_factory) -> dict[str, str]:
+    """The dataset made in this process, one task after the other: what every other run must equal."""
+    from tests.trainer.data.prepare_corpus import SHARD_TOKENS, TASKS, tree_sha
+    from trainer.data.prepare import prepare
+
+    out = tmp_path_factory.mktemp("reference") / "ds"
+    prepare([corpus], f"file://{out}", shard_tokens=SHARD_TOKENS, tasks=TASKS, val_fraction=0.1, workers=1)
+    return tree_sha(out)

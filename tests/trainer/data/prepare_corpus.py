@@ -2,6 +2,7 @@
 than a shard, non-UTF-8 bytes, JSONL, Parquet with several row groups), and a fingerprint of a dataset's bytes.
 
 Usage: ``corpus = make_corpus(tmp_path / "in")``; ``tree_sha(tmp_path / "ds")`` -> {relative path: sha256}.
+tests/trainer/data/conftest.py makes them the module fixtures `corpus` and `reference`.
 """
 
 from __future__ import annotations
@@ -47,3 +48,4 @@ def tree_sha(root: Path) -> dict[str, str]:
     """Every file below ``root`` (shards, indexes, manifest, plan, commits) by relative path -> sha256."""
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}  # fmt: skip
+

@@ -14,25 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.data.prepare_corpus import SHARD_TOKENS, TASKS, make_corpus, tree_sha
+from tests.trainer.data.prepare_corpus import SHARD_TOKENS, TASKS, tree_sha
 from trainer.data.__main__ import main as cli
 from trainer.data.inputs import PrepareStats
 from trainer.data.prepare import prepare
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("prepare-engines") / "in")
-
-
-@pytest.fixture(scope="module")
-def reference(corpus: Path, tmp_path_factory) -> dict[str, str]:
-    out = tmp_path_factory.mktemp("reference") / "ds"
-    prepare([corpus], f"file://{out}", shard_tokens=SHARD_TOKENS, tasks=TASKS, val_fraction=0.1, workers=1)
-    return tree_sha(out)
 
 
 def _run(corpus: Path, out: Path, **kw) -> PrepareStats:

@@ -19,7 +19,7 @@ import boto3
 import pytest
 
 from gpu_train.storage import open_store
-from tests.trainer.data.prepare_corpus import SHARD_TOKENS, TASKS, make_corpus, tree_sha
+from tests.trainer.data.prepare_corpus import SHARD_TOKENS, TASKS, tree_sha
 from trainer.data import DataError
 from trainer.data import tasks as tasks_mod
 from trainer.data.__main__ import main as cli
@@ -35,19 +35,6 @@ def _prepare(corpus: Path, out: str, **kw) -> tuple[object, PrepareStats]:
     stats = PrepareStats()
     kw = {"shard_tokens": SHARD_TOKENS, "tasks": TASKS, "val_fraction": 0.1, "workers": 1, **kw}
     return prepare([corpus], out, stats=stats, **kw), stats
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("prepare-tasks") / "in")
-
-
-@pytest.fixture(scope="module")
-def reference(corpus: Path, tmp_path_factory) -> dict[str, str]:
-    """The dataset made in this process, one task after the other: what every other run must equal."""
-    out = tmp_path_factory.mktemp("reference") / "ds"
-    _prepare(corpus, f"file://{out}")
-    return tree_sha(out)
 
 
 def test_tasks_are_cut_by_input_bytes_and_the_default_count_ignores_workers():
