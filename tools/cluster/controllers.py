@@ -10,13 +10,17 @@ Usage (tools/cluster/plane.py calls these once the API server is ready):
   kustomization patches); webhooks of integrations the platform's Kueue configuration does not enable are left
   out, as the chart leaves them inert.
 - Kueue runs with the platform's own Configuration (infra.k8s.tenancy.kueue_configuration), with only what an
-  out-of-cluster process needs changed: ports, certificates, no leader election, no visibility API server (an
-  APIService needs a Service the API server can reach, and without kube-proxy it cannot).
+  out-of-cluster process needs changed: ports, certificates, no leader election. Its visibility API server (queue
+  positions) listens on loopback behind upstream's APIServices; their Service is an ExternalName `localhost` with
+  the server's port, which the aggregation layer dials directly (a ClusterIP would need kube-proxy). As upstream's
+  APIService does, the API server does not verify that server's certificate.
 - kwok manages the nodes annotated `kwok.x-k8s.io/node: fake` with upstream's stages: nodes go Ready and keep
   their lease, bound pods go Running, a pod labelled `pod-container-running-failed.stage.kwok.x-k8s.io: "true"`
   fails with the exit code of its annotation, and deleted pods go away. Pods never complete by themselves. Pod and
   node addresses are loopback ones (127.128.0.0/16, 127.0.0.1), so nothing the API server dials leaves this
-  machine: it refuses to proxy to them ("address not allowed"), and a kubelet port it asks for logs has no server.
+  machine, and it refuses to proxy to pods and services there ("address not allowed": the pod and service proxy
+  only dial global unicast addresses). kwok's own server is every node's kubelet port, so a pod's log is served
+  from the file its kwok `Logs` object names (`pod_log`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import copy
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +48,11 @@ KWOK_STAGES = ("node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node
                "pod/fast/pod-ready.yaml", "pod/fast/pod-delete.yaml",
                "pod/chaos/pod-container-running-failed.yaml")
 KUEUE_METRICS_CERTS = "/etc/kueue/metrics/certs"
+# Kueue's visibility server reads its serving pair here whenever its own certificate management is off
+# (pkg/visibility/server.go).
+KUEUE_VISIBILITY_CERTS = "/visibility"
+VISIBILITY_SERVICE = "visibility-server"
+KWOK_LOGS = ("kwok.x-k8s.io/v1alpha1", "Logs")
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 FAIL_EXIT_CODE = "pod-container-running-failed.stage.kwok.x-k8s.io/exit-code"
 
@@ -132,18 +142,55 @@ def install_kueue(plane: Plane, ports: dict[str, int], ca: Authority, ca_bundle:
         "webhook": {"port": ports["kueue-webhook"], "host": "127.0.0.1", "certDir": str(certs)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
-        "featureGates": {"VisibilityOnDemand": False},
+        "visibilityServer": {"bindAddress": "127.0.0.1", "bindPort": ports["kueue-visibility"]},
     })
     (plane.run / "kueue.yaml").write_text(yaml.safe_dump(config))
-    _kueue_metrics_certs(certs)
-    plane.spawn("kueue", [f"--config={plane.run / 'kueue.yaml'}", "--zap-log-level=2"],
-                env={"KUBECONFIG": str(plane.admin_kubeconfig)})
+    _fixed_place_certs(certs, KUEUE_METRICS_CERTS, "its metrics server is off, but it opens them anyway")
+    _fixed_place_certs(certs, KUEUE_VISIBILITY_CERTS, "its visibility API server serves them")
+    plane.apply(visibility_objects(module_dir("kueue", "sigs.k8s.io/kueue"), ports["kueue-visibility"]))
+    plane.spawn("kueue", [f"--config={plane.run / 'kueue.yaml'}", "--zap-log-level=2",
+                          f"--kubeconfig={plane.admin_kubeconfig}"])
 
 
-def _kueue_metrics_certs(certs: Path) -> None:
-    """Kueue 0.19 opens KUEUE_METRICS_CERTS whenever its own certificate management is off (cmd/kueue/main.go), even
-    with its metrics server off, as it is here: it needs a readable pair there, which is never served."""
-    target = Path(KUEUE_METRICS_CERTS)
+def visibility_objects(kueue_src: Path, port: int) -> list[dict]:
+    """Upstream's visibility APIServices (config/components/visibility), pointed at an ExternalName Service
+    `localhost` on the visibility server's port (module docstring)."""
+    src = kueue_src / "config" / "components" / "visibility"
+    out: list[dict] = [{"apiVersion": "v1", "kind": "Service",
+                        "metadata": {"name": VISIBILITY_SERVICE, "namespace": "kueue-system"},
+                        "spec": {"type": "ExternalName", "externalName": "localhost",
+                                 "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}}]
+    for path in sorted(src.glob("apiservice_*.yaml")):
+        doc = _docs(path)[0]
+        doc["spec"]["service"] = {"name": VISIBILITY_SERVICE, "namespace": "kueue-system", "port": port}
+        out.append(doc)
+    return out
+
+
+def wait_for_visibility(plane: Plane, timeout_s: float = 120) -> None:
+    """Wait until the aggregation layer reports every visibility APIService Available (it has reached Kueue)."""
+
+    dyn = plane.client()
+    services = dyn.resources.get(api_version="apiregistration.k8s.io/v1", kind="APIService")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [s.to_dict() for s in services.get().items
+                 if s.metadata.name.endswith(".visibility.kueue.x-k8s.io")]
+        waiting = [s["metadata"]["name"] for s in found if not any(
+            c["type"] == "Available" and c["status"] == "True" for c in (s.get("status") or {}).get("conditions", []))]
+        if found and not waiting:
+            dyn.resources.invalidate_cache()
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Kueue's visibility API never became available ({waiting or 'no APIService'}):\n"
+                               f"{plane.log_tail('kueue')}")
+        time.sleep(0.25)
+
+
+def _fixed_place_certs(certs: Path, where: str, why: str) -> None:
+    """Kueue 0.19 reads some certificate pairs from fixed absolute paths when its own certificate management is off
+    (cmd/kueue/main.go, pkg/visibility/server.go): put a throwaway pair there once, if none is readable."""
+    target = Path(where)
     if (target / "tls.crt").exists() and (target / "tls.key").exists():
         return
     try:
@@ -151,10 +198,10 @@ def _kueue_metrics_certs(certs: Path) -> None:
         for name in ("tls.crt", "tls.key"):
             shutil.copy(certs / name, target / name)
     except OSError as e:
-        raise RuntimeError(f"Kueue needs a certificate pair in {target} (its metrics server is off, but it opens them "
-                           f"anyway) and the plane cannot write it: {e}; create that folder writable once") from e
-    print(f"local control plane: wrote a throwaway certificate pair to {target}, where Kueue reads one at start-up",
-          file=sys.stderr)
+        raise RuntimeError(f"Kueue needs a certificate pair in {target} ({why}) and the plane cannot write it: {e}; "
+                           f"create that folder writable once") from e
+    print(f"local control plane: wrote a throwaway certificate pair to {target}, where Kueue reads one at start-up "
+          f"({why})", file=sys.stderr)
 
 
 def install_jobset(plane: Plane, ports: dict[str, int], ca: Authority, ca_bundle: str) -> None:
@@ -178,15 +225,31 @@ def install_jobset(plane: Plane, ports: dict[str, int], ca: Authority, ca_bundle
                 env={"KUBECONFIG": str(plane.admin_kubeconfig)})
 
 
-def start_kwok(plane: Plane) -> None:
-    """kwok with upstream's stages (module docstring)."""
-    stages = module_dir("kwok", "sigs.k8s.io/kwok") / "kustomize" / "stage"
-    docs = [d for rel in KWOK_STAGES for d in _docs(stages / rel)]
+def start_kwok(plane: Plane, ports: dict[str, int], ca: Authority) -> None:
+    """kwok with upstream's stages, and its server as every node's kubelet port (module docstring)."""
+    src = module_dir("kwok", "sigs.k8s.io/kwok") / "kustomize"
+    plane.apply(_docs(src / "crd" / "bases" / "kwok.x-k8s.io_logs.yaml"))
+    docs = [d for rel in KWOK_STAGES for d in _docs(src / "stage" / rel)]
     (plane.run / "kwok.yaml").write_text(yaml.safe_dump_all(docs))
+    crt, key = ca.serving("kwok")
     plane.spawn("kwok", [f"--kubeconfig={plane.admin_kubeconfig}", "--manage-all-nodes=false",
                          f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                          "--node-lease-duration-seconds=40", "--cidr=127.128.0.1/16", "--node-ip=127.0.0.1",
+                         f"--node-port={ports['kwok-server']}", f"--server-address=127.0.0.1:{ports['kwok-server']}",
+                         f"--tls-cert-file={crt}", f"--tls-private-key-file={key}", "--enable-crds=Logs",
                          f"--config={plane.run / 'kwok.yaml'}"])
+
+
+def pod_log(namespace: str, pod: str, container: str, text: str, log_file: Path, *, follow: bool = False) -> dict:
+    """Write `text` to `log_file` in the container runtime's log format (CRI: `<RFC 3339 time> stdout F <line>`, as
+    the kubelet reads it), and return the kwok `Logs` object that makes it the API server's log of `pod`'s
+    `container` (kwok's server answers the kubelet's /containerLogs from that file)."""
+    import datetime as dt
+
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+    log_file.write_text("".join(f"{now} stdout F {line}\n" for line in text.splitlines()))
+    return {"apiVersion": KWOK_LOGS[0], "kind": KWOK_LOGS[1], "metadata": {"name": pod, "namespace": namespace},
+            "spec": {"logs": [{"containers": [container], "logsFile": str(log_file), "follow": follow}]}}
 
 
 def _certs(plane: Plane, name: str, ca: Authority) -> Path:

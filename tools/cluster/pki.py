@@ -75,10 +75,11 @@ class Authority:
         _write_key(key, pem)
         return crt, pem
 
-    def serving(self, name: str) -> tuple[Path, Path]:
-        """A server certificate valid for 127.0.0.1 and localhost."""
+    def serving(self, name: str, hosts: tuple[str, ...] = ()) -> tuple[Path, Path]:
+        """A server certificate valid for 127.0.0.1, localhost and `hosts` (DNS names)."""
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        sans = [x509.DNSName(h) for h in ("localhost", *hosts)]
+        sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
         return self._issue(name, subject, ExtendedKeyUsageOID.SERVER_AUTH, sans)
 
     def client(self, user: str, groups: tuple[str, ...] = ()) -> tuple[Path, Path]:

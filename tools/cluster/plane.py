@@ -50,6 +50,7 @@ RUN = ROOT / "build" / "cluster" / "run"
 READY_TIMEOUT_S = 180
 START_ATTEMPTS = 3
 SERVICE_CIDR = "10.96.0.0/16"
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -128,8 +129,8 @@ class Plane:
             shutil.rmtree(run, ignore_errors=True)
         run.mkdir(parents=True)
         ports = {name: free_port() for name in
-                 ("etcd", "etcd-peer", "apiserver", "kueue-webhook", "kueue-health", "jobset-webhook",
-                  "jobset-health")}
+                 ("etcd", "etcd-peer", "apiserver", "kueue-webhook", "kueue-health", "kueue-visibility",
+                  "jobset-webhook", "jobset-health", "kwok-server")}
         plane = cls(run=run, server=f"https://127.0.0.1:{ports['apiserver']}")
         try:
             plane._start(ports, controllers)
@@ -151,6 +152,7 @@ class Plane:
         api_cert, api_key = ca.serving("apiserver")
         sa_pub, sa_key = ca.service_account_keys()
         admin = ca.client("admin", ("system:masters",))
+        front_proxy = ca.client(FRONT_PROXY_CLIENT)
         self.admin_kubeconfig.write_text(yaml.safe_dump(kubeconfig(self.server, ca.cert, *admin, "admin")))
         for ident in ("system:kube-controller-manager", "system:kube-scheduler"):
             cert, key = ca.client(ident)
@@ -174,7 +176,15 @@ class Plane:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={sa_pub}", f"--service-account-signing-key-file={sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
-            "--allow-privileged=true", "--enable-priority-and-fairness=false", "--profiling=false"])
+            "--allow-privileged=true", "--enable-priority-and-fairness=false", "--profiling=false",
+            # The aggregation layer (Kueue's visibility API): the API server proxies as FRONT_PROXY_CLIENT and
+            # the extension server trusts the user it names in these headers.
+            f"--requestheader-client-ca-file={ca.cert}", f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={front_proxy[0]}", f"--proxy-client-key-file={front_proxy[1]}",
+            # Pod logs: the kubelet port of a kwok node is kwok's own server, at the node's InternalIP (loopback).
+            "--kubelet-preferred-address-types=InternalIP"])
         self._wait("kube-apiserver", f"{self.server}/readyz")
         if controllers:
             self._start_controllers(ports, ca, sa_key)
@@ -194,10 +204,11 @@ class Plane:
         ca_bundle = base64.b64encode(ca.cert.read_bytes()).decode()
         controllers.install_kueue(self, ports, ca, ca_bundle)
         controllers.install_jobset(self, ports, ca, ca_bundle)
-        controllers.start_kwok(self)
+        controllers.start_kwok(self, ports, ca)
         self._wait("kueue", f"http://127.0.0.1:{ports['kueue-health']}/readyz")
         self._wait("jobset", f"http://127.0.0.1:{ports['jobset-health']}/readyz")
         self.wait_for_webhooks()
+        controllers.wait_for_visibility(self)
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         log = (self.run / f"{name}.log").open("ab")
