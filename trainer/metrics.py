@@ -131,7 +131,9 @@ class TrainerMetrics:
         self.rank_collective_wait = Gauge(
             "trainer_rank_collective_wait_seconds", "Time this rank was blocked in the last step's synchronising "
             "collectives waiting for the slowest rank", labels, registry=r).labels(rank=self.rank)
-        self.mfu.set(math.nan)
+        # No value before the first step: a 0 would read as a loss of 0 (status, dashboards).
+        for unknown in (self.mfu, self.loss, self.tokens_per_second):
+            unknown.set(math.nan)
         self.val_loss.set(math.nan if val_loss is None else val_loss)
         self.restarts.set(restarts)
         self.server = None
