@@ -9,7 +9,8 @@ Fixtures:
 - `platform`: aws-dev's objects applied, its pools' kwok nodes Ready, its contract, and a kubeconfig per user:
   alice submits for research (group ml-research), bob for platform (ml-platform), vera in ml-platform views
   research, as the stack's RoleBindings say;
-- `cli`: `gpu-train ARGS` in-process -> (exit status, stdout, stderr).
+- `cli`: `gpu-train ARGS` in-process -> (exit status, stdout, stderr);
+- `clean`: no JobSet in the team namespaces and no GPU reserved before the test, and none of its JobSets after.
 """
 
 from __future__ import annotations
@@ -138,6 +139,23 @@ def platform(plane, stack_objects, plan_out, tmp_path_factory) -> Platform:
         n.metadata.name for n in p.core().list_node().items
         if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))})
     return p
+
+
+@pytest.fixture
+def clean(platform, cli):
+    """Before: no JobSet in the team namespaces and no GPU reserved. After: every JobSet the test made is gone."""
+    from tests.cluster.jobs import JOBSET, gpu_usage
+
+    def wipe():
+        for ns in ("team-research", "team-platform"):
+            for js in platform.list(*JOBSET, ns):
+                platform.plane.client().resources.get(api_version=JOBSET[0], kind=JOBSET[1]).delete(
+                    name=js["metadata"]["name"], namespace=ns, body={"propagationPolicy": "Foreground"})
+        wait_for("the team queues to hold no GPUs", lambda: gpu_usage(platform) == 0 and
+                 gpu_usage(platform, "team-platform") == 0 and not platform.list(*JOBSET, "team-research"))
+    wipe()
+    yield
+    wipe()
 
 
 def job_spec(tmp_path: Path, **over: Any) -> Path:

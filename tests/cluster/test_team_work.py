@@ -12,74 +12,19 @@ team's quota free (the `clean` fixture checks it).
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-
 from tests.cluster.conftest import job_spec, wait_for
-
-JOBSET = ("jobset.x-k8s.io/v1alpha2", "JobSet")
-WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
-NS = "team-research"
-
-
-def workload_of(platform, name: str, ns: str = NS) -> dict[str, Any] | None:
-    js = platform.get(*JOBSET, name, ns)
-    if js is None:
-        return None
-    uid = js["metadata"]["uid"]
-    found = platform.list(*WORKLOAD, ns, label_selector=f"kueue.x-k8s.io/job-uid={uid}")
-    return found[0] if found else None
-
-
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if c["type"] == kind:
-            return c
-    return None
-
-
-def admitted(platform, name: str, ns: str = NS) -> bool:
-    c = condition(workload_of(platform, name, ns), "Admitted")
-    return bool(c and c["status"] == "True")
-
-
-def pods_of(platform, name: str, ns: str = NS) -> list[Any]:
-    return platform.core().list_namespaced_pod(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
-
-
-def running_pods(platform, name: str, ns: str = NS) -> list[Any]:
-    return [p for p in pods_of(platform, name, ns) if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
-
-
-def gpu_usage(platform, cq: str = "team-research") -> int:
-    """GPUs Kueue counts as reserved in the ClusterQueue (its own status)."""
-    obj = platform.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", cq)
-    total = 0
-    for flavor in (obj.get("status") or {}).get("flavorsReservation") or []:
-        for res in flavor["resources"]:
-            if res["name"] == "nvidia.com/gpu":
-                total += int(res["total"])
-    return total
-
-
-@pytest.fixture
-def clean(platform, cli):
-    """Before: no JobSet in the team namespaces and no GPU reserved. After: every JobSet the test made is gone."""
-    def wipe():
-        for ns in ("team-research", "team-platform"):
-            for js in platform.list(*JOBSET, ns):
-                platform.plane.client().resources.get(api_version=JOBSET[0], kind=JOBSET[1]).delete(
-                    name=js["metadata"]["name"], namespace=ns, body={"propagationPolicy": "Foreground"})
-        wait_for("the team queues to hold no GPUs", lambda: gpu_usage(platform) == 0 and
-                 gpu_usage(platform, "team-platform") == 0 and not platform.list(*JOBSET, "team-research"))
-    wipe()
-    yield
-    wipe()
-
-
-def submit(cli, platform, tmp_path, user: str = "alice", **spec: Any) -> tuple[int, str, str]:
-    return cli("submit", job_spec(tmp_path, **spec), "--kubeconfig", platform.kubeconfigs[user])
+from tests.cluster.jobs import (
+    JOBSET,
+    NS,
+    WORKLOAD,
+    admitted,
+    condition,
+    gpu_usage,
+    pods_of,
+    running_pods,
+    submit,
+    workload_of,
+)
 
 
 def test_the_stacks_own_job_is_admitted_by_kueue_in_its_queue(platform):

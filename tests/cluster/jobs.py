@@ -1,0 +1,64 @@
+"""Team jobs on the cluster lane's plane, as the tests read them: a JobSet's Kueue Workload and its conditions, its
+pods, the GPUs a ClusterQueue has reserved, and `gpu-train submit` as a team member. (The `clean` fixture of
+tests/cluster/conftest.py starts and ends a test with the team queues empty.)
+
+Usage (in a tests/cluster module):
+    from tests.cluster.jobs import admitted, submit, running_pods
+    def test_x(platform, cli, tmp_path, clean):
+        assert submit(cli, platform, tmp_path, name="x", nodes="2:2")[0] == 0
+        wait_for("'x' admitted", lambda: admitted(platform, "x"))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.cluster.conftest import job_spec
+
+JOBSET = ("jobset.x-k8s.io/v1alpha2", "JobSet")
+WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
+NS = "team-research"
+
+
+def workload_of(platform, name: str, ns: str = NS) -> dict[str, Any] | None:
+    js = platform.get(*JOBSET, name, ns)
+    if js is None:
+        return None
+    uid = js["metadata"]["uid"]
+    found = platform.list(*WORKLOAD, ns, label_selector=f"kueue.x-k8s.io/job-uid={uid}")
+    return found[0] if found else None
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    for c in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return c
+    return None
+
+
+def admitted(platform, name: str, ns: str = NS) -> bool:
+    c = condition(workload_of(platform, name, ns), "Admitted")
+    return bool(c and c["status"] == "True")
+
+
+def pods_of(platform, name: str, ns: str = NS) -> list[Any]:
+    return platform.core().list_namespaced_pod(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
+
+
+def running_pods(platform, name: str, ns: str = NS) -> list[Any]:
+    return [p for p in pods_of(platform, name, ns) if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+
+
+def gpu_usage(platform, cq: str = "team-research") -> int:
+    """GPUs Kueue counts as reserved in the ClusterQueue (its own status)."""
+    obj = platform.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", cq)
+    total = 0
+    for flavor in (obj.get("status") or {}).get("flavorsReservation") or []:
+        for res in flavor["resources"]:
+            if res["name"] == "nvidia.com/gpu":
+                total += int(res["total"])
+    return total
+
+
+def submit(cli, platform, tmp_path, user: str = "alice", **spec: Any) -> tuple[int, str, str]:
+    return cli("submit", job_spec(tmp_path, **spec), "--kubeconfig", platform.kubeconfigs[user])
