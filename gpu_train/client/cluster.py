@@ -29,6 +29,9 @@ from kubernetes.config.config_exception import ConfigException
 from gpu_train.spec import naming
 
 DOCS = "docs/teams.md"
+ANONYMOUS = "system:anonymous"
+# The RBAC authorizer's refusal (k8s.io/apiserver/pkg/endpoints/handlers/responsewriters: forbiddenMessage).
+RBAC_DENIAL = re.compile(r'User "[^"]*" cannot ')
 
 
 class ClientError(Exception):
@@ -162,12 +165,21 @@ def api_error(exc: Exception, *, doing: str, namespace: str = "", team: str = ""
                         f"{_unreachable(exc)}", code=1)
     message = _status_message(exc)
     where = f" in namespace {namespace}" if namespace else ""
-    if exc.status == 401:
+    # With no credential at all (the exec plugin failed and the client went on without a token) the API server
+    # takes the request as system:anonymous and RBAC answers 403, not 401: kube-apiserver's --anonymous-auth
+    # defaults to true (https://kubernetes.io/docs/reference/access-authn-authz/authentication/#anonymous-requests).
+    anonymous = exc.status == 403 and f'User "{ANONYMOUS}"' in message
+    if exc.status == 401 or anonymous:
         plugin = f" (the kubeconfig's credential command failed: {PLUGIN_ERRORS.messages[-1]})" \
             if PLUGIN_ERRORS.messages else ""
-        return ClientError(f"the API server did not accept your credentials (401 Unauthorized) to {doing}{where}{plugin}: "
+        answer = "401 Unauthorized" if exc.status == 401 else f"403 Forbidden to {ANONYMOUS}: no credential was sent"
+        return ClientError(f"the API server did not accept your credentials ({answer}) to {doing}{where}{plugin}: "
                         "sign in again (aws sso login / gcloud auth login) and check that your kubeconfig's user runs "
                         f"the cloud CLI ({DOCS})", code=1)
+    if exc.status == 403 and not RBAC_DENIAL.search(message):
+        # Not RBAC but admission: the team namespaces' ValidatingAdmissionPolicies deny with reason Forbidden
+        # (infra/k8s/pod_admission.py), which the API server answers with 403 and the policy's message.
+        return ClientError(f"the cluster refused to {doing}{where} (403 Forbidden): {message}", code=2)
     if exc.status == 403:
         who = f"team {team!r}" if team else "this team"
         return ClientError(f"you may not {doing}{where} (403 Forbidden: {message}): you are not a member of {who}, or "

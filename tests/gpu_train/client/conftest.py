@@ -1,5 +1,5 @@
-"""The client's tests use the command's fixtures: the platform contract and the fake API server that serves it."""
+"""The client's tests use the command's fixture: the platform contract."""
 
-from tests.gpu_train.cli.conftest import api, doc
+from tests.gpu_train.cli.conftest import doc
 
-__all__ = ["api", "doc"]
+__all__ = ["doc"]
