@@ -10,7 +10,7 @@ Fixtures:
   alice submits for research (group ml-research), bob for platform (ml-platform), vera in ml-platform views
   research, as the stack's RoleBindings say;
 - `cli`: `gpu-train ARGS` in-process -> (exit status, stdout, stderr);
-- `clean`: no JobSet in the team namespaces and no GPU reserved before the test, and none of its JobSets after.
+- `clean`: no JobSet or Workload in the team namespaces and no GPU reserved, before and after the test.
 """
 
 from __future__ import annotations
@@ -142,17 +142,17 @@ def platform(plane, stack_objects, plan_out, tmp_path_factory) -> Platform:
 
 
 @pytest.fixture
-def clean(platform, cli):
-    """Before: no JobSet in the team namespaces and no GPU reserved. After: every JobSet the test made is gone."""
-    from tests.cluster.jobs import JOBSET, gpu_usage
+def clean(platform):
+    """Before and after the test: no JobSet and no Workload in the team namespaces, no GPU reserved by Kueue."""
+    from tests.cluster.jobs import JOBSET, WORKLOAD, delete_jobset, gpu_usage
 
     def wipe():
         for ns in ("team-research", "team-platform"):
             for js in platform.list(*JOBSET, ns):
-                platform.plane.client().resources.get(api_version=JOBSET[0], kind=JOBSET[1]).delete(
-                    name=js["metadata"]["name"], namespace=ns, body={"propagationPolicy": "Foreground"})
-        wait_for("the team queues to hold no GPUs", lambda: gpu_usage(platform) == 0 and
-                 gpu_usage(platform, "team-platform") == 0 and not platform.list(*JOBSET, "team-research"))
+                delete_jobset(platform, js["metadata"]["name"], ns)
+        wait_for("the team namespaces empty and their queues holding no GPUs", lambda: not any(
+            platform.list(*kind, ns) for kind in (JOBSET, WORKLOAD) for ns in ("team-research", "team-platform"))
+            and gpu_usage(platform, "team-research") == gpu_usage(platform, "team-platform") == 0)
     wipe()
     yield
     wipe()
@@ -166,88 +166,4 @@ def job_spec(tmp_path: Path, **over: Any) -> Path:
     settings.update(over)
     path = tmp_path / f"{settings['name']}.yaml"
     path.write_text(yaml.safe_dump(settings))
-    return path
-
-
-# -- `gpu-train` and its client on the plane (test_cli_submit, test_cli_jobs, test_cli_kubeconfig, test_gitops,
-# test_client): the objects they read back, and a team namespace left with no jobs and no quota held.
-JOBSET = ("jobset.x-k8s.io/v1alpha2", "JobSet")
-WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
-RESEARCH = "team-research"
-
-
-def jobset_of(platform: Platform, name: str, ns: str = RESEARCH) -> dict[str, Any] | None:
-    return platform.get(*JOBSET, name, ns)
-
-
-def workload_for(platform: Platform, name: str, ns: str = RESEARCH) -> dict[str, Any] | None:
-    """The Workload Kueue made for the JobSet `name`, found as the command finds it: by the JobSet's UID label."""
-    js = jobset_of(platform, name, ns)
-    if js is None:
-        return None
-    found = platform.list(*WORKLOAD, ns, label_selector=f"kueue.x-k8s.io/job-uid={js['metadata']['uid']}")
-    return found[0] if found else None
-
-
-def is_true(obj: dict[str, Any] | None, kind: str) -> bool:
-    return any(c["type"] == kind and c["status"] == "True" for c in ((obj or {}).get("status") or {}).get("conditions")
-               or [])
-
-
-def pending(platform: Platform, name: str) -> bool:
-    """Kueue has looked at the job and reserved no quota for it: it waits in its queue (its JobSet suspended)."""
-    wl = workload_for(platform, name)
-    return any(c["type"] == "QuotaReserved" and c["status"] == "False"
-               for c in ((wl or {}).get("status") or {}).get("conditions") or [])
-
-
-def running_pods(platform: Platform, name: str, ns: str = RESEARCH) -> list[Any]:
-    pods = platform.core().list_namespaced_pod(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
-    return [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
-
-
-def fail_pod(platform: Platform, pod: Any, exit_code: int) -> None:
-    """kwok's failure stage ends the pod's containers with this exit code (tools/cluster/controllers.py)."""
-    from tools.cluster.controllers import FAIL_EXIT_CODE, FAIL_LABEL
-
-    platform.core().patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, {"metadata": {
-        "labels": {FAIL_LABEL: "true"}, "annotations": {FAIL_EXIT_CODE: str(exit_code)}}})
-
-
-def gpus_reserved(platform: Platform, cq: str) -> int:
-    """The GPUs Kueue counts as reserved in a ClusterQueue (its own status)."""
-    obj = platform.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", cq) or {}
-    return sum(int(r["total"]) for f in (obj.get("status") or {}).get("flavorsReservation") or []
-               for r in f["resources"] if r["name"] == "nvidia.com/gpu")
-
-
-def delete_jobset(platform: Platform, name: str, ns: str = RESEARCH) -> None:
-    platform.plane.client().resources.get(api_version=JOBSET[0], kind=JOBSET[1]).delete(
-        name=name, namespace=ns, body={"propagationPolicy": "Foreground"})
-
-
-@pytest.fixture
-def no_jobs(platform):
-    """Before and after the test: no JobSet and no Workload in the team namespaces, no GPU reserved by Kueue."""
-    def wipe():
-        for ns in ("team-research", "team-platform"):
-            for js in platform.list(*JOBSET, ns):
-                delete_jobset(platform, js["metadata"]["name"], ns)
-        wait_for("the team namespaces empty and their queues holding no GPUs", lambda: not any(
-            platform.list(*kind, ns) for kind in (JOBSET, WORKLOAD) for ns in ("team-research", "team-platform"))
-            and gpus_reserved(platform, "team-research") == gpus_reserved(platform, "team-platform") == 0)
-    wipe()
-    yield
-    wipe()
-
-
-def kubeconfig_variant(platform: Platform, user: str, path: Path, *, namespace: str | None = None,
-                       auth: dict[str, Any] | None = None) -> Path:
-    """`user`'s kubeconfig with its context's namespace (None: as it is, "": none) or its credential replaced."""
-    doc = yaml.safe_load(platform.kubeconfigs[user].read_text())
-    if namespace is not None:
-        doc["contexts"][0]["context"]["namespace"] = namespace
-    if auth is not None:
-        doc["users"][0]["user"] = auth
-    path.write_text(yaml.safe_dump(doc))
     return path

@@ -11,7 +11,10 @@ Usage (in a tests/cluster module):
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from tests.cluster.conftest import job_spec
 
@@ -62,3 +65,44 @@ def gpu_usage(platform, cq: str = "team-research") -> int:
 
 def submit(cli, platform, tmp_path, user: str = "alice", **spec: Any) -> tuple[int, str, str]:
     return cli("submit", job_spec(tmp_path, **spec), "--kubeconfig", platform.kubeconfigs[user])
+
+
+def jobset_of(platform: Any, name: str, ns: str = NS) -> dict[str, Any] | None:
+    return platform.get(*JOBSET, name, ns)
+
+
+def is_true(obj: dict[str, Any] | None, kind: str) -> bool:
+    return any(c["type"] == kind and c["status"] == "True" for c in ((obj or {}).get("status") or {}).get("conditions")
+               or [])
+
+
+def pending(platform: Any, name: str) -> bool:
+    """Kueue has looked at the job and reserved no quota for it: it waits in its queue (its JobSet suspended)."""
+    wl = workload_of(platform, name)
+    return any(c["type"] == "QuotaReserved" and c["status"] == "False"
+               for c in ((wl or {}).get("status") or {}).get("conditions") or [])
+
+
+def fail_pod(platform: Any, pod: Any, exit_code: int) -> None:
+    """kwok's failure stage ends the pod's containers with this exit code (tools/cluster/controllers.py)."""
+    from tools.cluster.controllers import FAIL_EXIT_CODE, FAIL_LABEL
+
+    platform.core().patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, {"metadata": {
+        "labels": {FAIL_LABEL: "true"}, "annotations": {FAIL_EXIT_CODE: str(exit_code)}}})
+
+
+def delete_jobset(platform: Any, name: str, ns: str = NS) -> None:
+    platform.plane.client().resources.get(api_version=JOBSET[0], kind=JOBSET[1]).delete(
+        name=name, namespace=ns, body={"propagationPolicy": "Foreground"})
+
+
+def kubeconfig_variant(platform: Any, user: str, path: Path, *, namespace: str | None = None,
+                       auth: dict[str, Any] | None = None) -> Path:
+    """`user`'s kubeconfig with its context's namespace (None: as it is, "": none) or its credential replaced."""
+    doc = yaml.safe_load(platform.kubeconfigs[user].read_text())
+    if namespace is not None:
+        doc["contexts"][0]["context"]["namespace"] = namespace
+    if auth is not None:
+        doc["users"][0]["user"] = auth
+    path.write_text(yaml.safe_dump(doc))
+    return path

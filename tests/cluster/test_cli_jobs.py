@@ -6,26 +6,25 @@ and refuses the viewer a pause and another team's member a look; the team comes 
 
 Run: .venv/bin/pytest -p no:xdist tests/cluster/test_cli_jobs.py -q
 
-The tests share the lane's plane and run in file order; the `no_jobs` fixture leaves the team namespaces empty
+The tests share the lane's plane and run in file order; the `clean` fixture leaves the team namespaces empty
 before and after each. What `status` says of the queue position and of rank 0's progress is not asserted here.
 """
 
 from __future__ import annotations
 
-from tests.cluster.conftest import (
-    RESEARCH,
+from tests.cluster.conftest import job_spec, wait_for
+from tests.cluster.jobs import (
+    NS,
     WORKLOAD,
     delete_jobset,
     fail_pod,
-    gpus_reserved,
+    gpu_usage,
     is_true,
-    job_spec,
     jobset_of,
     kubeconfig_variant,
     pending,
     running_pods,
-    wait_for,
-    workload_for,
+    workload_of,
 )
 from tests.gpu_train.cli.conftest import only_error_lines
 
@@ -37,14 +36,14 @@ def _submit(platform, cli, tmp_path, name: str, nodes: str = "1:1") -> None:
 
 
 def _admitted(platform, name: str) -> bool:
-    return is_true(workload_for(platform, name), "Admitted")
+    return is_true(workload_of(platform, name), "Admitted")
 
 
 def _row(out: str, name: str) -> list[str]:
     return next(line.split() for line in out.splitlines() if line.split()[0] == name)
 
 
-def test_list_shows_each_jobs_state(platform, cli, tmp_path, no_jobs):
+def test_list_shows_each_jobs_state(platform, cli, tmp_path, clean):
     alice = platform.kubeconfigs["alice"]
     _submit(platform, cli, tmp_path, "jobs-filler", "4:4")
     wait_for("'jobs-filler' admitted on all 4 GPUs", lambda: _admitted(platform, "jobs-filler"))
@@ -64,7 +63,7 @@ def test_list_shows_each_jobs_state(platform, cli, tmp_path, no_jobs):
     assert _row(cli("list", "--kubeconfig", alice)[1], "jobs-listed")[1] == "Running"
 
 
-def test_a_viewer_can_follow_a_job(platform, cli, tmp_path, no_jobs):
+def test_a_viewer_can_follow_a_job(platform, cli, tmp_path, clean):
     _submit(platform, cli, tmp_path, "jobs-followed", "2:2")
     pods = wait_for("both pods Running", lambda: len(p := running_pods(platform, "jobs-followed")) == 2 and p)
     code, out, err = cli("status", "jobs-followed", "--kubeconfig", platform.kubeconfigs["vera"])
@@ -76,40 +75,40 @@ def test_a_viewer_can_follow_a_job(platform, cli, tmp_path, no_jobs):
         assert f"rank {rank}  {pod.metadata.name}  Running  node {pod.spec.node_name}" in out
 
 
-def test_pause_and_resume_set_the_workloads_active_field(platform, cli, tmp_path, no_jobs):
+def test_pause_and_resume_set_the_workloads_active_field(platform, cli, tmp_path, clean):
     alice = platform.kubeconfigs["alice"]
     _submit(platform, cli, tmp_path, "jobs-pause")
     wait_for("'jobs-pause' admitted", lambda: _admitted(platform, "jobs-pause"))
-    name = workload_for(platform, "jobs-pause")["metadata"]["name"]
+    name = workload_of(platform, "jobs-pause")["metadata"]["name"]
     code, out, err = cli("pause", "jobs-pause", "--kubeconfig", alice)
     assert code == 0, err
     assert "paused job 'jobs-pause'" in out
-    wl = platform.get(*WORKLOAD, name, RESEARCH)
+    wl = platform.get(*WORKLOAD, name, NS)
     assert wl["spec"]["active"] is False
     # Kueue evicts a deactivated Workload, suspends the JobSet and releases its quota.
     wait_for("Kueue to evict it and release its quota", lambda: jobset_of(platform, "jobs-pause")["spec"]["suspend"]
-             is True and gpus_reserved(platform, RESEARCH) == 0)
-    evicted = next(c for c in platform.get(*WORKLOAD, name, RESEARCH)["status"]["conditions"] if c["type"] == "Evicted")
+             is True and gpu_usage(platform, NS) == 0)
+    evicted = next(c for c in platform.get(*WORKLOAD, name, NS)["status"]["conditions"] if c["type"] == "Evicted")
     assert (evicted["status"], evicted["reason"]) == ("True", "Deactivated")
     assert _row(cli("list", "--kubeconfig", alice)[1], "jobs-pause")[1] == "Paused"
     code, out, err = cli("resume", "jobs-pause", "--kubeconfig", alice)
     assert code == 0, err
-    assert platform.get(*WORKLOAD, name, RESEARCH)["spec"]["active"] is True  # the same Workload, active again
+    assert platform.get(*WORKLOAD, name, NS)["spec"]["active"] is True  # the same Workload, active again
     wait_for("'jobs-pause' admitted again", lambda: _admitted(platform, "jobs-pause") and
-             gpus_reserved(platform, RESEARCH) == 1)
+             gpu_usage(platform, NS) == 1)
     assert _row(cli("list", "--kubeconfig", alice)[1], "jobs-pause")[1] == "Running"
 
 
-def test_a_viewer_may_not_pause(platform, cli, tmp_path, no_jobs):
+def test_a_viewer_may_not_pause(platform, cli, tmp_path, clean):
     _submit(platform, cli, tmp_path, "jobs-nopause")
-    wl = wait_for("Kueue's Workload for 'jobs-nopause'", lambda: workload_for(platform, "jobs-nopause"))
+    wl = wait_for("Kueue's Workload for 'jobs-nopause'", lambda: workload_of(platform, "jobs-nopause"))
     code, _, err = cli("pause", "jobs-nopause", "--kubeconfig", platform.kubeconfigs["vera"])
     assert code == 1 and only_error_lines(err)
     assert "you may not pause workload" in err and 'User "vera" cannot patch resource "workloads"' in err
-    assert platform.get(*WORKLOAD, wl["metadata"]["name"], RESEARCH)["spec"]["active"] is True
+    assert platform.get(*WORKLOAD, wl["metadata"]["name"], NS)["spec"]["active"] is True
 
 
-def test_pausing_a_failed_job(platform, cli, tmp_path, no_jobs):
+def test_pausing_a_failed_job(platform, cli, tmp_path, clean):
     """kwok ends the pod with exit code 2 (bad input): the JobSet fails at once (docs/deploy-job.md)."""
     _submit(platform, cli, tmp_path, "jobs-failed")
     (pod,) = wait_for("the pod Running", lambda: running_pods(platform, "jobs-failed"))
@@ -120,21 +119,21 @@ def test_pausing_a_failed_job(platform, cli, tmp_path, no_jobs):
     assert "job 'jobs-failed' has failed; there is nothing to pause" in err
 
 
-def test_cancel_deletes_the_jobset_and_kueues_workload_goes_with_it(platform, cli, tmp_path, no_jobs):
+def test_cancel_deletes_the_jobset_and_kueues_workload_goes_with_it(platform, cli, tmp_path, clean):
     alice = platform.kubeconfigs["alice"]
     _submit(platform, cli, tmp_path, "jobs-cancel")
     wl = wait_for("'jobs-cancel' admitted", lambda: _admitted(platform, "jobs-cancel") and
-                  workload_for(platform, "jobs-cancel"))
+                  workload_of(platform, "jobs-cancel"))
     code, out, err = cli("cancel", "jobs-cancel", "--kubeconfig", alice)
     assert code == 0, err
     wait_for("the JobSet gone, its Workload collected, its quota free", lambda: jobset_of(platform, "jobs-cancel")
-             is None and platform.get(*WORKLOAD, wl["metadata"]["name"], RESEARCH) is None and
-             gpus_reserved(platform, RESEARCH) == 0)
+             is None and platform.get(*WORKLOAD, wl["metadata"]["name"], NS) is None and
+             gpu_usage(platform, NS) == 0)
     code, _, err = cli("cancel", "jobs-cancel", "--kubeconfig", alice)
     assert code == 2 and only_error_lines(err) and "no job 'jobs-cancel' in team-research" in err
 
 
-def test_unknown_jobs_and_other_teams(platform, cli, tmp_path, no_jobs):
+def test_unknown_jobs_and_other_teams(platform, cli, tmp_path, clean):
     alice = platform.kubeconfigs["alice"]
     code, _, err = cli("status", "nope", "--kubeconfig", alice)
     assert code == 2 and only_error_lines(err) and "no job 'nope' in team-research (`gpu-train list`" in err
@@ -149,7 +148,7 @@ def test_unknown_jobs_and_other_teams(platform, cli, tmp_path, no_jobs):
     assert code == 2 and "is not a job name" in err
 
 
-def test_the_team_comes_from_the_context_or_team(platform, cli, tmp_path, no_jobs):
+def test_the_team_comes_from_the_context_or_team(platform, cli, tmp_path, clean):
     _submit(platform, cli, tmp_path, "jobs-context")
     plain = kubeconfig_variant(platform, "alice", tmp_path / "no-namespace", namespace="")
     code, _, err = cli("list", "--kubeconfig", plain)

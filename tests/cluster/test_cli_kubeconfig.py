@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from infra.aws import cluster as aws_cluster
-from tests.cluster.conftest import RESEARCH
+from tests.cluster.jobs import NS
 from tests.gpu_train.cli.conftest import only_error_lines
 
 ROLE = "arn:aws:iam::123456789012:role/ml-research-engineers"
@@ -47,7 +47,7 @@ def _aws(tmp_path, monkeypatch, body: str) -> None:
 
 
 def test_a_team_kubeconfig_authenticates_with_the_cloud_cli_and_defaults_to_the_team(platform, cli, tmp_path,
-                                                                                    monkeypatch, no_jobs):
+                                                                                    monkeypatch, clean):
     user = yaml.safe_load(platform.kubeconfigs["alice"].read_text())["users"][0]["user"]
     credential = {"kind": "ExecCredential", "apiVersion": "client.authentication.k8s.io/v1beta1", "spec": {},
                   "status": {"expirationTimestamp": "2099-01-01T00:00:00Z",
@@ -65,7 +65,7 @@ def test_a_team_kubeconfig_authenticates_with_the_cloud_cli_and_defaults_to_the_
     assert stat.S_IMODE(out_file.stat().st_mode) == 0o600
     doc = yaml.safe_load(out_file.read_text())
     (context,) = doc["contexts"]
-    assert context["context"]["namespace"] == RESEARCH
+    assert context["context"]["namespace"] == NS
     assert doc["current-context"] == context["name"] == f"gpu-train-{cluster}-research"
     assert set(doc["users"][0]["user"]) == {"exec"}  # no credential in the file
     # The API server authenticated the plugin's credential (with none, RBAC would refuse system:anonymous).
@@ -77,7 +77,7 @@ def test_a_team_kubeconfig_authenticates_with_the_cloud_cli_and_defaults_to_the_
                                     f"--output json --role-arn {ROLE}"}
 
 
-def test_a_failing_exec_plugin_is_one_line(platform, cli, tmp_path, monkeypatch, no_jobs):
+def test_a_failing_exec_plugin_is_one_line(platform, cli, tmp_path, monkeypatch, clean):
     _aws(tmp_path, monkeypatch, "echo 'Unable to locate credentials' >&2\nexit 255\n")
     platform_file, _ = _contract(platform, tmp_path)
     assert cli("kubeconfig", "--platform", platform_file, "--team", "research", "-o", tmp_path / "k.yaml")[0] == 0

@@ -7,7 +7,7 @@ contract lets an image through.
 
 Run: .venv/bin/pytest -p no:xdist tests/cluster/test_cli_submit.py -q
 
-The tests share the lane's plane and run in file order; the `no_jobs` fixture leaves the team namespaces empty
+The tests share the lane's plane and run in file order; the `clean` fixture leaves the team namespaces empty
 before and after each.
 """
 
@@ -21,17 +21,8 @@ import yaml
 
 from gpu_train.jobs import gitops
 from gpu_train.jobs.jobset import HASH_ANNOTATION, QUEUE_LABEL
-from tests.cluster.conftest import (
-    JOBSET,
-    RESEARCH,
-    ROOT,
-    is_true,
-    job_spec,
-    jobset_of,
-    kubeconfig_variant,
-    wait_for,
-    workload_for,
-)
+from tests.cluster.conftest import ROOT, job_spec, wait_for
+from tests.cluster.jobs import JOBSET, NS, is_true, jobset_of, kubeconfig_variant, workload_of
 from tests.gpu_train.cli.conftest import only_error_lines
 
 OLD_REGISTRY = "111111111111.dkr.ecr.us-east-1.amazonaws.com/"
@@ -47,10 +38,10 @@ def _contract_file(platform, tmp_path, change) -> str:
 
 
 def _nothing_in_team_namespaces(platform) -> bool:
-    return not platform.list(*JOBSET, RESEARCH) and not platform.list(*JOBSET, "team-platform")
+    return not platform.list(*JOBSET, NS) and not platform.list(*JOBSET, "team-platform")
 
 
-def test_submit_creates_the_jobset_kueue_admits_in_the_teams_queue(platform, cli, tmp_path, no_jobs):
+def test_submit_creates_the_jobset_kueue_admits_in_the_teams_queue(platform, cli, tmp_path, clean):
     path = job_spec(tmp_path, name="sub-create", nodes="1:2")
     _, rendered, _ = cli("submit", path, "--dry-run", "--platform", platform.contract_file)
     code, out, err = cli("submit", path, "--kubeconfig", platform.kubeconfigs["alice"])
@@ -67,17 +58,17 @@ def test_submit_creates_the_jobset_kueue_admits_in_the_teams_queue(platform, cli
     assert live["metadata"]["annotations"][HASH_ANNOTATION] == desired["metadata"]["annotations"][HASH_ANNOTATION]
     # Kueue made the Workload in the team's LocalQueue, admitted it in the team's ClusterQueue, and unsuspended
     # the JobSet (the command creates it suspended).
-    wl = wait_for("Kueue to admit 'sub-create'", lambda: is_true(w := workload_for(platform, "sub-create"), "Admitted")
+    wl = wait_for("Kueue to admit 'sub-create'", lambda: is_true(w := workload_of(platform, "sub-create"), "Admitted")
                   and w)
-    assert wl["spec"]["queueName"] == "research-queue" and wl["status"]["admission"]["clusterQueue"] == RESEARCH
+    assert wl["spec"]["queueName"] == "research-queue" and wl["status"]["admission"]["clusterQueue"] == NS
     assert desired["spec"]["suspend"] is True
     wait_for("the JobSet unsuspended by Kueue", lambda: jobset_of(platform, "sub-create")["spec"]["suspend"] is False)
     # Only the team's namespace holds it.
     assert [js["metadata"]["namespace"] for js in platform.list(*JOBSET) if js["metadata"]["name"] == "sub-create"] \
-        == [RESEARCH]
+        == [NS]
 
 
-def test_a_second_submit_of_the_same_job_is_a_conflict(platform, cli, tmp_path, no_jobs):
+def test_a_second_submit_of_the_same_job_is_a_conflict(platform, cli, tmp_path, clean):
     alice = platform.kubeconfigs["alice"]
     assert cli("submit", job_spec(tmp_path, name="sub-twice"), "--kubeconfig", alice)[0] == 0
     uid = jobset_of(platform, "sub-twice")["metadata"]["uid"]
@@ -87,7 +78,7 @@ def test_a_second_submit_of_the_same_job_is_a_conflict(platform, cli, tmp_path, 
     assert jobset_of(platform, "sub-twice")["metadata"]["uid"] == uid  # the first one, untouched
 
 
-def test_a_user_of_no_team_may_not_read_the_contract(platform, cli, tmp_path, no_jobs):
+def test_a_user_of_no_team_may_not_read_the_contract(platform, cli, tmp_path, clean):
     code, _, err = cli("submit", job_spec(tmp_path, name="sub-nobody"), "--kubeconfig", platform.kubeconfigs["mallory"])
     assert code == 1 and only_error_lines(err)
     assert "you may not read the platform contract (configmap gpu-train-platform) in namespace team-research" in err
@@ -96,7 +87,7 @@ def test_a_user_of_no_team_may_not_read_the_contract(platform, cli, tmp_path, no
     assert _nothing_in_team_namespaces(platform)
 
 
-def test_a_viewer_cannot_submit(platform, cli, tmp_path, no_jobs):
+def test_a_viewer_cannot_submit(platform, cli, tmp_path, clean):
     """vera (ml-platform) views research: she reads its contract, and RBAC refuses the create."""
     code, _, err = cli("submit", job_spec(tmp_path, name="sub-viewer"), "--kubeconfig", platform.kubeconfigs["vera"])
     assert code == 1 and only_error_lines(err)
@@ -105,7 +96,7 @@ def test_a_viewer_cannot_submit(platform, cli, tmp_path, no_jobs):
     assert _nothing_in_team_namespaces(platform)
 
 
-def test_credentials_the_api_server_does_not_accept(platform, cli, tmp_path, no_jobs):
+def test_credentials_the_api_server_does_not_accept(platform, cli, tmp_path, clean):
     """An expired cloud token is a bearer token the API server does not know; a client certificate of another CA is
     not one of its users either: both 401."""
     from tools.cluster.pki import Authority
@@ -121,7 +112,7 @@ def test_credentials_the_api_server_does_not_accept(platform, cli, tmp_path, no_
     assert _nothing_in_team_namespaces(platform)
 
 
-def test_an_unknown_pool_names_the_platforms_pools(platform, cli, tmp_path, no_jobs):
+def test_an_unknown_pool_names_the_platforms_pools(platform, cli, tmp_path, clean):
     code, _, err = cli("submit", job_spec(tmp_path, name="sub-pool", pool="h100"), "--kubeconfig",
                        platform.kubeconfigs["alice"])
     assert code == 2 and only_error_lines(err)
@@ -129,12 +120,12 @@ def test_an_unknown_pool_names_the_platforms_pools(platform, cli, tmp_path, no_j
     assert _nothing_in_team_namespaces(platform)
 
 
-def test_a_job_its_teams_quota_can_never_admit_is_refused_before_sending(platform, cli, tmp_path, no_jobs):
+def test_a_job_its_teams_quota_can_never_admit_is_refused_before_sending(platform, cli, tmp_path, clean):
     """The team's nominal quota covers MIN nodes (the stack's check passes), but Kueue admits a JobSet whole, MAX
     pods at once, and a cluster queue of 2 GPUs can never hold 4: the command says so and sends nothing."""
     def two_gpus(doc):
         doc["teams"][0]["gpuQuota"]["l4-spot"] = 2
-        cq = next(q for q in doc["kueue"]["clusterQueues"] if q["metadata"]["name"] == RESEARCH)
+        cq = next(q for q in doc["kueue"]["clusterQueues"] if q["metadata"]["name"] == NS)
         (gpu,) = [r for f in cq["spec"]["resourceGroups"][0]["flavors"] if f["name"] == "l4-spot"
                   for r in f["resources"] if r["name"] == "nvidia.com/gpu"]
         gpu.update(nominalQuota=2, lendingLimit=2)
@@ -148,7 +139,7 @@ def test_a_job_its_teams_quota_can_never_admit_is_refused_before_sending(platfor
     assert _nothing_in_team_namespaces(platform)
 
 
-def test_an_image_from_elsewhere_is_refused_and_one_from_the_registry_is_created(platform, cli, tmp_path, no_jobs):
+def test_an_image_from_elsewhere_is_refused_and_one_from_the_registry_is_created(platform, cli, tmp_path, clean):
     alice, (registry,) = platform.kubeconfigs["alice"], platform.contract["registries"]
     code, _, err = cli("submit", job_spec(tmp_path, name="sub-image"), "--kubeconfig", alice,
                        "--image", "docker.io/library/python@sha256:" + "1" * 64)
@@ -164,7 +155,7 @@ def test_an_image_from_elsewhere_is_refused_and_one_from_the_registry_is_created
     assert pod["containers"][0]["image"] == mine  # admitted by the namespace's policies, stored as sent
 
 
-def test_the_clusters_admission_policy_has_the_last_word(platform, cli, tmp_path, no_jobs):
+def test_the_clusters_admission_policy_has_the_last_word(platform, cli, tmp_path, clean):
     """A stale contract that still names an old registry: the command's own check passes, the API server's
     ValidatingAdmissionPolicy refuses (403, reason Forbidden), and the command prints the server's reason."""
     def stale(doc):
@@ -181,7 +172,7 @@ def test_the_clusters_admission_policy_has_the_last_word(platform, cli, tmp_path
     assert _nothing_in_team_namespaces(platform)
 
 
-def test_a_team_not_on_the_cluster(platform, cli, tmp_path, no_jobs):
+def test_a_team_not_on_the_cluster(platform, cli, tmp_path, clean):
     """No namespace team-nlp: RBAC refuses a team member before anything else (403); an administrator, whom RBAC
     lets read any namespace, learns that no contract is there (404)."""
     spec = job_spec(tmp_path, name="sub-nlp", team="nlp")
@@ -195,7 +186,7 @@ def test_a_team_not_on_the_cluster(platform, cli, tmp_path, no_jobs):
 
 
 @pytest.mark.parametrize("example", ("plain-loop", "hf-gpt2"))
-def test_the_team_namespaces_admission_policies_admit_an_examples_job(example, platform, cli, tmp_path, no_jobs):
+def test_the_team_namespaces_admission_policies_admit_an_examples_job(example, platform, cli, tmp_path, clean):
     """An example's job (examples/*/job.yaml) with its image in the team's repository of the platform registry is
     admitted by the real API server's policies; from a registry the platform does not allow it is refused before
     anything is sent."""

@@ -7,7 +7,7 @@ Run: .venv/bin/pytest -p no:xdist tests/cluster/test_client.py -q
 
 Reading logs (Client.logs, Job.logs) is not done here: the API server does not proxy to kwok's pods. `gpu-train logs`,
 which prints what Client.logs returns, is tested in tests/gpu_train/cli/test_logs.py. A job stays queued because
-another one holds the team's four GPUs. `no_jobs` empties the team namespaces around each test.
+another one holds the team's four GPUs. `clean` empties the team namespaces around each test.
 """
 
 from __future__ import annotations
@@ -20,19 +20,18 @@ import yaml
 from gpu_train.client import Client, ClientError, JobStatus
 from gpu_train.jobs import gitops
 from gpu_train.spec.job import read_job
-from tests.cluster.conftest import (
+from tests.cluster.conftest import job_spec, wait_for
+from tests.cluster.jobs import (
     JOBSET,
-    RESEARCH,
+    NS,
     WORKLOAD,
     delete_jobset,
     fail_pod,
     is_true,
-    job_spec,
     jobset_of,
     pending,
     running_pods,
-    wait_for,
-    workload_for,
+    workload_of,
 )
 
 
@@ -47,7 +46,7 @@ def _stored_as_rendered(platform, job) -> bool:
 
 def _fill_the_quota(platform, client, tmp_path) -> None:
     client.submit(job_spec(tmp_path, name="cl-filler", nodes="4:4"))
-    wait_for("'cl-filler' admitted", lambda: is_true(workload_for(platform, "cl-filler"), "Admitted"))
+    wait_for("'cl-filler' admitted", lambda: is_true(workload_of(platform, "cl-filler"), "Admitted"))
 
 
 @pytest.fixture
@@ -55,7 +54,7 @@ def client(platform) -> Client:
     return Client(kubeconfig=str(platform.kubeconfigs["alice"]))
 
 
-def test_submit_status_and_cancel(platform, client, tmp_path, no_jobs):
+def test_submit_status_and_cancel(platform, client, tmp_path, clean):
     assert client.team == "research"  # the kubeconfig context's namespace
     _fill_the_quota(platform, client, tmp_path)
     job = client.submit(job_spec(tmp_path, name="cl-first", nodes="2:2"))
@@ -78,22 +77,22 @@ def test_submit_status_and_cancel(platform, client, tmp_path, no_jobs):
         job.status()
 
 
-def test_pause_and_resume_set_the_workloads_active_field(platform, client, tmp_path, no_jobs):
+def test_pause_and_resume_set_the_workloads_active_field(platform, client, tmp_path, clean):
     job = client.submit(job_spec(tmp_path, name="cl-pause"))
-    wait_for("'cl-pause' admitted", lambda: is_true(workload_for(platform, "cl-pause"), "Admitted"))
-    name = workload_for(platform, "cl-pause")["metadata"]["name"]
+    wait_for("'cl-pause' admitted", lambda: is_true(workload_of(platform, "cl-pause"), "Admitted"))
+    name = workload_of(platform, "cl-pause")["metadata"]["name"]
     assert job.pause() == "research-queue"
-    assert platform.get(*WORKLOAD, name, RESEARCH)["spec"]["active"] is False and job.status().state == "Paused"
+    assert platform.get(*WORKLOAD, name, NS)["spec"]["active"] is False and job.status().state == "Paused"
     job.resume()
-    assert platform.get(*WORKLOAD, name, RESEARCH)["spec"]["active"] is True
+    assert platform.get(*WORKLOAD, name, NS)["spec"]["active"] is True
     wait_for("Kueue to admit it again", lambda: job.status().state == "Running")
 
 
-def test_a_mapping_or_a_jobspec_is_submitted_like_a_file(platform, client, tmp_path, no_jobs):
+def test_a_mapping_or_a_jobspec_is_submitted_like_a_file(platform, client, tmp_path, clean):
     raw = yaml.safe_load(job_spec(tmp_path, name="cl-file").read_text())
     from_mapping = client.submit({**raw, "name": "cl-mapping"})
     from_model = client.submit(read_job({**raw, "name": "cl-model"}, key="job"))
-    assert {js["metadata"]["name"] for js in platform.list(*JOBSET, RESEARCH)} == {"cl-mapping", "cl-model"}
+    assert {js["metadata"]["name"] for js in platform.list(*JOBSET, NS)} == {"cl-mapping", "cl-model"}
     assert _stored_as_rendered(platform, from_mapping) and _stored_as_rendered(platform, from_model)
     # The same JobSet as the file's, but for the name (the file adds its path to the provenance annotations).
     a, b = (dict(j.manifest) for j in (from_mapping, from_model))
@@ -102,13 +101,13 @@ def test_a_mapping_or_a_jobspec_is_submitted_like_a_file(platform, client, tmp_p
     assert json.dumps(a).replace("cl-mapping", "X") == json.dumps(b).replace("cl-model", "X")
 
 
-def test_the_checks_are_the_commands(platform, client, tmp_path, no_jobs):
+def test_the_checks_are_the_commands(platform, client, tmp_path, clean):
     with pytest.raises(ClientError, match=r"job.pool 'h100' is not one of gpuPools\[\].name") as err:
         client.submit(job_spec(tmp_path, name="cl-checked", pool="h100"))
     assert err.value.code == 2
     with pytest.raises(ClientError, match="team namespaces admit only images from the platform registry"):
         client.submit(job_spec(tmp_path, name="cl-checked"), image="docker.io/library/python@sha256:" + "1" * 64)
-    assert platform.list(*JOBSET, RESEARCH) == []
+    assert platform.list(*JOBSET, NS) == []
     (registry,) = platform.contract["registries"]
     mine = registry + "research/custom@sha256:" + "2" * 64
     job = client.submit(job_spec(tmp_path, name="cl-checked"), image=mine)
@@ -120,7 +119,7 @@ def test_the_checks_are_the_commands(platform, client, tmp_path, no_jobs):
         client.status("Not_A_Name")
 
 
-def test_wait_follows_the_job_until_it_ends(platform, client, tmp_path, no_jobs):
+def test_wait_follows_the_job_until_it_ends(platform, client, tmp_path, clean):
     _fill_the_quota(platform, client, tmp_path)
     slow = client.submit(job_spec(tmp_path, name="cl-slow"))
     wait_for("'cl-slow' waiting behind the filler", lambda: pending(platform, "cl-slow"))

@@ -8,7 +8,7 @@ Run: .venv/bin/pytest -p no:xdist tests/cluster/test_gitops.py -q
 
 apply writes only by deleting and creating JobSets (gpu_train/jobs/gitops.py), so "wrote nothing" is checked as
 the same JobSet (UID) still there and not being deleted. A job stays queued because another one holds the team's
-four GPUs. The tests share the lane's plane and run in file order; `no_jobs` empties the team namespaces around each.
+four GPUs. The tests share the lane's plane and run in file order; `clean` empties the team namespaces around each.
 """
 
 from __future__ import annotations
@@ -20,16 +20,8 @@ import pytest
 import yaml
 
 from gpu_train.jobs.jobset import COMMIT_ANNOTATION, HASH_ANNOTATION, MANAGED_ANNOTATION, PATH_ANNOTATION
-from tests.cluster.conftest import (
-    JOBSET,
-    RESEARCH,
-    is_true,
-    job_spec,
-    jobset_of,
-    pending,
-    wait_for,
-    workload_for,
-)
+from tests.cluster.conftest import job_spec, wait_for
+from tests.cluster.jobs import JOBSET, NS, is_true, jobset_of, pending, workload_of
 from tests.gpu_train.cli.conftest import only_error_lines
 
 SPEC = {"team": "research", "pool": "l4-spot", "preset": "gpt2-124m", "nodes": "1:2", "gpusPerNode": 1, "steps": 200,
@@ -77,10 +69,10 @@ def fill_the_quota(platform, cli, tmp_path) -> None:
     code, _, err = cli("submit", job_spec(tmp_path, name="git-filler", nodes="4:4"), "--kubeconfig",
                        platform.kubeconfigs["alice"])
     assert code == 0, err
-    wait_for("'git-filler' admitted", lambda: is_true(workload_for(platform, "git-filler"), "Admitted"))
+    wait_for("'git-filler' admitted", lambda: is_true(workload_of(platform, "git-filler"), "Admitted"))
 
 
-def test_apply_creates_with_provenance_and_reapply_writes_nothing(platform, cli, repo, no_jobs):
+def test_apply_creates_with_provenance_and_reapply_writes_nothing(platform, cli, repo, clean):
     head = commit(repo, {"git-first": SPEC}, "first job")
     code, out, err = apply(cli, platform, repo)
     assert code == 0, err
@@ -101,7 +93,7 @@ def test_apply_creates_with_provenance_and_reapply_writes_nothing(platform, cli,
     assert jobset_of(platform, "git-first")["metadata"]["annotations"][COMMIT_ANNOTATION] == head
 
 
-def test_a_changed_spec_replaces_a_queued_job(platform, cli, repo, tmp_path, no_jobs):
+def test_a_changed_spec_replaces_a_queued_job(platform, cli, repo, tmp_path, clean):
     fill_the_quota(platform, cli, tmp_path)
     commit(repo, {"git-queued": SPEC}, "first")
     assert apply(cli, platform, repo)[0] == 0
@@ -118,10 +110,10 @@ def test_a_changed_spec_replaces_a_queued_job(platform, cli, repo, tmp_path, no_
     assert new["metadata"]["annotations"][HASH_ANNOTATION] != old["metadata"]["annotations"][HASH_ANNOTATION]
     assert "train.steps=400" in new["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
         "containers"][0]["args"]
-    wait_for("Kueue's Workload for the new JobSet", lambda: workload_for(platform, "git-queued"))
+    wait_for("Kueue's Workload for the new JobSet", lambda: workload_of(platform, "git-queued"))
 
 
-def test_a_running_job_keeps_running_until_replace_running_or_a_revert(platform, cli, repo, no_jobs):
+def test_a_running_job_keeps_running_until_replace_running_or_a_revert(platform, cli, repo, clean):
     commit(repo, {"git-running": SPEC}, "first")
     assert apply(cli, platform, repo)[0] == 0
     wait_for("Kueue to admit and unsuspend it", lambda: jobset_of(platform, "git-running")["spec"]["suspend"] is False)
@@ -140,7 +132,7 @@ def test_a_running_job_keeps_running_until_replace_running_or_a_revert(platform,
     assert uid(platform, "git-running") not in (None, running)
 
 
-def test_a_deleted_spec_is_cancelled_only_with_prune(platform, cli, repo, no_jobs):
+def test_a_deleted_spec_is_cancelled_only_with_prune(platform, cli, repo, clean):
     commit(repo, {"git-kept": SPEC, "git-dropped": {**SPEC, "nodes": "1:1"}}, "two jobs")
     assert apply(cli, platform, repo)[0] == 0
     kept, dropped = uid(platform, "git-kept"), uid(platform, "git-dropped")
@@ -154,7 +146,7 @@ def test_a_deleted_spec_is_cancelled_only_with_prune(platform, cli, repo, no_job
     assert uid(platform, "git-kept") == kept
 
 
-def test_a_hand_edit_is_reported_as_drift_and_left_alone(platform, cli, repo, tmp_path, no_jobs):
+def test_a_hand_edit_is_reported_as_drift_and_left_alone(platform, cli, repo, tmp_path, clean):
     fill_the_quota(platform, cli, tmp_path)
     commit(repo, {"git-edited": SPEC}, "first")
     assert apply(cli, platform, repo)[0] == 0
@@ -166,7 +158,7 @@ def test_a_hand_edit_is_reported_as_drift_and_left_alone(platform, cli, repo, tm
     pod["nodeSelector"]["gpu-train.io/pool"] = "l40s-spot"
     pod["tolerations"].append({"key": "kueue", "operator": "Exists"})  # an addition is not drift
     platform.plane.client().resources.get(api_version=JOBSET[0], kind=JOBSET[1]).patch(
-        name="git-edited", namespace=RESEARCH, body={"spec": {"replicatedJobs": jobs}},
+        name="git-edited", namespace=NS, body={"spec": {"replicatedJobs": jobs}},
         content_type="application/merge-patch+json")
     code, out, _ = apply(cli, platform, repo, "--prune", "--replace-running")
     assert code == 1
@@ -178,7 +170,7 @@ def test_a_hand_edit_is_reported_as_drift_and_left_alone(platform, cli, repo, tm
         "gpu-train.io/pool"] == "l40s-spot"  # never overwritten
 
 
-def test_a_job_submitted_by_hand_is_a_conflict_not_replaced(platform, cli, repo, tmp_path, no_jobs):
+def test_a_job_submitted_by_hand_is_a_conflict_not_replaced(platform, cli, repo, tmp_path, clean):
     code, _, err = cli("submit", job_spec(tmp_path, name="git-hand"), "--kubeconfig", platform.kubeconfigs["alice"])
     assert code == 0, err
     by_hand = jobset_of(platform, "git-hand")
@@ -189,24 +181,24 @@ def test_a_job_submitted_by_hand_is_a_conflict_not_replaced(platform, cli, repo,
     assert uid(platform, "git-hand") == by_hand["metadata"]["uid"]
 
 
-def test_dry_run_writes_nothing_and_prints_the_estimate(platform, cli, repo, no_jobs):
+def test_dry_run_writes_nothing_and_prints_the_estimate(platform, cli, repo, clean):
     commit(repo, {"git-dry": SPEC}, "first")
     code, out, err = apply(cli, platform, repo, "--dry-run")
     assert code == 0 and "apply (dry run): 1 create" in out, err
     assert "carbon: ~" in out and "kg CO2e in us-east-1" in out
-    assert platform.list(*JOBSET, RESEARCH) == []
+    assert platform.list(*JOBSET, NS) == []
 
 
-def test_apply_refuses_uncommitted_specs(platform, cli, repo, no_jobs):
+def test_apply_refuses_uncommitted_specs(platform, cli, repo, clean):
     commit(repo, {"git-dirty": SPEC}, "first")
     (repo / "jobs" / "research" / "git-dirty.yaml").write_text(yaml.safe_dump({"name": "git-dirty", **SPEC,
                                                                                 "steps": 10}))
     code, _, err = apply(cli, platform, repo)
     assert code == 2 and only_error_lines(err) and "changed since the last commit" in err
-    assert platform.list(*JOBSET, RESEARCH) == []
+    assert platform.list(*JOBSET, NS) == []
 
 
-def test_list_shows_commit_path_and_hash(platform, cli, repo, no_jobs):
+def test_list_shows_commit_path_and_hash(platform, cli, repo, clean):
     head = commit(repo, {"git-listed": SPEC}, "first")
     assert apply(cli, platform, repo)[0] == 0
     code, out, err = cli("list", "--kubeconfig", platform.kubeconfigs["alice"])

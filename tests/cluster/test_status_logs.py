@@ -34,7 +34,7 @@ from gpu_train.spec import naming
 from infra.k8s import log_shipping
 from infra.platform import LogStore, WorkloadIdentity
 from tests.cluster.conftest import wait_for
-from tests.cluster.jobs import NS, admitted, pods_of, running_pods, submit, workload_of
+from tests.cluster.jobs import NS, admitted, pending, pods_of, running_pods, submit, workload_of
 from tools.cluster.controllers import pod_log
 from tools.cluster.plane import free_port
 
@@ -50,12 +50,6 @@ def rank_pod(platform, name: str, rank: int) -> Any:
                 if p.metadata.labels["batch.kubernetes.io/job-completion-index"] == str(rank))
 
 
-def queued(platform, name: str) -> bool:
-    wl = workload_of(platform, name)
-    return bool(wl) and any(c["type"] == "QuotaReserved" and c["status"] == "False"
-                            for c in (wl.get("status") or {}).get("conditions") or [])
-
-
 # ------------------------------------------------------------------------------------------ status
 
 
@@ -65,7 +59,7 @@ def test_a_queued_jobs_position_comes_from_kueues_visibility_api(platform, cli, 
     wait_for("'holder' admitted on all of research's GPUs", lambda: admitted(platform, "holder"))
     for name in ("second", "third"):
         assert submit(cli, platform, tmp_path, name=name, nodes="2:2")[0] == 0
-        wait_for(f"Kueue to leave '{name}' pending", lambda n=name: queued(platform, n))
+        wait_for(f"Kueue to leave '{name}' pending", lambda n=name: pending(platform, n))
     queue = naming.local_queue_name("research")
     # Kueue's queue manager places a new workload asynchronously: wait for its answer, then check it.
     out = wait_for("the visibility API to place 'third' behind 'second'", lambda: (
@@ -85,7 +79,7 @@ def test_without_kueues_visibility_api_status_says_why_and_keeps_the_rest(platfo
     assert submit(cli, platform, tmp_path, name="holder", nodes="4:4")[0] == 0
     wait_for("'holder' admitted", lambda: admitted(platform, "holder"))
     assert submit(cli, platform, tmp_path, name="waiting", nodes="2:2")[0] == 0
-    wait_for("Kueue to leave 'waiting' pending", lambda: queued(platform, "waiting"))
+    wait_for("Kueue to leave 'waiting' pending", lambda: pending(platform, "waiting"))
     services = platform.plane.client().resources.get(api_version=APISERVICE[0], kind=APISERVICE[1])
     saved = services.get(name=VISIBILITY_API).to_dict()
     services.delete(name=VISIBILITY_API)
