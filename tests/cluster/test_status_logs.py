@@ -18,6 +18,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import subprocess
+import sys
 import threading
 import urllib.request
 import warnings
@@ -134,9 +136,19 @@ def test_a_running_ranks_log_comes_from_its_pod(platform, cli, tmp_path, clean):
     out = wait_for("rank 1's log served", lambda: (
         (r := cli("logs", "chatty", "--rank", "1", "--tail", "2", "--kubeconfig", alice))[0] == 0 and r[1]))
     assert out == "rank 1 step 2\nrank 1 step 3\n"  # rank 1's own pod, its last 2 lines
-    # A viewer may read logs too, following them.
-    code, out, err = cli("logs", "chatty", "-f", "--kubeconfig", vera)
-    assert code == 0 and out == "rank 0 step 1\nrank 0 step 2\nrank 0 step 3\n", err
+    # A viewer may read logs too, and follow them: the stream stays open while the container runs (as a
+    # kubelet's does), so the command is its own process, read until rank 0's three lines have come.
+    follow = subprocess.Popen([sys.executable, "-m", "gpu_train.cli", "logs", "chatty", "-f", "--kubeconfig", str(vera)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stuck = threading.Timer(90, follow.kill)  # a stream that never delivers ends the wait, and the test fails
+    stuck.start()
+    try:
+        lines = [follow.stdout.readline() for _ in range(3)]
+    finally:
+        stuck.cancel()
+        follow.kill()
+        follow.communicate()
+    assert lines == ["rank 0 step 1\n", "rank 0 step 2\n", "rank 0 step 3\n"]
     code, _, err = cli("logs", "chatty", "--kubeconfig", platform.kubeconfigs["mallory"])
     assert code == 1 and err.startswith("gpu-train: error: ") and "forbidden" in err.lower(), err
 

@@ -12,7 +12,7 @@ team's quota free (the `clean` fixture checks it).
 
 from __future__ import annotations
 
-from tests.cluster.conftest import job_spec, wait_for
+from tests.cluster.conftest import STACK, job_spec, wait_for
 from tests.cluster.jobs import (
     JOBSET,
     NS,
@@ -27,9 +27,11 @@ from tests.cluster.jobs import (
 )
 
 
-def test_the_stacks_own_job_is_admitted_by_kueue_in_its_queue(platform):
-    js = next(o for o in platform.stored if o["kind"] == "JobSet")
+def test_the_stacks_own_job_is_admitted_by_kueue_in_its_queue(platform, stack_objects, clean):
+    """The stack's job as its plan has it, applied again (other tests' `clean` removes every team JobSet)."""
+    js = next(o for o in stack_objects[STACK] if o["kind"] == "JobSet")
     name, ns = js["metadata"]["name"], js["metadata"]["namespace"]
+    platform.plane.apply([js])
     wait_for(f"the stack's job {name} admitted", lambda: admitted(platform, name, ns))
     assert workload_of(platform, name, ns)["status"]["admission"]["clusterQueue"] == "team-research"
 
