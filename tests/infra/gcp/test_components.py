@@ -119,7 +119,8 @@ def test_a3_high_and_ultra_pools_under_mocks():
         assert gke["controlPlaneEndpointsConfig"]["dnsEndpointConfig"]["allowExternalTraffic"] is True
         assert gke["privateClusterConfig"]["enablePrivateEndpoint"] is True
         assert {p.fabric.kind for p in platform.gpu_pools} == {"tcpx", "rdma"}
-        assert set(platform.identities) == {"cache", "mlflow", "trainer/research", "sweeps/research"}
+        assert set(platform.identities) == {"cache", "mlflow", "trainer/research", "sweeps/research",
+                                            "data-prep/research"}
         assert (platform.identities["sweeps/research"].namespaces, platform.identities["sweeps/research"].name) == \
             (["team-research"], "sweep-controller")
         # The plan-graph checks, with the order each registration declared.
