@@ -226,6 +226,9 @@ def submitter_rules() -> list[dict[str, Any]]:
     return [
         {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": write},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": write},
+        # `gpu-train prepare --cluster` (gpu_train/jobs/prepare.py); KubeRay makes the RayClusters.
+        {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": write},
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": read},
         {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "services"], "verbs": read},
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": read},
         # patch: pause and resume a submitted job through its Workload's spec.active.
@@ -262,6 +265,7 @@ def viewer_rules() -> list[dict[str, Any]]:
     return [
         {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": read},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": read},
+        {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayclusters"], "verbs": read},
         {"apiGroups": [""], "resources": ["pods", "pods/log", "events"], "verbs": read},
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": read},
         *_team_read_rules(),
