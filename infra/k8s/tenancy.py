@@ -60,7 +60,7 @@ JOBSET_CHART = "oci://registry.k8s.io/jobset/charts/jobset"
 JOBSET_VERSION = "0.12.0"
 # https://docs.ray.io/en/latest/cluster/kubernetes/getting-started/kuberay-operator-installation.html (Helm); the
 # chart's sources: github.com/ray-project/kuberay, helm-chart/kuberay-operator at tag v1.7.0.
-KUBERAY_REPO = "https://ray-project.github.io/kuberay-helm/"
+KUBERAY_REPO = "https://ray-project.github.io/kuberay-helm"
 KUBERAY_CHART = "kuberay-operator"
 KUBERAY_VERSION = "1.7.0"
 KUBERAY_METRICS_PORT = 8080  # the operator's http port (metrics, probes)
