@@ -8,6 +8,7 @@ settings) and exit status 2 (fix the input) or 1 (the cluster or cloud refused o
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from gpu_train.cli import platform, sweep
@@ -104,6 +105,36 @@ def parser() -> argparse.ArgumentParser:
     ap_.add_argument("--team", action="append", default=[],
                      help="only this team's folder (repeatable; default: every team folder in DIR)")
 
+    pr = sub.add_parser("prepare", help="prepare a dataset on your team's cluster: a Ray job in your team's queue",
+                        description="Run `python -m trainer.data prepare` on a Ray cluster in your team's namespace "
+                                    "(a KubeRay RayJob that Kueue admits against the team's CPU quota): the same "
+                                    "tasks and bytes as on this machine (docs/data.md). Inputs are objects in the "
+                                    "datasets bucket; --out is under the bucket's prefix for your team.")
+    pr.add_argument("inputs", nargs="*", help="s3:// or gs:// prefixes or objects in the datasets bucket")
+    pr.add_argument("--cluster", action="store_true", help="run on the team's cluster (the only mode here; "
+                                                           "`python -m trainer.data prepare` runs on this machine)")
+    pr.add_argument("--out", default="", help="the dataset's folder: <datasets bucket>/<team>/<name>")
+    pr.add_argument("--name", default="", help="the job's name (default: the last part of --out)")
+    pr.add_argument("--cancel", metavar="NAME", default="", help="delete this data preparation instead")
+    pr.add_argument("--tokenizer", choices=("byte", "bpe", "gpt2"), default="byte",
+                    help="byte (default) or bpe (trained on the input); gpt2 needs local files: prepare it here")
+    pr.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (with EOT)")
+    pr.add_argument("--tasks", type=int, default=None, help="the job's fixed task count (default: from the input)")
+    pr.add_argument("--val-fraction", type=float, default=None, help="held-out share (default 0.01)")
+    pr.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text")
+    pr.add_argument("--seed", type=int, default=0, help="fixes the sample a trained BPE learns from")
+    pr.add_argument("--include", action="append", default=[], metavar="PATTERN", help="only matching keys")
+    pr.add_argument("--exclude", action="append", default=[], metavar="PATTERN", help="skip matching keys")
+    pr.add_argument("--force", action="store_true", help="redo it even if --out holds the same dataset")
+    pr.add_argument("--workers", type=int, default=2, help="Ray worker pods (default 2)")
+    pr.add_argument("--worker-cpu", type=int, default=8, help="CPUs per worker, one task each (default 8)")
+    pr.add_argument("--worker-memory", default="32Gi", help="memory per worker (default 32Gi)")
+    pr.add_argument("--head-cpu", type=int, default=2, help="CPUs of the head, which runs the driver (default 2)")
+    pr.add_argument("--head-memory", default="8Gi", help="memory of the head (default 8Gi)")
+    pr.add_argument("--tokenizer-file", default="", help=argparse.SUPPRESS)
+    pr.add_argument("--dry-run", action="store_true", help="print the RayJob instead of submitting it")
+    _common(pr)
+
     rg = sub.add_parser("regions", help="rank the regions offering a GPU machine type by grid carbon intensity",
                         description="Rank the regions where a GPU machine type runs by grid carbon intensity, within "
                                     "the countries, groups (EU, EEA) and regions given, and a latency limit from "
@@ -169,6 +200,40 @@ def _gitops(args) -> int:
                         unread=unread)
 
 
+def _prepare(args) -> int:
+    """prepare --cluster: the RayJob built, printed (--dry-run) or created; prepare --cancel NAME."""
+    import yaml
+
+    from gpu_train.jobs.prepare import PrepareRequest
+
+    client = _client(args)
+    if args.cancel:
+        client.cancel_prepare(args.cancel)
+        print(f"cancelled data preparation {args.cancel!r}")
+        return 0
+    if not args.cluster:
+        raise ClientError("prepare runs on the cluster only (--cluster); on this machine run "
+                          "`python -m trainer.data prepare` (docs/data.md)")
+    if not args.inputs or not args.out:
+        raise ClientError("prepare --cluster needs inputs and --out")
+    name = args.name or re.sub(r"[^a-z0-9-]+", "-", args.out.rstrip("/").rsplit("/", 1)[-1].lower()).strip("-")[:32]
+    request = PrepareRequest(
+        name=name, team=client.team, inputs=tuple(args.inputs), out=args.out, tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size, tasks=args.tasks, val_fraction=args.val_fraction, text_field=args.text_field,
+        seed=args.seed, include=tuple(args.include), exclude=tuple(args.exclude), force=args.force,
+        workers=args.workers, worker_cpu=args.worker_cpu, worker_memory=args.worker_memory, head_cpu=args.head_cpu,
+        head_memory=args.head_memory, tokenizer_file=args.tokenizer_file)
+    rayjob = client.prepare_cluster(request, dry_run=args.dry_run)
+    if args.dry_run:
+        print(yaml.safe_dump(rayjob, sort_keys=False), end="")
+        return 0
+    meta = rayjob["metadata"]
+    print(f"submitted data preparation {meta['name']!r} to {meta['namespace']}, queue "
+          f"{meta['labels']['kueue.x-k8s.io/queue-name']} ({request.workers} Ray workers x {request.worker_cpu} "
+          f"CPUs) -> {request.out}")
+    return 0
+
+
 def run(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command in ("lint", "apply", "submit", "sweep") and not getattr(args, "platform", None):
@@ -207,6 +272,8 @@ def _run(args: argparse.Namespace) -> int:
                        max_latency_ms=args.max_latency_ms, explain=args.explain)
     if cmd in ("lint", "apply"):
         return _gitops(args)
+    if cmd == "prepare":
+        return _prepare(args)
     from gpu_train.cli import show
 
     if cmd == "submit":

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpu_train.client import jobs, status
 from gpu_train.client.cluster import ClientError, Session, connect, load_contract, resolve_team
+from gpu_train.jobs.prepare import PrepareRequest
 from gpu_train.spec.contract import PlatformContract
 from gpu_train.spec.job import JobSpec
 
@@ -78,6 +79,22 @@ class Client:
         if not dry_run:
             prepared = jobs.create(self.session, prepared)
         return Job(self, prepared.job.name, team, prepared)
+
+    def prepare_cluster(self, request: PrepareRequest, *, dry_run: bool = False) -> dict[str, Any]:
+        """Check a data preparation for the team's cluster and, unless `dry_run`, create its RayJob in the team's
+        queue (gpu_train/jobs/prepare.py); returns the RayJob."""
+        from gpu_train.client import prepare
+
+        rayjob = prepare.build(self.contract(request.team), request)
+        if not dry_run:
+            prepare.create(self.session, rayjob, request.team)
+        return rayjob
+
+    def cancel_prepare(self, name: str, team: str | None = None) -> None:
+        """Delete a data preparation's RayJob: Kueue releases its quota, KubeRay removes its Ray cluster."""
+        from gpu_train.client import prepare
+
+        prepare.cancel(self.session, team or self.team, jobs.job_name_ok(name))
 
     def job(self, name: str, team: str | None = None) -> Job:
         """A handle on a job already on the cluster."""

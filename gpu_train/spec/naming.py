@@ -86,6 +86,12 @@ SERVING_ROLE_LABEL = "gpu-train.io/serving-role"  # model | route | router | pro
 # namespace, made by the platform) and the label on each controller's objects, valued with the sweep's name.
 SWEEP_CONTROLLER_SERVICE_ACCOUNT = "sweep-controller"
 SWEEP_LABEL = "gpu-train.io/sweep"
+# Data preparation on the cluster (`gpu-train prepare --cluster`, gpu_train/jobs/prepare.py): the service account of
+# a team's Ray pods (read the datasets bucket, write the team's prefix of it), the KubeRay operator's namespace, and
+# the label KubeRay puts on every Ray pod.
+DATA_PREP_SERVICE_ACCOUNT = "data-prep"
+KUBERAY_NAMESPACE = "kuberay-system"
+RAY_NODE_LABEL = "ray.io/is-ray-node"
 ROUTE_PORT = 8080  # the route's HTTP port (requests and /metrics)
 # The JobSet's one replicated job, and the pod label JobSet puts on every pod of a JobSet.
 REPLICATED_JOB = "worker"

@@ -84,6 +84,20 @@ def sweep_controller_policy(team: str, *, checkpoints_bucket: str, s3_key_arn: s
                 _s3_kms(s3_key_arn, ["kms:Decrypt", "kms:GenerateDataKey"]))
 
 
+def data_prep_policy(team: str, *, datasets_bucket: str, s3_key_arn: str) -> dict:
+    """A team's Ray pods preparing data (`gpu-train prepare --cluster`): read the datasets bucket (the inputs and
+    the datasets already there); write and delete only under <datasets>/<team>/ (shards, commits, plan, manifest)."""
+    if not team or "/" in team or "*" in team:
+        raise ValueError(f"team name {team!r} cannot scope an S3 prefix")
+    return _doc(
+        *_read_bucket("Datasets", datasets_bucket),
+        {"Sid": "DatasetsTeamWrite", "Effect": "Allow",
+         "Action": ["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+         "Resource": f"arn:aws:s3:::{datasets_bucket}/{team}/*"},
+        _s3_kms(s3_key_arn, ["kms:Decrypt", "kms:GenerateDataKey"]),
+    )
+
+
 def cache_policy(*, datasets_bucket: str, s3_key_arn: str) -> dict:
     """The Alluxio cache: read-only on the datasets bucket."""
     return _doc(*_read_bucket("Datasets", datasets_bucket), _s3_kms(s3_key_arn, ["kms:Decrypt"]))

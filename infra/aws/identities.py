@@ -25,7 +25,8 @@ from infra.platform import WorkloadIdentity
 
 @dataclass(frozen=True, kw_only=True)
 class Binding:
-    key: str  # platform.identities key: "cache", "mlflow", "trainer/<team>", "sweeps/<team>", "serving/<team>"
+    key: str  # platform.identities key: "cache", "mlflow", "trainer/<team>", "sweeps/<team>", "data-prep/<team>",
+    # "serving/<team>"
     namespace: str  # Kubernetes namespace of the service account
     service_account: str  # Kubernetes service account name
     policy: Callable[[Mapping[str, str]], dict]  # resolved names/ARNs -> IAM policy document
@@ -45,6 +46,12 @@ def bindings(teams: Sequence[str], cache: bool, mlflow: bool, serving: bool = Fa
                     service_account=naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT,
                     policy=lambda r, team=team: iam.sweep_controller_policy(team, checkpoints_bucket=r["checkpoints"],
                                                                             s3_key_arn=r["s3_key"]))
+            for team in teams]
+    # Each team's Ray pods preparing data (gpu-train prepare --cluster): read datasets, write <datasets>/<team>/.
+    out += [Binding(key=f"data-prep/{team}", namespace=naming.team_namespace(team),
+                    service_account=naming.DATA_PREP_SERVICE_ACCOUNT,
+                    policy=lambda r, team=team: iam.data_prep_policy(team, datasets_bucket=r["datasets"],
+                                                                     s3_key_arn=r["s3_key"]))
             for team in teams]
     if cache:
         out.append(Binding(key="cache", namespace=naming.CACHE_NAMESPACE, service_account=naming.CACHE_SERVICE_ACCOUNT,

@@ -9,6 +9,8 @@ Usage (inside the Pulumi program; `build_platform` does this):
 Who gets what (the bucket grants are built by the pure `bucket_grants`):
 - trainer/<team> (team-<team>/trainer): read datasets; read/write objects under
   <checkpoints>/<team>/ only (an IAM condition on the object name); list the checkpoints bucket.
+- data-prep/<team> (team-<team>/data-prep, `gpu-train prepare --cluster`'s Ray pods): read datasets; read/write
+  objects under <datasets>/<team>/ only.
 - cache (alluxio/alluxio): read datasets.
 - mlflow (mlflow/mlflow): read/write the artifacts bucket.
 - serving/<team> (team-<team>/model-server, with serving enabled): read objects under <artifacts>/mlflow/ only
@@ -57,6 +59,8 @@ def identities(teams: Sequence[str], serving: bool) -> dict[str, tuple[str, str]
         ids[f"trainer/{team}"] = (naming.team_namespace(team), naming.TRAINER_SERVICE_ACCOUNT)
         # The team's in-cluster sweep controllers (gpu-train sweep submit).
         ids[f"sweeps/{team}"] = (naming.team_namespace(team), naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT)
+        # The team's Ray pods preparing data (gpu-train prepare --cluster).
+        ids[f"data-prep/{team}"] = (naming.team_namespace(team), naming.DATA_PREP_SERVICE_ACCOUNT)
     if serving:
         for team in teams:
             ids[f"serving/{team}"] = (naming.team_namespace(team), naming.MODEL_SERVER_SERVICE_ACCOUNT)
@@ -78,6 +82,10 @@ def bucket_grants(key: str) -> list[BucketGrant]:
         team = key.split("/", 1)[1]
         return [BucketGrant(bucket="checkpoints", role=OBJECT_USER, prefix=team),
                 BucketGrant(bucket="checkpoints", role=BUCKET_LISTER)]
+    if key.startswith("data-prep/"):  # the inputs and datasets to read; its datasets under the team's prefix
+        team = key.split("/", 1)[1]
+        return [BucketGrant(bucket="datasets", role=OBJECT_VIEWER),
+                BucketGrant(bucket="datasets", role=OBJECT_USER, prefix=team)]
     if key.startswith("serving/"):
         return [BucketGrant(bucket="artifacts", role=OBJECT_VIEWER, prefix=naming.MLFLOW_ARTIFACTS_PREFIX),
                 BucketGrant(bucket="artifacts", role=BUCKET_LISTER)]

@@ -60,7 +60,7 @@ def contract_document(p: ClusterPlatform, args: PlatformContractArgs, *, cluster
         buckets=buckets,
         endpoints=Endpoints(object_store=p.object_store_endpoint, cache=args.cache_endpoint, tracking=tracking_uri),
         identities={key: Identity(namespaces=list(i.namespaces), service_account=i.name)
-                    for key, i in sorted(p.identities.items()) if key.startswith(("trainer/", "sweeps/"))},
+                    for key, i in sorted(p.identities.items()) if key.startswith(("trainer/", "sweeps/", "data-prep/"))},
         logs=logs, pod_env=dict(p.pod_env), serving=serving,
     ).document()
 

@@ -71,7 +71,7 @@ STRAGGLER_RATIO = 1.25
 # list against the namespaces of every stack's plan.
 PLATFORM_NAMESPACES = (common.GPU_NAMESPACE, AGENTS_NAMESPACE, naming.MONITORING_NAMESPACE, health.NAMESPACE,
                        naming.CACHE_NAMESPACE, common.KUEUE_NAMESPACE, common.JOBSET_NAMESPACE,
-                       naming.MLFLOW_NAMESPACE, "cnpg-system", "logging")
+                       naming.KUBERAY_NAMESPACE, naming.MLFLOW_NAMESPACE, "cnpg-system", "logging")
 _PLACEHOLDER = re.compile(r"__([A-Z_]+)__")
 
 

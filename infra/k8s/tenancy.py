@@ -58,6 +58,15 @@ KUEUE_VERSION = "0.19.2"
 # https://jobset.sigs.k8s.io/docs/installation/ (Helm, OCI)
 JOBSET_CHART = "oci://registry.k8s.io/jobset/charts/jobset"
 JOBSET_VERSION = "0.12.0"
+# https://docs.ray.io/en/latest/cluster/kubernetes/getting-started/kuberay-operator-installation.html (Helm); the
+# chart's sources: github.com/ray-project/kuberay, helm-chart/kuberay-operator at tag v1.7.0.
+KUBERAY_REPO = "https://ray-project.github.io/kuberay-helm"
+KUBERAY_CHART = "kuberay-operator"
+KUBERAY_VERSION = "1.7.0"
+KUBERAY_METRICS_PORT = 8080  # the operator's http port (metrics, probes)
+# The Ray head's dashboard, where the operator submits a RayJob's entrypoint (submissionMode HTTPMode) and polls it
+# (ray-operator/controllers/ray/utils/constant.go: DefaultDashboardPort).
+RAY_DASHBOARD_PORT = 8265
 KUEUE_CONFIG_API = "config.kueue.x-k8s.io/v1beta2"
 # Kueue's visibility API server (pending workloads and their queue positions), served by the controller on
 # this port behind the APIService v1beta2.visibility.kueue.x-k8s.io (charts/kueue/templates/visibility at
@@ -67,7 +76,7 @@ VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
 
 
 def kueue_configuration() -> dict[str, Any]:
-    """Kueue's controller configuration (Configuration v1beta2): JobSet integration; jobs without a
+    """Kueue's controller configuration (Configuration v1beta2): JobSet and RayJob integrations; jobs without a
     queue name in team namespaces are held instead of bypassing quota; fabric devices excluded from
     quota; all-or-nothing start within PODS_READY_TIMEOUT_S, without a recovery timeout."""
     return {
@@ -91,7 +100,10 @@ def kueue_configuration() -> dict[str, Any]:
                              "blockAdmission": False,
                              "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 5,
                                                    "backoffBaseSeconds": 60, "backoffMaxSeconds": 3600}},
-        "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]},
+        # ray.io/rayjob: `gpu-train prepare --cluster` (gpu_train/jobs/prepare.py). When its CRD is installed after
+        # Kueue starts, Kueue sets up the webhook at once and the controller once the API appears
+        # (pkg/controller/jobframework/setup.go at v0.19.2: WaitForAPI, polling with backoff up to 2 minutes).
+        "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset", "ray.io/rayjob"]},
         "resources": {"excludeResourcePrefixes": list(EXCLUDED_RESOURCE_PREFIXES)},
     }
 
@@ -119,6 +131,53 @@ def jobset_values(system_selector: dict[str, str]) -> dict[str, Any]:
             "resources": common.resources("250m", "256Mi", "1", "512Mi"),
         },
     }
+
+
+def kuberay_values(system_selector: dict[str, str], team_namespaces: Sequence[str]) -> dict[str, Any]:
+    """The KubeRay operator on the system nodes, watching only the team namespaces, with a Role in each (no
+    ClusterRole); no leader election needed for one replica but kept on, as upstream ships it."""
+    return {
+        "nodeSelector": system_selector,
+        "resources": common.resources("100m", "512Mi", "1", "512Mi"),
+        "singleNamespaceInstall": True,
+        "crNamespacedRbacEnable": True,
+        "watchNamespace": list(team_namespaces),
+    }
+
+
+def ray_team_policies() -> list[common.Policy]:
+    """A team namespace's holes for Ray: all TCP between the pods of its Ray clusters (GCS, raylets, object
+    transfer: ports Ray picks at start), and the KubeRay operator to a head's dashboard."""
+    ray_pods = {"matchExpressions": [{"key": naming.RAY_NODE_LABEL, "operator": "Exists"}]}
+    operator = {"namespaceSelector": {"matchLabels": {common.NS_NAME_LABEL: naming.KUBERAY_NAMESPACE}}}
+    return [
+        ("allow-ray-peers", {
+            "podSelector": ray_pods,
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": ray_pods}], "ports": [{"protocol": "TCP"}]}],
+            "egress": [{"to": [{"podSelector": ray_pods}], "ports": [{"protocol": "TCP"}]}],
+        }),
+        ("allow-ray-dashboard-from-operator", {
+            "podSelector": {"matchLabels": {"ray.io/node-type": "head"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [operator], "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]}],
+        }),
+    ]
+
+
+def kuberay_network_policies(platform: ClusterPlatform, team_namespaces: Sequence[str]) -> list[common.Policy]:
+    """The KubeRay operator: DNS, the API server, Ray heads' dashboards in the team namespaces, metrics."""
+    heads = [{"namespaceSelector": {"matchLabels": {common.NS_NAME_LABEL: ns}},
+              "podSelector": {"matchLabels": {"ray.io/node-type": "head"}}} for ns in team_namespaces]
+    return [
+        common.default_deny(),
+        common.allow_dns(),
+        common.allow_api_server(platform.api_server_cidrs),
+        ("allow-ray-dashboards", {"podSelector": {}, "policyTypes": ["Egress"],
+                                  "egress": [{"to": heads,
+                                              "ports": [{"protocol": "TCP", "port": RAY_DASHBOARD_PORT}]}]}),
+        common.allow_metrics_scrape([KUBERAY_METRICS_PORT]),
+    ]
 
 
 class TopLevelCustomResource(pulumi.CustomResource):
@@ -167,6 +226,9 @@ def submitter_rules() -> list[dict[str, Any]]:
     return [
         {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": write},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": write},
+        # `gpu-train prepare --cluster` (gpu_train/jobs/prepare.py); KubeRay makes the RayClusters.
+        {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": write},
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": read},
         {"apiGroups": [""], "resources": ["pods", "pods/log", "events", "services"], "verbs": read},
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": read},
         # patch: pause and resume a submitted job through its Workload's spec.active.
@@ -203,6 +265,7 @@ def viewer_rules() -> list[dict[str, Any]]:
     return [
         {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": read},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": read},
+        {"apiGroups": ["ray.io"], "resources": ["rayjobs", "rayclusters"], "verbs": read},
         {"apiGroups": [""], "resources": ["pods", "pods/log", "events"], "verbs": read},
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": read},
         *_team_read_rules(),
@@ -247,6 +310,7 @@ def team_network_policies(platform: ClusterPlatform, cache_enabled: bool) -> lis
         common.allow_jobset_peers(),
         common.allow_mlflow(),
         (scrape_name, scrape),
+        *ray_team_policies(),
     ]
     if cache_enabled:
         policies.append(common.allow_to_cache())
@@ -291,6 +355,7 @@ class Tenancy(pulumi.ComponentResource):
         self.service_accounts: dict[str, k8s.core.v1.ServiceAccount] = {}
         for team in args.teams:
             self._team(name, p, team, args, base)
+        self._kuberay(name, p, base)
         self.register_outputs({"local_queue": self.local_queue,
                                "team_namespaces": {t: naming.team_namespace(t) for t in self.team_namespaces}})
 
@@ -313,6 +378,20 @@ class Tenancy(pulumi.ComponentResource):
             self.releases[short] = k8s.helm.v3.Release(
                 f"{name}-{short}", name=short, chart=chart, version=version, namespace=ns_name, values=values,
                 opts=common.k8s_opts(p, self, [ns]))
+
+    def _kuberay(self, name: str, p: ClusterPlatform, base: list[pulumi.Resource]) -> None:
+        """The KubeRay operator (RayJob, RayCluster) in its restricted, fenced namespace on the system nodes: it makes
+        the Ray clusters of `gpu-train prepare --cluster` once Kueue admits their RayJobs."""
+        ns_name, team_namespaces = naming.KUBERAY_NAMESPACE, [naming.team_namespace(t) for t in self.team_namespaces]
+        ns = common.namespace(ns_name, p, self, enforce="restricted", depends_on=base)
+        common.network_policies(ns_name, kuberay_network_policies(p, team_namespaces), p, self, [ns])
+        self.controller_namespaces["kuberay"] = ns
+        self.releases["kuberay"] = k8s.helm.v3.Release(
+            f"{name}-kuberay", name="kuberay-operator", chart=KUBERAY_CHART, version=KUBERAY_VERSION,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=KUBERAY_REPO), namespace=ns_name,
+            values=kuberay_values(dict(p.system_node_selector), team_namespaces),
+            # Its Roles go into the team namespaces.
+            opts=common.k8s_opts(p, self, [ns, *self.team_namespaces.values()]))
 
     def _queues(self, name: str, p: ClusterPlatform, teams: Sequence[TeamSettings]) -> None:
         """A ResourceFlavor per pool, a ClusterQueue per team in one cohort, and the workload priority classes."""
@@ -368,6 +447,7 @@ class Tenancy(pulumi.ComponentResource):
                     opts=common.k8s_opts(p, self, deps))
         self._trainer_account(name, p, team.name, ns_name, deps)
         self._sweep_controllers(name, p, team.name, ns_name, deps)
+        self._data_prep_account(name, p, team.name, ns_name, deps)
         lq = local_queue(team.name)
         k8s.apiextensions.CustomResource(
             f"{name}-{team.name}-localqueue", api_version=lq["apiVersion"], kind=lq["kind"],
@@ -410,3 +490,19 @@ class Tenancy(pulumi.ComponentResource):
                 k8s.rbac.v1.Role(res, metadata=meta, rules=obj["rules"], opts=opts)
             else:
                 k8s.rbac.v1.RoleBinding(res, metadata=meta, role_ref=obj["roleRef"], subjects=obj["subjects"], opts=opts)
+
+    def _data_prep_account(self, name: str, p: ClusterPlatform, team: str, ns: str,
+                           deps: list[pulumi.Resource]) -> None:
+        """The account a team's Ray pods run as (`gpu-train prepare --cluster`), bound to the cloud identity the
+        platform gives `data-prep/<team>` (read the datasets bucket, write the team's prefix of it), where it gives
+        one. No API token: Ray pods do not call the Kubernetes API."""
+        identity = p.identities.get(f"data-prep/{team}")
+        if identity is None:
+            return
+        if identity.name != naming.DATA_PREP_SERVICE_ACCOUNT or ns not in identity.namespaces:
+            raise ValueError(f"platform.identities['data-prep/{team}'] is bound to {list(identity.namespaces)}/"
+                             f"{identity.name}, not {ns}/{naming.DATA_PREP_SERVICE_ACCOUNT}")
+        k8s.core.v1.ServiceAccount(
+            f"{name}-{team}-data-prep",
+            metadata={"name": identity.name, "namespace": ns, "annotations": dict(identity.annotations)},
+            automount_service_account_token=False, opts=common.k8s_opts(p, self, deps))

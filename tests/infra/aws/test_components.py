@@ -109,7 +109,7 @@ def _check_full(platform, monitor, values):
     assert by_name["a100"].fabric.nccl_env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert by_name["l40s-odcr"].fabric.kind == "none"
     assert by_name["l4-od"].node_selector == {naming.POOL_LABEL: "l4-od"}
-    assert set(platform.identities) == {"trainer/vision", "sweeps/vision", "cache", "mlflow"}
+    assert set(platform.identities) == {"trainer/vision", "sweeps/vision", "data-prep/vision", "cache", "mlflow"}
     assert platform.identities["trainer/vision"].namespaces == ["team-vision"]
     assert (platform.identities["sweeps/vision"].namespaces, platform.identities["sweeps/vision"].name) == \
         (["team-vision"], "sweep-controller")

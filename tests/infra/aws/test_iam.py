@@ -56,7 +56,8 @@ def test_cache_is_read_only_and_mlflow_only_artifacts():
 
 def test_bindings_match_kubernetes_names():
     bs = {b.key: b for b in identities.bindings(["research", "applied"], cache=True, mlflow=True)}
-    assert set(bs) == {"trainer/research", "trainer/applied", "sweeps/research", "sweeps/applied", "cache", "mlflow"}
+    assert set(bs) == {"trainer/research", "trainer/applied", "sweeps/research", "sweeps/applied",
+                       "data-prep/research", "data-prep/applied", "cache", "mlflow"}
     assert (bs["trainer/applied"].namespace, bs["trainer/applied"].service_account) == ("team-applied", "trainer")
     assert (bs["sweeps/applied"].namespace, bs["sweeps/applied"].service_account) == ("team-applied",
                                                                                         "sweep-controller")
@@ -71,6 +72,15 @@ def test_bindings_match_kubernetes_names():
     (listing,) = [st for st in sweeps["Statement"] if st["Action"] == "s3:ListBucket"]
     assert listing["Condition"] == {"StringLike": {"s3:prefix": ["applied/", "applied/*"]}}
     assert set(identities.bindings(["x"], cache=False, mlflow=False)[0].key.split("/")) == {"trainer", "x"}
+    # A team's Ray pods preparing data: read the datasets bucket, write only its prefix of it; no checkpoints.
+    assert (bs["data-prep/applied"].namespace, bs["data-prep/applied"].service_account) == ("team-applied",
+                                                                                            "data-prep")
+    prep = bs["data-prep/applied"].policy(names)
+    assert _resources(prep) == {"arn:aws:s3:::ds", "arn:aws:s3:::ds/*", "arn:aws:s3:::ds/applied/*", KEY}
+    writes = [st for st in prep["Statement"] if "s3:PutObject" in st["Action"]]
+    assert [st["Resource"] for st in writes] == ["arn:aws:s3:::ds/applied/*"]
+    with pytest.raises(ValueError, match="cannot scope"):
+        iam.data_prep_policy("*", datasets_bucket="ds", s3_key_arn=KEY)
 
 
 def test_pod_identity_trust():

@@ -119,7 +119,8 @@ def test_a3_high_and_ultra_pools_under_mocks():
         assert gke["controlPlaneEndpointsConfig"]["dnsEndpointConfig"]["allowExternalTraffic"] is True
         assert gke["privateClusterConfig"]["enablePrivateEndpoint"] is True
         assert {p.fabric.kind for p in platform.gpu_pools} == {"tcpx", "rdma"}
-        assert set(platform.identities) == {"cache", "mlflow", "trainer/research", "sweeps/research"}
+        assert set(platform.identities) == {"cache", "mlflow", "trainer/research", "sweeps/research",
+                                            "data-prep/research"}
         assert (platform.identities["sweeps/research"].namespaces, platform.identities["sweeps/research"].name) == \
             (["team-research"], "sweep-controller")
         # The plan-graph checks, with the order each registration declared.
@@ -168,7 +169,8 @@ def test_workload_identity_bindings_wait_for_the_cluster():
     graph = PlanGraph(monitor.records)
     (cluster,) = [r for r in monitor.records if r["type"] == "gcp:container/cluster:Cluster"]
     bindings = [r for r in monitor.records if r["type"] == "gcp:serviceaccount/iAMMember:IAMMember"]
-    assert len(bindings) == 2 * len(cfg.teams) + 2  # each team's trainer and sweep controllers, the cache, MLflow
+    # Each team's trainer, sweep controllers and data preparation (Ray pods), the cache, MLflow.
+    assert len(bindings) == 3 * len(cfg.teams) + 2
     assert all(cluster["urn"] in graph.waits_for(b["urn"]) for b in bindings)
 
 

@@ -140,7 +140,7 @@ def test_workload_identity_and_checkpoint_prefix(plans, stack):
     teams = ["research"] if stack == "gcp-dev" else ["research", "applied"]
     expected = {f"serviceAccount:{project}.svc.id.goog[{ns}]" for ns in
                 ["alluxio/alluxio", "mlflow/mlflow", *[f"team-{t}/trainer" for t in teams],
-                 *[f"team-{t}/sweep-controller" for t in teams]]}
+                 *[f"team-{t}/sweep-controller" for t in teams], *[f"team-{t}/data-prep" for t in teams]]}
     assert wi == expected
     grants = resources_of(plan, "gcp:storage/bucketIAMMember:BucketIAMMember")
     writers = [g["inputs"] for g in grants if g["inputs"]["role"] in ("roles/storage.objectUser",
@@ -151,8 +151,13 @@ def test_workload_identity_and_checkpoint_prefix(plans, stack):
         expr = g["condition"]["expression"]
         assert expr.startswith(f'resource.name.startsWith("projects/_/buckets/{g["bucket"]}/objects/')
         assert any(expr.endswith(f'/objects/{t}/")') for t in teams)
-    # Nothing writes the datasets bucket; only mlflow writes artifacts.
-    assert not any("datasets" in g["bucket"] for g in writers)
+    # Only each team's data preparation writes the datasets bucket, under its own prefix; only mlflow writes artifacts.
+    ds_writers = [g for g in writers if "datasets" in g["bucket"]]
+    from infra.gcp.identity import account_id
+
+    assert {g["member"] for g in ds_writers} == {
+        f"serviceAccount:{account_id(stack, f'data-prep/{t}')}@{project}.iam.gserviceaccount.com" for t in teams}
+    assert {g["condition"]["expression"].rsplit("/objects/", 1)[1] for g in ds_writers} == {f'{t}/")' for t in teams}
     assert all("mlflow" in g["member"] for g in writers if "artifacts" in g["bucket"])
 
 

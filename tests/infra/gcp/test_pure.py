@@ -136,6 +136,10 @@ def test_trainer_grants_are_prefix_scoped():
     assert [(g.bucket, g.role, g.prefix) for g in sweeps if g.role == identity.OBJECT_USER] == [
         ("checkpoints", identity.OBJECT_USER, "research")]
     assert {g.bucket for g in sweeps} == {"checkpoints"}
+    # A team's Ray pods preparing data: read datasets, write only the team's prefix of it; no checkpoints.
+    prep = identity.bucket_grants("data-prep/research")
+    assert [(g.bucket, g.prefix) for g in prep if g.role == identity.OBJECT_USER] == [("datasets", "research")]
+    assert {g.bucket for g in prep} == {"datasets"}
     assert [g.bucket for g in identity.bucket_grants("cache")] == ["datasets"]
     assert identity.bucket_grants("cache")[0].role == identity.OBJECT_VIEWER
     assert [g.bucket for g in identity.bucket_grants("mlflow")] == ["artifacts"]

@@ -17,7 +17,7 @@ from tests.infra.k8s.checks import containers_without_resources, cr_problems, se
 from tests.infra.k8s.harness import STACKS, build_layer, load_stack, objects, of_kind, releases
 
 CREATED_NAMESPACES = {naming.CACHE_NAMESPACE, naming.MONITORING_NAMESPACE, monitoring.AGENTS_NAMESPACE, common.GPU_NAMESPACE,
-                      common.KUEUE_NAMESPACE, common.JOBSET_NAMESPACE, health.NAMESPACE}
+                      common.KUEUE_NAMESPACE, common.JOBSET_NAMESPACE, naming.KUBERAY_NAMESPACE, health.NAMESPACE}
 
 
 @pytest.mark.parametrize("stack", STACKS)

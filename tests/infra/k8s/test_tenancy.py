@@ -162,3 +162,41 @@ def test_kueues_visibility_api_is_reachable_from_the_control_plane():
     policies = dict(tenancy.controller_network_policies(_platform(), 9443, 8443, (tenancy.KUEUE_VISIBILITY_PORT,)))
     ports = [p["port"] for p in policies[common.allow_webhooks_from_api_server([], [])[0]]["ingress"][0]["ports"]]
     assert ports == [9443, tenancy.KUEUE_VISIBILITY_PORT]
+
+
+def test_kueue_manages_rayjobs_and_kuberay_is_pinned():
+    assert "ray.io/rayjob" in tenancy.kueue_configuration()["integrations"]["frameworks"]
+    assert (tenancy.KUBERAY_CHART, tenancy.KUBERAY_VERSION) == ("kuberay-operator", "1.7.0")
+
+
+def test_kuberay_watches_only_the_team_namespaces_with_roles_there():
+    values = tenancy.kuberay_values({naming.SYSTEM_LABEL: "true"}, ["team-a", "team-b"])
+    assert values["watchNamespace"] == ["team-a", "team-b"]
+    # Namespaced Roles in the watched namespaces instead of a ClusterRole (the chart's multiple_namespaces_role.yaml).
+    assert values["singleNamespaceInstall"] is True and values["crNamespacedRbacEnable"] is True
+    assert values["nodeSelector"] == {naming.SYSTEM_LABEL: "true"}
+    assert values["resources"]["limits"]["memory"] == values["resources"]["requests"]["memory"]
+
+
+def test_ray_pods_reach_each_other_and_the_operator_reaches_only_heads_dashboards():
+    from types import SimpleNamespace
+
+    from infra.platform import EgressTarget
+
+    platform = SimpleNamespace(**vars(_platform()), object_store_cidrs=["52.216.0.0/15"],
+                               workload_identity_egress=[EgressTarget("169.254.170.23/32", 80)])
+    team = dict(tenancy.team_network_policies(platform, cache_enabled=False))
+    peers = team["allow-ray-peers"]
+    ray_pods = {"matchExpressions": [{"key": naming.RAY_NODE_LABEL, "operator": "Exists"}]}
+    assert peers["podSelector"] == ray_pods
+    assert peers["ingress"][0]["from"] == [{"podSelector": ray_pods}]
+    dashboard = team["allow-ray-dashboard-from-operator"]
+    assert dashboard["podSelector"] == {"matchLabels": {"ray.io/node-type": "head"}}
+    assert dashboard["ingress"][0]["ports"] == [{"protocol": "TCP", "port": tenancy.RAY_DASHBOARD_PORT}]
+    assert dashboard["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": naming.KUBERAY_NAMESPACE}}}]
+    operator = dict(tenancy.kuberay_network_policies(_platform(), ["team-a"]))
+    assert list(operator)[0] == "default-deny-all"
+    (egress,) = operator["allow-ray-dashboards"]["egress"]
+    assert [t["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for t in egress["to"]] == ["team-a"]
+    assert egress["ports"] == [{"protocol": "TCP", "port": tenancy.RAY_DASHBOARD_PORT}]

@@ -282,7 +282,8 @@ def test_team_namespaces_start_from_default_deny_and_open_only_what_jobs_need():
     first = tenancy.team_network_policies(Stub, cache_enabled=True)[0]
     assert first == ("default-deny-all", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]})
     assert set(policies) == {"default-deny-all", "allow-dns", "allow-object-store", "allow-jobset-peers",
-                             "allow-mlflow", "allow-metrics-scrape", "allow-cache"}
+                             "allow-mlflow", "allow-metrics-scrape", "allow-cache", "allow-ray-peers",
+                             "allow-ray-dashboard-from-operator"}
     scrape = policies["allow-metrics-scrape"]["ingress"][0]["ports"][0]
     assert (scrape["port"], scrape["endPort"]) == (naming.METRICS_PORT, naming.METRICS_PORT + 7)
     assert policies["allow-mlflow"]["egress"][0]["ports"] == [{"protocol": "TCP", "port": naming.MLFLOW_PORT}]

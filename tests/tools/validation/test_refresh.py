@@ -38,6 +38,9 @@ def test_the_table_reads_the_program_pins():
     crds = {c.name: c for c in refresh.crd_sources()}
     assert crds["kueue"].ref == f"v{tenancy.KUEUE_VERSION}" and crds["jobset"].ref == f"v{tenancy.JOBSET_VERSION}"
     assert crds["monitoring"].from_chart == "kube-prometheus-stack"
+    assert (table["kuberay-operator"].version, table["kuberay-operator"].repo) == (tenancy.KUBERAY_VERSION,
+                                                                                  tenancy.KUBERAY_REPO)
+    assert (crds["kuberay"].from_chart, crds["kuberay"].ref) == ("kuberay-operator", f"v{tenancy.KUBERAY_VERSION}")
 
 
 def test_every_chart_snapshot_is_one_the_table_produces_at_its_pinned_version():

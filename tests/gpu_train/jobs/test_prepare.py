@@ -1,0 +1,137 @@
+"""`gpu-train prepare --cluster`'s RayJob (gpu_train/jobs/prepare.py) and the refusals before anything is sent, on the
+dev stack's contract (tests/gpu_train/cli/conftest.py). Pure functions, and the command in-process with --platform.
+
+Usage: .venv/bin/pytest tests/gpu_train/jobs/test_prepare.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_train.jobs import prepare
+from gpu_train.spec import naming
+from gpu_train.spec.contract import PlatformContract
+from infra.k8s import pod_admission
+from tests.gpu_train.cli.conftest import REGISTRY, contract_doc, only_error_lines
+from tests.infra.k8s.vap import Admission
+
+ROOT = Path(__file__).resolve().parents[3]
+DATASETS = "s3://gpu-train-aws-dev-datasets"
+
+
+def contract() -> PlatformContract:
+    return PlatformContract.from_document(contract_doc(), "test")
+
+
+def request(**over) -> prepare.PrepareRequest:
+    kw = dict(name="web", team="research", inputs=(f"{DATASETS}/raw/web/",), out=f"{DATASETS}/research/web",
+              tokenizer="bpe", vocab_size=8192, tasks=64, workers=3, worker_cpu=8, worker_memory="16Gi")
+    kw.update(over)
+    return prepare.PrepareRequest(**kw)
+
+
+def test_the_rayjob_waits_suspended_in_the_teams_queue_and_runs_the_local_prepare_on_ray():
+    job = prepare.ray_job(request(), contract())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    assert job["metadata"]["namespace"] == "team-research"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research-queue"
+    spec = job["spec"]
+    # Kueue unsuspends it on admission and requires the cluster to go when the job ends.
+    assert spec["suspend"] is True and spec["shutdownAfterJobFinishes"] is True
+    assert spec["submissionMode"] == "HTTPMode" and spec["rayClusterSpec"]["enableInTreeAutoscaling"] is False
+    argv = shlex.split(spec["entrypoint"])
+    assert argv[:5] == ["python", "-m", "trainer.data", "prepare", f"{DATASETS}/raw/web/"]
+    flags = dict(zip(argv[5::2], argv[6::2], strict=False))
+    assert flags["--out"] == f"{DATASETS}/research/web"
+    assert (flags["--engine"], flags["--address"], flags["--workers"]) == ("ray", "auto", "24")  # 3 x 8 CPUs
+    assert (flags["--tokenizer"], flags["--vocab-size"], flags["--tasks"]) == ("bpe", "8192", "64")
+    # The same parser the local command uses accepts every flag.
+    from trainer.data.__main__ import parser
+
+    parsed = parser().parse_args(argv[3:])
+    assert (parsed.engine, parsed.address, parsed.tasks, parsed.vocab_size) == ("ray", "auto", 64, 8192)
+
+
+def test_head_and_one_worker_group_with_requests_the_data_prep_identity_and_the_platform_image():
+    cluster = prepare.ray_job(request(), contract())["spec"]["rayClusterSpec"]
+    (workers,) = cluster["workerGroupSpecs"]
+    assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 3
+    assert cluster["headGroupSpec"]["rayStartParams"] == {"num-cpus": "0"}  # tasks run on the workers only
+    for template, cpu, memory in ((cluster["headGroupSpec"]["template"], "2", "8Gi"),
+                                  (workers["template"], "8", "16Gi")):
+        pod = template["spec"]
+        assert pod["serviceAccountName"] == naming.DATA_PREP_SERVICE_ACCOUNT
+        (c,) = pod["containers"]
+        assert c["image"] == contract().image
+        assert c["resources"] == {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
+        assert {"name": "AWS_REGION", "value": "us-east-1"} in c["env"]
+    assert prepare.requested(request()) == {"cpu": 26, "memory": (8 + 3 * 16) * 2**30}
+    # The Ray the image installs is the one the RayJob declares.
+    prep = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["prep"]
+    assert f"ray[default]=={prepare.RAY_VERSION}" in prep
+
+
+def test_the_ray_pods_pass_the_team_namespaces_admission_policies():
+    admission = Admission(pod_admission.admission_policies(nvme_host_path="/mnt/k8s-disks/0", registries=[REGISTRY]))
+    cluster = prepare.ray_job(request(), contract())["spec"]["rayClusterSpec"]
+    for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team-research"},
+               "spec": template["spec"]}
+        assert admission.denials(pod, namespace="team-research") == []
+        # KubeRay's wait-gcs-ready init container copies the Ray container's image and securityContext.
+        (c,) = template["spec"]["containers"]
+        init = {"name": "wait-gcs-ready", "image": c["image"], "securityContext": c["securityContext"]}
+        with_init = {**pod, "spec": {**pod["spec"], "initContainers": [init]}}
+        assert admission.denials(with_init, namespace="team-research") == []
+    broken = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team-research"},
+              "spec": {**cluster["headGroupSpec"]["template"]["spec"], "securityContext": {}, "containers": [
+                  {**cluster["headGroupSpec"]["template"]["spec"]["containers"][0], "securityContext": {}}]}}
+    assert any(d.startswith("non-root") for d in admission.denials(broken, namespace="team-research"))
+
+
+@pytest.mark.parametrize(("over", "culprit"), [
+    ({"team": "nobody"}, "--team: team 'nobody' is not on this platform"),
+    ({"out": "s3://elsewhere/research/web"}, "--out s3://elsewhere/research/web: the cluster's Ray pods may write "
+                                             "only under the datasets bucket's prefix for team research"),
+    ({"out": f"{DATASETS}/platform/web"}, f"--out {DATASETS}/platform/web:"),
+    ({"out": f"{DATASETS}/research"}, f"--out {DATASETS}/research:"),
+    ({"inputs": ("corpus/",)}, "input corpus/: the cluster's Ray pods read only objects in the datasets bucket"),
+    ({"workers": 16}, "--head-cpu 2 + --workers 16 x --worker-cpu 8 = 130 CPUs: more than team research's queue "
+                      "can ever admit (128 on l4-spot)"),
+    ({"worker_memory": "1Ti"}, "--head-memory 8Gi + --workers 3 x --worker-memory 1Ti = 3080Gi bytes of memory: "
+                               "more than team research's queue can ever admit (2048Gi on l4-spot)"),
+    ({"tokenizer": "gpt2"}, "--tokenizer gpt2 reads GPT-2's files from a local folder"),
+    ({"name": "Web_1"}, "--name 'Web_1' is not a job name"),
+])
+def test_bad_input_is_refused_in_one_line_naming_the_culprit(over, culprit):
+    problems = prepare.check_request(request(**over), contract())
+    assert len(problems) == 1 and problems[0].startswith(culprit), problems
+
+
+def test_a_request_within_quota_has_no_problems():
+    assert prepare.check_request(request(), contract()) == []
+    # The team may borrow: platform's l40s-spot share lends research up to 64 CPUs there, less than its own 128.
+    assert prepare.team_quota_limits(contract(), "platform")["cpu"] == (128, "l4-spot")
+
+
+def test_the_command_prints_the_rayjob_on_a_dry_run_and_refuses_before_sending(cli, tmp_path):
+    platform = tmp_path / "platform.json"
+    platform.write_text(json.dumps(contract_doc()))
+    base = ("prepare", "--cluster", f"{DATASETS}/raw/", "--team", "research", "--platform", platform, "--dry-run")
+    code, out, err = cli(*base, "--out", f"{DATASETS}/research/web-2024", "--workers", "4")
+    assert code == 0, err
+    job = yaml.safe_load(out)
+    assert job["metadata"]["name"] == "web-2024" and job["spec"]["suspend"] is True
+    assert job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 4
+    code, out, err = cli(*base, "--out", f"{DATASETS}/research/web", "--workers", "40")
+    assert code == 2 and out == "" and only_error_lines(err)
+    assert "--workers 40 x --worker-cpu 8 = 322 CPUs" in err
+    code, out, err = cli("prepare", f"{DATASETS}/raw/", "--out", f"{DATASETS}/research/web", "--team", "research",
+                         "--platform", platform)
+    assert code == 2 and "prepare runs on the cluster only (--cluster)" in err
