@@ -14,6 +14,7 @@ delete InferenceServices, reach predictors through the service proxy and record 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -49,8 +50,22 @@ def once(cluster: ServingCluster, prometheus: Prometheus, registry, last: dict[s
             if decision is None and after != state:
                 cluster.write_route(service, canary={**route.canary, "state": after.document()})
         except Exception as exc:  # one service's trouble must not stop the others' canaries
-            LOG.error("canary of service %s: %s", service, exc)
+            LOG.error("canary of service %s: %s", service, one_line(exc))
     return evaluated
+
+
+def one_line(exc: Exception) -> str:
+    """An error as one log line: for the API server's, its status and its own message (an ApiException's text is
+    the whole response, headers and body, over several lines)."""
+    from kubernetes.client.rest import ApiException
+
+    if isinstance(exc, ApiException):
+        try:
+            message = json.loads(exc.body or "{}").get("message") or ""
+        except (AttributeError, TypeError, ValueError):
+            message = ""
+        return f"the API server answered {exc.status} {exc.reason}: {' '.join(message.split()) or 'no message'}"
+    return " ".join(str(exc).split())
 
 
 def main(argv: list[str] | None = None) -> int:
