@@ -1,4 +1,3 @@
-"""The `gpu-train` command's fixtures (the fake API server, the platform contract); the in-process command, `cli`, is
-tests/conftest.py's."""
+"""The `gpu-train` command's platform contract fixture, `doc`; the in-process command, `cli`, is tests/conftest.py's."""
 
-from tests.gpu_train.cli.conftest import api, doc  # noqa: F401
+from tests.gpu_train.cli.conftest import doc  # noqa: F401

@@ -1,12 +1,12 @@
 """Fixtures for the `gpu-train` tests: a platform contract like an EKS stack publishes (the core's contract model
-filled as the AWS layer fills it, from the pools and teams of a dev stack), the fake API server that serves it,
-and a helper that runs the command in-process and returns (exit status, stdout, stderr).
+filled as the AWS layer fills it, from the pools and teams of a dev stack), a job spec file, and the check that a
+command's stderr holds only its own error lines. The commands against a cluster are tested on the real control plane
+(tests/cluster).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,10 @@ from gpu_train.spec.contract import Fabric, GpuPool, PlatformContract
 from gpu_train.spec.settings import TeamSettings
 from infra.aws import cluster as aws_cluster
 from infra.aws.node_addons import allocatable
-from infra.k8s import pod_admission
-from tests.gpu_train.cli.fake_api import FakeApi
 
 ROOT = Path(__file__).resolve().parents[3]
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-train-aws-dev-trainer@sha256:" + "c" * 64
 REGISTRY = "123456789012.dkr.ecr.us-east-1.amazonaws.com/"
-ALICE, BOB, VIEWER = "alice-token", "bob-token", "vera-token"
 
 
 def pools() -> list[GpuPool]:
@@ -67,20 +64,6 @@ def doc() -> dict[str, Any]:
     return contract_doc()
 
 
-@pytest.fixture
-def api(doc):
-    """The fake API server of a cluster with the research and platform teams: alice submits for research, bob
-    for platform, vera only views research. The team namespaces' admission policies are the platform's."""
-    users = {ALICE: ("alice", {"team-research": "submitter"}), BOB: ("bob", {"team-platform": "submitter"}),
-             VIEWER: ("vera", {"team-research": "viewer"})}
-    policies = pod_admission.admission_policies(nvme_host_path="/mnt/k8s-disks/0", registries=[REGISTRY])
-    with FakeApi(users, policies=policies) as server:
-        for team in TEAMS:
-            server.put_configmap(naming.team_namespace(team.name), naming.PLATFORM_CONFIGMAP,
-                                 {naming.PLATFORM_CONFIGMAP_KEY: json.dumps(doc)})
-        yield server
-
-
 def spec(tmp_path: Path, **over: Any) -> Path:
     """A job spec file (the stack's `job` settings)."""
     settings: dict[str, Any] = {"name": "gpt2-smoke", "team": "research", "pool": "l4-spot", "preset": "gpt2-124m",
@@ -95,7 +78,3 @@ def spec(tmp_path: Path, **over: Any) -> Path:
 def only_error_lines(err: str) -> bool:
     """Every stderr line is one of the command's own error lines: no traceback."""
     return bool(err.strip()) and all(line.startswith("gpu-train: error: ") for line in err.strip().splitlines())
-
-
-def requests_of(api: FakeApi, method: str, fragment: str) -> list[tuple[str, str, Mapping, Any]]:
-    return [r for r in api.requests if r[0] == method and fragment in r[1]]
