@@ -39,8 +39,8 @@ from gpu_train.sweeps.controller import Controller
 from gpu_train.sweeps.mirror import MirrorError
 from gpu_train.sweeps.spec import load_sweep, parse_sweep
 from tests.cluster.conftest import wait_for
+from tests.cluster.jobs import JOBSET, admitted, condition, gpu_usage, submit, workload_of
 from tests.cluster.test_controllers import _service_account_kubeconfig
-from tests.cluster.test_team_work import JOBSET, admitted, condition, workload_of
 from tests.gpu_train.cli.conftest import only_error_lines
 from tests.gpu_train.cli.test_sweep import SWEEP
 
@@ -257,7 +257,10 @@ def test_the_controller_account_manages_its_trials_and_nothing_outside_its_names
 
 
 def test_submit_creates_and_replaces_the_controller_and_stop_pauses_what_the_next_one_resumes(platform, cli, store,
-                                                                                              tmp_path, sweeps):
+                                                                                              tmp_path, sweeps, clean):
+    # A job holding 2 of research's 4 GPUs leaves room for two 1-GPU trials of three.
+    assert submit(cli, platform, tmp_path, name="sw-holder", nodes="2:2")[0] == 0
+    wait_for("'sw-holder' admitted", lambda: admitted(platform, "sw-holder") and gpu_usage(platform) == 2)
     sweeps(name := "sw-submit")
     doc, _, platform_file = store
     alice, spec = platform.kubeconfigs["alice"], sweep_file(tmp_path, sweep_doc(name, parallel=3))
