@@ -1,7 +1,8 @@
 """The GPU pre-flight check for real: infra/k8s/gpu-preflight.sh run by dash (the DCGM image's /bin/sh) against
-stand-ins for nvidia-smi, dcgmi and nv-hostengine and a fake sysfs tree, and infra/k8s/preflight_server.py run
-as a process against a stand-in Kubernetes API, answering the way the node readiness reporter reads it
-(2xx: the condition is True; anything else: False, with the body as the message).
+stand-ins for nvidia-smi, dcgmi and nv-hostengine and a fake sysfs tree, and the expectations
+infra/k8s/preflight_server.py derives for a node. The server as a process, reading its node from a real API server
+and answering the way the node readiness reporter reads it, is tests/cluster/test_health_preflight.py (which uses
+this module's stand-ins).
 
 Usage: .venv/bin/pytest tests/infra/k8s/test_health_preflight.py -q   (needs dash: /usr/bin/dash)
 
@@ -11,17 +12,8 @@ The stand-ins print what the real tools print for the queries the script makes (
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import socket
 import subprocess
-import sys
-import threading
-import time
-import urllib.error
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -204,98 +196,3 @@ def test_expectations_name_the_problem_when_the_node_cannot_be_matched():
     assert "pool q of node n1 is not in the pre-flight table" in preflight_server.expectations_env(pools, "q", "n1")
     assert "malformed" in preflight_server.expectations_env({"p": {"gpus": 0}}, "p", "n1")
     assert preflight_server.POOL_LABEL == naming.POOL_LABEL
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _FakeApi:
-    """A stand-in Kubernetes API serving GET /api/v1/nodes/<name> with the node's labels; it records the
-    Authorization header it got."""
-
-    def __init__(self, labels: dict[str, str]):
-        self.seen: list[tuple[str, str]] = []
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                api.seen.append((self.path, self.headers.get("Authorization", "")))
-                body = json.dumps({"kind": "Node", "metadata": {"name": self.path.rsplit("/", 1)[-1],
-                                                                "labels": labels}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-@pytest.fixture()
-def server(tmp_path):
-    """The results server as a process, with a pools file and the fake API; yields (port, results dir, api)."""
-    api = _FakeApi({"gpu-train.io/pool": "h100"})
-    results_dir = tmp_path / "served"
-    results_dir.mkdir()
-    pools = tmp_path / "pools.json"
-    pools.write_text(json.dumps({"h100": {"gpus": 8, "fabricProbe": "efa", "fabricDevices": 32}}))
-    port = _free_port()
-    env = {**os.environ, "NODE_NAME": "ip-10-0-1-2.ec2.internal", "RESULTS_DIR": str(results_dir),
-           "POOLS_FILE": str(pools), "KUBERNETES_API": api.url, "PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, str(health.PREFLIGHT_SERVER)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 20
-        while not (results_dir / "expected.env").exists():
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the server wrote no expectations"
-            time.sleep(0.05)
-        yield port, results_dir, api
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        api.server.shutdown()
-
-
-def test_the_server_reads_its_node_and_answers_per_check(server):
-    port, results_dir, api = server
-    assert api.seen[0][0] == "/api/v1/nodes/ip-10-0-1-2.ec2.internal"
-    assert (results_dir / "expected.env").read_text() == "EXPECTED_GPUS=8\nFABRIC_PROBE=efa\nEXPECTED_FABRIC=32\n"
-    base = f"http://127.0.0.1:{port}"
-    assert _get(f"{base}/healthz") == (200, "ok\n")
-    assert _get(f"{base}/gpus") == (503, "gpus: pending (the check has not finished)\n")
-    (results_dir / "gpus.ok").write_text("8 of 8 GPUs\n")
-    (results_dir / "ecc.fail").write_text("GPU 1: row remapping failed\n")
-    assert _get(f"{base}/gpus") == (200, "8 of 8 GPUs\n")
-    assert _get(f"{base}/ecc") == (503, "GPU 1: row remapping failed\n")
-    assert _get(f"{base}/nope")[0] == 404
-
-
-def test_script_and_server_together_turn_a_missing_gpu_into_a_failing_endpoint(server, node):
-    """The whole pod minus the reporters: the server writes the node's expectations, the check script reads
-    them and writes its results, the endpoints a reporter polls answer 200 for the passing checks and 503
-    naming the fault for the failing one."""
-    port, results_dir, _ = server
-    _sysfs(node["sys"], efa=32)
-    env = {"PATH": f"{node['bin']}:/usr/bin:/bin", "RESULTS_DIR": str(results_dir), "SYSFS": str(node["sys"]),
-           "STAY": "0", "FAKE_LOG_DIR": str(node["logs"]), "FAKE_GPUS": "7"}
-    subprocess.run([DASH, str(health.PREFLIGHT_SCRIPT)], env=env, check=True, capture_output=True, timeout=60)
-    base = f"http://127.0.0.1:{port}"
-    assert _get(f"{base}/gpus") == (503, "nvidia-smi sees 7 GPUs, the node's pool has 8\n")
-    for check in ("ecc", "dcgm", "fabric"):
-        assert _get(f"{base}/{check}")[0] == 200, check
