@@ -109,6 +109,7 @@ def test_every_preset_is_valid_and_seven_b_uses_fsdp():
     assert build_config("7b").train.parallel == "fsdp"
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_cli_rejects_unknown_key_and_wrong_type_with_exit_code_2():
     for bad, needle in (("train.bogus=1", "train.bogus: unknown key"),
                         ("train.steps=x", "train.steps: expected an integer")):

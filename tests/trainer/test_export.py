@@ -141,6 +141,7 @@ def bpe_run(tmp_path_factory) -> tuple[Path, str]:
     return run, data
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_export_cli_writes_hugging_face_gpt2_with_the_datasets_tokenizer(bpe_run, tmp_path, capsys):
     run, data = bpe_run
     assert export_main(["--run-dir", str(run), "--out", str(tmp_path / "hf")]) == 0
@@ -241,6 +242,7 @@ def test_sampling_and_export_need_only_the_checkpoint(bpe_run, tmp_path, capsys,
     assert (tmp_path / "hf" / "tokenizer.json").read_text() == (step / "tokenizer.json").read_text()
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_an_older_checkpoint_without_its_tokenizer_says_what_to_do_in_one_line(bpe_run, tmp_path, capsys):
     """A checkpoint written before checkpoints carried their tokenizer, its dataset unreachable: one line naming
     the URI and --data-uri, at once, no traceback."""

@@ -88,6 +88,7 @@ def run_dir(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_cli_samples_from_the_newest_checkpoint_of_a_run(run_dir, capsys):
     args = [
         "--run-dir",

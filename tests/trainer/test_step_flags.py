@@ -78,6 +78,7 @@ def test_skip_also_covers_bad_data_and_storage_failures():
     assert StepValues(float("inf"), False, False, False, False, 0.0).diverged() == "loss inf"
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_a_diverged_step_is_not_applied_and_stops_the_run_before_any_save(tmp_path):
     """Step 5 (0-based 4) gets a NaN gradient on purpose, with a checkpoint due after every second step: its
     parameters, moments and step counters after its optimizer step are bit-identical to before it; the host reads
@@ -107,6 +108,7 @@ def test_a_diverged_step_is_not_applied_and_stops_the_run_before_any_save(tmp_pa
     assert sorted(step_records(run_dir)) == [1, 2, 3, 4]  # the diverged step has no record
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_ordinary_steps_read_no_tensor_on_the_host(tmp_path):
     """50 steps with Tensor.item/tolist/cpu/__bool__/__float__/__int__ counted: none in any step (the late read
     of each step's flags is of host memory their non-blocking copy filled, trainer/step_flags.py); the start-up
