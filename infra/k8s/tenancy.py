@@ -180,6 +180,20 @@ def kuberay_network_policies(platform: ClusterPlatform, team_namespaces: Sequenc
     ]
 
 
+def team_identity(p: ClusterPlatform, key: str, ns: str, account: str, *, required: bool = False):
+    """The cloud identity the platform gives `key` (`<role>/<team>`), checked to be bound to the ServiceAccount
+    `account` in the team's namespace `ns`; None where the platform gives none and it is not `required`."""
+    identity = p.identities.get(key)
+    if identity is None:
+        if required:
+            raise ValueError(f"platform.identities has no {key!r} entry for team {key.split('/', 1)[1]!r}")
+        return None
+    if identity.name != account or ns not in identity.namespaces:
+        raise ValueError(f"platform.identities[{key!r}] is bound to {list(identity.namespaces)}/"
+                         f"{identity.name}, not {ns}/{account}")
+    return identity
+
+
 class TopLevelCustomResource(pulumi.CustomResource):
     """A custom resource whose fields sit beside `metadata` rather than under `spec` (Kueue's
     WorkloadPriorityClass has `value` and `description`), which k8s.apiextensions.CustomResource cannot carry.
@@ -457,13 +471,7 @@ class Tenancy(pulumi.ComponentResource):
     def _trainer_account(self, name: str, p: ClusterPlatform, team: str, ns_name: str,
                          deps: list[pulumi.Resource]) -> None:
         """The trainer's ServiceAccount, bound to the cloud identity the platform gives `trainer/<team>`."""
-        key = f"trainer/{team}"
-        identity = p.identities.get(key)
-        if identity is None:
-            raise ValueError(f"platform.identities has no {key!r} entry for team {team!r}")
-        if identity.name != naming.TRAINER_SERVICE_ACCOUNT or ns_name not in identity.namespaces:
-            raise ValueError(f"platform.identities[{key!r}] is bound to {list(identity.namespaces)}/"
-                             f"{identity.name}, not {ns_name}/{naming.TRAINER_SERVICE_ACCOUNT}")
+        identity = team_identity(p, f"trainer/{team}", ns_name, naming.TRAINER_SERVICE_ACCOUNT, required=True)
         self.service_accounts[team] = k8s.core.v1.ServiceAccount(
             f"{name}-{team}-trainer",
             metadata={"name": identity.name, "namespace": ns_name, "annotations": dict(identity.annotations)},
@@ -474,12 +482,9 @@ class Tenancy(pulumi.ComponentResource):
                            deps: list[pulumi.Resource]) -> None:
         """The account the namespace's in-cluster sweep controllers run as, and its Role, where the cloud layer gave
         it an identity (`gpu-train sweep submit`; gpu_train/jobs/sweep_platform.py)."""
-        identity = p.identities.get(f"sweeps/{team}")
+        identity = team_identity(p, f"sweeps/{team}", ns, naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT)
         if identity is None:
             return
-        if identity.name != naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT or ns not in identity.namespaces:
-            raise ValueError(f"platform.identities['sweeps/{team}'] is bound to {list(identity.namespaces)}/"
-                             f"{identity.name}, not {ns}/{naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT}")
         opts = common.k8s_opts(p, self, deps)
         for obj in team_sweep_objects(ns, identity_annotations=dict(identity.annotations)):
             res, meta = f"{name}-{team}-{obj['kind'].lower()}-{obj['metadata']['name']}", obj["metadata"]
@@ -496,12 +501,9 @@ class Tenancy(pulumi.ComponentResource):
         """The account a team's Ray pods run as (`gpu-train prepare --cluster`), bound to the cloud identity the
         platform gives `data-prep/<team>` (read the datasets bucket, write the team's prefix of it), where it gives
         one. No API token: Ray pods do not call the Kubernetes API."""
-        identity = p.identities.get(f"data-prep/{team}")
+        identity = team_identity(p, f"data-prep/{team}", ns, naming.DATA_PREP_SERVICE_ACCOUNT)
         if identity is None:
             return
-        if identity.name != naming.DATA_PREP_SERVICE_ACCOUNT or ns not in identity.namespaces:
-            raise ValueError(f"platform.identities['data-prep/{team}'] is bound to {list(identity.namespaces)}/"
-                             f"{identity.name}, not {ns}/{naming.DATA_PREP_SERVICE_ACCOUNT}")
         k8s.core.v1.ServiceAccount(
             f"{name}-{team}-data-prep",
             metadata={"name": identity.name, "namespace": ns, "annotations": dict(identity.annotations)},

@@ -147,15 +147,15 @@ def install_kueue(plane: Plane, ports: dict[str, int], ca: Authority, ca_bundle:
     (plane.run / "kueue.yaml").write_text(yaml.safe_dump(config))
     _fixed_place_certs(certs, KUEUE_METRICS_CERTS, "its metrics server is off, but it opens them anyway")
     _fixed_place_certs(certs, KUEUE_VISIBILITY_CERTS, "its visibility API server serves them")
-    plane.apply(visibility_objects(module_dir("kueue", "sigs.k8s.io/kueue"), ports["kueue-visibility"]))
+    plane.apply(visibility_objects(src, ports["kueue-visibility"]))
     plane.spawn("kueue", [f"--config={plane.run / 'kueue.yaml'}", "--zap-log-level=2",
                           f"--kubeconfig={plane.admin_kubeconfig}"])
 
 
-def visibility_objects(kueue_src: Path, port: int) -> list[dict]:
-    """Upstream's visibility APIServices (config/components/visibility), pointed at an ExternalName Service
+def visibility_objects(components: Path, port: int) -> list[dict]:
+    """Upstream's visibility APIServices (Kueue's config/components/visibility), pointed at an ExternalName Service
     `localhost` on the visibility server's port (module docstring)."""
-    src = kueue_src / "config" / "components" / "visibility"
+    src = components / "visibility"
     out: list[dict] = [{"apiVersion": "v1", "kind": "Service",
                         "metadata": {"name": VISIBILITY_SERVICE, "namespace": "kueue-system"},
                         "spec": {"type": "ExternalName", "externalName": "localhost",
