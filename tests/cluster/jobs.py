@@ -19,16 +19,17 @@ import yaml
 from tests.cluster.conftest import job_spec
 
 JOBSET = ("jobset.x-k8s.io/v1alpha2", "JobSet")
+RAYJOB = ("ray.io/v1", "RayJob")
 WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
 NS = "team-research"
 
 
-def workload_of(platform, name: str, ns: str = NS) -> dict[str, Any] | None:
-    js = platform.get(*JOBSET, name, ns)
-    if js is None:
+def workload_of(platform, name: str, ns: str = NS, kind: tuple[str, str] = JOBSET) -> dict[str, Any] | None:
+    """The Workload Kueue made for the job `name` of `kind` (a JobSet unless said), found by the job's UID label."""
+    job = platform.get(*kind, name, ns)
+    if job is None:
         return None
-    uid = js["metadata"]["uid"]
-    found = platform.list(*WORKLOAD, ns, label_selector=f"kueue.x-k8s.io/job-uid={uid}")
+    found = platform.list(*WORKLOAD, ns, label_selector=f"kueue.x-k8s.io/job-uid={job['metadata']['uid']}")
     return found[0] if found else None
 
 
@@ -39,9 +40,8 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
     return None
 
 
-def admitted(platform, name: str, ns: str = NS) -> bool:
-    c = condition(workload_of(platform, name, ns), "Admitted")
-    return bool(c and c["status"] == "True")
+def admitted(platform, name: str, ns: str = NS, kind: tuple[str, str] = JOBSET) -> bool:
+    return is_true(workload_of(platform, name, ns, kind), "Admitted")
 
 
 def pods_of(platform, name: str, ns: str = NS) -> list[Any]:
@@ -106,3 +106,10 @@ def kubeconfig_variant(platform: Any, user: str, path: Path, *, namespace: str |
         doc["users"][0]["user"] = auth
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def service_account_kubeconfig(platform: Any, account: str, ns: str = NS) -> Path:
+    """The identity a pod of `account` has: the API server sees system:serviceaccount:NS:ACCOUNT in the
+    service-account groups (a client certificate stands in for the token, the authorizer sees the same user)."""
+    return platform.plane.user_kubeconfig(f"system:serviceaccount:{ns}:{account}",
+                                          ("system:serviceaccounts", f"system:serviceaccounts:{ns}"), ns)

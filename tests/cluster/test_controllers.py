@@ -17,9 +17,8 @@ from kubernetes.dynamic.exceptions import ForbiddenError
 from gpu_train.jobs.sweep_platform import controller_name
 from gpu_train.spec import naming
 from tests.cluster.conftest import wait_for
+from tests.cluster.jobs import NS, service_account_kubeconfig
 from tests.gpu_train.cli.test_sweep import SWEEP
-
-NS = "team-research"
 
 
 def running_pods_of(platform, prefix: str, ns: str = NS) -> list:
@@ -51,13 +50,6 @@ def test_a_members_sweep_controller_is_admitted_and_runs(platform, cli, tmp_path
     assert platform.core().read_node(pods[0].spec.node_name).metadata.labels.get(naming.SYSTEM_LABEL) == "true"
 
 
-def _service_account_kubeconfig(platform, account: str, ns: str = NS) -> Path:
-    """The identity a pod of `account` has: the API server sees system:serviceaccount:NS:ACCOUNT in the
-    service-account groups (a client certificate stands in for the token, the authorizer sees the same user)."""
-    return platform.plane.user_kubeconfig(f"system:serviceaccount:{ns}:{account}",
-                                          ("system:serviceaccounts", f"system:serviceaccounts:{ns}"), ns)
-
-
 def _allowed(platform, kubeconfig: Path, obj: dict) -> bool:
     try:
         platform.plane.apply([obj], dry_run=True, kubeconfig_path=kubeconfig, manager="role-check")
@@ -74,7 +66,7 @@ def _trial(ns: str) -> dict:
 
 
 def test_the_sweep_controller_may_manage_trials_in_its_namespace_only(platform):
-    me = _service_account_kubeconfig(platform, naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT)
+    me = service_account_kubeconfig(platform, naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT)
     dyn = platform.plane.client(me)
     cm = dyn.resources.get(api_version="v1", kind="ConfigMap")
     assert cm.get(name=naming.PLATFORM_CONFIGMAP, namespace=NS)  # the platform contract, by name
@@ -87,7 +79,7 @@ def test_the_sweep_controller_may_manage_trials_in_its_namespace_only(platform):
 
 
 def test_the_promotion_loop_may_move_traffic_in_its_namespace_only(platform):
-    me = _service_account_kubeconfig(platform, "serving-promoter")
+    me = service_account_kubeconfig(platform, "serving-promoter")
     dyn = platform.plane.client(me)
     route = next(o for o in platform.stored if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "chat-route")
     dyn.resources.get(api_version="v1", kind="ConfigMap").patch(

@@ -21,7 +21,7 @@ import yaml
 
 from gpu_train.jobs.jobset import COMMIT_ANNOTATION, HASH_ANNOTATION, MANAGED_ANNOTATION, PATH_ANNOTATION
 from tests.cluster.conftest import job_spec, wait_for
-from tests.cluster.jobs import JOBSET, NS, is_true, jobset_of, pending, workload_of
+from tests.cluster.jobs import JOBSET, NS, admitted, jobset_of, pending, workload_of
 from tests.gpu_train.cli.conftest import only_error_lines
 
 SPEC = {"team": "research", "pool": "l4-spot", "preset": "gpt2-124m", "nodes": "1:2", "gpusPerNode": 1, "steps": 200,
@@ -64,12 +64,16 @@ def uid(platform, name: str) -> str | None:
     return None if js is None or js["metadata"].get("deletionTimestamp") else js["metadata"]["uid"]
 
 
-def fill_the_quota(platform, cli, tmp_path) -> None:
-    """A hand-submitted job on all four of research's GPUs: what apply creates next waits in the queue."""
+def queued_from_git(platform, cli, repo, tmp_path, name: str) -> None:
+    """A hand-submitted job on all four of research's GPUs, then `name` committed and applied: it waits in the
+    queue behind that job."""
     code, _, err = cli("submit", job_spec(tmp_path, name="git-filler", nodes="4:4"), "--kubeconfig",
                        platform.kubeconfigs["alice"])
     assert code == 0, err
-    wait_for("'git-filler' admitted", lambda: is_true(workload_of(platform, "git-filler"), "Admitted"))
+    wait_for("'git-filler' admitted", lambda: admitted(platform, "git-filler"))
+    commit(repo, {name: SPEC}, "first")
+    assert apply(cli, platform, repo)[0] == 0
+    wait_for(f"'{name}' waiting in the queue", lambda: pending(platform, name))
 
 
 def test_apply_creates_with_provenance_and_reapply_writes_nothing(platform, cli, repo, clean):
@@ -94,10 +98,7 @@ def test_apply_creates_with_provenance_and_reapply_writes_nothing(platform, cli,
 
 
 def test_a_changed_spec_replaces_a_queued_job(platform, cli, repo, tmp_path, clean):
-    fill_the_quota(platform, cli, tmp_path)
-    commit(repo, {"git-queued": SPEC}, "first")
-    assert apply(cli, platform, repo)[0] == 0
-    wait_for("'git-queued' waiting in the queue", lambda: pending(platform, "git-queued"))
+    queued_from_git(platform, cli, repo, tmp_path, "git-queued")
     old = jobset_of(platform, "git-queued")
     assert old["spec"]["suspend"] is True
     second = commit(repo, {"git-queued": {**SPEC, "steps": 400}}, "more steps")
@@ -147,10 +148,7 @@ def test_a_deleted_spec_is_cancelled_only_with_prune(platform, cli, repo, clean)
 
 
 def test_a_hand_edit_is_reported_as_drift_and_left_alone(platform, cli, repo, tmp_path, clean):
-    fill_the_quota(platform, cli, tmp_path)
-    commit(repo, {"git-edited": SPEC}, "first")
-    assert apply(cli, platform, repo)[0] == 0
-    wait_for("'git-edited' waiting in the queue", lambda: pending(platform, "git-edited"))
+    queued_from_git(platform, cli, repo, tmp_path, "git-edited")
     # kubectl edit while it waits in the queue (the JobSet webhook allows pod template edits while suspended).
     live = jobset_of(platform, "git-edited")
     jobs = live["spec"]["replicatedJobs"]

@@ -15,32 +15,17 @@ from __future__ import annotations
 import sys
 import time
 from fractions import Fraction
-from typing import Any
 
 import pytest
 
 from gpu_train.jobs.fit import quantity
+from tests.cluster import jobs
 from tests.cluster.conftest import wait_for
-
-RAYJOB = ("ray.io/v1", "RayJob")
-WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
-NS = "team-research"
+from tests.cluster.jobs import NS, RAYJOB, WORKLOAD, condition
 
 
 def datasets(platform) -> str:
     return platform.contract["buckets"]["datasets"]
-
-
-def workload_of(platform, name: str) -> dict[str, Any] | None:
-    job = platform.get(*RAYJOB, name, NS)
-    if job is None:
-        return None
-    found = platform.list(*WORKLOAD, NS, label_selector=f"kueue.x-k8s.io/job-uid={job['metadata']['uid']}")
-    return found[0] if found else None
-
-
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
 
 
 def suspended(platform, name: str) -> bool:
@@ -50,8 +35,7 @@ def suspended(platform, name: str) -> bool:
 
 
 def admitted(platform, name: str) -> bool:
-    c = condition(workload_of(platform, name), "Admitted")
-    return bool(c and c["status"] == "True")
+    return jobs.admitted(platform, name, kind=RAYJOB)
 
 
 def cpu_reserved(platform, flavor: str = "l4-spot") -> Fraction:
@@ -112,7 +96,7 @@ def test_a_prepare_job_is_admitted_by_kueue_and_unsuspended_and_one_over_cpu_quo
     # The figure docs/testing.md quotes (past the `cli` fixture's capture of stdout).
     print(f"\n'first' admitted and unsuspended {time.monotonic() - t0:.1f} s after gpu-train prepare --cluster",
           file=sys.__stderr__)
-    wl = workload_of(platform, "first")
+    wl = jobs.workload_of(platform, "first", kind=RAYJOB)
     assert wl["status"]["admission"]["clusterQueue"] == "team-research"
     sets = {a["name"]: a for a in wl["status"]["admission"]["podSetAssignments"]}
     assert set(sets) == {"head", "workers"}
@@ -122,7 +106,7 @@ def test_a_prepare_job_is_admitted_by_kueue_and_unsuspended_and_one_over_cpu_quo
     # 72 CPUs: more than the 8 left on l4-spot and the 64 research may borrow on l40s-spot, less than its 128.
     code, out, err = prepare(cli, platform, "second", 1, 70)
     assert code == 0, err
-    wl = wait_for("Kueue's verdict on 'second'", lambda: (w := workload_of(platform, "second")) and
+    wl = wait_for("Kueue's verdict on 'second'", lambda: (w := jobs.workload_of(platform, "second", kind=RAYJOB)) and
                   condition(w, "QuotaReserved") and w)
     reserved = condition(wl, "QuotaReserved")
     assert reserved["status"] == "False" and reserved["reason"] == "Pending"

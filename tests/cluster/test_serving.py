@@ -42,12 +42,11 @@ from gpu_train.serving import promote
 from gpu_train.serving.cluster import ServingCluster
 from gpu_train.spec import naming
 from tests.cluster.conftest import wait_for
-from tests.cluster.test_controllers import _service_account_kubeconfig
+from tests.cluster.jobs import NS, service_account_kubeconfig
 from tests.gpu_train.cli.conftest import only_error_lines
 from tests.gpu_train.serving.test_canary import Table
 
 RUN = "0123456789abcdef0123456789abcdef"
-NS = "team-research"
 KSERVE = ("serving.kserve.io", "v1beta1", NS, "inferenceservices")
 QUALITY = {"prompts": [{"prompt": "def f(", "expect": "return"}], "minScore": 1.0}
 
@@ -240,7 +239,7 @@ def predictors() -> Iterator[tuple[dict[str, str], list[str], str]]:
 def loop_cluster(platform, monkeypatch, predictors_url: str | None = None) -> ServingCluster:
     """The promotion loop's ServingCluster with its own identity; with `predictors_url`, its `complete` (the one
     method that reaches a predictor) asks the local server instead of the API server's service proxy."""
-    me = _service_account_kubeconfig(platform, naming.PROMOTER_SERVICE_ACCOUNT)
+    me = service_account_kubeconfig(platform, naming.PROMOTER_SERVICE_ACCOUNT)
     cluster = ServingCluster(k8s_config.new_client_from_config(config_file=str(me)), NS)
     if predictors_url:
         def complete(service: str, version: int, prompt: str, max_tokens: int) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import socket
 
 import boto3
 import pytest
@@ -39,12 +38,20 @@ from gpu_train.sweeps.controller import Controller
 from gpu_train.sweeps.mirror import MirrorError
 from gpu_train.sweeps.spec import load_sweep, parse_sweep
 from tests.cluster.conftest import wait_for
-from tests.cluster.jobs import JOBSET, admitted, condition, gpu_usage, submit, workload_of
-from tests.cluster.test_controllers import _service_account_kubeconfig
+from tests.cluster.jobs import (
+    JOBSET,
+    NS,
+    admitted,
+    condition,
+    gpu_usage,
+    service_account_kubeconfig,
+    submit,
+    workload_of,
+)
 from tests.gpu_train.cli.conftest import only_error_lines
 from tests.gpu_train.cli.test_sweep import SWEEP
+from tools.cluster.plane import free_port
 
-NS = "team-research"
 RUNG = 655360  # 10 steps of 65,536 tokens
 
 
@@ -68,9 +75,7 @@ def s3_endpoint():
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"
@@ -133,7 +138,7 @@ def budget(s3, doc: dict, sweep: str, trial: str) -> int:
 
 def controller_session(platform):
     """A session as the namespace's sweep-controller account (test_controllers: its pod's identity)."""
-    return connect(str(_service_account_kubeconfig(platform, naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT)))
+    return connect(str(service_account_kubeconfig(platform, naming.SWEEP_CONTROLLER_SERVICE_ACCOUNT)))
 
 
 def uids(platform, sweep: str) -> dict[str, str]:
