@@ -36,7 +36,17 @@ from gpu_train.spec import naming
 from infra.k8s import log_shipping
 from infra.platform import LogStore, WorkloadIdentity
 from tests.cluster.conftest import wait_for
-from tests.cluster.jobs import NS, admitted, pending, pods_of, running_pods, submit, workload_of
+from tests.cluster.jobs import (
+    NS,
+    admitted,
+    is_true,
+    jobset_of,
+    pending,
+    pods_of,
+    running_pods,
+    submit,
+    workload_of,
+)
 from tools.cluster.controllers import pod_log
 from tools.cluster.plane import free_port
 
@@ -59,13 +69,24 @@ def test_a_queued_jobs_position_comes_from_kueues_visibility_api(platform, cli, 
     alice = platform.kubeconfigs["alice"]
     assert submit(cli, platform, tmp_path, name="holder", nodes="4:4")[0] == 0
     wait_for("'holder' admitted on all of research's GPUs", lambda: admitted(platform, "holder"))
-    for name in ("second", "third"):
-        assert submit(cli, platform, tmp_path, name=name, nodes="2:2")[0] == 0
+    # Kueue orders a queue by priority, then by creation time, which the API server keeps to the second: "third" is
+    # a sweep trial, below "second", so that it is behind "second" however fast the two are submitted.
+    for name, priority in (("second", {}), ("third", {"priorityClass": "sweep"})):
+        assert submit(cli, platform, tmp_path, name=name, nodes="2:2", **priority)[0] == 0
         wait_for(f"Kueue to leave '{name}' pending", lambda n=name: pending(platform, n))
     queue = naming.local_queue_name("research")
     # Kueue's queue manager places a new workload asynchronously: wait for its answer, then check it.
-    out = wait_for("the visibility API to place 'third' behind 'second'", lambda: (
-        (r := cli("status", "third", "--kubeconfig", alice))[0] == 0 and "position 2" in r[1] and r[1]))
+    seen: list[str] = []
+
+    def placed() -> str | None:
+        code, out, err = cli("status", "third", "--kubeconfig", alice)
+        seen.append(out + err)
+        return out if code == 0 and "position 2" in out else None
+
+    try:
+        out = wait_for("the visibility API to place 'third' behind 'second'", placed)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; status said last:\n{seen[-1] if seen else ''}") from None
     assert "job third in team-research: Queued" in out
     assert f"position 2 in queue {queue}, 2 in its cluster queue" in out
     assert "Kueue: couldn't assign flavors to pod set worker" in out
@@ -182,7 +203,10 @@ def paused(platform, cli, tmp_path, clean) -> str:
     assert submit(cli, platform, tmp_path, name="gone", nodes="2:2")[0] == 0
     wait_for("Kueue's Workload for 'gone'", lambda: workload_of(platform, "gone"))
     assert cli("pause", "gone", "--kubeconfig", alice)[0] == 0
-    wait_for("'gone' without pods", lambda: not pods_of(platform, "gone"))
+    # Kueue may have admitted it just before the pause: wait until it holds no quota for it, its JobSet is
+    # suspended and no pod is left.
+    wait_for("'gone' evicted, suspended and without pods", lambda: not is_true(workload_of(platform, "gone"),
+             "QuotaReserved") and jobset_of(platform, "gone")["spec"]["suspend"] is True and not pods_of(platform, "gone"))
     return alice
 
 
