@@ -99,6 +99,7 @@ def test_pure_parts_follow_the_settings():
     assert (on.enabled, on.max_parallel_nodes_repaired_count) == (True, 2)
 
 
+@pytest.mark.integration  # plans a stack
 def test_gke_auto_repair_follows_the_setting(tmp_path):
     raw = yaml.safe_load((ROOT / "stacks" / "Pulumi.gcp-dev.yaml").read_text())
     raw["config"]["gpu-train:health"] = {"nodeRepair": False}
