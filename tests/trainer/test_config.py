@@ -122,6 +122,7 @@ def test_cli_rejects_unknown_key_and_wrong_type_with_exit_code_2():
     assert proc.returncode == 0 and "checkpoint.every_steps" in proc.stdout and "--preset" in proc.stdout
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_vocab_smaller_than_dataset_is_a_config_error(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "trainer", "--run-dir", str(tmp_path / "run"), "model.vocab_size=100",

@@ -127,6 +127,7 @@ def test_a_worker_whose_agent_died_while_it_started_dies_too(tmp_path, mode):
             os.kill(worker, signal.SIGKILL)
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_shutdown_leaves_the_groups_but_frees_none_of_them_before_the_process_ends(tmp_path):
     """shutdown() leaves torch.distributed, and no group's destructor runs afterwards when the last object that held
     the group (here DDP's reducer) goes: a gloo group freed right after a collective can deadlock (its worker thread

@@ -175,6 +175,7 @@ def test_export_cli_writes_hugging_face_gpt2_with_the_datasets_tokenizer(bpe_run
     assert capsys.readouterr().out == from_ckpt
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_newest_checkpoint_that_verifies_is_used(bpe_run, tmp_path, capsys):
     run, _ = bpe_run
     import shutil
@@ -210,6 +211,7 @@ def _unreachable_data(step_dir: Path) -> None:
     (step_dir / "manifest.json").write_text(json.dumps(manifest))
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_sampling_and_export_need_only_the_checkpoint(bpe_run, tmp_path, capsys, monkeypatch):
     """A checkpoint whose dataset is behind an endpoint this machine cannot reach samples and exports at once: the
     BPE tokenizer travels with the checkpoint, and no store is ever opened. Before, sampling waited for the

@@ -111,6 +111,7 @@ def test_cli_samples_from_the_newest_checkpoint_of_a_run(run_dir, capsys):
     assert capsys.readouterr().out == out  # the same seed gives the same text
 
 
+@pytest.mark.integration  # real trainer processes or a training run: too slow for the fast lane
 def test_cli_errors_are_one_line(run_dir, tmp_path, capsys):
     assert sample_main(["--run-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
