@@ -5,7 +5,7 @@ Usage:
     python -m infra.plan --stack aws-dev      # offline, under mocks
 
 This file only wires components together and exports outputs. Data flows down: settings -> cloud layer (returns
-the ClusterPlatform contract) -> Kubernetes layer -> the training job. Every check runs before the first resource:
+the ClusterPlatform) -> Kubernetes layer -> the training job. Every check runs before the first resource:
 the settings' types and cloud-neutral rules (infra/settings.py), then the cloud's own rules and whether Kueue
 could ever admit the stack's job and its pods fit their nodes (infra/clouds.py).
 """
@@ -19,8 +19,6 @@ from infra.carbon import plan_notes
 from infra.image import TrainerImage, TrainerImageArgs
 from infra.k8s import build_kubernetes
 from infra.k8s.contract import PlatformContract, PlatformContractArgs
-from infra.k8s.mlflow import MlflowServer, MlflowServerArgs
-from infra.k8s.serving import Serving, ServingArgs
 from infra.k8s.training import TrainingJob, TrainingJobArgs
 
 cfg = settings.load()
@@ -31,37 +29,9 @@ cloud = clouds.layer(cfg.cloud)
 
 tags = naming.common_tags(cfg.stack, cfg.environment, cfg.tags)
 platform = cloud.build_platform(cfg, tags)
-kube = build_kubernetes(platform, cfg)
-
-mlflow = None
-if cfg.mlflow.enabled:
-    mlflow = MlflowServer("mlflow", MlflowServerArgs(
-        provider=platform.provider,
-        identity=platform.identities["mlflow"],
-        artifacts_bucket=platform.buckets.artifacts,
-        storage_class=kube.storage_class_name,
-        object_store_cidrs=platform.object_store_cidrs,
-        api_server_cidrs=platform.api_server_cidrs,
-        cluster_cidrs=(platform.pod_cidr, platform.vpc_cidr),
-        node_selector=platform.system_node_selector,
-        labels=tags,
-        database=cfg.mlflow.database,
-        external_database=platform.mlflow_database,
-        storage_gb=cfg.mlflow.storage_gb,
-        db_instances=2 if cfg.is_prod else 1,
-        identity_egress=platform.workload_identity_egress,
-        depends_on=[*platform.ready, *kube.ready],
-    ))
-
 image = TrainerImage("trainer", TrainerImageArgs(registry=platform.registry, prebuilt=cfg.image.prebuilt))
-tracking_uri = mlflow.tracking_uri if mlflow is not None else ""
-
-serving = None
-if cfg.serving.enabled and mlflow is not None:  # the settings checks refuse serving without MLflow
-    serving = Serving("serving", ServingArgs(
-        platform=platform, settings=cfg.serving, teams=[t.name for t in cfg.teams], image=image.ref,
-        tracking_uri=tracking_uri, artifacts_root=mlflow.artifacts_destination,
-        depends_on=[*kube.ready, mlflow]))
+kube = build_kubernetes(platform, cfg, image=image.ref)  # MLflow and serving too
+tracking_uri = kube.tracking_uri
 
 # What a team member's `gpu-train` needs to render and check its own jobs exactly as this program renders the
 # stack's job: exported as `platform` and published in every team namespace (docs/teams.md).
@@ -71,7 +41,7 @@ contract = PlatformContract("platform-contract", PlatformContractArgs(
     allowed_registries=cfg.image.allowed_registries, repositories=prebuilt, image=image.ref,
     cache_endpoint=kube.cache_endpoint,
     tracking_uri=tracking_uri, team_namespaces=list(kube.team_namespaces.values()),
-    serving=serving.contract if serving is not None else None))
+    serving=kube.serving.contract if kube.serving is not None else None))
 
 job = None
 if cfg.job is not None:
@@ -93,8 +63,8 @@ pulumi.export("cacheEndpoint", kube.cache_endpoint)
 pulumi.export("grafanaUrl", kube.grafana_url)
 pulumi.export("localQueues", kube.local_queue)
 pulumi.export("platform", contract.document)
-if mlflow is not None:
-    pulumi.export("mlflowTrackingUri", mlflow.tracking_uri)
+if kube.mlflow is not None:
+    pulumi.export("mlflowTrackingUri", kube.mlflow.tracking_uri)
 if job is not None:
     pulumi.export("jobName", job.job_name)
     pulumi.export("jobQueue", job.local_queue)

@@ -1,4 +1,4 @@
-"""The contract between the cloud layer and the Kubernetes layer.
+"""The platform: what the cloud layer built, as the Kubernetes layer reads it (in memory, never published).
 
 Usage: `platform = infra.aws.build_platform(cfg, tags)` (or `infra.gcp.build_platform`) returns a
 `ClusterPlatform`; everything in `infra/k8s/` reads only this object. Both clouds fill every field,
@@ -181,7 +181,7 @@ class LogStore:
 class ClusterPlatform:
     """Everything the Kubernetes layer needs from a cloud."""
 
-    cloud: Literal["aws", "gcp"]  # for the stack outputs and the contract document only: no component asks it
+    cloud: Literal["aws", "gcp"]  # for the stack outputs and the published contract only: no component asks it
     region: str
     cluster_name: pulumi.Output[str]
     kubernetes_version: str
@@ -215,7 +215,7 @@ class ClusterPlatform:
     mlflow_database: ManagedDatabase | None = None
     # Where container logs outlive their pods; None: the cloud ships them itself (GKE's Cloud Logging).
     log_store: LogStore | None = None
-    # Where `gpu-train logs` reads a rank's log once its pod is gone (the contract's `logs`): CloudWatch Logs groups
+    # Where `gpu-train logs` reads a rank's log once its pod is gone (the published contract's `logs`): CloudWatch Logs groups
     # (the log store above) or the cloud's own logging.
     logs: Mapping[str, Any] = field(default_factory=dict)
     node_addons: NodeAddons = field(default_factory=lambda: NodeAddons(device_plugin=True))

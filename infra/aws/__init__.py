@@ -1,4 +1,4 @@
-"""The AWS cloud layer: builds the ClusterPlatform contract on EKS.
+"""The AWS cloud layer: builds the ClusterPlatform on EKS.
 
 Usage (from infra/__main__.py):
     from infra.aws import build_platform

@@ -82,7 +82,7 @@ class DatabaseArgs:
     identifier: str  # RDS instance identifier, e.g. gpu-train-aws-prod-mlflow
     vpc_id: pulumi.Input[str]  # the cluster VPC
     subnet_ids: Sequence[pulumi.Input[str]]  # database subnets, at least two AZs
-    subnet_cidrs: Sequence[str]  # their CIDRs (the contract's `cidrs`, for NetworkPolicy egress)
+    subnet_cidrs: Sequence[str]  # their CIDRs (the platform's `ManagedDatabase.cidrs`, for NetworkPolicy egress)
     client_cidrs: Sequence[str]  # who may connect on 5432: the node and pod ranges
     key_arn: pulumi.Input[str]  # the "rds" KMS key (storage, backups, Performance Insights)
     logs_key_arn: pulumi.Input[str]  # the "logs" KMS key for the exported log groups

@@ -2,7 +2,7 @@
 
 Usage:
     layout = efa_interfaces(32)            # p5.48xlarge: ENA primary + one efa-only interface per card
-    fabric_for(pool, cards)                # the contract's Fabric for a pool (EFA resources, NCCL env)
+    fabric_for(pool, cards)                # the platform's Fabric for a pool (EFA resources, NCCL env)
     node_labels(pool, spec)                # the labels every node of the pool carries
 
 Every GPU pool is a Karpenter NodePool (infra/aws/karpenter.py builds the EC2NodeClass and NodePools

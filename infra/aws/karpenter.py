@@ -2,7 +2,7 @@
 
 Usage:
     karp = Karpenter("karpenter", KarpenterArgs(...))      # CRDs, controller, queue, IAM, classes and pools
-    karp.fabrics["h100"]                                    # the pool's Fabric for the contract
+    karp.fabrics["h100"]                                    # the pool's Fabric for the platform
     node_class_spec(...), node_pools(...), helm_values(...) # pure: the custom resources and chart values
 
 Karpenter launches nodes only when pending pods need them and removes them when empty, so pools cost

@@ -5,7 +5,7 @@ them.
 Usage (infra/aws/__init__.py):
     logs = LogShipping("log-shipping", LogShippingArgs(cluster_name=..., region=..., account_id=..., teams=[...],
                        logs_key_arn=keys.arns["logs"], retention_days=30, endpoint_cidrs=[vpc_cidr], ...))
-    logs.store                 # infra.platform.LogStore: the contract field the Kubernetes layer installs from
+    logs.store                 # infra.platform.LogStore: the platform field the Kubernetes layer installs from
     logs.reader_policy_arns    # team -> managed policy that reads only that team's logs
 
 Each group is encrypted with the stack's logs key (whose key policy admits CloudWatch Logs for this

@@ -1,6 +1,6 @@
 """AWS answers for offline plans: invokes the program calls and provider-computed properties.
 
-Usage: used by `infra.mocks.PlanMocks`; see that module for the contract. Instance-type answers come
+Usage: used by `infra.mocks.PlanMocks`; see that module for what a mock answers. Instance-type answers come
 from the tested catalog (gpu_train/spec/catalog/aws.py), so the offline plan attaches the same number of EFA
 interfaces a real `pulumi up` would.
 """

@@ -1,4 +1,4 @@
-"""ECR repositories for the trainer image and its build cache, and push credentials for the Registry contract.
+"""ECR repositories for the trainer image and its build cache, and push credentials for the platform's Registry.
 
 Usage:
     reg = ContainerRegistry("registry", RegistryArgs(name="gpu-train-aws-dev-trainer", key_arn=k, tags=t))

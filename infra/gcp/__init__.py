@@ -1,4 +1,4 @@
-"""GCP cloud layer: `build_platform(cfg, tags)` creates the GKE platform and returns its contract.
+"""GCP cloud layer: `build_platform(cfg, tags)` creates the GKE platform and returns its ClusterPlatform.
 
 Usage (infra/__main__.py does this, before and after its checks):
     pools = infra.gcp.describe_pools(cfg)      # pure: the pools as jobs see them
@@ -74,7 +74,7 @@ def fabric_names(network: Network) -> dict[str, pulumi.Output[str]]:
 
 
 def build_platform(cfg: StackSettings, tags: dict[str, str]) -> ClusterPlatform:
-    """The GKE platform and its contract."""
+    """The GKE platform, as a ClusterPlatform."""
     labels = dict(tags)
     stack, project_id, region = cfg.stack, cfg.project, cfg.region
     managed_db = cfg.mlflow.enabled and cfg.mlflow.database == "managed"

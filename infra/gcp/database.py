@@ -9,7 +9,7 @@ Usage (build_platform does this when `gpu-train:mlflow.database` is `managed`):
 
 Private Service Access: a /20 of the VPC (`network.psa_range`) is allocated to Google's service
 producer network and peered in (`servicenetworking.Connection`); the instance gets an address from
-it and no public address at all. The range is the contract's `cidrs`, so MLflow's NetworkPolicy
+it and no public address at all. The range is the platform's `ManagedDatabase.cidrs`, so MLflow's NetworkPolicy
 allows 5432 to exactly that range. The `mlflow` user's password is generated here (OS CSPRNG),
 kept only in Pulumi's encrypted state and the cluster's Secret; see docs/gcp.md.
 """
@@ -127,7 +127,7 @@ class Database(pulumi.ComponentResource):
         gcp.sql.Database(f"{name}-mlflow", name=DATABASE, instance=self.instance.name, project=project,
                          opts=child)
         # Drawn once: ignore_changes keeps the first value on every later run (a new candidate is drawn
-        # and discarded), and the contract reads the password back from the resource. ABANDON: a
+        # and discarded), and the platform reads the password back from the resource. ABANDON: a
         # PostgreSQL role that owns objects cannot be dropped through the API.
         self.user = gcp.sql.User(
             f"{name}-user", name=USERNAME, instance=self.instance.name, project=project,

@@ -1,6 +1,6 @@
 """How pods use the GPU fabric on GKE: the `Fabric` part of the platform contract.
 
-Usage: `fabric_contract(fset, machine_type)` -> the contract's Fabric for one pool; pure and tested without mocks.
+Usage: `fabric_contract(fset, machine_type)` -> the platform's Fabric for one pool; pure and tested without mocks.
 
 The node pools attach the fabric NICs; pods reach them through GKE multi-networking (Network and
 GKENetworkParamSet objects, which infra/gcp/node_addons.py hands the Kubernetes layer to create). The NCCL

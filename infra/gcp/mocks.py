@@ -1,6 +1,6 @@
 """GCP answers for offline plans: invokes the program calls and provider-computed properties.
 
-Usage: used by `infra.mocks.PlanMocks`; see that module for the contract. Invoke results use the
+Usage: used by `infra.mocks.PlanMocks`; see that module for what a mock answers. Invoke results use the
 engine's camelCase keys; `computed` returns the output properties the real provider fills in and
 that the program reads (emails, endpoints, the cluster CA, repository ids, self links).
 """

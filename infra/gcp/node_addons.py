@@ -1,7 +1,7 @@
 """What GKE's GPU nodes need and give, for the platform contract: pools as jobs see them and the node add-ons.
 
 Usage:
-    pools = gpu_pools(settings)                   # before any resource: contract GpuPools (fabric, allocatable)
+    pools = gpu_pools(settings)                   # before any resource: the platform's GpuPools (fabric, allocatable)
     addons = node_addons(settings, network_names)  # for ClusterPlatform.node_addons
 
 GKE runs its own NVIDIA device plugin with the driver installer on GPU node pools, so the platform installs

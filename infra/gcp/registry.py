@@ -9,7 +9,7 @@ Usage (inside the Pulumi program; `build_platform` does this):
 Two repositories: the image repository has immutable tags, so a pushed trainer tag can never be
 moved; BuildKit's registry cache is one tag (`:buildcache`) overwritten by every build, which an
 immutable repository refuses from the second `pulumi up` on. The cache therefore lives in a second,
-tag-mutable repository (`contract.cache_repository`), encrypted with the same key and cleaned up
+tag-mutable repository (`Registry.cache_repository`), encrypted with the same key and cleaned up
 on its own schedule. Artifact Registry's immutable tags apply to every tag of a repository, with no
 per-tag exception (`DockerRepositoryConfig.immutableTags`,
 https://cloud.google.com/artifact-registry/docs/reference/rest/v1/projects.locations.repositories).

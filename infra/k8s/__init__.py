@@ -1,16 +1,15 @@
-"""The cloud-neutral Kubernetes layer: GPU plugins, NVMe setup, Alluxio cache, monitoring, and
-Kueue/JobSet tenancy, built from the ClusterPlatform contract and the stack's settings.
+"""The cloud-neutral Kubernetes layer: GPU plugins, NVMe setup, Alluxio cache, monitoring, Kueue/JobSet tenancy,
+MLflow and serving, built from the ClusterPlatform (what the cloud layer made) and the stack's settings.
 
 Usage (infra/__main__.py):
     from infra.k8s import build_kubernetes
-    kube = build_kubernetes(platform, cfg)
-    # kube.cache_endpoint, kube.local_queue[team], kube.team_namespaces[team], kube.ready, ...
+    kube = build_kubernetes(platform, cfg, image=image.ref)
+    # kube.cache_endpoint, kube.local_queue[team], kube.team_namespaces[team], kube.mlflow, kube.ready, ...
 
-It reads only `platform` and cfg.cache / cfg.monitoring / cfg.health / cfg.teams / cfg.gpu_pools / cfg.is_prod /
+It reads only `platform`, the platform image (serving's routes and promotion loops run it) and cfg.cache /
+cfg.monitoring / cfg.health / cfg.mlflow / cfg.serving / cfg.teams / cfg.is_prod / the stack's tags /
 cfg.image.prebuilt and cfg.image.allowedRegistries (the image repository and registries the team namespaces'
-admission policies accept besides the platform registry) / cfg.serving.enabled (the team roles, admission grants
-and watched namespaces serving adds; serving itself is infra/k8s/serving.py, which needs MLflow and the image).
-See docs/kubernetes.md and docs/monitoring.md.
+admission policies accept besides the platform registry). See docs/kubernetes.md and docs/monitoring.md.
 """
 
 from __future__ import annotations
@@ -29,10 +28,12 @@ from infra.k8s.cache import Cache, CacheArgs
 from infra.k8s.gpu import GpuStack, GpuStackArgs
 from infra.k8s.health import Health, HealthArgs
 from infra.k8s.log_shipping import LogShipper, LogShipperArgs
+from infra.k8s.mlflow import MlflowServer, MlflowServerArgs
 from infra.k8s.monitoring import Monitoring, MonitoringArgs, release_labels
 from infra.k8s.nvme import NvmeSetup, NvmeSetupArgs
 from infra.k8s.pod_admission import PodAdmission, PodAdmissionArgs
 from infra.k8s.serving import NAMESPACES as SERVING_NAMESPACES
+from infra.k8s.serving import Serving, ServingArgs
 from infra.k8s.storage import EncryptedStorage, StorageArgs
 from infra.k8s.tenancy import Tenancy, TenancyArgs
 from infra.platform import ClusterPlatform
@@ -40,13 +41,12 @@ from infra.platform import ClusterPlatform
 
 @dataclass(frozen=True)
 class KubernetesLayer:
-    """What the job, MLflow and the stack outputs need from the Kubernetes layer."""
+    """What the job, the published contract and the stack outputs need from the Kubernetes layer."""
 
     cache_endpoint: str  # S3 endpoint of the Alluxio proxy ("" when the cache is disabled)
     grafana_url: pulumi.Output[str]  # internal LB URL, or the kubectl port-forward command
     team_namespaces: Mapping[str, k8s.core.v1.Namespace]  # team -> its Namespace
     local_queue: Mapping[str, str]  # team -> LocalQueue name in the team namespace
-    storage_class_name: str  # the encrypted StorageClass (e.g. for MLflow's database volume)
     monitoring_release_label: Mapping[str, str]  # labels a PodMonitor/ServiceMonitor needs
     ready: Sequence[pulumi.Resource]  # what a job should depend_on (Kueue, JobSet, CRDs, namespaces)
     monitoring: Monitoring
@@ -58,9 +58,15 @@ class KubernetesLayer:
     pod_admission: PodAdmission | None = None
     log_shipper: LogShipper | None = None  # container logs to platform.log_store (None: the cloud ships them)
     health: Health | None = None  # GPU node fault detection, quarantine and pre-flight (docs/operations.md)
+    mlflow: MlflowServer | None = None  # cfg.mlflow.enabled
+    serving: Serving | None = None  # cfg.serving.enabled (the settings checks refuse serving without MLflow)
+
+    @property
+    def tracking_uri(self) -> pulumi.Input[str]:
+        return self.mlflow.tracking_uri if self.mlflow is not None else ""
 
 
-def build_kubernetes(platform: ClusterPlatform, cfg: StackSettings) -> KubernetesLayer:
+def build_kubernetes(platform: ClusterPlatform, cfg: StackSettings, image: pulumi.Input[str]) -> KubernetesLayer:
     """Build every Kubernetes-side component for one stack."""
     if not platform.gpu_pools:
         raise ValueError("platform.gpu_pools is empty: the Kubernetes layer needs at least one GPU pool")
@@ -104,12 +110,23 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackSettings) -> Kubernete
         pod_admission,
         health,
     ]
+    mlflow = None
+    if cfg.mlflow.enabled:
+        mlflow = MlflowServer("mlflow", MlflowServerArgs(
+            platform=platform, settings=cfg.mlflow, storage_class=storage.name,
+            labels=naming.common_tags(cfg.stack, cfg.environment, cfg.tags), db_instances=2 if cfg.is_prod else 1,
+            depends_on=[*platform.ready, *ready]))
+    serving = None
+    if cfg.serving.enabled and mlflow is not None:
+        serving = Serving("serving", ServingArgs(
+            platform=platform, settings=cfg.serving, teams=[t.name for t in cfg.teams], image=image,
+            tracking_uri=mlflow.tracking_uri, artifacts_root=mlflow.artifacts_destination,
+            depends_on=[*ready, mlflow]))
     return KubernetesLayer(
         cache_endpoint=cache.endpoint if cache else "",
         grafana_url=monitoring.grafana_url,
         team_namespaces=dict(tenancy.team_namespaces),
         local_queue=dict(tenancy.local_queue),
-        storage_class_name=storage.name,
         monitoring_release_label=release_labels(),
         ready=ready,
         monitoring=monitoring,
@@ -120,4 +137,6 @@ def build_kubernetes(platform: ClusterPlatform, cfg: StackSettings) -> Kubernete
         pod_admission=pod_admission,
         log_shipper=log_shipper,
         health=health,
+        mlflow=mlflow,
+        serving=serving,
     )

@@ -201,7 +201,7 @@ def cache_network_policies(platform: ClusterPlatform) -> list[common.Policy]:
 
 @dataclass(frozen=True, kw_only=True)
 class CacheArgs:
-    platform: ClusterPlatform  # contract: NVMe path, datasets bucket, cache identity, pools
+    platform: ClusterPlatform  # NVMe path, datasets bucket, cache identity, pools
     settings: CacheSettings  # cfg.cache
     storage_class: str  # encrypted StorageClass for the masters' journals
     monitoring_labels: dict[str, str]  # labels Prometheus selects monitors by

@@ -246,15 +246,24 @@ def allow_jobset_peers() -> Policy:
 
 
 def network_policies(namespace_name: str, policies: Sequence[Policy], platform: ClusterPlatform,
-                     parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] = ()
+                     parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] = (), **names: Any
                      ) -> list[k8s.networking.v1.NetworkPolicy]:
     """Create the given policies in a namespace (the first must be default-deny)."""
     if not policies or policies[0][0] != default_deny()[0]:
         raise ValueError(f"namespace {namespace_name!r}: the first NetworkPolicy must be default-deny-all")
+    return network_policy_holes(namespace_name, policies, platform, parent, depends_on, **names)
+
+
+def network_policy_holes(namespace_name: str, policies: Sequence[Policy], platform: ClusterPlatform,
+                         parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] = (), *,
+                         labels: Mapping[str, str] | None = None, prefix: str = ""
+                         ) -> list[k8s.networking.v1.NetworkPolicy]:
+    """Create policies in a namespace whose default deny is already there (made by network_policies, here or in
+    another component). Resources are named `<prefix>-<policy>`, by default `netpol-<namespace>-<policy>`."""
     return [
         k8s.networking.v1.NetworkPolicy(
-            f"netpol-{namespace_name}-{name}",
-            metadata={"name": name, "namespace": namespace_name},
+            f"{prefix or f'netpol-{namespace_name}'}-{name}",
+            metadata={"name": name, "namespace": namespace_name, **({"labels": dict(labels)} if labels else {})},
             spec=spec,
             opts=k8s_opts(platform, parent, depends_on))
         for name, spec in policies

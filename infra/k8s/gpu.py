@@ -136,7 +136,7 @@ def gpu_network_policies(platform: ClusterPlatform) -> list[common.Policy]:
 
 @dataclass(frozen=True, kw_only=True)
 class GpuStackArgs:
-    platform: ClusterPlatform  # the cluster contract (pools, fabric, provider)
+    platform: ClusterPlatform  # pools, fabric, provider
     namespace: str  # namespace created for the plugins (with default-deny NetworkPolicies)
     depends_on: tuple[pulumi.Resource, ...] = ()
 

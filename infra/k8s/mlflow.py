@@ -1,16 +1,10 @@
 """MLflow tracking server in the cluster: PostgreSQL backend, artifacts in the artifacts bucket, no static keys.
 
-Usage (in the Kubernetes layer, see docs/tracking.md):
+Usage (built by the Kubernetes layer, infra/k8s/__init__.py; see docs/tracking.md):
 
-    from infra.k8s.mlflow import MlflowServer, MlflowServerArgs
-    mlflow = MlflowServer("mlflow", MlflowServerArgs(
-        provider=platform.provider, identity=platform.identities["mlflow"],
-        artifacts_bucket=platform.buckets.artifacts, storage_class=platform.storage_class.name,
-        object_store_cidrs=platform.object_store_cidrs, api_server_cidrs=platform.api_server_cidrs,
-        cluster_cidrs=(platform.pod_cidr, platform.vpc_cidr), node_selector=platform.system_node_selector,
-        storage_gb=cfg.mlflow.storage_gb, labels=naming.common_tags(cfg.stack, cfg.environment, cfg.tags), depends_on=platform.ready,
-    ))
-    pulumi.export("mlflowTrackingUri", mlflow.tracking_uri)   # MLFLOW_TRACKING_URI for the job
+    mlflow = MlflowServer("mlflow", MlflowServerArgs(platform=platform, settings=cfg.mlflow,
+                                                     storage_class=storage.name, labels=tags, depends_on=ready))
+    mlflow.tracking_uri   # MLFLOW_TRACKING_URI for jobs
 
 What it creates, in namespace `mlflow`:
 - PostgreSQL from CloudNativePG: the operator from its Helm chart (cnpg-system, pinned) and a `Cluster` on the
@@ -22,8 +16,9 @@ What it creates, in namespace `mlflow`:
   bucket credentials at all.
 - Deployment (non-root, read-only root filesystem, probes, pinned image) and a ClusterIP Service
   `mlflow:5000` only: the server is reachable inside the cluster (or through `kubectl port-forward`).
-- NetworkPolicies: default deny in the namespace; ingress to MLflow from team namespaces and monitoring;
-  egress to PostgreSQL, DNS, the object store (and the workload identity endpoints).
+- NetworkPolicies (through infra/k8s/common.py, like every namespace's): default deny in the namespace; ingress to
+  MLflow from team namespaces and monitoring; egress to PostgreSQL, DNS, the object store (and the workload identity
+  endpoints).
 
 Every manifest is built by a pure function below; the component only turns them into typed resources.
 
@@ -37,16 +32,23 @@ import ipaddress
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import quote
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from gpu_train.spec import naming
-from infra.k8s.common import checkov_skip_annotations, cidr_peers
-from infra.platform import EgressTarget, WorkloadIdentity
-from infra.platform import ManagedDatabase as ExternalDatabase
+from gpu_train.spec.settings import MlflowSettings
+from infra.k8s.common import (
+    Policy,
+    checkov_skip_annotations,
+    cidr_peers,
+    default_deny,
+    k8s_opts,
+    network_policies,
+)
+from infra.platform import ClusterPlatform, EgressTarget
 
 NAMESPACE = naming.MLFLOW_NAMESPACE
 SERVICE_ACCOUNT = naming.MLFLOW_SERVICE_ACCOUNT
@@ -78,51 +80,42 @@ TMP_MOUNT = "/tmp"
 
 @dataclass(frozen=True, kw_only=True)
 class MlflowServerArgs:
-    provider: k8s.Provider  # platform.provider
-    identity: WorkloadIdentity  # platform.identities["mlflow"]: service account `mlflow` in namespace `mlflow`
-    artifacts_bucket: pulumi.Input[str]  # platform.buckets.artifacts: s3://name or gs://name
-    storage_class: str  # platform.storage_class.name: encrypted block storage for PostgreSQL
-    object_store_cidrs: Sequence[str]  # platform.object_store_cidrs: egress on 443
-    api_server_cidrs: Sequence[str]  # platform.api_server_cidrs: CNPG instances talk to the API server
-    cluster_cidrs: Sequence[str] = ()  # platform.pod_cidr, platform.vpc_cidr: Host headers of in-cluster scrapes
-    node_selector: Mapping[str, str] = field(default_factory=dict)  # platform.system_node_selector
-    labels: Mapping[str, str] = field(default_factory=dict)  # naming.common_tags(cfg.stack, cfg.environment, cfg.tags), added to every object
-    database: Literal["in-cluster", "managed"] = "in-cluster"  # cfg.mlflow.database
-    external_database: ExternalDatabase | None = None  # required when database == "managed"
-    storage_gb: int = 20  # cfg.mlflow.storageGb: PostgreSQL volume
+    # Read: provider, identities["mlflow"], buckets.artifacts, the object-store, API-server, pod and VPC ranges,
+    # system_node_selector, workload_identity_egress and mlflow_database.
+    platform: ClusterPlatform
+    settings: MlflowSettings  # cfg.mlflow: the database's mode and storage
+    storage_class: str  # the Kubernetes layer's encrypted StorageClass, for PostgreSQL
+    labels: Mapping[str, str] = field(default_factory=dict)  # the stack's common tags, added to every object
     db_instances: int = 1  # PostgreSQL instances (2+ = streaming replicas with automatic failover)
     install_operator: bool = True  # False when CloudNativePG is already installed in the cluster
-    identity_egress: Sequence[EgressTarget] = ()  # extra egress the identity needs (metadata / agent endpoints)
     artifacts_prefix: str = naming.MLFLOW_ARTIFACTS_PREFIX  # artifacts go to <bucket>/<prefix>/
     image: str = MLFLOW_IMAGE
     replicas: int = 1
     tmp_size_gb: int = 20  # proxied uploads are spooled here: must hold the largest single artifact file
-    depends_on: Sequence[pulumi.Resource] = ()  # platform.ready
+    depends_on: Sequence[pulumi.Resource] = ()
 
 
 # ------------------------------------------------------------------------------------------- validation
 def validate(args: MlflowServerArgs) -> None:
-    """Reject arguments that cannot work, naming the culprit."""
-    problems = []
-    if args.database not in ("in-cluster", "managed"):
-        problems.append(f"gpu-train:mlflow.database must be 'in-cluster' or 'managed' (got {args.database!r})")
-    if args.database == "managed" and args.external_database is None:
+    """Reject what cannot work, naming the culprit (the settings' own bounds are the settings model's)."""
+    p, database, problems = args.platform, args.settings.database, []
+    if database == "managed" and p.mlflow_database is None:
         problems.append("gpu-train:mlflow.database is 'managed' but the cloud layer provided no database endpoint "
                         "(ClusterPlatform.mlflow_database)")
-    if args.database == "in-cluster" and args.external_database is not None:
+    if database == "in-cluster" and p.mlflow_database is not None:
         problems.append("gpu-train:mlflow.database is 'in-cluster' but an external database was also given")
-    if args.storage_gb < 1:
-        problems.append(f"gpu-train:mlflow.storageGb must be >= 1 (got {args.storage_gb})")
     if args.db_instances < 1 or args.replicas < 1 or args.tmp_size_gb < 1:
         problems.append("MlflowServerArgs.db_instances, replicas and tmp_size_gb must be >= 1")
-    if args.identity.name != SERVICE_ACCOUNT or NAMESPACE not in args.identity.namespaces:
+    identity = p.identities.get("mlflow")
+    if identity is None or identity.name != SERVICE_ACCOUNT or NAMESPACE not in identity.namespaces:
+        got = f"{identity.name!r} in {list(identity.namespaces)}" if identity else "none"
         problems.append(f"platform.identities['mlflow'] must bind service account {SERVICE_ACCOUNT!r} in namespace "
-                        f"{NAMESPACE!r} (got {args.identity.name!r} in {list(args.identity.namespaces)})")
+                        f"{NAMESPACE!r} (got {got})")
     if not args.storage_class:
-        problems.append("platform.storage_class.name must not be empty")
-    for cidr in [*args.object_store_cidrs, *args.api_server_cidrs, *args.cluster_cidrs,
-                 *(args.external_database.cidrs if args.external_database else ()),
-                 *(t.cidr for t in args.identity_egress)]:
+        problems.append("the encrypted StorageClass's name must not be empty")
+    for cidr in [*p.object_store_cidrs, *p.api_server_cidrs, p.pod_cidr, p.vpc_cidr,
+                 *(p.mlflow_database.cidrs if p.mlflow_database else ()),
+                 *(t.cidr for t in p.workload_identity_egress)]:
         try:
             ipaddress.ip_network(cidr)
         except ValueError:
@@ -148,7 +141,7 @@ def in_cluster_db_host() -> str:
 
 
 def artifacts_destination(bucket: str, prefix: str) -> str:
-    """s3://bucket/prefix or gs://bucket/prefix; anything else is a contract violation."""
+    """s3://bucket/prefix or gs://bucket/prefix; anything else is the cloud layer's mistake."""
     if not bucket.startswith(("s3://", "gs://")) or len(bucket) <= 5:
         raise ValueError(f"platform.buckets.artifacts must be s3://NAME or gs://NAME (got {bucket!r})")
     return f"{bucket.rstrip('/')}/{prefix.strip('/')}" if prefix.strip("/") else bucket.rstrip("/")
@@ -346,10 +339,9 @@ def _ns(name: str) -> dict[str, Any]:
     return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
 
 
-def network_policy_manifests(*, common: Mapping[str, str], database: str, db_cidrs: Sequence[str] = (),
-                             db_port: int = DB_PORT, object_store_cidrs: Sequence[str],
-                             api_server_cidrs: Sequence[str],
-                             identity_egress: Sequence[EgressTarget] = ()) -> list[dict[str, Any]]:
+def mlflow_network_policies(*, database: str, db_cidrs: Sequence[str] = (), db_port: int = DB_PORT,
+                            object_store_cidrs: Sequence[str], api_server_cidrs: Sequence[str],
+                            identity_egress: Sequence[EgressTarget] = ()) -> list[Policy]:
     """Default deny for the namespace, then exactly the flows MLflow and its database need."""
     db_pods = {"matchLabels": {"cnpg.io/cluster": DB_CLUSTER}}
     dns = {
@@ -357,12 +349,8 @@ def network_policy_manifests(*, common: Mapping[str, str], database: str, db_cid
         "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
     }
 
-    def policy(name: str, pod_selector: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels(common, "network-policy")},
-            "spec": {"podSelector": pod_selector, **spec},
-        }
+    def policy(name: str, pod_selector: dict[str, Any], spec: dict[str, Any]) -> Policy:
+        return name, {"podSelector": pod_selector, **spec}
 
     server_egress = [dns]
     if database == "in-cluster":
@@ -375,7 +363,7 @@ def network_policy_manifests(*, common: Mapping[str, str], database: str, db_cid
                               "ports": [{"port": target.port, "protocol": target.protocol}]})
 
     policies = [
-        policy("default-deny", {}, {"policyTypes": ["Ingress", "Egress"]}),
+        default_deny(),
         policy("mlflow-server", {"matchLabels": selector()}, {
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [{
@@ -424,27 +412,29 @@ class MlflowServer(pulumi.ComponentResource):
     def __init__(self, name: str, args: MlflowServerArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         validate(args)  # before anything is registered
         super().__init__("gpu-train:k8s:MlflowServer", name, None, opts)
+        p, database = args.platform, args.settings.database
         common = dict(args.labels)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.depends_on))
+        system = dict(p.system_node_selector)
 
         def child(extra: pulumi.ResourceOptions | None = None) -> pulumi.ResourceOptions:
-            return pulumi.ResourceOptions.merge(k8s_opts, extra) if extra else k8s_opts
+            base = k8s_opts(p, self, args.depends_on)
+            return pulumi.ResourceOptions.merge(base, extra) if extra else base
 
         ns = namespace_manifest(common)
         self.ns = k8s.core.v1.Namespace(f"{name}-ns", metadata=ns["metadata"], opts=child())
         after_ns = child(pulumi.ResourceOptions(depends_on=[self.ns]))
 
-        sa = service_account_manifest(common, args.identity.annotations)
+        sa = service_account_manifest(common, p.identities["mlflow"].annotations)
         self.service_account = k8s.core.v1.ServiceAccount(
             f"{name}-sa", metadata=sa["metadata"], automount_service_account_token=False, opts=after_ns)
 
         # ---- database and the secrets that carry its password
-        if args.database == "in-cluster":
+        if database == "in-cluster":
             uri, db_ready = self._in_cluster_database(name, args, common, child)
             db_cidrs: Sequence[str] = ()
             db_port = DB_PORT
         else:
-            ext = args.external_database
+            ext = p.mlflow_database
             assert ext is not None  # validate() guarantees it
             uri = pulumi.Output.all(ext.username, ext.password, ext.host).apply(
                 lambda v: database_uri(user=v[0], password=v[1], host=v[2], port=ext.port, database=ext.database,
@@ -457,27 +447,23 @@ class MlflowServer(pulumi.ComponentResource):
             string_data=uri_secret["stringData"],
             opts=child(pulumi.ResourceOptions(
                 depends_on=[self.ns],
-                ignore_changes=["stringData"] if args.database == "in-cluster" else None)),
+                ignore_changes=["stringData"] if database == "in-cluster" else None)),
         )
 
         # ---- network policies before the workloads, so nothing ever runs unfenced
-        self.network_policies = [
-            k8s.networking.v1.NetworkPolicy(f"{name}-netpol-{p['metadata']['name']}", metadata=p["metadata"],
-                                            spec=p["spec"], opts=after_ns)
-            for p in network_policy_manifests(
-                common=common, database=args.database, db_cidrs=db_cidrs, db_port=db_port,
-                object_store_cidrs=args.object_store_cidrs, api_server_cidrs=args.api_server_cidrs,
-                identity_egress=args.identity_egress)
-        ]
+        self.network_policies = network_policies(
+            NAMESPACE, mlflow_network_policies(
+                database=database, db_cidrs=db_cidrs, db_port=db_port, object_store_cidrs=p.object_store_cidrs,
+                api_server_cidrs=p.api_server_cidrs, identity_egress=p.workload_identity_egress),
+            p, self, [*args.depends_on, self.ns], labels=labels(common, "network-policy"), prefix=f"{name}-netpol")
 
         # ---- server
-        destination = pulumi.Output.from_input(args.artifacts_bucket).apply(
+        destination = pulumi.Output.from_input(p.buckets.artifacts).apply(
             lambda b: artifacts_destination(b, args.artifacts_prefix))
-        hosts = allowed_hosts(args.cluster_cidrs)
+        hosts = allowed_hosts((p.pod_cidr, p.vpc_cidr))
         container_args = destination.apply(lambda d: server_args(d, hosts))
         deployment = deployment_manifest(common=common, image=args.image, replicas=args.replicas,
-                                         args=container_args, node_selector=args.node_selector,
-                                         tmp_size_gb=args.tmp_size_gb)
+                                         args=container_args, node_selector=system, tmp_size_gb=args.tmp_size_gb)
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-server", metadata=deployment["metadata"], spec=deployment["spec"],
             opts=child(pulumi.ResourceOptions(depends_on=[self.service_account, self.db_uri_secret,
@@ -493,7 +479,7 @@ class MlflowServer(pulumi.ComponentResource):
             "trackingUri": self.tracking_uri,
             "namespace": self.namespace,
             "artifactsDestination": destination,
-            "databaseMode": args.database,
+            "databaseMode": database,
         })
 
     def _in_cluster_database(self, name: str, args: MlflowServerArgs, common: dict[str, str],
@@ -523,13 +509,13 @@ class MlflowServer(pulumi.ComponentResource):
                 namespace=CNPG_NAMESPACE,
                 create_namespace=True,
                 atomic=True,
-                values=operator_values(args.node_selector),
+                values=operator_values(args.platform.system_node_selector),
                 opts=child(),
             )
             operator.append(self.operator)
         cluster = postgres_cluster_manifest(common=common, storage_class=args.storage_class,
-                                            storage_gb=args.storage_gb, instances=args.db_instances,
-                                            node_selector=args.node_selector)
+                                            storage_gb=args.settings.storage_gb, instances=args.db_instances,
+                                            node_selector=args.platform.system_node_selector)
         self.database = k8s.apiextensions.CustomResource(
             f"{name}-db", api_version=cluster["apiVersion"], kind=cluster["kind"],
             metadata=cluster["metadata"], spec=cluster["spec"],

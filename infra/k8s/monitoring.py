@@ -347,7 +347,7 @@ def agents_network_policies() -> list[common.Policy]:
 
 @dataclass(frozen=True, kw_only=True)
 class MonitoringArgs:
-    platform: ClusterPlatform  # contract: system nodes, GPU pools, LB annotations
+    platform: ClusterPlatform  # system nodes, GPU pools, LB annotations
     settings: MonitoringSettings  # cfg.monitoring
     storage_class: str  # encrypted StorageClass for Prometheus, Alertmanager and Grafana
     team_namespaces: tuple[str, ...]  # namespaces where training jobs run (for the trainer PodMonitor)

@@ -6,8 +6,8 @@ so it runs in a plain Python image):
         python preflight_server.py
 
 On start it reads its node from the Kubernetes API (with the pod's service account), looks up the node's
-pool (label gpu-train.io/pool) in POOLS_FILE (pool -> expected GPUs and fabric devices, from the platform
-contract) and writes RESULTS_DIR/expected.env, which gpu-preflight.sh waits for. Then it serves, on
+pool (label gpu-train.io/pool) in POOLS_FILE (pool -> expected GPUs and fabric devices, from the
+platform's pools) and writes RESULTS_DIR/expected.env, which gpu-preflight.sh waits for. Then it serves, on
 127.0.0.1 only, `GET /<check>`: 200 when RESULTS_DIR/<check>.ok exists, 503 with the failure detail when
 <check>.fail exists, 503 "pending" before the check has run. The node readiness reporter next to it turns
 each answer into a node condition (2xx: True, anything else: False with the body in the message).

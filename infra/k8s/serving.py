@@ -177,7 +177,7 @@ def contract_section(platform: ClusterPlatform, settings: ServingSettings, artif
 
 @dataclass(frozen=True, kw_only=True)
 class ServingArgs:
-    platform: ClusterPlatform  # the cloud contract: provider, system nodes, pools, identities, CIDRs, pod env
+    platform: ClusterPlatform  # provider, system nodes, pools, identities, CIDRs, pod env
     settings: ServingSettings  # cfg.serving
     teams: Sequence[str]  # every team namespace gets its serving accounts and promotion loop
     image: pulumi.Input[str]  # the platform image (digest-pinned): routes and promotion loops run it
@@ -244,12 +244,12 @@ class Serving(pulumi.ComponentResource):
                 raise ValueError(f"platform.identities has no serving/{team} identity for {ns}/"
                                  f"{naming.MODEL_SERVER_SERVICE_ACCOUNT}: the cloud layer binds one per team when "
                                  "serving is enabled")
-            self._policies(ns, team_policies(p), base)
+            common.network_policy_holes(ns, team_policies(p), p, self, base)
             objects = team_serving_objects(ns, image=args.image, cpu_node_selector=system, prometheus=PROMETHEUS_URL,
                                            tracking_uri=args.tracking_uri,
                                            identity_annotations=dict(identity.annotations))
             self.team_objects[team] = [self._resource(f"{name}-{ns}", obj, [*base, *kserve]) for obj in objects]
-        self._policies(naming.MONITORING_NAMESPACE, [prometheus_from_promoters()], base)
+        common.network_policy_holes(naming.MONITORING_NAMESPACE, [prometheus_from_promoters()], p, self, base)
 
         artifacts = pulumi.Output.from_input(args.artifacts_root)
         self.services = [self._service(name, spec, args, artifacts, [*kserve, *self.team_objects[spec.team]])
@@ -259,12 +259,6 @@ class Serving(pulumi.ComponentResource):
 
     def _opts(self, after: Sequence[pulumi.Resource]) -> pulumi.ResourceOptions:
         return common.k8s_opts(self._platform, self, after)
-
-    def _policies(self, ns: str, policies: Sequence[common.Policy], after: Sequence[pulumi.Resource]) -> None:
-        """Holes in a namespace whose default deny another component made."""
-        for policy, spec in policies:
-            k8s.networking.v1.NetworkPolicy(f"netpol-{ns}-{policy}", metadata={"name": policy, "namespace": ns},
-                                            spec=spec, opts=self._opts(after))
 
     def _resource(self, prefix: str, obj: Mapping[str, Any], after: Sequence[pulumi.Resource]) -> pulumi.Resource:
         """One rendered object as its typed resource (custom resources as CustomResource)."""

@@ -19,12 +19,12 @@ from infra.platform import ClusterPlatform, StorageClassSpec
 
 @dataclass(frozen=True, kw_only=True)
 class StorageArgs:
-    platform: ClusterPlatform  # the cluster contract (provider + storage_class spec)
+    platform: ClusterPlatform  # provider + storage_class spec
     retain: bool  # keep volumes when their claim is deleted (prod: journal and metrics survive)
 
 
 def storage_class_fields(spec: StorageClassSpec, retain: bool) -> dict[str, Any]:
-    """StorageClass fields from the contract's spec; refuses a spec without an encryption key."""
+    """StorageClass fields from the platform's spec; refuses a spec without an encryption key."""
     params = dict(spec.parameters)
     if not any(k.lower() in ("kmskeyid", "disk-encryption-kms-key", "encrypted") for k in params):
         raise ValueError(f"platform.storage_class {spec.name!r} has no encryption parameter "

@@ -10,7 +10,7 @@ maps team -> LocalQueue name. The Kueue queue objects come from gpu_train/spec/q
 job is checked (gpu_train/jobs/check.py: the stack's job at plan time, a team's at `gpu-train submit`, through
 the platform contract that carries them); Kueue's configuration and every other manifest here are pure
 functions.
-The team roles also grant what `gpu-train list / status / logs` read: the contract's ConfigMap (by
+The team roles also grant what `gpu-train list / status / logs` read: the published contract's ConfigMap (by
 name), Kueue's visibility API (queue positions) and the pod proxy (the trainer's metrics, which the
 team NetworkPolicies let the control plane reach).
 
@@ -346,7 +346,7 @@ def controller_network_policies(platform: ClusterPlatform, webhook_port: int, me
 
 @dataclass(frozen=True, kw_only=True)
 class TenancyArgs:
-    platform: ClusterPlatform  # contract: pools, identities, provider, CIDRs
+    platform: ClusterPlatform  # pools, identities, provider, CIDRs
     teams: tuple[TeamSettings, ...]  # cfg.teams
     cache_enabled: bool  # open egress to the cache proxy from team namespaces
     depends_on: tuple[pulumi.Resource, ...] = ()

@@ -32,7 +32,7 @@ from infra.platform import ClusterPlatform
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingJobArgs:
-    platform: ClusterPlatform  # the cloud contract: k8s provider, GPU pools, buckets, NVMe path, pod environment
+    platform: ClusterPlatform  # k8s provider, GPU pools, buckets, NVMe path, pod environment
     job: JobSpec  # the stack's job settings (cfg.job)
     image: pulumi.Input[str]  # digest-pinned trainer image (TrainerImage.ref)
     cache_endpoint: pulumi.Input[str] = ""  # Alluxio S3 proxy URL; "" = read the datasets bucket directly

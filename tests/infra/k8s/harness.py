@@ -25,6 +25,7 @@ from infra.platform import (
     Buckets,
     ClusterPlatform,
     EgressTarget,
+    ManagedDatabase,
     Registry,
     StorageClassSpec,
     WorkloadIdentity,
@@ -78,7 +79,9 @@ def fake_platform(cfg: StackSettings) -> ClusterPlatform:
         "cache": WorkloadIdentity(namespaces=[naming.CACHE_NAMESPACE], name=naming.CACHE_SERVICE_ACCOUNT,
                                   annotations={} if aws else {
                                       "iam.gke.io/gcp-service-account": "cache@acme-ml.iam.gserviceaccount.com"}),
-        "mlflow": WorkloadIdentity(namespaces=[naming.MLFLOW_NAMESPACE], name=naming.MLFLOW_SERVICE_ACCOUNT),
+        "mlflow": WorkloadIdentity(namespaces=[naming.MLFLOW_NAMESPACE], name=naming.MLFLOW_SERVICE_ACCOUNT,
+                                   annotations={} if aws else {
+                                       "iam.gke.io/gcp-service-account": "mlflow@acme-ml.iam.gserviceaccount.com"}),
     }
     for team in cfg.teams:
         ann = ({"eks.amazonaws.com/role-arn": pulumi.Output.from_input(f"arn:aws:iam::123456789012:role/{team.name}")}
@@ -108,6 +111,8 @@ def fake_platform(cfg: StackSettings) -> ClusterPlatform:
         else {"networking.gke.io/load-balancer-type": "Internal"},
         workload_identity_egress=[EgressTarget("169.254.170.23/32", 80)] if aws
         else [EgressTarget("169.254.169.254/32", 80), EgressTarget("169.254.169.252/32", 988)],
+        mlflow_database=ManagedDatabase(host="mlflow.db.internal", username="mlflow", password=pulumi.Output.secret(
+            "p"), cidrs=[cfg.network.vpc_cidr]) if cfg.mlflow.database == "managed" else None,
         **cloud_parts(cfg),
     )
 
@@ -149,7 +154,7 @@ def build_layer(stack: str, mutate=None, edit_platform=None) -> tuple[list[dict[
         platform = fake_platform(cfg)
         if edit_platform is not None:
             platform = edit_platform(platform)
-        layer = build_kubernetes(platform, cfg)
+        layer = build_kubernetes(platform, cfg, image="registry/trainer@sha256:" + "0" * 64)
         fields["layer"] = layer
 
     from pulumi.runtime.stack import run_pulumi_func

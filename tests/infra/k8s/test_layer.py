@@ -17,7 +17,10 @@ from tests.infra.k8s.checks import containers_without_resources, cr_problems, se
 from tests.infra.k8s.harness import STACKS, build_layer, load_stack, objects, of_kind, releases
 
 CREATED_NAMESPACES = {naming.CACHE_NAMESPACE, naming.MONITORING_NAMESPACE, monitoring.AGENTS_NAMESPACE, common.GPU_NAMESPACE,
-                      common.KUEUE_NAMESPACE, common.JOBSET_NAMESPACE, naming.KUBERAY_NAMESPACE, health.NAMESPACE}
+                      common.KUEUE_NAMESPACE, common.JOBSET_NAMESPACE, naming.KUBERAY_NAMESPACE, health.NAMESPACE,
+                      naming.MLFLOW_NAMESPACE}
+KUBE_DNS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -29,8 +32,9 @@ def test_every_created_namespace_has_default_deny(layers, stack):
     for ns in namespaces:
         policies = [o for o in of_kind(records, "NetworkPolicy") if o["metadata"]["namespace"] == ns]
         deny = [p for p in policies if p["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}]
-        assert deny, f"{stack}: namespace {ns} has no default-deny NetworkPolicy"
-        assert any(p["metadata"]["name"] == "allow-dns" for p in policies), ns
+        assert [p["metadata"]["name"] for p in deny] == ["default-deny-all"], f"{stack}: namespace {ns}"
+        assert any(KUBE_DNS in rule["to"] and {"protocol": "UDP", "port": 53} in rule["ports"]
+                   for p in policies for rule in p["spec"].get("egress", [])), f"{stack}: no DNS from {ns}"
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -99,12 +103,13 @@ def test_rbac_binds_the_teams_groups(layers, stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_trainer_and_cache_service_accounts_carry_the_platform_identity(layers, stack):
+def test_trainer_cache_and_mlflow_service_accounts_carry_the_platform_identity(layers, stack):
     records, _ = layers[stack]
     cfg = load_stack(stack)
     accounts = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in of_kind(records, "ServiceAccount")}
     expected = {(naming.team_namespace(t.name), naming.TRAINER_SERVICE_ACCOUNT) for t in cfg.teams}
-    expected.add((naming.CACHE_NAMESPACE, naming.CACHE_SERVICE_ACCOUNT))
+    expected |= {(naming.CACHE_NAMESPACE, naming.CACHE_SERVICE_ACCOUNT),
+                 (naming.MLFLOW_NAMESPACE, naming.MLFLOW_SERVICE_ACCOUNT)}
     identified = set(expected)
     # The GPU pre-flight check talks only to the API server (its own Node): no cloud identity.
     expected.add((common.GPU_NAMESPACE, health.PREFLIGHT_NAME))
@@ -179,7 +184,10 @@ def test_layer_outputs(layers, stack):
     assert layer.cache_endpoint == cache.endpoint()
     assert layer.monitoring_release_label == {"release": naming.MONITORING_RELEASE}
     assert set(layer.team_namespaces) == {t.name for t in cfg.teams}
-    assert layer.storage_class_name == "encrypted-rwo"
+    # The encrypted StorageClass the layer makes holds MLflow's database when it runs in the cluster.
+    assert layer.mlflow is not None and layer.serving is None
+    assert [db["spec"]["storage"]["storageClass"] for db in of_kind(layers[stack][0], "Cluster")] == (
+        ["encrypted-rwo"] if cfg.mlflow.database == "in-cluster" else [])
     assert layer.ready
     if cfg.monitoring.grafana_exposed:
         assert fields["grafana_url"].startswith("http://")

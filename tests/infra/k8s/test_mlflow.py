@@ -22,9 +22,16 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from gpu_train.spec import naming
-from gpu_train.spec.settings import ClusterSettings
+from gpu_train.spec.settings import ClusterSettings, MlflowSettings
 from infra.k8s import mlflow as m
-from infra.platform import WorkloadIdentity
+from infra.platform import (
+    Buckets,
+    ClusterPlatform,
+    EgressTarget,
+    ManagedDatabase,
+    StorageClassSpec,
+    WorkloadIdentity,
+)
 
 K8S_VERSION = ClusterSettings().kubernetes_version
 COMMON = {"project": "gpu-train", "stack": "test", "environment": "dev", "managed-by": "pulumi"}
@@ -133,13 +140,18 @@ def _egress_ports(policy: dict) -> dict[int, list]:
     return out
 
 
+def _manifests(policies) -> list[dict]:
+    return [{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+             "metadata": {"name": name, "namespace": m.NAMESPACE}, "spec": spec} for name, spec in policies]
+
+
 def test_network_policies_in_cluster_database():
-    policies = m.network_policy_manifests(common=COMMON, database="in-cluster", object_store_cidrs=OBJECT_STORE,
-                                          api_server_cidrs=API_SERVER)
+    policies = _manifests(m.mlflow_network_policies(database="in-cluster", object_store_cidrs=OBJECT_STORE,
+                                                    api_server_cidrs=API_SERVER))
     for p in policies:
         _validate(p)
     by_name = {p["metadata"]["name"]: p for p in policies}
-    deny = by_name["default-deny"]["spec"]
+    deny = by_name["default-deny-all"]["spec"]
     assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
     assert "ingress" not in deny and "egress" not in deny
 
@@ -163,13 +175,12 @@ def test_network_policies_in_cluster_database():
 
 
 def test_network_policies_managed_database_and_identity_endpoint():
-    policies = m.network_policy_manifests(
-        common=COMMON, database="managed", db_cidrs=("10.0.48.0/24",), db_port=5433,
-        object_store_cidrs=OBJECT_STORE, api_server_cidrs=API_SERVER,
-        identity_egress=(m.EgressTarget("169.254.170.23/32", 80),))
+    policies = _manifests(m.mlflow_network_policies(
+        database="managed", db_cidrs=("10.0.48.0/24",), db_port=5433, object_store_cidrs=OBJECT_STORE,
+        api_server_cidrs=API_SERVER, identity_egress=(EgressTarget("169.254.170.23/32", 80),)))
     for p in policies:
         _validate(p)
-    assert {p["metadata"]["name"] for p in policies} == {"default-deny", "mlflow-server"}
+    assert {p["metadata"]["name"] for p in policies} == {"default-deny-all", "mlflow-server"}
     egress = _egress_ports(next(p for p in policies if p["metadata"]["name"] == "mlflow-server"))
     assert egress[5433] == [{"ipBlock": {"cidr": "10.0.48.0/24"}}]
     assert egress[80] == [{"ipBlock": {"cidr": "169.254.170.23/32"}}]
@@ -201,10 +212,23 @@ def test_namespace_service_account_and_secrets_validate():
     assert sa["metadata"]["annotations"] == IRSA and sa["metadata"]["name"] == naming.MLFLOW_SERVICE_ACCOUNT
 
 
-def _args(**kw) -> m.MlflowServerArgs:
-    base = dict(provider=None, identity=_identity(), artifacts_bucket="s3://bucket", storage_class="enc",
-                object_store_cidrs=OBJECT_STORE, api_server_cidrs=API_SERVER)
-    return m.MlflowServerArgs(**{**base, **kw})
+def _platform(*, provider=None, identity: WorkloadIdentity | None = None,
+              database_endpoint: ManagedDatabase | None = None, identity_egress=(),
+              object_store_cidrs=OBJECT_STORE) -> ClusterPlatform:
+    """The platform fields MLflow reads; the rest are placeholders the component never touches."""
+    return ClusterPlatform(
+        cloud="aws", region="us-east-1", cluster_name="c", kubernetes_version=K8S_VERSION, provider=provider,
+        kubeconfig="", gpu_pools=[], system_node_selector={naming.SYSTEM_LABEL: "true"}, nvme_host_path="/nvme",
+        buckets=Buckets(datasets="s3://d", checkpoints="s3://c", artifacts="s3://bucket"), object_store_endpoint="",
+        object_store_cidrs=object_store_cidrs, api_server_cidrs=API_SERVER, pod_cidr=CLUSTER_CIDRS[0],
+        vpc_cidr=CLUSTER_CIDRS[1], storage_class=StorageClassSpec(name="enc", provisioner="ebs.csi.aws.com", parameters={}),
+        identities={"mlflow": identity or _identity()}, registry=None, internal_lb_annotations={},
+        workload_identity_egress=identity_egress, mlflow_database=database_endpoint)
+
+
+def _args(*, database: str = "in-cluster", **kw) -> m.MlflowServerArgs:
+    return m.MlflowServerArgs(platform=_platform(**kw), settings=MlflowSettings(database=database),
+                              storage_class="enc", labels=COMMON)
 
 
 def test_validate_names_each_bad_setting():
@@ -212,8 +236,6 @@ def test_validate_names_each_bad_setting():
         m.validate(_args(database="managed"))
     with pytest.raises(ValueError, match=r"identities\['mlflow'\] must bind service account 'mlflow'"):
         m.validate(_args(identity=_identity(name="trainer")))
-    with pytest.raises(ValueError, match="mlflow.storageGb must be >= 1"):
-        m.validate(_args(storage_gb=0))
     with pytest.raises(ValueError, match="'10.0.0.0/33' is not a valid network"):
         m.validate(_args(object_store_cidrs=("10.0.0.0/33",)))
     m.validate(_args())
@@ -246,8 +268,7 @@ def _deploy(monitor, **kw) -> tuple[dict, list[dict]]:
 
     def program():
         provider = k8s.Provider("k8s", kubeconfig="{}")
-        server = m.MlflowServer("mlflow", _args(provider=provider, cluster_cidrs=CLUSTER_CIDRS,
-                                                labels=COMMON, **kw))
+        server = m.MlflowServer("mlflow", _args(provider=provider, **kw))
         result["server"] = server
 
     _sync_await(run_pulumi_func(program))
@@ -334,10 +355,10 @@ def test_component_in_cluster_database(mocked):
 
 
 def test_component_managed_database(mocked):
-    db = m.ExternalDatabase(host="mlflow.cluster-x.us-east-1.rds.amazonaws.com", username="mlflow",
+    db = ManagedDatabase(host="mlflow.cluster-x.us-east-1.rds.amazonaws.com", username="mlflow",
                             password=pulumi.Output.secret("s3cr:t@"), cidrs=("10.0.48.0/24",))
-    _, resources = _deploy(mocked, database="managed", external_database=db,
-                           identity_egress=(m.EgressTarget("169.254.170.23/32", 80),))
+    _, resources = _deploy(mocked, database="managed", database_endpoint=db,
+                           identity_egress=(EgressTarget("169.254.170.23/32", 80),))
     assert not _of(resources, "kubernetes:helm.sh/v3:Release")
     assert not _of(resources, "kubernetes:postgresql.cnpg.io/v1:Cluster")
     objects = _k8s_objects(resources)
