@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import STORE_SWITCH, Figure, free_port, local_s3, node_events, start_agent
+from bench.common import Figure, free_port, local_s3, node_events, start_agent
 from bench.overhead import SMALL
 from bench.runs import run_trainer, summary
 from tests.trainer.faults import FAULTS
@@ -58,7 +58,7 @@ def _single_node(overrides: list[str]) -> tuple[float, str]:
         events = run_trainer(run_dir, "tiny", [*overrides, f"train.steps={STEPS}", "checkpoint.every_steps=5",
                                                "metrics.log_every=1"],
                              nproc=2, max_restarts=1, module=FAULTS,
-                             env={**STORE_SWITCH, "TRAINER_TEST_KILL_AT_STEP": str(KILL_AT),
+                             env={"TRAINER_TEST_KILL_AT_STEP": str(KILL_AT),
                                   "TRAINER_TEST_KILL_RANK": "1"})
         assert summary(run_dir)["restarts"] == 1, "the worker was not killed and restarted"
         resumed = [e["resumed_from"] for e in events if e.get("event") == "start"][1]
@@ -107,7 +107,7 @@ def _two_nodes(endpoint: str, bucket: str, *, lose_node: bool) -> tuple[float, s
         overrides = [*NODES, f"checkpoint.remote_uri=s3://{bucket}/run", f"checkpoint.endpoint_url={endpoint}"]
         env = {} if lose_node else {"TRAINER_TEST_KILL_AT_STEP": str(KILL_AT), "TRAINER_TEST_KILL_RANK": "1",
                                     "TRAINER_TEST_KILL_MARKER": str(root / "killed")}
-        common = {"port": port, "nnodes": "2", "overrides": overrides, "env": env, "max_restarts": 2,
+        common = {"port": port, "nnodes": "2:2", "overrides": overrides, "env": env, "max_restarts": 2,
                   "module": "trainer" if lose_node else FAULTS}
         agents = [start_agent(0, root, **common), start_agent(1, root, **common)]
         killed_at = None
