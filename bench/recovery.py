@@ -3,7 +3,7 @@ rank resumed from the newest checkpoint, on one node and on two emulated nodes.
 
 Usage: `python -m bench --only recovery`.
 - one node: two CPU workers under one torchrun (--max-restarts=1); rank 1 kills itself (SIGKILL) at step
-  KILL_AT through a step callback of the test-only entry tests/trainer/faults.py (TRAINER_TEST_KILL_AT_STEP),
+  KILL_AT through a step callback of the fault entry bench/faults.py (TRAINER_TEST_KILL_AT_STEP),
   which runs the normal trainer; the checkpoint directory is shared.
 - one node, hung worker: the same, but rank 1 goes to sleep inside step KILL_AT's all-reduce
   (TRAINER_TEST_HANG_AT_STEP), which rank 0 waits in; the watchdog (trainer/watchdog.py, floor
@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 
 from bench.common import Figure, free_port, local_s3, node_events, start_agent
+from bench.faults import FAULTS
 from bench.overhead import SMALL
 from bench.runs import run_trainer, summary
-from tests.trainer.faults import FAULTS
 
 KILL_AT = 12
 STEPS = 20
