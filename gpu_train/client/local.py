@@ -148,10 +148,4 @@ def run_local(spec_path: str | Path | None, *, nproc: int = DEFAULT_NPROC, data:
     what = f"{job.preset}, {job.steps} steps" if job.bundled else " ".join(job.argv)
     print(f"gpu-train: job {job.name!r} ({what}) on {nproc} local worker(s), run directory {site.run_dir}"
           + (f", in {cwd}" if cwd else ""), file=sys.stderr)
-    return run_launcher(cmd, env, cwd=cwd)
-
-
-def run_launcher(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> int:
-    """Run the launcher and return its exit code; a stop signal to this command reaches it once (run_forwarding):
-    on Ctrl-C it has the workers save a final checkpoint, prints one line and exits 130."""
-    return run_forwarding(cmd, env=env, cwd=cwd)[0]
+    return run_forwarding(cmd, env=env, cwd=cwd)[0]  # stop signals reach the launcher once each
