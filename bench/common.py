@@ -13,8 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import boto3
 
 from gpu_train.jobs import launch
+from gpu_train.spec.job import JobSpec
 from trainer.distributed import free_port
 
 AWS_ENV = {
@@ -98,24 +98,34 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
-# The switch the launcher sets for torchrun (trainer/distributed.py); set here too for plain torchrun runs.
-STORE_SWITCH = {launch.STORE_SWITCH: "1"}
 # Fast failure detection on localhost: a dead agent's heartbeat expires after 1 s x 3.
-RDZV_CONF = "join_timeout=120,last_call_timeout=1,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
+RDZV_CONF = ["last_call_timeout=1", "close_timeout=10", "keep_alive_interval=1", "keep_alive_max_attempt=3"]
+
+
+def launch_local(run_dir: Path, preset: str, overrides: list[str], *, port: int, nproc: int = 1,
+                 nnodes: str = "1:1", max_restarts: int = 0, rdzv_conf: Sequence[str] = (),
+                 module: str = "trainer", env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The launcher's command line and environment for `python -m <module> --preset P --run-dir D overrides...`
+    on this machine, through the one local launch (gpu_train.jobs.launch.local) as a job of its own command, so the
+    arguments stay exactly these. Workers get one thread unless OMP_NUM_THREADS is set; `env` wins over all."""
+    job = JobSpec(name=f"bench-{port}", team="bench", pool="local", max_restarts=max_restarts,
+                  nodes=nnodes, rendezvous_timeout_minutes=2,
+                  command=["python", "-m", module, "--preset", preset, "--run-dir", str(run_dir), *overrides])
+    caller = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(ROOT)}
+    argv, full_env = launch.local(job, launch.Site(run_dir=str(run_dir), dataset_uri="synthetic"), nproc,
+                                  environ=caller, nodes=job.nodes, rdzv_conf=rdzv_conf, port=port)
+    return argv, {**full_env, **(env or {})}
 
 
 def start_agent(node: int, root: Path, *, port: int, nnodes: str, overrides: list[str], env: dict[str, str],
                 max_restarts: int, module: str = "trainer") -> subprocess.Popen:
     """One emulated node: the launcher and torchrun with one CPU worker, its own run (and checkpoint) directory
-    root/node<N>/run; node 0 hosts the c10d rendezvous. `module` is the workers' entry (bench/runs.py)."""
+    root/node<N>/run; node 0 hosts the c10d rendezvous. `module` is the workers' entry (bench/faults.py)."""
     run_dir = root / f"node{node}" / "run"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "trainer.launch", f"--nnodes={nnodes}", "--nproc-per-node=1",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=bench-{port}",
-           f"--rdzv-conf=is_host={int(node == 0)},{RDZV_CONF}", f"--max-restarts={max_restarts}",
-           "--monitor-interval=0.2", "-m", module, "--preset", "tiny", "--run-dir", str(run_dir), *overrides]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
-                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **env}
+    cmd, full_env = launch_local(run_dir, "tiny", overrides, port=port, nnodes=nnodes, max_restarts=max_restarts,
+                                 rdzv_conf=[f"is_host={int(node == 0)}", *RDZV_CONF], module=module,
+                                 env={"PET_MONITOR_INTERVAL": "0.2", **env})  # torchrun's --monitor-interval
     log = (root / f"node{node}.log").open("ab")
     with log:
         return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from bench.common import STORE_SWITCH, Figure, ratio
+from bench.common import Figure, ratio
 from bench.overhead import SMALL
 from bench.runs import run_trainer, seconds_per_step
 
@@ -23,8 +23,7 @@ def run(quick: bool = False) -> list[Figure]:
     for world in (1, 2):
         with tempfile.TemporaryDirectory() as tmp:
             events = run_trainer(Path(tmp) / "run", "tiny",
-                                 [*SMALL, f"train.steps={steps}", "checkpoint.every_steps=0"], nproc=world,
-                                 env=STORE_SWITCH)
+                                 [*SMALL, f"train.steps={steps}", "checkpoint.every_steps=0"], nproc=world)
         per_worker[world] = GLOBAL_BATCH_TOKENS / seconds_per_step(events, 10) / world
     eff = ratio(per_worker[2], per_worker[1])
     return [

@@ -3,7 +3,7 @@ rank resumed from the newest checkpoint, on one node and on two emulated nodes.
 
 Usage: `python -m bench --only recovery`.
 - one node: two CPU workers under one torchrun (--max-restarts=1); rank 1 kills itself (SIGKILL) at step
-  KILL_AT through a step callback of the test-only entry tests/trainer/faults.py (TRAINER_TEST_KILL_AT_STEP),
+  KILL_AT through a step callback of the fault entry bench/faults.py (TRAINER_TEST_KILL_AT_STEP),
   which runs the normal trainer; the checkpoint directory is shared.
 - one node, hung worker: the same, but rank 1 goes to sleep inside step KILL_AT's all-reduce
   (TRAINER_TEST_HANG_AT_STEP), which rank 0 waits in; the watchdog (trainer/watchdog.py, floor
@@ -30,10 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import STORE_SWITCH, Figure, free_port, local_s3, node_events, start_agent
+from bench.common import Figure, free_port, local_s3, node_events, start_agent
+from bench.faults import FAULTS
 from bench.overhead import SMALL
 from bench.runs import run_trainer, summary
-from tests.trainer.faults import FAULTS
 
 KILL_AT = 12
 STEPS = 20
@@ -58,7 +58,7 @@ def _single_node(overrides: list[str]) -> tuple[float, str]:
         events = run_trainer(run_dir, "tiny", [*overrides, f"train.steps={STEPS}", "checkpoint.every_steps=5",
                                                "metrics.log_every=1"],
                              nproc=2, max_restarts=1, module=FAULTS,
-                             env={**STORE_SWITCH, "TRAINER_TEST_KILL_AT_STEP": str(KILL_AT),
+                             env={"TRAINER_TEST_KILL_AT_STEP": str(KILL_AT),
                                   "TRAINER_TEST_KILL_RANK": "1"})
         assert summary(run_dir)["restarts"] == 1, "the worker was not killed and restarted"
         resumed = [e["resumed_from"] for e in events if e.get("event") == "start"][1]
@@ -107,7 +107,7 @@ def _two_nodes(endpoint: str, bucket: str, *, lose_node: bool) -> tuple[float, s
         overrides = [*NODES, f"checkpoint.remote_uri=s3://{bucket}/run", f"checkpoint.endpoint_url={endpoint}"]
         env = {} if lose_node else {"TRAINER_TEST_KILL_AT_STEP": str(KILL_AT), "TRAINER_TEST_KILL_RANK": "1",
                                     "TRAINER_TEST_KILL_MARKER": str(root / "killed")}
-        common = {"port": port, "nnodes": "2", "overrides": overrides, "env": env, "max_restarts": 2,
+        common = {"port": port, "nnodes": "2:2", "overrides": overrides, "env": env, "max_restarts": 2,
                   "module": "trainer" if lose_node else FAULTS}
         agents = [start_agent(0, root, **common), start_agent(1, root, **common)]
         killed_at = None

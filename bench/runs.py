@@ -1,22 +1,19 @@
-"""Helpers that run the real trainer as a user would (`python -m trainer`, `torchrun`) and read its
-metrics log. Used by the overhead, recovery and elastic benchmarks.
+"""Helpers that run the real trainer as a user would (the launcher and torchrun, as `gpu-train run --local` starts
+them) and read its metrics log. Used by the overhead, recovery, elastic and GPU benchmarks.
 
 Usage: `run_trainer(run_dir, preset, overrides, nproc=2)` -> list of metrics.jsonl events;
-`module=FAULTS` (tests/trainer/faults.py) runs the trainer with the faults its TRAINER_TEST_* variables ask for.
+`module=FAULTS` (bench/faults.py) runs the trainer with the faults its TRAINER_TEST_* variables ask for.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-from gpu_train.jobs import launch
+from bench.common import ROOT, launch_local
 from trainer.distributed import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["metrics.port=0", "tracking.enabled=false"]
 
 
@@ -25,12 +22,8 @@ def run_trainer(run_dir: Path, preset: str, overrides: list[str], *, nproc: int 
                 module: str = "trainer") -> list[dict]:
     """Run the trainer to completion under torchrun (c10d rendezvous) and return its events; `log` keeps its
     stdout and stderr."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--max-restarts={max_restarts}",
-           "-m", module, "--preset", preset, "--run-dir", str(run_dir), *QUIET, *overrides]
-    # The switch the launcher sets for torchrun (trainer/distributed.py): a restarted group needs a fresh store.
-    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                launch.STORE_SWITCH: "1", **(env or {})}
+    cmd, full_env = launch_local(run_dir, preset, [*QUIET, *overrides], port=free_port(), nproc=nproc,
+                                 max_restarts=max_restarts, module=module, env=env)
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     if log is not None:
         log.write_text(proc.stdout + proc.stderr)

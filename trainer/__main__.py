@@ -69,9 +69,10 @@ def bad_input(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
-def main(argv: list[str] | None = None, *, step_callbacks: Iterable[Any] = ()) -> int:
+def main(argv: list[str] | None = None, *, step_callbacks: Iterable[Any] = (), energy_counter: Any = None) -> int:
     """Run the trainer with these arguments (default: the command line); returns the exit code.
-    `step_callbacks` go to the Trainer (trainer/train.py says when they are called); none in production."""
+    `step_callbacks` go to the Trainer (trainer/train.py says when they are called); none in production.
+    `energy_counter`: this rank's GPU energy counter (trainer/energy.py); None: the GPU's own, through NVML."""
     args = parser().parse_args(argv)  # argparse itself exits 2 with a usage line on an unknown option
     from trainer.distributed import bind_to_agent, under_torchrun
 
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None, *, step_callbacks: Iterable[Any] = ()) -
         from trainer.train import train
 
         try:
-            summary = train(cfg, args.run_dir, step_callbacks=step_callbacks)
+            summary = train(cfg, args.run_dir, step_callbacks=step_callbacks, energy_counter=energy_counter)
         except DataError as exc:  # a data failure outside the checks that already name data.uri
             raise BadInput(f"data.uri: {exc}") from exc
     except BadInput as exc:

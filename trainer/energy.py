@@ -2,15 +2,15 @@
 and when it ends, the ranks add up the differences, and the total is converted with the region's carbon factors.
 
 Usage (trainer/train.py):
-    meter = EnergyMeter.start(env)             # every rank: its counter's first reading (or why there is none)
+    meter = EnergyMeter.start(env, counter)    # every rank: its counter's first reading (or why there is none)
     fields = meter.finish(env, tracker, step)  # every rank (a collective): {"energy_kwh", "co2e_kg", ...}, to MLflow
     summary.update(fields); energy_line(summary)   # "energy          0.0200 kWh at the GPUs, 0.0002 kg CO2e ..."
 
 Counters, through one interface (`read_mj()`: millijoules since some fixed point):
 - NVML, through pynvml (the nvidia-ml-py package): nvmlDeviceGetTotalEnergyConsumption of this rank's GPU, the
   counter DCGM exports as DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (Volta and later). The default on a CUDA device.
-- A counter module named by TRAINER_ENERGY_COUNTER (for example tests.trainer.energy_counter): its
-  `open_counter(local_rank)` returns an object with `read_mj()`. Tests stand in for a GPU this way.
+- Any object with `read_mj()` handed to the meter (`EnergyMeter.start(env, counter)`, the Trainer's and
+  `python -m trainer`'s `energy_counter`). Tests stand in for a GPU this way (tests/trainer/energy_counter.py).
 When any rank has no counter (CPU, no NVML, an older GPU) the run says "energy: not measured (no energy counters)"
 with the reason, and its summary holds None.
 
@@ -21,7 +21,6 @@ renderer). Only the GPUs are measured: CPUs, memory and network are not in the f
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from dataclasses import dataclass
@@ -34,7 +33,6 @@ from gpu_train.spec.env import CLOUD as CLOUD_ENV
 from gpu_train.spec.env import REGION as REGION_ENV
 
 log = logging.getLogger("trainer")
-COUNTER_ENV = "TRAINER_ENERGY_COUNTER"
 MJ_PER_KWH = 3.6e9
 NOT_MEASURED = "energy: not measured (no energy counters)"
 
@@ -58,10 +56,7 @@ class NvmlCounter:
 
 
 def open_counter(env: Any) -> tuple[Counter | None, str]:
-    """This rank's counter, or None and why there is none."""
-    module = os.environ.get(COUNTER_ENV, "")
-    if module:
-        return importlib.import_module(module).open_counter(env.local_rank), ""
+    """This rank's GPU counter through NVML, or None and why there is none."""
     if not env.is_cuda:
         return None, "the run is on the CPU"
     try:
@@ -79,8 +74,9 @@ class EnergyMeter:
     first_mj: float = 0.0
 
     @classmethod
-    def start(cls, env: Any) -> EnergyMeter:
-        counter, why = open_counter(env)
+    def start(cls, env: Any, counter: Counter | None = None) -> EnergyMeter:
+        """Read `counter` (None: this rank's GPU counter, open_counter) for the first time."""
+        counter, why = (counter, "") if counter is not None else open_counter(env)
         return cls(counter, why, counter.read_mj() if counter is not None else 0.0)
 
     def finish(self, env: Any, tracker: Any = None, step: int = 0) -> dict[str, Any]:

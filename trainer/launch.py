@@ -52,13 +52,19 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from gpu_train.jobs.launch import DATA_WAIT_ENV, DNS_TIMEOUT_ENV, SHUTDOWN_ENV, STORE_SWITCH, nccl_env
+from gpu_train.jobs.launch import (
+    DATA_WAIT_ENV,
+    DNS_TIMEOUT_ENV,
+    SHUTDOWN_ENV,
+    STORE_SWITCH,
+    nccl_env,
+    run_forwarding,
+)
 from trainer.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -222,26 +228,9 @@ def run_torchrun(argv: list[str], shutdown_timeout: int | None) -> int:
         # NCCL's watchdog settings (trainer/watchdog.py) unless the caller chose others; the JobSet sets the same.
         env = {**nccl_env(), **os.environ, STORE_SWITCH: "1", EXIT_FILE_ENV: str(exit_file),
                STOP_FILE_ENV: str(stop_file), LAUNCHER_PID_ENV: str(os.getpid()), SHUTDOWN_ENV: str(shutdown_timeout)}
-        stopped: list[int] = []
-        children: list[subprocess.Popen] = []
-
-        def forward(signum, frame):  # noqa: ARG001
-            stopped.append(signum)
-            for child in children:
-                with contextlib.suppress(ProcessLookupError):
-                    child.send_signal(signum)
-
-        # Handlers first: a signal between the start and the handlers would otherwise end the launcher alone.
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, forward)
         # trainer.torchrun: the torchrun on PATH, quiet when a stop signal ends it (its module docstring).
-        child = subprocess.Popen([sys.executable, "-m", "trainer.torchrun", torchrun, *argv], env=env,  # noqa: PLW1509
-                                 preexec_fn=_torchrun_child)
-        children.append(child)
-        if stopped:  # arrived before torchrun existed
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(stopped[0])
-        code = child.wait()
+        code, stopped = run_forwarding([sys.executable, "-m", "trainer.torchrun", torchrun, *argv], env=env,
+                                       preexec_fn=_torchrun_child)
         if exit_file.is_file():
             message = exit_file.read_text(errors="replace").strip()
             print(f"{PROG}: bad input, not retried: {message}", file=sys.stderr, flush=True)

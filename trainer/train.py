@@ -25,7 +25,7 @@ Over 400 lines because the step, the late reading of its flags and the loop that
 checkpoints after that reading are one protocol, easier to check in one place.
 
 Step callbacks, `callback(trainer, point, step)` for the 0-based step being trained (none in production; tests
-inject a killed, hung or slow rank through them, tests/trainer/faults.py): "after_forward" (the last micro batch's
+inject a killed, hung or slow rank through them, bench/faults.py): "after_forward" (the last micro batch's
 loss computed, its backward not yet run; under pipeline parallelism, whose schedule interleaves them, once the
 step's schedule has run) and "before_sync" (every backward done, the step's all-reduce not yet
 joined: the watchdog is in its "collective" phase and the other ranks wait in the all-reduce).
@@ -103,13 +103,14 @@ class PendingStep:
 StepCallback = Callable[["Trainer", str, int], None]
 
 
-def train(cfg: Config, run_dir: Path, *, step_callbacks: Iterable[StepCallback] = ()) -> dict[str, Any]:
+def train(cfg: Config, run_dir: Path, *, step_callbacks: Iterable[StepCallback] = (),
+          energy_counter: energy.Counter | None = None) -> dict[str, Any]:
     """Join the process group, train, write the outputs; returns the summary (also in RUN_DIR/summary.json)."""
     wd = cfg.watchdog
     nccl = {**nccl_env(), "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(nccl_heartbeat_s(wd))}
     env = init_distributed(timeout_s=collective_timeout_s(wd), nccl_env=nccl)
     try:
-        with Trainer(cfg, Path(run_dir), env, step_callbacks=step_callbacks) as trainer:
+        with Trainer(cfg, Path(run_dir), env, step_callbacks=step_callbacks, energy_counter=energy_counter) as trainer:
             return trainer.finish(trainer.train())
     finally:
         shutdown()
@@ -119,8 +120,9 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
     """One training run on this rank; see the module docstring. Every method is called on every rank."""
 
     def __init__(self, cfg: Config, run_dir: Path, env: DistEnv, *,
-                 step_callbacks: Iterable[StepCallback] = ()) -> None:
+                 step_callbacks: Iterable[StepCallback] = (), energy_counter: energy.Counter | None = None) -> None:
         self.cfg, self.run_dir, self.env = cfg, Path(run_dir), env
+        self.energy_counter = energy_counter  # this rank's GPU energy counter; None: NVML's (trainer/energy.py)
         self.step_callbacks: list[StepCallback] = list(step_callbacks)
         self.status = "failed"  # what the MLflow run is closed with unless train()/finish() say otherwise
         self.step, self.tokens_seen, self.loss_value, self.evals = 0, 0, math.nan, EvalState()  # resumed below
@@ -211,7 +213,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         """Train from self.step to train.steps, or until SIGTERM, SIGINT or early stopping; returns the status."""
         t, patience = self.cfg.train, self.cfg.eval.early_stopping_patience
         self.start_step, t0 = self.step, time.perf_counter()
-        self.energy = energy.EnergyMeter.start(self.env)  # the GPUs' energy counters, read again in finish()
+        self.energy = energy.EnergyMeter.start(self.env, self.energy_counter)  # read again in finish()
         self.watchdog.start()
         status = self._nothing_to_train()
         if status is None:

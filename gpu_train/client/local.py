@@ -23,12 +23,7 @@ prints one line and exits 130, which this returns (the same command resumes); a 
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import importlib.util
-import os
-import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +31,11 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from gpu_train.client.cluster import ClientError
-from gpu_train.jobs.launch import Site, bundled_settings, launch_env, local_command, nccl_env, rendezvous_env
+from gpu_train.jobs.launch import Site, local, run_forwarding
 from gpu_train.spec import naming
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.install import install_hint
-from gpu_train.spec.job import JobSpec, NodeRange, job_problems, read_job, trainer_settings
+from gpu_train.spec.job import JobSpec, NodeRange, job_problems, read_job
 from gpu_train.spec.values import as_uri
 
 # The embedded default: what `make train` runs, as a job spec.
@@ -149,50 +144,8 @@ def run_local(spec_path: str | Path | None, *, nproc: int = DEFAULT_NPROC, data:
         cwd = Path(workdir) if workdir else (Path(spec_path).resolve().parent if spec_path else Path.cwd())
         if not cwd.is_dir():
             raise ClientError(f"--workdir {cwd}: no such directory")
-    settings = trainer_settings(job, bundled_settings(job, site))
-    cmd = local_command(job, nproc=nproc, run_dir=Path(site.run_dir), settings=settings)
-    # The job's places win over the caller's environment; the launcher's tuning (NCCL's watchdog, the store, the
-    # waits) only where the caller set none. torchrun lives next to this interpreter (the venv's bin), which need
-    # not be on PATH.
-    places = launch_env(job, site)
-    tuning = {**nccl_env(), **rendezvous_env(job)}
-    env = {**tuning, **os.environ, **{k: v for k, v in places.items() if k not in tuning}}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    cmd, env = local(job, site, nproc)  # the one precedence of a local launch (its docstring)
     what = f"{job.preset}, {job.steps} steps" if job.bundled else " ".join(job.argv)
     print(f"gpu-train: job {job.name!r} ({what}) on {nproc} local worker(s), run directory {site.run_dir}"
           + (f", in {cwd}" if cwd else ""), file=sys.stderr)
-    return run_launcher(cmd, env, cwd=cwd)
-
-
-def _launcher_child() -> None:
-    """In the launcher's process: a process group of its own (a terminal's Ctrl-C reaches this command only, which
-    forwards it once), and SIGTERM when this command dies (Linux's PR_SET_PDEATHSIG), so that the launcher still
-    stops its workers after a final checkpoint instead of training on alone."""
-    os.setpgid(0, 0)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)
-
-
-def run_launcher(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> int:
-    """Run the launcher and return its exit code. SIGINT, SIGTERM and SIGHUP to this command are forwarded to it
-    once each: on Ctrl-C it has the workers save a final checkpoint, prints one line and exits 130."""
-    received: list[int] = []
-    children: list[subprocess.Popen] = []
-
-    def forward(signum: int, frame: object) -> None:  # noqa: ARG001
-        received.append(signum)
-        for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        child = subprocess.Popen(cmd, env=env, cwd=cwd, preexec_fn=_launcher_child)  # noqa: PLW1509
-        children.append(child)
-        if received:  # arrived before the launcher existed
-            child.send_signal(received[0])
-        return child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return run_forwarding(cmd, env=env, cwd=cwd)[0]  # stop signals reach the launcher once each

@@ -5,10 +5,11 @@ Usage:
     env = launch_env(job, site)                                      # the environment contract (gpu_train.spec.env)
     args = torchrun_args(job, nproc=8, endpoint="JOB-worker-0-0.JOB:29400", run_dir=site.run_dir,
                          settings=trainer_settings(job, bundled_settings(job, site)))   # the JobSet's container args
-    local_command(job, nproc=2, run_dir=Path("runs/x"), settings=...)   # `gpu-train run --local`, `make train`
+    argv, env = local(job, Site(run_dir="runs/x", dataset_uri="synthetic"), 2)   # run --local, sweep trials, bench
+    code, signals = run_forwarding(argv, env=env)   # stop signals to this process reach the launcher once each
 
 Every path that starts a job goes through here: the stack's JobSet and `gpu-train submit` (gpu_train.jobs.jobset),
-`gpu-train run --local`, `make train` and the benchmarks. The in-image launcher (`gpu-train-launch` =
+`gpu-train run --local`, `make train`, local sweep trials and the benchmarks. The in-image launcher (`gpu-train-launch` =
 `python -m trainer.launch`) then checks the bundled trainer's inputs, waits for the dataset and the rendezvous
 host, and runs torchrun with this environment (a value the caller already set wins).
 
@@ -40,14 +41,15 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpu_train.spec import env as contract
-from gpu_train.spec.job import JobSpec, NodeRange, override_text
+from gpu_train.spec.job import JobSpec, NodeRange, override_text, trainer_settings
 
 LAUNCHER = "gpu-train-launch"  # trainer/entrypoint.sh in the image: `python -m trainer.launch "$@"`
 RDZV_PORT = 29400
@@ -60,6 +62,7 @@ DATA_WAIT_ENV = contract.DATA_WAIT  # seconds the launcher waits for the dataset
 DNS_TIMEOUT_ENV = contract.DNS_TIMEOUT  # seconds it waits for the rendezvous host's DNS name
 SHUTDOWN_ENV = contract.SHUTDOWN  # torchrun's shutdown timeout, for the workers' final checkpoint
 PYTHONS = ("python", "python3")  # a command starting with one of these runs in torchrun's own interpreter
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what run_forwarding passes on to its child
 
 
 class LaunchSpecError(ValueError):
@@ -189,16 +192,27 @@ def torchrun_args(job: JobSpec, *, nproc: int, endpoint: str, run_dir: str | Pat
     return [*args, *command_args(job, run_dir, settings)]
 
 
-def local_command(job: JobSpec, *, nproc: int, run_dir: Path, settings: Mapping[str, Any],
-                  nodes: NodeRange = NodeRange(1, 1), rdzv_conf: Sequence[str] = (), port: int = 0,
-                  python: str = sys.executable) -> list[str]:
-    """The launcher's command line for a job on this machine: one or more local "nodes", workers on the CPU or
-    this machine's GPUs, the same shutdown rule as a pod's."""
+def local(job: JobSpec, site: Site, nproc: int, *, environ: Mapping[str, str] = os.environ,
+          nodes: NodeRange = NodeRange(1, 1), rdzv_conf: Sequence[str] = (), port: int = 0) -> tuple[list[str], dict[str, str]]:
+    """The launcher's command line and environment for a job on this machine (`gpu-train run --local`, a local sweep
+    trial, the benchmarks): one or more local "nodes" of `nproc` workers on the CPU or this machine's GPUs, the
+    same shutdown rule as a pod's. The bundled trainer gets its settings for `site` (bundled_settings), then the
+    job's own, as in the JobSet. The environment, each later source winning over the ones before it:
+    1. the launcher's tuning (nccl_env, rendezvous_env: NCCL's watchdog, the store switch, the waits);
+    2. the caller's environment (`environ`), which may retune those, as a value already set wins on a node;
+    3. the job's places (the rest of launch_env: name, run directory, dataset, cache, checkpoints, experiment),
+       so that they always name what the trainer's settings name;
+    4. PATH with this interpreter's folder first: torchrun lives there (a virtualenv's bin need not be on PATH)."""
     if nproc < 1:
         raise LaunchSpecError(f"--nproc {nproc} must be >= 1")
-    return [python, "-m", "trainer.launch",
-            *torchrun_args(job, nproc=nproc, endpoint=f"localhost:{port}", run_dir=run_dir, settings=settings,
+    settings = trainer_settings(job, bundled_settings(job, site))
+    argv = [sys.executable, "-m", "trainer.launch",
+            *torchrun_args(job, nproc=nproc, endpoint=f"localhost:{port}", run_dir=site.run_dir, settings=settings,
                            nodes=nodes, rdzv_conf=rdzv_conf, shutdown_timeout=shutdown_timeout_s())]
+    tuning = {**nccl_env(), **rendezvous_env(job)}
+    env = {**tuning, **environ, **{k: v for k, v in launch_env(job, site).items() if k not in tuning}}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return argv, env
 
 
 def detach_launcher() -> None:
@@ -210,3 +224,31 @@ def detach_launcher() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+
+
+def run_forwarding(cmd: Sequence[str], *, env: Mapping[str, str], cwd: str | Path | None = None,
+                   preexec_fn: Callable[[], None] | None = detach_launcher) -> tuple[int, list[int]]:
+    """Run `cmd` and wait for it (`gpu-train run --local` runs the launcher so, the launcher torchrun): SIGINT,
+    SIGTERM and SIGHUP to this process are forwarded to it once each, one that arrives before it exists as soon as it
+    does; the previous handlers are back afterwards. Returns its exit code and the signals forwarded, in order."""
+    received: list[int] = []
+    children: list[subprocess.Popen] = []
+
+    def forward(signum: int, frame: object) -> None:  # noqa: ARG001
+        received.append(signum)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+
+    # Handlers first: a signal between the start and the handlers would otherwise end this process alone.
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        child = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, preexec_fn=preexec_fn)  # noqa: PLW1509
+        children.append(child)
+        if received:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(received[0])
+        return child.wait(), received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -44,7 +44,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from gpu_train.spec.errors import Int, SettingsError, validation_problems
+from gpu_train.spec.errors import ConfigError, Int, SettingsError, validation_problems
 from gpu_train.spec.naming import DNS_LABEL, PROJECT
 
 # From Kueue's admission to a running trainer container on a fresh GPU node: the provisioner's decision, instance
@@ -238,6 +238,14 @@ def override_text(key: str, value: Any) -> str:
     return f"{key}={value}"
 
 
+def trainer_config(job: JobSpec) -> Any:
+    """The bundled trainer's configuration for this job (gpu_train.spec.trainer_config.Config; ConfigError when the
+    trainer refuses a setting): its preset and trainer settings, through the same text the worker parses."""
+    from gpu_train.spec.trainer_config import build_config
+
+    return build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()])
+
+
 def trainer_settings(job: JobSpec, platform: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The trainer's dotted settings for this job, in launch order: the job's own settings, then what the platform
     sets (paths and endpoints that depend on where it runs), then the job's overrides."""
@@ -359,10 +367,8 @@ def trainer_problems(job: JobSpec, *, gpus: int, gpu_type: str = "", key: str = 
     """The job's preset and trainer settings through the trainer's own schema, then its layout and global batch at
     every world size from MIN to MAX nodes of `gpus` GPUs, and the memory a GPU needs against `gpu_type`'s (both
     skipped when the GPUs per node are not known)."""
-    from gpu_train.spec.trainer_config import ConfigError, build_config
-
     try:
-        tcfg = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()])
+        tcfg = trainer_config(job)
     except ConfigError as exc:
         text = str(exc)
         if text.startswith("--preset"):
@@ -421,11 +427,9 @@ def memory_line(job: JobSpec, *, gpus: int, gpu_type: str) -> str:
     from gpu_train.spec.catalog.gpus import memory_gb
     from gpu_train.spec.layout import resolve_layout
     from gpu_train.spec.memory import memory_per_gpu
-    from gpu_train.spec.trainer_config import ConfigError, build_config
-
     world = World(job.nodes, gpus)
     try:
-        tcfg = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()])
+        tcfg = trainer_config(job)
         layout = resolve_layout(tcfg.train, world.size(job.nodes.min))
         estimate = memory_per_gpu(tcfg, layout)
     except ConfigError as exc:

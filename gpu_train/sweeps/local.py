@@ -1,5 +1,5 @@
-"""Sweep trials as local torchrun jobs on this machine: each trial through the one launcher (gpu_train.jobs.launch
-local_command, as `gpu-train run --local` runs a job), in its own run directory under runs/<sweep>/<trial>.
+"""Sweep trials as local torchrun jobs on this machine: each trial through the one local launch
+(gpu_train.jobs.launch.local, as `gpu-train run --local` runs a job), in its own run directory under runs/<sweep>/<trial>.
 
 Usage:
     backend = LocalBackend(sweep, runs=Path("runs"), data_uri="synthetic", nproc=1, tracking_uri=...)
@@ -21,14 +21,13 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from gpu_train.jobs.launch import Site, detach_launcher, launch_env, local_command
+from gpu_train.jobs.launch import Site, detach_launcher, local
 from gpu_train.spec.errors import EXIT_RESUMABLE
-from gpu_train.spec.job import JobSpec, trainer_settings
+from gpu_train.spec.job import JobSpec
 from gpu_train.sweeps.journal import TrialState
 from gpu_train.sweeps.spec import SweepSpec
 
@@ -90,11 +89,8 @@ class LocalBackend:
                                    f"{STOP_WAIT_S} s of SIGTERM") from None
         elif proc is None:
             wait_for_exit(run_dir / LAUNCHER_PID, run_dir)  # one a killed controller started, now stopping
-        cmd = local_command(job, nproc=self.nproc, run_dir=run_dir,
-                            settings=trainer_settings(job, {"data.uri": self.data_uri}))
-        site = Site(run_dir=str(run_dir), dataset_uri=self.data_uri)  # this machine: no object store, no cache
-        env = {**launch_env(job, site), **os.environ}
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        # This machine: no object store, no read cache; the same precedence as `gpu-train run --local`.
+        cmd, env = local(job, Site(run_dir=str(run_dir), dataset_uri=self.data_uri), self.nproc)
         with open(run_dir / LAUNCHER_LOG, "ab") as logf:
             self.procs[t.id] = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
                                                 cwd=None if job.bundled else self.workdir,

@@ -1,4 +1,5 @@
-"""A stand-in GPU energy counter for the trainer's tests (TRAINER_ENERGY_COUNTER=tests.trainer.energy_counter).
+"""A stand-in GPU energy counter for the trainer's tests, handed to the trainer by tests/trainer/faults.py when
+TRAINER_TEST_ENERGY_DIR is set.
 
 Each rank's counter lives in a file, TRAINER_TEST_ENERGY_DIR/gpu<local rank>.mj, and behaves like a GPU that used
 STEP_MJ millijoules between two readings: every read returns the stored value plus STEP_MJ and stores it. The

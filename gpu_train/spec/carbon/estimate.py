@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from gpu_train.spec import carbon, catalog
 from gpu_train.spec.catalog.gpus import tdp_watts
+from gpu_train.spec.errors import ConfigError
 from gpu_train.spec.flops import gpu_peak_flops, shape_flops_per_token
-from gpu_train.spec.job import JobSpec, World, job_world, override_text, trainer_settings
+from gpu_train.spec.job import JobSpec, World, job_world, trainer_config
 
 # Model FLOPs utilisation assumed for the run time, a round figure below the 46% PaLM reports for its largest run
 # (https://arxiv.org/abs/2204.02311, table 3). The trainer measures the real value (trainer_mfu, the run summary);
@@ -75,8 +76,6 @@ class Estimate:
 
 def job_estimate(job: JobSpec, *, cloud: str, region: str, instance_type: str) -> Estimate:
     """The job's estimate on this cloud, region and machine type (or one saying why there is none)."""
-    from gpu_train.spec.trainer_config import ConfigError, build_config
-
     base = Estimate(cloud=cloud, region=region, instance_type=instance_type)
     shape = catalog.shape(cloud, instance_type)
     if shape is None:
@@ -91,7 +90,7 @@ def job_estimate(job: JobSpec, *, cloud: str, region: str, instance_type: str) -
     if not job.bundled:
         return _unknown(base, "the job runs its own code (job.command): the work it does is not known before it runs")
     try:
-        model = build_config(job.preset, overrides=[override_text(k, v) for k, v in trainer_settings(job).items()]).model
+        model = trainer_config(job).model
     except ConfigError as exc:
         return _unknown(base, f"the trainer refuses the job's settings: {exc}")
     world = job_world(job, shape.gpus)

@@ -16,8 +16,9 @@ import pytest
 import torch.distributed.run as torchrun
 
 from gpu_train.client import local
-from gpu_train.jobs.launch import local_command, shutdown_timeout_s
-from gpu_train.spec.job import read_job, trainer_settings
+from gpu_train.jobs import launch
+from gpu_train.jobs.launch import shutdown_timeout_s
+from gpu_train.spec.job import read_job
 from gpu_train.spec.trainer_config import build_config
 from tests.gpu_train.cli.conftest import only_error_lines, spec
 from trainer.__main__ import parser as trainer_parser
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_the_command_line_is_torchruns_and_the_trainers_own(tmp_path):
     job = read_job(local.DEFAULT_SPEC, key="job")
     assert local.local_problems(job, nproc=2) == []
-    cmd = local_command(job, nproc=2, run_dir=tmp_path / "run", settings=trainer_settings(job, {"data.uri": "synthetic"}))
+    cmd, _ = launch.local(job, launch.Site(run_dir=str(tmp_path / "run"), dataset_uri="synthetic"), 2)
     assert cmd[:3] == [sys.executable, "-m", "trainer.launch"]
     args = torchrun.get_args_parser().parse_args(cmd[3:])  # torch's own parser
     assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.max_restarts) == ("1:1", "2", "c10d", 3)

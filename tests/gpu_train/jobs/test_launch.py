@@ -8,6 +8,10 @@ Run: .venv/bin/pytest tests/gpu_train/jobs/test_launch.py -q
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 import torch.distributed.run as torchrun
 
@@ -37,13 +41,29 @@ def test_the_arguments_are_torchruns_then_the_trainers():
 
 
 def test_local_runs_use_the_same_arguments_on_this_machine(tmp_path):
-    cmd = launch.local_command(JOB, nproc=2, run_dir=tmp_path, settings=trainer_settings(JOB), nodes=NodeRange(1, 2),
-                               rdzv_conf=["last_call_timeout=1"])
+    site = launch.Site(run_dir=str(tmp_path), dataset_uri="synthetic")
+    cmd, _ = launch.local(JOB, site, 2, nodes=NodeRange(1, 2), rdzv_conf=["last_call_timeout=1"])
     assert cmd[1:3] == ["-m", "trainer.launch"]
     parsed = torchrun.get_args_parser().parse_args(cmd[3:])
     assert (parsed.nnodes, parsed.rdzv_endpoint, parsed.rdzv_conf) == ("1:2", "localhost:0",
                                                                        "join_timeout=2400,last_call_timeout=1")
     assert parsed.shutdown_timeout == launch.shutdown_timeout_s()
+    trainer = trainer_parser().parse_args(parsed.training_script_args)
+    assert trainer.overrides == [launch.override_text(k, v) for k, v in
+                                 trainer_settings(JOB, launch.bundled_settings(JOB, site)).items()]
+
+
+def test_a_local_launch_has_one_precedence_tuning_then_the_callers_environment_then_the_jobs_places(tmp_path):
+    site = launch.Site(run_dir=str(tmp_path / "run"), dataset_uri="synthetic")
+    caller = {"PATH": "/usr/bin", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "GPU_TRAIN_RUN_DIR": "/elsewhere", "HOME": "/h"}
+    _, env = launch.local(JOB, site, 1, environ=caller)
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"  # the caller retunes the launcher
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and env[launch.STORE_SWITCH] == "1"  # else its tuning
+    assert env["GPU_TRAIN_RUN_DIR"] == site.run_dir  # the job's places win
+    assert env["HOME"] == "/h"
+    assert env["PATH"] == f"{Path(sys.executable).parent}{os.pathsep}/usr/bin"
+    with pytest.raises(launch.LaunchSpecError, match="--nproc 0 must be >= 1"):
+        launch.local(JOB, site, 0)
 
 
 SITE = launch.Site(run_dir="/mnt/nvme/runs/llm", dataset_uri="s3://ds/llm/manifest.json")
@@ -152,3 +172,29 @@ def test_the_layout_travels_as_trainer_settings_and_keeps_tensor_parallel_groups
         assert (node_of == node_of[..., :1]).all()  # every tp group on one node
         assert layout.dp == nodes  # pp x tp = 8 GPUs: the data-parallel degree is what the nodes add
     assert layout.shape == (2, 1, 4, 4)
+
+
+def test_a_stop_signal_is_forwarded_once_to_the_child_and_the_handlers_come_back(tmp_path):
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    ready = tmp_path / "ready"
+    child = ("import pathlib, signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
+             f"pathlib.Path({str(ready)!r}).touch()\n"
+             "time.sleep(60)\n")
+
+    def stop_when_ready() -> None:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=stop_when_ready, daemon=True).start()
+    code, forwarded = launch.run_forwarding([sys.executable, "-c", child], env=os.environ, preexec_fn=None)
+    assert (code, forwarded) == (7, [signal.SIGTERM])
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.errors import ConfigError, SettingsError
 from gpu_train.spec.job import (
     MANAGED_OVERRIDES,
     JobSpec,
@@ -18,6 +18,7 @@ from gpu_train.spec.job import (
     job_problems,
     override_text,
     read_job,
+    trainer_config,
     trainer_settings,
 )
 from gpu_train.spec.trainer_config import build_config, reference
@@ -80,6 +81,17 @@ def test_trainer_settings_put_the_job_first_the_platform_next_and_the_overrides_
     cfg = build_config(job.preset, overrides=[override_text(k, v) for k, v in settings.items()])
     assert (cfg.train.steps, cfg.checkpoint.every_steps, cfg.data.uri) == (100, 10, "s3://b/m.json")
     assert cfg.train.global_batch_tokens == 786432
+
+
+def test_the_trainer_config_of_a_job_is_its_preset_then_its_settings():
+    job = read_job({**SPEC, "overrides": {"train.micro_batch_size": 8, "train.lr": 3e-4, "model.norm": "rmsnorm"}},
+                   key="job")
+    cfg = trainer_config(job)
+    assert (cfg.train.steps, cfg.train.global_batch_tokens, cfg.checkpoint.every_steps) == (100, 786432, 10)
+    assert (cfg.train.micro_batch_size, cfg.train.lr, cfg.model.norm) == (8, 3e-4, "rmsnorm")
+    assert cfg.model == build_config("gpt2-124m", overrides=["model.norm=rmsnorm"]).model
+    with pytest.raises(ConfigError, match="train.lrr"):
+        trainer_config(job.model_copy(update={"overrides": {"train.lrr": 1}}))
 
 
 def test_every_managed_trainer_key_exists_and_has_its_job_setting():

@@ -27,8 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_train.jobs.launch import Site, launch_env, local_command
-from gpu_train.spec.job import trainer_settings
+from gpu_train.jobs.launch import Site, local
 from gpu_train.sweeps.journal import read_journal
 from gpu_train.sweeps.spec import load_sweep, trial_job
 
@@ -75,11 +74,10 @@ def wait_for(journal: Path, event: str, controller: subprocess.Popen) -> None:
 def plain_run(sweep, trial: str, params: dict, run_dir: Path) -> subprocess.Popen:
     """The same trial as a plain job: no budget, no pause (each in a parent of its own: its own MLflow store)."""
     job = trial_job(sweep, trial, params, {})
-    cmd = local_command(job, nproc=1, run_dir=run_dir, settings=trainer_settings(job, {"data.uri": "synthetic"}))
+    cmd, launch_env = local(job, Site(run_dir=str(run_dir), dataset_uri="synthetic"), 1, environ=env())
     run_dir.parent.mkdir(parents=True)
     with open(run_dir.parent / "launcher.log", "wb") as log:
-        site = Site(run_dir=str(run_dir), dataset_uri="synthetic")
-        return subprocess.Popen(cmd, env={**launch_env(job, site), **env()}, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, env=launch_env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def test_a_killed_asha_sweep_continues_pauses_promotes_and_matches_unpaused_training(tmp_path):
