@@ -1,7 +1,7 @@
 """gpu-train's core: the platform's shared vocabulary and the one job renderer, with neither Pulumi nor torch.
 
 Usage:
-    from gpu_train.spec.settings import parse          # stack settings -> StackSettings
+    from gpu_train.spec.settings_checks import parse   # stack settings -> StackSettings
     from gpu_train.spec.job import JobSpec, job_problems
     from gpu_train.spec.contract import PlatformContract
     from gpu_train.jobs.jobset import jobset            # JobSpec + contract -> the JobSet

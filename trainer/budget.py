@@ -30,13 +30,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 
+from gpu_train.spec.trainer_config import Config
 from gpu_train.storage import ObjectNotFoundError, StorageError, open_store
+from trainer.distributed import DistEnv
+from trainer.evaluate import EvalState
 
 log = logging.getLogger("trainer")
 
@@ -193,72 +196,95 @@ class TrialBudget:
         self.status(state, step, tokens, params_sha256=params_sha256)
 
 
+class HeldRun(Protocol):
+    """What a BudgetHold reads and asks of the loop it holds (the bundled Trainer, trainer/train.py, is one); each
+    method is called on every rank at the same point."""
+
+    @property
+    def step(self) -> int: ...  # optimizer steps done
+
+    @property
+    def tokens_seen(self) -> int: ...
+
+    @property
+    def evals(self) -> EvalState: ...  # validation losses so far (the same on every rank)
+
+    def stop_flags(self) -> list[float]:
+        """This rank's (whether it got a stop signal, whether that was SIGINT), as numbers for an all-reduce."""
+        ...
+
+    def evaluate(self) -> float:
+        """The validation loss at this step, recorded (and noted back through `note_eval`)."""
+        ...
+
+    def save_checkpoint(self, *, block: bool) -> float:
+        """Checkpoint this step."""
+        ...
+
+    def saved_here(self) -> bool:
+        """A checkpoint of this very step exists: saved by this launch, or the one this launch resumed from."""
+        ...
+
+    def quiesce(self) -> None:
+        """Wait for the checkpoint saves in flight and disarm the watchdog: nothing runs while held."""
+        ...
+
+
 class BudgetHold:
     """The bundled trainer's side of a token budget, on its TrialBudget: when to hold (evaluating and checkpointing
-    first), what it writes besides (its schedule's steps, where its last validation loss came from), and how a
-    stop is reported (module docstring)."""
+    first) and what it writes besides (its schedule's steps, where its last validation loss came from); a stop
+    while held is returned to the loop, which reports it (module docstring).
 
-    def __init__(self, budget: TokenBudget, trainer: Any) -> None:
-        self.trial, self.trainer = TrialBudget(budget), trainer
+    steps: the run's train.steps, written in status.json.
+    evaluates: whether the run evaluates (eval.every_steps): then it evaluates where it holds."""
+
+    def __init__(self, budget: TokenBudget, run: HeldRun, *, steps: int, evaluates: bool) -> None:
+        self.trial, self.run = TrialBudget(budget), run
+        self.steps, self.evaluates = steps, evaluates
 
     def status(self, state: str, **extra: Any) -> None:
-        t = self.trainer
-        self.trial.status(state, t.step, t.tokens_seen, steps=t.cfg.train.steps, val_loss=t.evals.last,
-                          val_step=t.evals.last_step, val_loss_reduce=f"all_reduce over {t.env.world_size} ranks",
-                          **extra)
+        run = self.run
+        self.trial.status(state, run.step, run.tokens_seen, steps=self.steps, val_loss=run.evals.last,
+                          val_step=run.evals.last_step,
+                          val_loss_reduce=f"all_reduce over {self.trial.budget.world_size} ranks", **extra)
 
     def note_eval(self, val_loss: float) -> None:
-        t = self.trainer
-        self.trial.record(t.step, t.tokens_seen, val_loss)
+        self.trial.record(self.run.step, self.run.tokens_seen, val_loss)
         self.status("running")
 
     def reached(self) -> bool:
-        return self.trial.reached(self.trainer.tokens_seen)
+        return self.trial.reached(self.run.tokens_seen)
 
-    def _saved_here(self) -> bool:
-        """A checkpoint of this very step exists: saved by this launch, or the one this launch resumed from."""
-        t = self.trainer
-        saved = t.checkpointer.saved
-        return bool(saved and saved[-1].step == t.step) or (t.step == t.start_step and t.step > 0)
-
-    def hold(self) -> bool:
+    def hold(self) -> str | None:
         """At a step boundary with the budget used up: evaluate and checkpoint at this step, write `held`, then wait
-        for a raised budget (False: train on) or a stop signal (True: stopped as preempted, checkpoint saved)."""
-        t, trial = self.trainer, self.trial
-        stop, sigint = trial.refresh(t._stop_flags)
-        if not stop and not trial.reached(t.tokens_seen):
-            return False
-        if not stop and t.cfg.eval.every_steps and t.evals.last_step != t.step:
-            t.evaluate()
-        if not self._saved_here():
-            t.save_checkpoint(block=True)
-        t.checkpointer.wait()
+        for a raised budget (None: train on) or a stop signal: its name ("SIGTERM" or "SIGINT"; the run stops as
+        preempted, the checkpoint of this step saved)."""
+        run, trial = self.run, self.trial
+        stop, sigint = trial.refresh(run.stop_flags)
+        if not stop and not trial.reached(run.tokens_seen):
+            return None
+        if not stop and self.evaluates and run.evals.last_step != run.step:
+            run.evaluate()
+        if not run.saved_here():
+            run.save_checkpoint(block=True)
+        run.quiesce()
         if not stop:
             self.status("held")
-            if t.env.rank == 0:
+            if trial.budget.rank == 0:
                 log.info("holding at step %d (%d tokens, budget %d): checkpoint saved, waiting for a raised budget "
-                         "or a stop", t.step, t.tokens_seen, trial.allowed)
-        t.watchdog.disarm()
-        if not stop:
-            stop, sigint = trial.wait(t.tokens_seen, t._stop_flags)
+                         "or a stop", run.step, run.tokens_seen, trial.allowed)
+            stop, sigint = trial.wait(run.tokens_seen, run.stop_flags)
         if stop:
-            t.stop_signal = "SIGINT" if sigint else "SIGTERM"
-            done = self._saved_here()
-            t.preemption.report(t.step, saved=done, elsewhere=t.stop_signal)
-            if t.env.local_rank == 0:
-                from trainer.errors import record_stop
-
-                record_stop(t.step, saved=done, signal=t.stop_signal)
-            return True
-        if t.env.rank == 0:
-            log.info("budget raised to %d tokens: training on from step %d", trial.allowed, t.step)
+            return "SIGINT" if sigint else "SIGTERM"
+        if trial.budget.rank == 0:
+            log.info("budget raised to %d tokens: training on from step %d", trial.allowed, run.step)
         self.status("running")
-        return False
+        return None
 
 
-def hold_for(trainer: Any) -> BudgetHold:
-    """The budget of a Trainer whose train.budget_uri is set (collective: reads the budget once)."""
-    cfg, env = trainer.cfg, trainer.env
+def hold_for(cfg: Config, env: DistEnv, run: HeldRun) -> BudgetHold:
+    """The budget of a run whose train.budget_uri is set (collective: reads the budget once)."""
     endpoint = cfg.checkpoint.endpoint_url or None
     return BudgetHold(TokenBudget.open(cfg.train.budget_uri, endpoint_url=endpoint, rank=env.rank,
-                                       world_size=env.world_size, device=env.device), trainer)
+                                       world_size=env.world_size, device=env.device), run,
+                      steps=cfg.train.steps, evaluates=bool(cfg.eval.every_steps))

@@ -292,7 +292,7 @@ def _build(cfg: ModelConfig, state: dict[str, torch.Tensor], where: str) -> GPT:
 def newest_checkpoint(run_dir: Path, warn: Callable[[str], None] | None = None) -> Path:
     """The newest step directory under the run's checkpoint folder that verifies; `warn` gets one line for each
     newer one skipped, naming it and why."""
-    from trainer.checkpoint import CheckpointInvalid, list_step_dirs, verify
+    from trainer.checkpoint.manifest import CheckpointInvalid, list_step_dirs, verify
 
     root = run_dir / "checkpoints"
     config_path = run_dir / "config.json"
@@ -368,7 +368,7 @@ def load_checkpoint(
     dataset's."""
     import torch.distributed.checkpoint as dcp
 
-    from trainer.checkpoint import CheckpointInvalid, verify
+    from trainer.checkpoint.manifest import CheckpointInvalid, verify
 
     try:
         manifest = verify(step_dir)

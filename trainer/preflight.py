@@ -102,7 +102,8 @@ def check_tracking(cfg: Config, run_dir: Path) -> None:
 def open_checked_dataset(cfg: Config, split: str = "train") -> Any:
     """Open the dataset (or its held-out split) as the loop will, and check it against the model; BadInput
     naming the key."""
-    from trainer.data import DataError, open_dataset
+    from trainer.data import open_dataset
+    from trainer.data.errors import DataError
 
     if cfg.data.uri != "synthetic":
         key = "data.cache_dir" if cfg.data.cache_dir else f"data.cache_dir (default {cache_dir_of(cfg)})"

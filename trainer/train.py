@@ -1,6 +1,7 @@
 """The bundled GPT trainer: a Trainer that builds everything once, then trains step by step (torchtitan's shape),
-on the library's public parts only (trainer/__init__.py: CheckpointManager, open_dataset + GlobalSampler,
-Tracker, Watchdog, Preemption), as a team's own loop would use them.
+on the library's public parts only (the names trainer/__init__.py lists, imported from the modules that define
+them: CheckpointManager, open_dataset + GlobalSampler, Tracker, Watchdog, Preemption), as a team's own loop would
+use them.
 
 Usage (normally through `python -m trainer`, see trainer/__main__.py):
     summary = train(build_config("tiny", overrides=["train.steps=20"]), run_dir=Path("runs/dev"))
@@ -11,18 +12,21 @@ or, inside a process group, what `train` does:
         summary = trainer.finish(trainer.train())
 
 `__init__` checks the inputs on every rank and agrees on the verdict, builds the model (trainer.parallelize) and
-the library parts, and resumes from the newest checkpoint every rank can load (trainer/resume.py). `train()`
-repeats `train_step()` (data, `forward_backward_step()`, the step's all-reduce, the optimizer), evaluation,
-checkpoint and metrics until train.steps, SIGTERM, SIGINT or early stopping; `finish()` writes the outputs. The
-step's one all-reduce carries the loss and whether any rank got SIGTERM or SIGINT (and which), bad data or a
-storage failure; whether the step is applied is decided on the device, and the host reads the flags one step later
-(trainer/step_flags.py; `settle()` reads them at once before an evaluation or a checkpoint), so every rank takes
-the same decision at the same point: stop after a synchronous checkpoint ("preempted", exit 75, or 130 for Ctrl-C
-in one process), BadInput (bad data, or a non-finite loss or gradient norm: the step was skipped and nothing is
-saved, since a restart would replay the same step) or TrainingFailed (a storage outage). docs/trainer.md.
+the library parts, resumes from the newest checkpoint every rank can load (trainer/resume.py) and opens the run's
+outputs (trainer/run.py); both return what they made, and the Trainer keeps it: no other module sets its
+attributes. `train()` repeats `train_step()` (data, `forward_backward_step()`, the step's all-reduce, the
+optimizer), evaluation, checkpoint and metrics until train.steps, SIGTERM, SIGINT or early stopping; `finish()`
+writes the outputs. The step's one all-reduce carries the loss and whether any rank got SIGTERM or SIGINT (and
+which), bad data or a storage failure; whether the step is applied is decided on the device, and the host reads
+the flags one step later (trainer/step_flags.py; `settle()` reads them at once before an evaluation or a
+checkpoint), so every rank takes the same decision at the same point: stop after a synchronous checkpoint
+("preempted", exit 75, or 130 for Ctrl-C in one process), BadInput (bad data, or a non-finite loss or gradient
+norm: the step was skipped and nothing is saved, since a restart would replay the same step) or TrainingFailed (a
+storage outage). docs/trainer.md.
 
 Over 400 lines because the step, the late reading of its flags and the loop that orders evaluations and
-checkpoints after that reading are one protocol, easier to check in one place.
+checkpoints after that reading are one protocol, easier to check in one place; and because the Trainer declares,
+builds and ends all of its own state here (the stop report included), rather than other modules setting it.
 
 Step callbacks, `callback(trainer, point, step)` for the 0-based step being trained (none in production; tests
 inject a killed, hung or slow rank through them, bench/faults.py): "after_forward" (the last micro batch's
@@ -37,10 +41,10 @@ import contextlib
 import copy
 import faulthandler
 import logging
-import math
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,39 +55,35 @@ import torch.distributed as dist
 
 from gpu_train.jobs.launch import SHUTDOWN_ENV, nccl_env
 from gpu_train.spec.trainer_config import Config, batch_layout, to_dict
-from trainer import (
-    BadInput,
-    CheckpointManager,
-    DataError,
+from trainer import evaluate as evaluation
+from trainer.budget import BudgetHold, hold_for
+from trainer.checkpoint.manager import CheckpointManager
+from trainer.data import read_step
+from trainer.data.dataset import Dataset
+from trainer.data.errors import DataError, is_transient
+from trainer.data.sampler import GlobalSampler
+from trainer.distributed import (
     DistEnv,
-    GlobalSampler,
-    Preemption,
     agree,
-    checkpoint_timeout_s,
-    collective_timeout_s,
-    energy,
     init_distributed,
-    is_transient,
-    nccl_heartbeat_s,
-    outputs,
     raise_agreed,
-    read_step,
-    record_stop,
-    run,
     seed_everything,
     setup_logging,
     shutdown,
 )
-from trainer import evaluate as evaluation
-from trainer.budget import hold_for
-from trainer.errors import one_line
-from trainer.evaluate import EvalState, reduce_eval
+from trainer.energy import Counter, EnergyMeter
+from trainer.errors import BadInput, TrainingFailed, one_line, record_stop
+from trainer.evaluate import reduce_eval
 from trainer.export import TOKENIZER
 from trainer.metrics import StepClock, batch_hash
+from trainer.outputs import RunOutputs, dataset_tokenizer, run_summary, state_sha256, write_outputs
 from trainer.parallelize import build_model, build_optimizer, build_scheduler, resolve_dtype
+from trainer.preemption import Preemption
 from trainer.preflight import check_inputs, checkpoint_dir_of, open_checked_dataset
-from trainer.resume import loop_state, resume
+from trainer.resume import LoopState, resume
+from trainer.run import open_outputs
 from trainer.step_flags import PendingValues, StepFlags
+from trainer.watchdog import checkpoint_timeout_s, collective_timeout_s, nccl_heartbeat_s
 
 log = logging.getLogger("trainer")
 
@@ -104,7 +104,7 @@ StepCallback = Callable[["Trainer", str, int], None]
 
 
 def train(cfg: Config, run_dir: Path, *, step_callbacks: Iterable[StepCallback] = (),
-          energy_counter: energy.Counter | None = None) -> dict[str, Any]:
+          energy_counter: Counter | None = None) -> dict[str, Any]:
     """Join the process group, train, write the outputs; returns the summary (also in RUN_DIR/summary.json)."""
     wd = cfg.watchdog
     nccl = {**nccl_env(), "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(nccl_heartbeat_s(wd))}
@@ -120,19 +120,18 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
     """One training run on this rank; see the module docstring. Every method is called on every rank."""
 
     def __init__(self, cfg: Config, run_dir: Path, env: DistEnv, *,
-                 step_callbacks: Iterable[StepCallback] = (), energy_counter: energy.Counter | None = None) -> None:
+                 step_callbacks: Iterable[StepCallback] = (), energy_counter: Counter | None = None) -> None:
         self.cfg, self.run_dir, self.env = cfg, Path(run_dir), env
         self.energy_counter = energy_counter  # this rank's GPU energy counter; None: NVML's (trainer/energy.py)
         self.step_callbacks: list[StepCallback] = list(step_callbacks)
         self.status = "failed"  # what the MLflow run is closed with unless train()/finish() say otherwise
-        self.step, self.tokens_seen, self.loss_value, self.evals = 0, 0, math.nan, EvalState()  # resumed below
         self.first: tuple[int, float] | None = None  # (step, loss) of this launch's first step
         self.start_step, self.elapsed, self._reported_saves = 0, 0.0, 0
+        self.energy: EnergyMeter | None = None  # the GPUs' energy counters, from train() to finish()
         # The newest step whose flags the host has not read yet, and the last one it read (trainer/step_flags.py).
         self.pending: PendingStep | None = None
         self._settled: PendingStep | None = None
         self.flags = StepFlags(env.device, env.world_size)
-        self.run_key: str | None = None  # names this job's MLflow run in every checkpoint (trainer/run.py)
         self.exits = contextlib.ExitStack()  # everything opened so far, closed in reverse by close()
         try:
             setup_logging(env)
@@ -145,7 +144,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                 sigint=True, second_sigint_exits=True,
                 shutdown_timeout_s=float(budget) if budget.isdigit() else None))
             self.stop_signal: str | None = None  # "SIGTERM" or "SIGINT" once a stop was agreed on
-            self._open_inputs()
+            self.ds, self.val, self.tokenizer = self._open_inputs()
             self.global_batch, self.accum = batch_layout(cfg, env.world_size)
             seed_everything(cfg.train.seed, cfg.train.deterministic)
             self.dtype = resolve_dtype(cfg, env)
@@ -155,9 +154,29 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                 async_save=cfg.checkpoint.async_save, endpoint_url=cfg.checkpoint.endpoint_url or None,
                 timeout_s=checkpoint_timeout_s(cfg.watchdog))
             self.exits.callback(self.checkpointer.close)
-            run_id, resumed_from = resume(self)
-            run.open_outputs(self, run_id, resumed_from)
-            self.budget = hold_for(self) if cfg.train.budget_uri else None  # a sweep trial's rungs
+            loop = resume(cfg, self.checkpointer, self.model, self.optimizer, self.scheduler,
+                          new_sampler=self.new_sampler, manifest_sha256=self.ds.manifest_sha256, rank=env.rank)
+            if loop.resumed_from is None and self.checkpointer.model_touched:
+                self.build_model()  # a load that failed part-way may have changed parameters
+            self.step, self.tokens_seen, self.loss_value, self.evals = (loop.step, loop.tokens_seen,
+                                                                        loop.loss_value, loop.evals)
+            if loop.sampler is not None:
+                self.sampler = loop.sampler
+            # Names this job's MLflow run in every checkpoint, even before MLflow answers (trainer/run.py).
+            self.run_key = loop.run_key or uuid.uuid4().hex
+            sinks = open_outputs(
+                cfg, env, self.run_dir, self.exits, status=lambda: self.status, run_id=loop.run_id,
+                run_key=self.run_key, resumed_from=loop.resumed_from, step=self.step, val_loss=self.evals.last,
+                manifest_sha256=self.ds.manifest_sha256, global_batch=self.global_batch, accum=self.accum,
+                layout=self.runner.layout, dtype=self.dtype)
+            self.tracker, self.metrics, self.watchdog, self.clock = (sinks.tracker, sinks.metrics, sinks.watchdog,
+                                                                     sinks.clock)
+            # A gradient hook on the token embedding's output marks the end of this rank's own backward work
+            # (trainer/metrics.py); hooks inside a compiled region break torch.compile's graph, so not there.
+            if not cfg.train.compile and self.model.tok_emb is not None:  # a middle pipeline stage has none
+                self.exits.callback(self.model.tok_emb.register_forward_hook(self.on_embedding).remove)
+            # A sweep trial's rungs (collective: reads the budget once).
+            self.budget: BudgetHold | None = hold_for(cfg, env, self) if cfg.train.budget_uri else None
         except BaseException:
             self.exits.close()
             raise
@@ -172,24 +191,25 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.exits.close()
 
     # ---------------------------------------------------------------------------------------------- building
-    def _open_inputs(self) -> None:
-        """Check the inputs on every rank and agree on the verdict before anything is written."""
+    def _open_inputs(self) -> tuple[Dataset, Dataset | None, Any]:
+        """(the dataset, the validation split when evaluating, rank 0's tokenizer): checked on every rank, the
+        verdict agreed on before anything is written."""
         cfg, env = self.cfg, self.env
-        self.val = self.tokenizer = problem = None
+        ds = val = tokenizer = problem = None
         try:
-            self.ds = check_inputs(cfg, self.run_dir, world_sizes=[env.world_size],
-                                   local_world_size=env.local_world_size)
-            self.exits.callback(self.ds.close)
+            ds = check_inputs(cfg, self.run_dir, world_sizes=[env.world_size], local_world_size=env.local_world_size)
+            self.exits.callback(ds.close)
             if cfg.eval.every_steps:
-                self.val = open_checked_dataset(cfg, split="val")
-                self.exits.callback(self.val.close)
+                val = open_checked_dataset(cfg, split="val")
+                self.exits.callback(val.close)
             if env.rank == 0:  # saved in every checkpoint, so that sampling and export never need the dataset
-                self.tokenizer = outputs.dataset_tokenizer(cfg)
+                tokenizer = dataset_tokenizer(cfg)
         except BadInput as exc:
             problem = str(exc)
         problem = agree(problem, env.world_size)
         if problem:
             raise BadInput(problem)
+        return ds, val, tokenizer
 
     def build_model(self) -> None:
         """Fresh weights from train.seed, optimizer, schedule and sampler (again after a failed partial load)."""
@@ -213,15 +233,17 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         """Train from self.step to train.steps, or until SIGTERM, SIGINT or early stopping; returns the status."""
         t, patience = self.cfg.train, self.cfg.eval.early_stopping_patience
         self.start_step, t0 = self.step, time.perf_counter()
-        self.energy = energy.EnergyMeter.start(self.env, self.energy_counter)  # read again in finish()
+        self.energy = EnergyMeter.start(self.env, self.energy_counter)  # read again in finish()
         self.watchdog.start()
         status = self._nothing_to_train()
         if status is None:
             status = "completed"
             self.runner.train()
         while status == "completed" and self.step < t.steps:
-            if self.budget is not None and self.budget.reached() and self.budget.hold():
-                status = "preempted"  # stopped while held at its budget, the checkpoint of this step saved
+            held_stop = self.budget.hold() if self.budget is not None and self.budget.reached() else None
+            if held_stop is not None:  # stopped while held at its budget, the checkpoint of this step saved
+                self._record_stop(held_stop, saved=self.saved_here())
+                status = "preempted"
                 break
             timings, stop = self.train_step()
             every, evals = self.cfg.checkpoint.every_steps, self.cfg.eval.every_steps
@@ -239,11 +261,8 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             ckpt_s = self.save_checkpoint(block=final) if final or save else 0.0
             self._log_step(timings, eval_s, ckpt_s)
             if stop:
-                status, saved = "preempted", self.checkpointer.saved
-                done = bool(saved) and saved[-1].step == self.step
-                self.preemption.report(self.step, saved=done, elsewhere=self.stop_signal or "SIGTERM")
-                if self.env.local_rank == 0:
-                    record_stop(self.step, saved=done, signal=self.stop_signal or "SIGTERM")
+                status = "preempted"
+                self._record_stop(self.stop_signal or "SIGTERM", saved=self.saved_here())
             elif early:
                 status = "stopped_early"
                 if self.env.rank == 0:
@@ -266,20 +285,30 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         if self.step >= self.cfg.train.steps:
             log.info("the checkpoint is already at train.steps=%d: nothing to train", self.cfg.train.steps)
         # SIGTERM or SIGINT while starting (loading, resuming): stop before training, nothing new to save.
-        flags = torch.tensor(self._stop_flags(), device=self.env.device)
+        flags = torch.tensor(self.stop_flags(), device=self.env.device)
         dist.all_reduce(flags)
         if flags[0].item() > 0 and self.step < self.cfg.train.steps:
-            self.stop_signal = "SIGINT" if flags[1].item() > 0 else "SIGTERM"
-            log.warning("%s before the first step: stopping at step %d without a new checkpoint", self.stop_signal,
-                        self.step)
-            if self.env.local_rank == 0:
-                record_stop(self.step, saved=None, signal=self.stop_signal)
+            self._record_stop("SIGINT" if flags[1].item() > 0 else "SIGTERM", saved=None)
             return "preempted"
         return None
 
-    def _stop_flags(self) -> list[float]:
+    def stop_flags(self) -> list[float]:
         """(whether this rank got a stop signal, whether that was SIGINT) for the step's all-reduce."""
         return [float(self.preemption.preempted()), float(self.preemption.signal_name == "SIGINT")]
+
+    def _record_stop(self, signal_name: str, *, saved: bool | None) -> None:
+        """The stop report, the one place it is written: every rank agreed to stop on `signal_name` at self.step,
+        with this step's checkpoint saved (True), not saved (False), or without a new one (None: stopped before
+        the first step). Logs it (with how much of the shutdown timeout the final save used) and, once per node,
+        tells the launcher (trainer/errors.py record_stop)."""
+        self.stop_signal = signal_name
+        if saved is None:
+            log.warning("%s before the first step: stopping at step %d without a new checkpoint", signal_name,
+                        self.step)
+        else:
+            self.preemption.report(self.step, saved=saved, elsewhere=signal_name)
+        if self.env.local_rank == 0:
+            record_stop(self.step, saved=saved, signal=signal_name)
 
     def train_step(self) -> tuple[dict[str, Any], bool]:
         """One optimizer step on global batch self.step, with no host read of a device tensor; returns (its
@@ -301,7 +330,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         for callback in self.step_callbacks:
             callback(self, "before_sync", step)
         # One all-reduce: the loss, whether any rank got SIGTERM or SIGINT (and which), bad data or a storage failure.
-        stop, sigint = self._stop_flags()
+        stop, sigint = self.stop_flags()
         reduced = self.flags.reduce(loss_sum, stop=stop > 0, sigint=sigint > 0,
                                     bad=fault is not None and fault[0] == "bad",
                                     failed=fault is not None and fault[0] == "failed")
@@ -399,11 +428,26 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         before the host has read that step's flags (settle): a skipped, diverged step is not saved."""
         self.settle()
         with self.watchdog.allowance("checkpoint", self.cfg.watchdog.checkpoint_s):
+            loop = LoopState(step=self.step, tokens_seen=self.tokens_seen, loss_value=self.loss_value,
+                             evals=self.evals, sampler=self.sampler, run_id=self.tracker.run_id, run_key=self.run_key)
+            state = loop.to_dict(self.scheduler, world_size=self.env.world_size, data_uri=self.cfg.data.uri,
+                                 manifest_sha256=self.ds.manifest_sha256)
             tok = self.tokenizer  # rank 0's; the checkpoint manager keeps rank 0's meta and files
             return self.checkpointer.save(
-                self.step, self.model, self.optimizer, loop_state(self), to_dict(self.cfg), block=block,
+                self.step, self.model, self.optimizer, state, to_dict(self.cfg), block=block,
                 meta={"tokenizer": tok.describe()} if tok is not None else None,
                 files={TOKENIZER: tok.json.encode()} if tok is not None and tok.json is not None else None)
+
+    def saved_here(self) -> bool:
+        """A checkpoint of this very step exists: saved by this launch, or the one this launch resumed from."""
+        saved = self.checkpointer.saved
+        return bool(saved and saved[-1].step == self.step) or (self.step == self.start_step and self.step > 0)
+
+    def quiesce(self) -> None:
+        """Wait for the checkpoint saves in flight and disarm the watchdog: nothing runs while the run is held at
+        its token budget (trainer/budget.py)."""
+        self.checkpointer.wait()
+        self.watchdog.disarm()
 
     def _log_step(self, timings: dict[str, Any], eval_s: float, ckpt_s: float) -> None:
         """The step record of self.step, written now if its flags were read, else once they are (its loss)."""
@@ -440,5 +484,28 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
 
     # ---------------------------------------------------------------------------------------------- the end
     def finish(self, status: str) -> dict[str, Any]:
-        """Wait for the last save, then the summary and (rank 0) the outputs; returns the summary."""
-        return run.finish(self, status)
+        """Wait for the last save, then the summary and (rank 0) the outputs; returns the summary. Collective."""
+        tc, env, ckpt = self.cfg.train, self.env, self.checkpointer
+        with self.watchdog.allowance("finish", self.cfg.watchdog.checkpoint_s, "watchdog.checkpoint_s, end of run"):
+            ckpt.wait()
+            if status != "preempted" and ckpt.failed and ckpt.failed[-1].step == self.step and (
+                    not ckpt.saved or ckpt.saved[-1].step < self.step):
+                raise TrainingFailed(f"the final checkpoint (step {self.step}) was not saved: {ckpt.failed[-1].error}")
+            tokens_per_s = ((self.step - self.start_step) * tc.global_batch_tokens / self.elapsed
+                            if self.step > self.start_step else 0.0)  # this launch's throughput
+            full = self.runner.full_state_dict()  # collective (shards and stages gathered): rank 0 gets it all
+            summary = run_summary(
+                status=status, step=self.step, tokens=self.tokens_seen, loss=self.loss_value, evals=self.evals,
+                params_sha256=state_sha256(full) if env.rank == 0 else None, restarts=env.restart_count,
+                tokens_per_s=tokens_per_s, mfu=self.metrics.mfu(tokens_per_s), device=env.device,
+                signal=self.stop_signal if status == "preempted" else None)
+            if self.energy is not None:  # started by train()
+                summary.update(self.energy.finish(env, self.tracker, self.step))  # collective: all GPUs' energy
+            if self.budget is not None:  # a sweep trial: the controller reads how it ended
+                self.budget.status(status, params_sha256=summary["params_sha256"])
+            if env.rank == 0:
+                write_outputs(RunOutputs(
+                    cfg=self.cfg, run_dir=self.run_dir, tokenizer=self.tokenizer, tracker=self.tracker,
+                    checkpointer=ckpt, evals=self.evals, first=self.first, manifest_sha256=self.ds.manifest_sha256,
+                    device=env.device), full, summary)
+        return summary

@@ -172,7 +172,7 @@ def _session(args):
 
 
 def _client(args):
-    from gpu_train.client import Client
+    from gpu_train.client.api import Client
 
     team = getattr(args, "team", None)
     return Client(kubeconfig=args.kubeconfig, context=args.context, team=team if isinstance(team, str) else None,
@@ -256,7 +256,7 @@ def _run(args: argparse.Namespace) -> int:
         return write_kubeconfig(contract, args.team, output=args.output, aws_profile=args.aws_profile,
                                 role_arn=args.role_arn)
     if cmd == "run":
-        from gpu_train.client import run_local
+        from gpu_train.client.local import run_local
 
         return run_local(args.spec, nproc=args.nproc, data=args.data, runs=args.runs, workdir=args.workdir)
     if cmd == "serve":

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 
 import yaml
 
-from gpu_train.client import Job, JobStatus, JobSummary
+from gpu_train.client.api import Job
+from gpu_train.client.status import JobStatus, JobSummary
 
 
 def submitted(job: Job, out=None) -> int:

@@ -1,7 +1,8 @@
 """Stack settings: the typed model of `stacks/Pulumi.<stack>.yaml`, read once into frozen pydantic models.
 
 Usage:
-    settings = parse(raw, stack="aws-dev")   # raw: {"gpu-train:<key>": value}; raises SettingsError
+    settings = read(raw)                      # raw: {"gpu-train:<key>": value}; raises SettingsError
+    # or gpu_train.spec.settings_checks.parse(raw, stack="aws-dev"): read, then the checks across settings
     settings.gpu_pools[0].max_nodes           # snake_case here, camelCase in the YAML
     StackSettings.model_json_schema(by_alias=True)   # JSON Schema of the `gpu-train:` block (docs/configuration.md)
 
@@ -10,9 +11,10 @@ key is an error naming it (with "did you mean"), and a value of the wrong type o
 full key, for example `gpu-train:gpuPools[0].maxNodes must be >= minNodes (got 2 < 4)`. Values are read
 strictly: a boolean is true or false, a whole number is not a string, a list is a list.
 
-Two rounds: first every value's type and range (all problems in the file at once), then, on a file whose values
-all have their type, the checks across settings (`gpu_train.spec.settings_checks`: disjoint networks, pools
-against the GPU catalog, quotas, the job against its pool and team). Checks that only make sense on one cloud
+Two rounds: first every value's type and range (all problems in the file at once; `read`, here), then, on a file
+whose values all have their type, the checks across settings (`gpu_train.spec.settings_checks`, whose `parse`
+runs both: disjoint networks, pools against the GPU catalog, quotas, the job against its pool and team). The
+checks import these models, never the other way round. Checks that only make sense on one cloud
 (regions, zone names, IAM principals, GKE groups, address plans) belong to that cloud's layer
 (infra/aws/settings_checks.py, infra/gcp/settings_checks.py) and run before it creates anything.
 """
@@ -345,14 +347,3 @@ def read(raw: Mapping[str, Any]) -> StackSettings:
         return StackSettings.model_validate_json(json.dumps(values))
     except ValidationError as exc:
         raise SettingsError(validation_problems(exc, prefix=prefix, root=StackSettings, raw=values)) from None
-
-
-def parse(raw: Mapping[str, Any], stack: str) -> StackSettings:
-    """Read and check one stack's settings: types and ranges, then every cloud-neutral check across settings."""
-    from gpu_train.spec.settings_checks import problems
-
-    settings = read(raw).model_copy(update={"stack": stack})
-    found = problems(settings)
-    if found:
-        raise SettingsError(found)
-    return settings

@@ -1,7 +1,11 @@
 """The checks across stack settings that hold on either cloud: `problems(settings)` -> one line per problem.
 
-Usage: `gpu_train.spec.settings.parse` runs `problems` on settings whose values all have their types; the cloud
-layers add their own (infra/aws/settings_checks.py, infra/gcp/settings_checks.py) before they create anything.
+Usage:
+    settings = parse(raw, stack="aws-dev")   # raw: {"gpu-train:<key>": value}: gpu_train.spec.settings.read, then
+                                             # `problems`; raises SettingsError naming every problem
+    problems(settings)                       # one line per problem, on settings whose values all have their types
+The cloud layers add their own (infra/aws/settings_checks.py, infra/gcp/settings_checks.py) before they create
+anything.
 
 What is checked here: the stack name; the region against the policy pack's allowed regions and the networks
 against private address space (gpu_train/spec/placement.py, whose rules the policy pack uses too); zones; the
@@ -19,19 +23,18 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
 from gpu_train.spec import catalog
+from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.job import IMAGE_DIGEST, job_problems
 from gpu_train.spec.naming import DNS_LABEL, PROJECT
 from gpu_train.spec.placement import ALLOWED_REGIONS, PRIVATE_RANGES, label_problem, private_range, region_of
 from gpu_train.spec.serving import service_problems as one_service
 from gpu_train.spec.serving import stack_service_problems
-
-if TYPE_CHECKING:  # the models are only annotations here; gpu_train.spec.settings.parse runs these checks
-    from gpu_train.spec.settings import HealthSettings, StackSettings, TeamSettings
+from gpu_train.spec.settings import HealthSettings, StackSettings, TeamSettings, read
 
 K = f"{PROJECT}:"
 # XIDs the NVIDIA driver raises for faults of an application, not of the GPU: the device plugin ignores them for
@@ -88,6 +91,15 @@ def pool_facts(s: StackSettings) -> list[PoolFacts]:
 
 def team_facts(s: StackSettings) -> list[TeamFacts]:
     return [TeamFacts(t.name, s.team_quota(t)) for t in s.teams]
+
+
+def parse(raw: Mapping[str, Any], stack: str) -> StackSettings:
+    """Read and check one stack's settings: types and ranges, then every cloud-neutral check across settings."""
+    settings = read(raw).model_copy(update={"stack": stack})
+    found = problems(settings)
+    if found:
+        raise SettingsError(found)
+    return settings
 
 
 def problems(s: StackSettings) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_train.spec.errors import SettingsError
-from gpu_train.spec.settings import parse
+from gpu_train.spec.settings_checks import parse
 from infra.carbon import plan_notes
 from tests.conftest import ROOT
 

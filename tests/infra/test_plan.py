@@ -151,7 +151,7 @@ def _kueue_configuration(plan: dict) -> dict:
 
 
 def _stack_settings(name: str):
-    from gpu_train.spec.settings import parse
+    from gpu_train.spec.settings_checks import parse
     from tests.conftest import VARIANTS
     from tools.variants import SERVING, SERVING_BLOCK
 

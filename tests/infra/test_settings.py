@@ -565,5 +565,5 @@ def test_a_setting_in_no_ones_namespace_is_refused_naming_it(key, message):
     """A job under a misspelt namespace would plan with no job at all and exit 0: it is refused instead."""
     raw = copy.deepcopy(raw_stack("aws-dev")) | {key: {"name": "x"}}
     with pytest.raises(SettingsError) as err:
-        config.parse(raw, "aws-dev")
+        settings_checks.parse(raw, "aws-dev")
     assert err.value.problems == [message]

@@ -1,5 +1,6 @@
 """The library's public surface (trainer/__init__.py): every name imports, `import trainer` stays cheap, the bundled
-trainer reaches the library pieces only through these names, and the pieces take plain arguments (the job's
+trainer reaches the library pieces only by these names (imported from the modules that define them, so that the
+import graph tests/test_layers.py reads sees every edge), and the pieces take plain arguments (the job's
 environment, the process group's) rather than the trainer's config.
 
 Run: .venv/bin/pytest tests/trainer/test_public.py -q
@@ -8,6 +9,7 @@ Run: .venv/bin/pytest tests/trainer/test_public.py -q
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import signal
 import subprocess
@@ -21,7 +23,7 @@ from gpu_train.spec import env as contract
 from gpu_train.spec.trainer_config import WatchdogConfig
 from tests.trainer.launch import ROOT, child_env
 
-# The library's pieces: the bundled trainer's own modules import them through `trainer` only.
+# The library's pieces: the bundled trainer's own modules import only their public names.
 LIBRARY = ("trainer.checkpoint", "trainer.data", "trainer.tracking", "trainer.watchdog", "trainer.preemption",
            "trainer.distributed", "trainer.jobenv")
 BUNDLED = ("train.py", "resume.py", "run.py")
@@ -52,21 +54,24 @@ def _library_imports(path: Path) -> list[tuple[str, list[str]]]:
     return found
 
 
+def _pieces(module: str) -> list[tuple[str, str]]:
+    """(module, name) of every name a bundled module imports from the library's modules."""
+    return [(m, n) for m, ns in _library_imports(ROOT / "trainer" / module)
+            if any(m == lib or m.startswith(lib + ".") for lib in LIBRARY) for n in ns]
+
+
 @pytest.mark.parametrize("module", BUNDLED)
 def test_the_bundled_trainer_uses_the_public_names_only(module):
-    imports = _library_imports(ROOT / "trainer" / module)
-    private = [m for m, _ in imports if any(m == lib or m.startswith(lib + ".") for lib in LIBRARY)]
-    assert private == [], f"trainer/{module} reaches into {private}: import the public names from `trainer`"
-    names = {n for m, ns in imports if m == "trainer" for n in ns}
-    pieces = names & set(trainer.__all__)
+    pieces = _pieces(module)
     assert pieces, f"trainer/{module} uses no library piece"
-    # Anything else it imports from the package is a module of the bundled trainer, not a piece of the library.
-    assert all((ROOT / "trainer" / f"{n}.py").is_file() for n in names - pieces), names - pieces
+    private = [f"{m}.{n}" for m, n in pieces if n not in trainer.__all__
+               or getattr(importlib.import_module(m), n) is not getattr(trainer, n)]
+    # Never through the package face, which is for the library's users: tests/test_layers.py checks that.
+    assert private == [], f"trainer/{module} reaches past the public names (trainer.__all__): {private}"
 
 
 def test_train_uses_every_piece_of_the_library():
-    used = {n for module in BUNDLED for m, ns in _library_imports(ROOT / "trainer" / module) if m == "trainer"
-            for n in ns}
+    used = {n for module in BUNDLED for _, n in _pieces(module)}
     assert {"CheckpointManager", "GlobalSampler", "read_step", "Tracker", "Watchdog", "Preemption",
             "init_distributed"} <= used
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_train.spec import settings as config
+from gpu_train.spec import settings_checks
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.serving import ModelRef, reaction_bound_s, read_service, service_problems
 
@@ -107,7 +107,7 @@ def raw_stack(name: str) -> dict:
 
 def test_serving_is_off_by_default_in_every_stack_file():
     for stack in ("aws-dev", "aws-prod", "gcp-dev", "gcp-prod"):
-        assert config.parse(raw_stack(stack), stack).serving.enabled is False
+        assert settings_checks.parse(raw_stack(stack), stack).serving.enabled is False
 
 
 def _with_serving(serving: dict, quota: dict | None = None) -> dict:
@@ -121,7 +121,7 @@ def _with_serving(serving: dict, quota: dict | None = None) -> dict:
 def test_a_stack_service_pins_its_version_artifacts_and_run():
     raw = _with_serving({"enabled": True, "services": [{**SPEC, "model": "tiny-gpt@champion"}]})
     with pytest.raises(SettingsError) as err:
-        config.parse(raw, "aws-dev")
+        settings_checks.parse(raw, "aws-dev")
     assert err.value.problems == [
         "gpu-train:serving.services[0].model 'tiny-gpt@champion' must name a version (NAME:VERSION): a stack pins "
         "what it serves",
@@ -130,14 +130,14 @@ def test_a_stack_service_pins_its_version_artifacts_and_run():
         "gpu-train:serving.services[0].runId must be the MLflow run id (32 hex characters) that trained the version",
     ]
     pinned = {**SPEC, "model": "tiny-gpt:3", "source": f"mlflow-artifacts:/1/{RUN}/artifacts/model", "runId": RUN}
-    cfg = config.parse(_with_serving({"enabled": True, "services": [pinned]}), "aws-dev")
+    cfg = settings_checks.parse(_with_serving({"enabled": True, "services": [pinned]}), "aws-dev")
     assert cfg.serving.services[0].model == ModelRef("tiny-gpt", version=3)
 
 
 def test_a_serving_gpu_pool_carries_no_team_quota():
     raw = _with_serving({"enabled": True, "gpuPools": ["l4-spot", "a100"]})
     with pytest.raises(SettingsError) as err:
-        config.parse(raw, "aws-dev")
+        settings_checks.parse(raw, "aws-dev")
     # research has 4 GPUs of quota on l4-spot (stacks/Pulumi.aws-dev.yaml); platform has none there.
     assert err.value.problems == [
         "gpu-train:teams[0].gpuQuota gives team 'research' 4 GPUs on pool 'l4-spot', which serving.gpuPools[0] lends "
@@ -147,10 +147,10 @@ def test_a_serving_gpu_pool_carries_no_team_quota():
     # With research's quota moved off l4-spot (the stack's job moved along), the pool may serve.
     raw = _with_serving({"enabled": True, "gpuPools": ["l4-spot"]}, quota={"l40s-spot": 1})
     raw["gpu-train:job"]["pool"] = "l40s-spot"
-    assert config.parse(raw, "aws-dev").serving.gpu_pools == ("l4-spot",)
+    assert settings_checks.parse(raw, "aws-dev").serving.gpu_pools == ("l4-spot",)
 
 
 def test_services_without_serving_enabled_are_refused():
     with pytest.raises(SettingsError) as err:
-        config.parse(_with_serving({"gpuPools": ["l40s-spot"]}), "aws-dev")
+        settings_checks.parse(_with_serving({"gpuPools": ["l40s-spot"]}), "aws-dev")
     assert err.value.problems == ["gpu-train:serving.services and serving.gpuPools need serving.enabled: true"]

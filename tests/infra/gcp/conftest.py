@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train.spec.settings import StackSettings, parse
+from gpu_train.spec.settings import StackSettings
+from gpu_train.spec.settings_checks import parse
 from infra import clouds
 from tests.conftest import STACKS
 

@@ -18,7 +18,8 @@ import yaml
 from pulumi.runtime import mocks as runtime_mocks
 
 from gpu_train.spec import naming
-from gpu_train.spec.settings import StackSettings, parse
+from gpu_train.spec.settings import StackSettings
+from gpu_train.spec.settings_checks import parse
 from infra.mocks import MockContext, PlanMocks
 from infra.plan import _plain, kubernetes_objects, redact
 from infra.platform import (
