@@ -14,9 +14,11 @@ its cohort in `cohortName`.
 
 CPU work (data preparation's Ray pods, gpu_train/jobs/prepare.py) is admitted against the `cpu` flavor, whose node
 labels select the system nodes: Kueue adds them to an admitted pod set's node selector
-(https://kueue.sigs.k8s.io/docs/concepts/resource_flavor/), and a pod set that selects those nodes itself matches no
-GPU pool's flavor. It comes first in each ClusterQueue, so that a pod set asking for no GPU and naming no pool is
-given the CPU nodes before any GPU pool; it holds no GPU quota, so a pod set asking for GPUs never fits it.
+(https://kueue.sigs.k8s.io/docs/concepts/resource_flavor/). A GPU pool's flavor names its nodes' taints
+(`nodeTaints`), and Kueue gives a flavor only to a pod set that tolerates them: CPU work, which does not, is never
+admitted on a GPU pool. (A node selector alone would not keep it off: Kueue 0.19.2 matches a pod set against a
+flavor on that flavor's own label keys only, pkg/scheduler/flavorassigner/flavorassigner.go.) The `cpu` flavor
+comes first in each ClusterQueue; it holds no GPU quota, so a pod set asking for GPUs never fits it.
 """
 
 from __future__ import annotations
@@ -43,13 +45,21 @@ def team_pool_quotas(team: TeamSettings, pools: Sequence[GpuPool]) -> dict[str, 
     return pool_quotas(team.gpu_quota, [p.name for p in pools])
 
 
+def pool_taints(tolerations: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    """The taints a pool's nodes carry: its tolerations turned around (those with an effect)."""
+    return [{"key": t["key"], "value": t.get("value", ""), "effect": t["effect"]} for t in tolerations
+            if t.get("effect")]
+
+
 def resource_flavor(pool: GpuPool) -> dict[str, Any]:
-    """ResourceFlavor for a pool: its node labels (pool + capacity type) and taints' tolerations."""
+    """ResourceFlavor for a pool: its node labels (pool + capacity type) and its nodes' taints (the GPU taint).
+    Kueue assigns the flavor only to a pod set that tolerates those taints itself (a job's pods carry the pool's
+    tolerations, gpu_train.jobs.pods): a pod set that does not, CPU work, is never given a GPU pool."""
     labels = {**pool.node_selector, naming.POOL_LABEL: pool.name, naming.CAPACITY_LABEL: pool.capacity}
     return {
         "apiVersion": KUEUE_API, "kind": "ResourceFlavor",
         "metadata": {"name": pool.name, "labels": {naming.CAPACITY_LABEL: pool.capacity}},
-        "spec": {"nodeLabels": labels, "tolerations": [dict(t) for t in pool.tolerations]},
+        "spec": {"nodeLabels": labels, "nodeTaints": pool_taints(pool.tolerations)},
     }
 
 

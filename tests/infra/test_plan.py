@@ -165,14 +165,16 @@ def _stack_settings(name: str):
     return parse(raw, name)
 
 
-def _flavor_fits(flavor: dict, pod: dict, keys: set[str]) -> bool:
-    """Kueue's flavor assignment for a pod with a node selector: the pod's selector, on the label keys the queue's
-    flavors set (`keys`), matches the flavor's node labels (pkg/scheduler/flavorassigner at v0.19.2), and the pod
-    tolerates the flavor's node taints."""
+def _flavor_fits(flavor: dict, pod: dict) -> bool:
+    """Kueue's flavor assignment for a pod with a node selector: every node label the flavor sets that the pod
+    selects on has the selected value (the flavor's own label keys only: pkg/scheduler/flavorassigner at v0.19.2),
+    and the pod (with the flavor's tolerations) tolerates the flavor's node taints."""
+    selector = pod.get("nodeSelector") or {}
     labels = flavor["spec"].get("nodeLabels") or {}
-    if any(labels.get(k) != v for k, v in (pod.get("nodeSelector") or {}).items() if k in keys):
+    if any(k in selector and selector[k] != v for k, v in labels.items()):
         return False
-    tolerated = {(t.get("key"), t.get("effect")) for t in pod.get("tolerations") or []}
+    tolerated = {(t.get("key"), t.get("effect")) for t in [*(pod.get("tolerations") or []),
+                                                           *(flavor["spec"].get("tolerations") or [])]}
     return all((t["key"], t["effect"]) in tolerated for t in flavor["spec"].get("nodeTaints") or [])
 
 
@@ -191,8 +193,7 @@ def _admission_problems(plan: dict, jobset: dict) -> tuple[str, str, list[str]]:
     offered = [f["name"] for g in cq["spec"]["resourceGroups"] for f in g["flavors"]]
     flavors = {f["metadata"]["name"]: f for f in _objects(plan, "ResourceFlavor")}
     # Kueue takes the first of the queue's flavors the pod set fits.
-    keys = {k for name in offered for k in flavors[name]["spec"].get("nodeLabels") or {}}
-    (flavor, *_) = [name for name in offered if _flavor_fits(flavors[name], pod, keys)]
+    (flavor, *_) = [name for name in offered if _flavor_fits(flavors[name], pod)]
     problems = fit.queue_problems(jobset, cluster_queue=cq, cluster_queues=queues, flavor=flavor,
                                   namespace_labels=namespace["metadata"]["labels"], limit_range=limits,
                                   excluded_prefixes=_kueue_configuration(plan)["resources"]["excludeResourcePrefixes"])
@@ -263,10 +264,9 @@ def test_data_preparation_is_admitted_on_the_system_nodes_cpu_flavor_with_the_te
             assert group["flavors"][0]["resources"][0]["borrowingLimit"] == borrow
             request = PrepareRequest(name="web", team=team.name, inputs=("s3://b/raw/",), out="s3://b/x/web")
             rayjob = ray_job(request, contract)["spec"]["rayClusterSpec"]
-            keys = {k for f in flavors.values() for k in f["spec"].get("nodeLabels") or {}}
             for template in (rayjob["headGroupSpec"]["template"], rayjob["workerGroupSpecs"][0]["template"]):
                 pod = template["spec"]
-                assert [n for n in offered if _flavor_fits(flavors[n], pod, keys)] == ["cpu"], stack
+                assert [n for n in offered if _flavor_fits(flavors[n], pod)] == ["cpu"], stack
                 assert pod["nodeSelector"].items() <= system.items()
                 assert not any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations") or [])
 

@@ -88,11 +88,11 @@ def test_the_ray_pods_select_the_cpu_flavors_nodes_and_match_no_gpu_pools_flavor
     for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
         pod = template["spec"]
         assert pod["nodeSelector"] == infra.aws.SYSTEM_LABELS
-        assert "tolerations" not in pod  # no GPU taint tolerated: the scheduler keeps them off GPU nodes too
-        # Kueue matches a pod set's node selector against each flavor's node labels: no pool's flavor agrees.
+        # No toleration at all: Kueue gives a pool's flavor only to pod sets that tolerate its nodes' taints, and
+        # the scheduler keeps them off those nodes too.
+        assert "tolerations" not in pod
         for pool in (f for f in doc.kueue.resource_flavors if f["metadata"]["name"] != naming.CPU_FLAVOR):
-            labels = pool["spec"]["nodeLabels"]
-            assert any(labels.get(k) != v for k, v in pod["nodeSelector"].items()), pool["metadata"]["name"]
+            assert naming.GPU_TAINT["key"] in {t["key"] for t in pool["spec"]["nodeTaints"]}, pool["metadata"]["name"]
 
 
 def test_a_contract_without_the_cpu_flavor_is_refused_naming_it():

@@ -124,7 +124,9 @@ def test_cpu_and_memory_per_gpu_cover_every_catalog_machine():
 def test_resource_flavor_selects_the_pool_and_its_capacity_type():
     flavor = queues.resource_flavor(pool("h100-spot", capacity="spot"))
     assert flavor["spec"]["nodeLabels"] == {naming.POOL_LABEL: "h100-spot", naming.CAPACITY_LABEL: "spot"}
-    assert flavor["spec"]["tolerations"] == naming.gpu_tolerations()
+    # The GPU taint as the nodes carry it: Kueue gives the flavor only to pod sets that tolerate it themselves.
+    assert flavor["spec"]["nodeTaints"] == [{k: naming.GPU_TAINT[k] for k in ("key", "value", "effect")}]
+    assert "tolerations" not in flavor["spec"]
 
 
 def test_team_entries_are_each_teams_namespace_queues_quota_and_workdir():
