@@ -63,11 +63,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--image", default="", help="the job's image (replaces the spec's `image`), pinned by digest, from the platform registry or an allowed one")
     _common(s, team=False)
 
-    ls = sub.add_parser("list", help="your team's jobs and their states",
-                        description="List the team's jobs: Queued, Running, Paused, Evicted, Completed or Failed.")
+    ls = sub.add_parser("list", help="your team's jobs and data preparations and their states",
+                        description="List the team's jobs (KIND job: JobSets) and data preparations (KIND prepare: "
+                                    "RayJobs of `prepare --cluster`): Queued, Running, Paused, Evicted, Completed or "
+                                    "Failed.")
     _common(ls)
 
-    for name, text in (("status", "a job's queue position, nodes, step, loss, tokens/s and ETA"),
+    for name, text in (("status", "a job's queue position, nodes, step, loss, tokens/s and ETA; a data "
+                                  "preparation's queue state and KubeRay's status"),
                        ("pause", "pause a job: Kueue evicts it, it checkpoints, its quota is released"),
                        ("resume", "resume a paused job from its newest checkpoint"),
                        ("cancel", "delete a job (its checkpoints stay in the bucket)")):
