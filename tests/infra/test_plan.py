@@ -192,8 +192,12 @@ def _admission_problems(plan: dict, jobset: dict) -> tuple[str, str, list[str]]:
     pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     offered = [f["name"] for g in cq["spec"]["resourceGroups"] for f in g["flavors"]]
     flavors = {f["metadata"]["name"]: f for f in _objects(plan, "ResourceFlavor")}
-    # Kueue takes the first of the queue's flavors the pod set fits.
-    (flavor, *_) = [name for name in offered if _flavor_fits(flavors[name], pod)]
+    # Kueue takes the first of the queue's flavors the pod set fits, passing over one that could never hold a resource
+    # it asks for (the `cpu` flavor has no GPU quota).
+    covered = {r for g in cq["spec"]["resourceGroups"] for r in g["coveredResources"]}
+    asked = [r for r, n in fit.pod_requests(pod).items() if n > 0 and r in covered]
+    (flavor, *_) = [name for name in offered if _flavor_fits(flavors[name], pod) and
+                    all(fit.potential_capacity(cq, queues, name, r) > 0 for r in asked)]
     problems = fit.queue_problems(jobset, cluster_queue=cq, cluster_queues=queues, flavor=flavor,
                                   namespace_labels=namespace["metadata"]["labels"], limit_range=limits,
                                   excluded_prefixes=_kueue_configuration(plan)["resources"]["excludeResourcePrefixes"])
