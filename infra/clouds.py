@@ -46,7 +46,7 @@ def problems(settings: StackSettings) -> list[str]:
     pool_index = next((i for i, p in enumerate(settings.gpu_pools) if p.name == job.pool), None)
     team_index = next((i for i, t in enumerate(settings.teams) if t.name == job.team), None)
     return check_job(job, pools=pools, teams=queues.team_entries(settings.teams, pools, nvme),
-                     kueue=queues.kueue_objects(settings.teams, pools), nvme_host_path=nvme,
+                     kueue=queues.kueue_objects(settings.teams, pools, cloud.SYSTEM_LABELS), nvme_host_path=nvme,
                      scheme=BUCKET_SCHEME[settings.cloud], queue=naming.job_queue_name(job.name),
                      pool_key=f"{naming.PROJECT}:gpuPools[{pool_index}].instanceType" if pool_index is not None else "",
                      quota_key=f"{naming.PROJECT}:teams[{team_index}].gpuQuota" if team_index is not None else "")

@@ -32,6 +32,10 @@ def _common(p: argparse.ArgumentParser, team: bool = True) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    import dataclasses
+
+    from gpu_train.jobs.prepare import PrepareRequest
+
     ap = argparse.ArgumentParser(
         prog=PROG, description="Run your team's training jobs on the gpu-train platform: submit a job spec, follow "
                                "it, read its logs (also after its pods are gone), pause, resume or cancel it, or run "
@@ -59,11 +63,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--image", default="", help="the job's image (replaces the spec's `image`), pinned by digest, from the platform registry or an allowed one")
     _common(s, team=False)
 
-    ls = sub.add_parser("list", help="your team's jobs and their states",
-                        description="List the team's jobs: Queued, Running, Paused, Evicted, Completed or Failed.")
+    ls = sub.add_parser("list", help="your team's jobs and data preparations and their states",
+                        description="List the team's jobs (KIND job: JobSets) and data preparations (KIND prepare: "
+                                    "RayJobs of `prepare --cluster`): Queued, Running, Paused, Evicted, Completed or "
+                                    "Failed.")
     _common(ls)
 
-    for name, text in (("status", "a job's queue position, nodes, step, loss, tokens/s and ETA"),
+    for name, text in (("status", "a job's queue position, nodes, step, loss, tokens/s and ETA; a data "
+                                  "preparation's queue state and KubeRay's status"),
                        ("pause", "pause a job: Kueue evicts it, it checkpoints, its quota is released"),
                        ("resume", "resume a paused job from its newest checkpoint"),
                        ("cancel", "delete a job (its checkpoints stay in the bucket)")):
@@ -107,7 +114,8 @@ def parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("prepare", help="prepare a dataset on your team's cluster: a Ray job in your team's queue",
                         description="Run `python -m trainer.data prepare` on a Ray cluster in your team's namespace "
-                                    "(a KubeRay RayJob that Kueue admits against the team's CPU quota): the same "
+                                    "(a KubeRay RayJob that Kueue admits against the team's quota on the CPU nodes, "
+                                    "teams[].prepareQuota; it never runs on a GPU pool): the same "
                                     "tasks and bytes as on this machine (docs/data.md). Inputs are objects in the "
                                     "datasets bucket; --out is under the bucket's prefix for your team.")
     pr.add_argument("inputs", nargs="*", help="s3:// or gs:// prefixes or objects in the datasets bucket")
@@ -126,11 +134,13 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--include", action="append", default=[], metavar="PATTERN", help="only matching keys")
     pr.add_argument("--exclude", action="append", default=[], metavar="PATTERN", help="skip matching keys")
     pr.add_argument("--force", action="store_true", help="redo it even if --out holds the same dataset")
-    pr.add_argument("--workers", type=int, default=2, help="Ray worker pods (default 2)")
-    pr.add_argument("--worker-cpu", type=int, default=8, help="CPUs per worker, one task each (default 8)")
-    pr.add_argument("--worker-memory", default="32Gi", help="memory per worker (default 32Gi)")
-    pr.add_argument("--head-cpu", type=int, default=2, help="CPUs of the head, which runs the driver (default 2)")
-    pr.add_argument("--head-memory", default="8Gi", help="memory of the head (default 8Gi)")
+    sizes = {f.name: f.default for f in dataclasses.fields(PrepareRequest)}
+    for flag, kind, text in (("workers", int, "Ray worker pods"), ("worker_cpu", int, "CPUs per worker, one task each"),
+                             ("worker_memory", str, "memory per worker"),
+                             ("head_cpu", int, "CPUs of the head, which runs the driver"),
+                             ("head_memory", str, "memory of the head")):
+        pr.add_argument("--" + flag.replace("_", "-"), type=kind, default=sizes[flag],
+                        help=f"{text} (default {sizes[flag]})")
     pr.add_argument("--tokenizer-file", default="", help=argparse.SUPPRESS)
     pr.add_argument("--dry-run", action="store_true", help="print the RayJob instead of submitting it")
     _common(pr)

@@ -43,8 +43,8 @@ def job_list(rows: list[JobSummary], team: str, out=None) -> int:
 
         out.write(f"no jobs in {team_namespace(team)}\n")
         return 0
-    table = [("NAME", "STATE", "NODES", "POOL", "AGE", "COMMIT", "PATH", "HASH")]
-    table += [(r.name, r.state, r.nodes, r.pool, r.age, r.commit, r.path, r.hash) for r in rows]
+    table = [("NAME", "KIND", "STATE", "NODES", "POOL", "AGE", "COMMIT", "PATH", "HASH")]
+    table += [(r.name, r.kind, r.state, r.nodes, r.pool, r.age, r.commit, r.path, r.hash) for r in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for r in table:
         out.write("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() + "\n")
@@ -53,7 +53,8 @@ def job_list(rows: list[JobSummary], team: str, out=None) -> int:
 
 def job_status(st: JobStatus, out=None) -> int:
     out = out or sys.stdout
-    out.write(f"job {st.name} in {st.namespace}: {st.state}\n")
+    what = "data preparation" if st.kind == "prepare" else "job"
+    out.write(f"{what} {st.name} in {st.namespace}: {st.state}\n")
     for note in st.notes:
         out.write(f"  {note}\n")
     for p in st.pods:

@@ -101,10 +101,27 @@ class Client:
         return Job(self, jobs.job_name_ok(name), team or self.team)
 
     def list(self, team: str | None = None) -> list[status.JobSummary]:
-        return status.list_jobs(self.session, team or self.team)
+        """The team's jobs (kind job) and data preparations (kind prepare), by name."""
+        from gpu_train.client import prepare
+
+        team = team or self.team
+        rows = [*status.list_jobs(self.session, team), *prepare.list_rayjobs(self.session, team)]
+        return sorted(rows, key=lambda r: (r.name, r.kind))
 
     def status(self, name: str, team: str | None = None) -> status.JobStatus:
-        return status.status(self.session, team or self.team, jobs.job_name_ok(name))
+        """A job's status; for a name that is no job of the team, its data preparation of that name."""
+        team, name = team or self.team, jobs.job_name_ok(name)
+        try:
+            return status.status(self.session, team, name)
+        except ClientError as exc:
+            if not status.no_job(exc, name):
+                raise
+            from gpu_train.client import prepare
+
+            found = prepare.rayjob_status(self.session, team, name)
+            if found is None:
+                raise
+            return found
 
     def logs(self, name: str, *, team: str | None = None, rank: int = 0, follow: bool = False, container: str = "",
              since: str | None = None, tail: int | None = None) -> Iterator[str]:

@@ -1,8 +1,9 @@
 """Where a team's jobs stand: each JobSet's state from its own conditions and Kueue's Workload, its queue position,
-its pods, and rank 0's progress.
+its pods, and rank 0's progress. The team's data preparations (RayJobs) are read by gpu_train/client/prepare.py with
+the same Kueue helpers and shown in the same rows; gpu_train.client.Client puts both together.
 
 Usage (gpu_train.client.Client wraps these; each takes a Session, gpu_train/client/cluster.py):
-    rows = list_jobs(session, "research")          # [JobSummary(name, state, nodes, pool, age, commit, path, hash)]
+    rows = list_jobs(session, "research")          # [JobSummary(name, state, nodes, pool, age, ..., kind="job")]
     st = status(session, "research", "gpt2-smoke") # JobStatus: state, queue position, pods, progress
 
 States: Completed, Failed (the JobSet's conditions), Pending (Kueue has not made its Workload yet), Paused
@@ -58,19 +59,24 @@ def succeeded(jobset: Mapping[str, Any]) -> bool | None:
     return False if _true(jobset, "Failed") else None
 
 
-def workload_of(jobset: Mapping[str, Any], workloads: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The Workload Kueue made for this JobSet: owned by it (kind, name and UID)."""
-    meta = jobset.get("metadata") or {}
+def workload_of(job: Mapping[str, Any], workloads: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The Workload Kueue made for this job (a JobSet, or another kind it carries): owned by it (kind, name and
+    UID)."""
+    meta, kind = job.get("metadata") or {}, job.get("kind") or "JobSet"
     for wl in workloads:
         for ref in (wl.get("metadata") or {}).get("ownerReferences") or []:
-            if ref.get("kind") == "JobSet" and ref.get("name") == meta.get("name") and ref.get("uid") == meta.get("uid"):
+            if ref.get("kind") == kind and ref.get("name") == meta.get("name") and ref.get("uid") == meta.get("uid"):
                 return wl
     return None
 
 
 def state(jobset: Mapping[str, Any], workload: Mapping[str, Any] | None) -> str:
     """Completed, Failed, Paused, Running, Evicted, Queued, Finished, or Pending (no Workload yet)."""
-    done = succeeded(jobset)
+    return queue_state(succeeded(jobset), workload)
+
+
+def queue_state(done: bool | None, workload: Mapping[str, Any] | None) -> str:
+    """A job's state from whether it ended (`done`: True completed, False failed, None neither) and its Workload."""
     if done is not None:
         return "Completed" if done else "Failed"
     if workload is None:
@@ -92,6 +98,11 @@ def age(ts: str | None, now: dt.datetime | None = None) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{max(seconds, 0)}s"
+
+
+def no_job(exc: ClientError, name: str) -> bool:
+    """The error get_jobset raises for a name that is no JobSet of the team."""
+    return str(exc).startswith(f"no job {name!r}")
 
 
 def get_jobset(session: Session, ns: str, name: str, team: str) -> Mapping[str, Any]:
@@ -127,7 +138,7 @@ def job_workload(session: Session, team: str, name: str) -> tuple[str, Mapping[s
     try:
         jobset = get_jobset(session, ns, name, team)
     except ClientError as exc:
-        if str(exc).startswith(f"no job {name!r}"):
+        if no_job(exc, name):
             return None
         raise
     workload = find_workload(session, ns, team, jobset)
@@ -146,23 +157,24 @@ class JobSummary:
 
     name: str
     state: str
-    nodes: str  # the JobSet's pods (MAX nodes)
-    pool: str
+    nodes: str  # the JobSet's pods (MAX nodes); a RayJob's head and workers
+    pool: str  # a RayJob's: the flavor Kueue admitted it on ("-" before)
     age: str
     commit: str = "-"
     path: str = "-"
     hash: str = "-"
+    kind: str = "job"  # job (a JobSet) or prepare (a data preparation's RayJob)
 
 
 def list_jobs(session: Session, team: str) -> list[JobSummary]:
-    """The team's jobs, by name."""
+    """The team's jobs (JobSets)."""
     ns = team_namespace(team)
     group, version = jobset_api()
     jobsets = call(session, session.custom.list_namespaced_custom_object, group, version, ns, "jobsets",
                    doing="list jobsets", namespace=ns, team=team).get("items") or []
     found = workloads(session, ns, team)
     rows = []
-    for js in sorted(jobsets, key=lambda j: j["metadata"]["name"]):
+    for js in jobsets:
         spec = worker_job(js)
         pool = ((spec.get("template") or {}).get("spec", {}).get("nodeSelector") or {}).get(naming.POOL_LABEL, "-")
         notes = js["metadata"].get("annotations") or {}
@@ -246,7 +258,8 @@ class PodState:
 
 @dataclass(frozen=True)
 class JobStatus:
-    """A job as `gpu-train status` shows it; `notes` are its lines about Kueue, in order."""
+    """A job as `gpu-train status` shows it; `notes` are its lines about Kueue (and a RayJob's about KubeRay), in
+    order."""
 
     name: str
     namespace: str
@@ -256,13 +269,17 @@ class JobStatus:
     pods: list[PodState] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # rank 0's gauges, when it serves them
     progress: str = ""  # from the metrics, or why there is none yet ("" before any pod runs)
+    kind: str = "job"  # job (a JobSet) or prepare (a data preparation's RayJob)
 
     @property
     def finished(self) -> bool:
         return self.state in TERMINAL
 
 
-def _kueue_notes(session: Session, ns: str, queue: str, now_state: str, workload: Mapping[str, Any] | None) -> list[str]:
+def kueue_notes(session: Session, ns: str, queue: str, now_state: str, workload: Mapping[str, Any] | None,
+                where: str = "pool") -> list[str]:
+    """What Kueue says of a job: why it waits and where, or the cluster queue and flavors (`where`: what a flavor
+    is to this kind of job) that admitted it; and an eviction."""
     if workload is None:
         return ["Kueue has not taken the job in yet (no Workload owned by it)"]
     notes = []
@@ -274,7 +291,7 @@ def _kueue_notes(session: Session, ns: str, queue: str, now_state: str, workload
             notes.append(f"Kueue: {reserved['message']}")
     elif admission:
         flavors = sorted({f for a in admission.get("podSetAssignments") or [] for f in (a.get("flavors") or {}).values()})
-        notes.append(f"admitted by cluster queue {admission.get('clusterQueue')} on pool {', '.join(flavors)}")
+        notes.append(f"admitted by cluster queue {admission.get('clusterQueue')} on {where} {', '.join(flavors)}")
     evicted = _condition(workload, "Evicted")
     if evicted and evicted.get("status") == "True":
         notes.append(f"evicted: {evicted.get('reason')}: {evicted.get('message', '')}")
@@ -308,7 +325,7 @@ def status(session: Session, team: str, name: str) -> JobStatus:
     workload = find_workload(session, ns, team, js)
     now_state = state(js, workload)
     queue = (js["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name", "?")
-    notes = _kueue_notes(session, ns, queue, now_state, workload)
+    notes = kueue_notes(session, ns, queue, now_state, workload)
     found = call(session, session.core.list_namespaced_pod, ns, label_selector=f"{naming.JOBSET_NAME_LABEL}={name}",
                  doing="list pods", namespace=ns, team=team).items
     pods, rank0 = [], None

@@ -10,9 +10,15 @@ Usage:
 The RayJob runs `python -m trainer.data prepare ... --engine ray --address auto` on the Ray head, with the same
 tasks, tokenizer and output the local command makes (docs/data.md: the bytes never depend on the engine or the
 worker count). It is created suspended with the team's LocalQueue label: Kueue (integration ray.io/rayjob) makes a
-Workload of its head and worker groups, admits it against the team's CPU and memory quota and unsuspends it; the
+Workload of its head and worker groups, admits it against the team's quota in the `cpu` flavor (the team's
+`prepareQuota` setting) and unsuspends it; the
 KubeRay operator then makes the Ray cluster, submits the entrypoint to the head's dashboard (HTTPMode: no submitter
 pod) and deletes the cluster when the job ends (shutdownAfterJobFinishes, which Kueue requires).
+
+Data preparation is CPU work and never holds GPU nodes: the Ray pods select the nodes of the contract's `cpu`
+ResourceFlavor (the system nodes) and tolerate only what that flavor says, never a GPU pool's taints, so Kueue can
+assign them no GPU pool's flavor (gpu_train/spec/queues.py: those flavors name the taints), and the quota they are
+checked against is that flavor's alone.
 
 The Ray pods run as the namespace's `data-prep` account, whose cloud identity reads the datasets bucket and writes
 its `<team>/` prefix only: so the inputs must be objects in the datasets bucket and the output under the team's
@@ -62,11 +68,12 @@ class PrepareRequest:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     force: bool = False
+    # Sized to fit a team's default prepareQuota (8 CPUs, 32 GiB) on the system nodes.
     workers: int = 2  # Ray worker pods
-    worker_cpu: int = 8  # CPUs per worker pod: one task per CPU
-    worker_memory: str = "32Gi"
-    head_cpu: int = 2
-    head_memory: str = "8Gi"
+    worker_cpu: int = 2  # CPUs per worker pod: one task per CPU
+    worker_memory: str = "8Gi"
+    head_cpu: int = 1
+    head_memory: str = "4Gi"
     tokenizer_file: str = ""  # not supported on the cluster (a local folder); kept to refuse it by name
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
@@ -75,21 +82,30 @@ def _under(uri: str, prefix: str) -> bool:
     return uri.rstrip("/") == prefix.rstrip("/") or uri.startswith(prefix.rstrip("/") + "/")
 
 
-def team_quota_limits(contract: PlatformContract, team: str) -> dict[str, tuple[Fraction, str]]:
-    """Per resource (cpu, memory): the most the team's ClusterQueue can ever admit in one flavor (its nominal quota
-    plus what it may borrow there), and that flavor's name."""
+def cpu_flavor(contract: PlatformContract) -> dict[str, Any]:
+    """The contract's ResourceFlavor of the CPU nodes, where the Ray pods run."""
+    found = next((f for f in contract.kueue.resource_flavors if f["metadata"]["name"] == naming.CPU_FLAVOR), None)
+    if found is None or not (found.get("spec") or {}).get("nodeLabels"):
+        raise ContractError(f"{contract.source or 'the platform contract'}: kueue.resourceFlavors has no "
+                            f"{naming.CPU_FLAVOR!r} flavor with nodeLabels (a platform from before data preparation "
+                            "ran on the CPU nodes: `pulumi up` the stack)")
+    return found
+
+
+def team_quota_limits(contract: PlatformContract, team: str) -> dict[str, Fraction]:
+    """Per resource (cpu, memory): the most the team's ClusterQueue can ever admit in the `cpu` flavor (its nominal
+    quota plus what it may borrow there); 0 for a resource the flavor does not list."""
     cq_name = contract.team(team).cluster_queue
     cq = next((q for q in contract.kueue.cluster_queues if q["metadata"]["name"] == cq_name), None)
     if cq is None:
         raise ContractError(f"the platform contract has no ClusterQueue {cq_name!r} for team {team!r}")
-    best: dict[str, tuple[Fraction, str]] = {}
+    most = {"cpu": Fraction(0), "memory": Fraction(0)}
     for group in cq["spec"]["resourceGroups"]:
         for flavor in group["flavors"]:
-            for res in flavor["resources"]:
-                most = quantity(res["nominalQuota"]) + quantity(res.get("borrowingLimit", 0))
-                if res["name"] in ("cpu", "memory") and most > best.get(res["name"], (Fraction(-1), ""))[0]:
-                    best[res["name"]] = (most, flavor["name"])
-    return best
+            for res in flavor["resources"] if flavor["name"] == naming.CPU_FLAVOR else []:
+                if res["name"] in most:
+                    most[res["name"]] = quantity(res["nominalQuota"]) + quantity(res.get("borrowingLimit", 0))
+    return most
 
 
 def requested(request: PrepareRequest) -> dict[str, Fraction]:
@@ -131,15 +147,20 @@ def check_request(request: PrepareRequest, contract: PlatformContract) -> list[s
         problems.append(f"--worker-memory {request.worker_memory!r} / --head-memory {request.head_memory!r}: not "
                         "Kubernetes quantities (e.g. 32Gi)")
         return problems
+    try:
+        cpu_flavor(contract)
+    except ContractError as exc:
+        return [*problems, str(exc)]
     limits = team_quota_limits(contract, team.name)
     for res, unit in (("cpu", "CPUs"), ("memory", "bytes of memory")):
-        most, flavor = limits.get(res, (Fraction(0), "none"))
+        most = limits[res]
         if asked[res] > most:
             what = (f"--head-cpu {request.head_cpu} + --workers {request.workers} x --worker-cpu {request.worker_cpu}"
                     if res == "cpu" else f"--head-memory {request.head_memory} + --workers {request.workers} x "
                                          f"--worker-memory {request.worker_memory}")
             problems.append(f"{what} = {_show(asked[res], res)} {unit}: more than team {team.name}'s queue can ever "
-                            f"admit ({_show(most, res)} on {flavor}); ask for fewer or smaller workers")
+                            f"admit ({_show(most, res)} on flavor {naming.CPU_FLAVOR}, teams[].prepareQuota); ask for fewer "
+                            "or smaller workers")
     return problems
 
 
@@ -170,11 +191,17 @@ def entrypoint(request: PrepareRequest) -> list[str]:
 
 def _ray_pod(contract: PlatformContract, container: str, cpu: int, memory: str,
              env: Sequence[Mapping[str, str]]) -> dict[str, Any]:
-    """A Ray pod: the platform's image as the trainer's user, /tmp (Ray's session files) and /dev/shm (its object
-    store) as emptyDirs beside a read-only root; requests equal limits for memory, no CPU limit."""
+    """A Ray pod: on the CPU flavor's nodes, the platform's image as the trainer's user, /tmp (Ray's session files)
+    and /dev/shm (its object store) as emptyDirs beside a read-only root; requests equal limits for memory, no CPU
+    limit."""
+    flavor = cpu_flavor(contract)["spec"]
+    placement: dict[str, Any] = {"nodeSelector": dict(flavor["nodeLabels"])}
+    if flavor.get("tolerations"):
+        placement["tolerations"] = [dict(t) for t in flavor["tolerations"]]
     return {
         "metadata": {"labels": {"app.kubernetes.io/part-of": "gpu-train"}},
         "spec": {
+            **placement,
             "serviceAccountName": naming.DATA_PREP_SERVICE_ACCOUNT,
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,

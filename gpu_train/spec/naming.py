@@ -62,6 +62,9 @@ TRAINER_UID = 10001
 
 # Kueue: one cohort for every team's ClusterQueue; team namespaces carry the label Kueue manages jobs by.
 COHORT = "gpu-train"
+# Kueue's ResourceFlavor of the CPU (system) nodes, where data preparation's Ray pods run; each GPU pool's flavor is
+# named after the pool.
+CPU_FLAVOR = "cpu"
 KUEUE_MANAGED_LABEL = "gpu-train.io/kueue-managed"
 # The platform contract every team member's `gpu-train` reads: one ConfigMap per team namespace.
 PLATFORM_CONFIGMAP = "gpu-train-platform"

@@ -1,8 +1,9 @@
-"""Kueue's objects for the teams' queues: one ResourceFlavor per GPU pool, one ClusterQueue per team in one cohort,
-a LocalQueue per team namespace, the namespaces' LimitRange; and each team as a job sees it.
+"""Kueue's objects for the teams' queues: one ResourceFlavor per GPU pool and one for the CPU (system) nodes, one
+ClusterQueue per team in one cohort, a LocalQueue per team namespace, the namespaces' LimitRange; and each team as a
+job sees it.
 
 Usage:
-    flavors = [resource_flavor(p) for p in pools]        # pools: gpu_train.spec.contract.GpuPool
+    flavors = [cpu_flavor(system_nodes), *(resource_flavor(p) for p in pools)]   # pools: contract.GpuPool
     queues = cluster_queues(teams, pools)                 # teams: gpu_train.spec.settings.TeamSettings
     team_entries(teams, pools, nvme_host_path)            # contract Teams: namespace, queues, quota, workdir
 
@@ -10,11 +11,19 @@ The stack creates these objects (infra/k8s/tenancy.py) and publishes them in the
 checked against exactly them (gpu_train.jobs.check), whether the stack plans it or a team member submits it.
 Field names follow apis/kueue/v1beta2 at tag v0.19.2 of github.com/kubernetes-sigs/kueue: a ClusterQueue names
 its cohort in `cohortName`.
+
+CPU work (data preparation's Ray pods, gpu_train/jobs/prepare.py) is admitted against the `cpu` flavor, whose node
+labels select the system nodes: Kueue adds them to an admitted pod set's node selector
+(https://kueue.sigs.k8s.io/docs/concepts/resource_flavor/). A GPU pool's flavor names its nodes' taints
+(`nodeTaints`), and Kueue gives a flavor only to a pod set that tolerates them: CPU work, which does not, is never
+admitted on a GPU pool. (A node selector alone would not keep it off: Kueue 0.19.2 matches a pod set against a
+flavor on that flavor's own label keys only, pkg/scheduler/flavorassigner/flavorassigner.go.) The `cpu` flavor
+comes first in each ClusterQueue; it holds no GPU quota, so a pod set asking for GPUs never fits it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_train.spec import naming
@@ -36,38 +45,66 @@ def team_pool_quotas(team: TeamSettings, pools: Sequence[GpuPool]) -> dict[str, 
     return pool_quotas(team.gpu_quota, [p.name for p in pools])
 
 
+def pool_taints(tolerations: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    """The taints a pool's nodes carry: its tolerations turned around (those with an effect)."""
+    return [{"key": t["key"], "value": t.get("value", ""), "effect": t["effect"]} for t in tolerations
+            if t.get("effect")]
+
+
 def resource_flavor(pool: GpuPool) -> dict[str, Any]:
-    """ResourceFlavor for a pool: its node labels (pool + capacity type) and taints' tolerations."""
+    """ResourceFlavor for a pool: its node labels (pool + capacity type) and its nodes' taints (the GPU taint).
+    Kueue assigns the flavor only to a pod set that tolerates those taints itself (a job's pods carry the pool's
+    tolerations, gpu_train.jobs.pods): a pod set that does not, CPU work, is never given a GPU pool."""
     labels = {**pool.node_selector, naming.POOL_LABEL: pool.name, naming.CAPACITY_LABEL: pool.capacity}
     return {
         "apiVersion": KUEUE_API, "kind": "ResourceFlavor",
         "metadata": {"name": pool.name, "labels": {naming.CAPACITY_LABEL: pool.capacity}},
-        "spec": {"nodeLabels": labels, "tolerations": [dict(t) for t in pool.tolerations]},
+        "spec": {"nodeLabels": labels, "nodeTaints": pool_taints(pool.tolerations)},
     }
 
 
+def cpu_flavor(cpu_nodes: Mapping[str, str]) -> dict[str, Any]:
+    """ResourceFlavor of the CPU (system) nodes: their node selector (the platform's system_node_selector), no
+    taint to tolerate."""
+    if not cpu_nodes:
+        raise ValueError("the CPU flavor needs the system nodes' node selector (platform.system_node_selector)")
+    return {
+        "apiVersion": KUEUE_API, "kind": "ResourceFlavor",
+        "metadata": {"name": naming.CPU_FLAVOR},
+        "spec": {"nodeLabels": dict(cpu_nodes)},
+    }
+
+
+def _quota(name: str, nominal: int | str, borrow: int | str, lend: int | str) -> dict[str, Any]:
+    return {"name": name, "nominalQuota": nominal, "borrowingLimit": borrow, "lendingLimit": lend}
+
+
 def cluster_queues(teams: Sequence[TeamSettings], pools: Sequence[GpuPool]) -> list[dict[str, Any]]:
-    """One ClusterQueue per team in one cohort. Per pool flavor: the team's nominal GPUs on that pool;
-    it may lend all of them while idle and borrow what the other teams have there (reclaimed by
-    preemption). CPU and memory quota come with each GPU."""
+    """One ClusterQueue per team in one cohort. First the `cpu` flavor: the team's `prepareQuota` of CPU and memory
+    and no GPUs. Per pool flavor: the team's nominal GPUs on that pool. The team may lend all of a flavor's quota
+    while idle and borrow what the other teams have there (reclaimed by preemption). On a pool, CPU and memory
+    quota come with each GPU."""
     if not pools:
         raise ValueError("cluster queues need at least one GPU pool")
     shares = {t.name: team_pool_quotas(t, pools) for t in teams}
     queues = []
     for team in teams:
-        flavors = []
+        prep = team.prepare_quota
+        cpus = sum(o.prepare_quota.cpus for o in teams if o.name != team.name)
+        mem = sum(o.prepare_quota.memory_gi for o in teams if o.name != team.name)
+        flavors = [{"name": naming.CPU_FLAVOR, "resources": [
+            _quota("cpu", prep.cpus, cpus, prep.cpus),
+            _quota("memory", f"{prep.memory_gi}Gi", f"{mem}Gi", f"{prep.memory_gi}Gi"),
+            _quota(naming.GPU_RESOURCE, 0, 0, 0),
+        ]}]
         for pool in pools:
             gpus = shares[team.name][pool.name]
             others = sum(shares[o.name][pool.name] for o in teams if o.name != team.name)
-
-            def quota(name: str, nominal: int | str, borrow: int | str, lend: int | str) -> dict[str, Any]:
-                return {"name": name, "nominalQuota": nominal, "borrowingLimit": borrow, "lendingLimit": lend}
-
             flavors.append({"name": pool.name, "resources": [
-                quota("cpu", gpus * CPU_PER_GPU, others * CPU_PER_GPU, gpus * CPU_PER_GPU),
-                quota("memory", f"{gpus * MEMORY_GIB_PER_GPU}Gi", f"{others * MEMORY_GIB_PER_GPU}Gi",
-                      f"{gpus * MEMORY_GIB_PER_GPU}Gi"),
-                quota(naming.GPU_RESOURCE, gpus, others, gpus),
+                _quota("cpu", gpus * CPU_PER_GPU, others * CPU_PER_GPU, gpus * CPU_PER_GPU),
+                _quota("memory", f"{gpus * MEMORY_GIB_PER_GPU}Gi", f"{others * MEMORY_GIB_PER_GPU}Gi",
+                       f"{gpus * MEMORY_GIB_PER_GPU}Gi"),
+                _quota(naming.GPU_RESOURCE, gpus, others, gpus),
             ]})
         queues.append({
             "apiVersion": KUEUE_API, "kind": "ClusterQueue",
@@ -133,7 +170,9 @@ def team_entries(teams: Sequence[TeamSettings], pools: Sequence[GpuPool], nvme_h
     return out
 
 
-def kueue_objects(teams: Sequence[TeamSettings], pools: Sequence[GpuPool]) -> Kueue:
-    """The queue objects a job is admitted against, as the platform contract carries them."""
-    return Kueue(cluster_queues=cluster_queues(teams, pools), resource_flavors=[resource_flavor(p) for p in pools],
+def kueue_objects(teams: Sequence[TeamSettings], pools: Sequence[GpuPool], cpu_nodes: Mapping[str, str]) -> Kueue:
+    """The queue objects a job is admitted against, as the platform contract carries them; `cpu_nodes` is the
+    platform's system_node_selector."""
+    return Kueue(cluster_queues=cluster_queues(teams, pools),
+                 resource_flavors=[cpu_flavor(cpu_nodes), *(resource_flavor(p) for p in pools)],
                  limit_range=limit_range(), excluded_resource_prefixes=list(EXCLUDED_RESOURCE_PREFIXES))

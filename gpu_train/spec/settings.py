@@ -148,6 +148,14 @@ class TeamMemberSettings(Settings):
                                                                           "principal's access entry carries")
 
 
+class PrepareQuotaSettings(Settings):
+    cpus: Int = Field(8, ge=0, le=1024, description="CPUs the team's data preparation (`gpu-train prepare "
+                                                    "--cluster`) may hold on the system nodes at once: its "
+                                                    "nominal quota in Kueue's `cpu` flavor")
+    memory_gi: Int = Field(32, ge=0, le=8192, description="GiB of memory that comes with it (0 only with `cpus: "
+                                                          "0`)")
+
+
 class TeamSettings(Settings):
     name: str = Field(description="DNS label; namespace team-<name>")
     gpu_quota: Gpus | dict[str, Gpus] = Field(description="nominal GPUs in the team's ClusterQueue per pool, "
@@ -160,6 +168,10 @@ class TeamSettings(Settings):
     viewers: tuple[str, ...] = Field((), description="groups allowed to read jobs, their status and logs")
     members: tuple[TeamMemberSettings, ...] = Field((), description="AWS: IAM principals given EKS access entries "
                                                                     "that carry these groups (below)")
+    prepare_quota: PrepareQuotaSettings = Field(default_factory=PrepareQuotaSettings,
+                                                description="the team's quota for data preparation on the CPU "
+                                                            "(system) nodes, where its Ray pods run; borrowing "
+                                                            "what other teams leave idle ([data.md](data.md))")
 
 
 class LogsSettings(Settings):

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from gpu_train.spec import catalog
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.job import IMAGE_DIGEST, job_problems
-from gpu_train.spec.naming import DNS_LABEL, PROJECT
+from gpu_train.spec.naming import CPU_FLAVOR, DNS_LABEL, PROJECT
 from gpu_train.spec.placement import ALLOWED_REGIONS, PRIVATE_RANGES, label_problem, private_range, region_of
 from gpu_train.spec.serving import service_problems as one_service
 from gpu_train.spec.serving import stack_service_problems
@@ -237,6 +237,9 @@ def pool_problems(s: StackSettings) -> list[str]:
             p.append(f"{pk}.name {pool.name!r} must be a lowercase DNS label of at most 32 characters")
         if pool.name in seen:
             p.append(f"{pk}.name {pool.name!r} is used by another pool")
+        if pool.name == CPU_FLAVOR:
+            p.append(f"{pk}.name {pool.name!r} is the name of Kueue's flavor for the CPU (system) nodes; choose "
+                     "another")
         seen.add(pool.name)
         shape = catalog.shape(s.cloud, pool.instance_type)
         if shape is None:
@@ -345,6 +348,10 @@ def team_problems(s: StackSettings) -> list[str]:
             p.append(f"{tk}.name {team.name!r} is used by another team")
         names.add(team.name)
         p += quota_problems(s, team, tk)
+        prep = team.prepare_quota
+        if (prep.cpus == 0) != (prep.memory_gi == 0):
+            p.append(f"{tk}.prepareQuota.memoryGi must be 0 exactly when cpus is (got cpus {prep.cpus}, memoryGi "
+                     f"{prep.memory_gi}): one without the other admits no data preparation")
         for field_name in ("submitters", "viewers"):
             for j, group in enumerate(getattr(team, field_name)):
                 if not group.strip():

@@ -46,6 +46,7 @@ from infra.platform import Buckets, ClusterPlatform, EgressTarget, ManagedDataba
 # stateful partition is the writable, node-lifetime disk area; GKE's own ephemeral-SSD mode uses a
 # sibling directory, so this one never collides with it.
 NVME_HOST_PATH = "/mnt/stateful_partition/gpu-train/nvme-raid"
+SYSTEM_LABELS = {naming.SYSTEM_LABEL: "true"}  # on the system node pool's nodes; the controllers run there
 OBJECT_STORE_ENDPOINT = "https://storage.googleapis.com"
 INTERNAL_LB = {"networking.gke.io/load-balancer-type": "Internal"}
 # Where pods get Workload Identity tokens: the GKE metadata server, reached at the metadata address
@@ -136,7 +137,7 @@ def build_platform(cfg: StackSettings, tags: dict[str, str]) -> ClusterPlatform:
     return ClusterPlatform(
         cloud="gcp", region=region, cluster_name=cluster.cluster.name,
         kubernetes_version=cfg.cluster.kubernetes_version, provider=cluster.provider, kubeconfig=cluster.kubeconfig,
-        gpu_pools=node_addons.gpu_pools(cfg), system_node_selector={naming.SYSTEM_LABEL: "true"},
+        gpu_pools=node_addons.gpu_pools(cfg), system_node_selector=dict(SYSTEM_LABELS),
         nvme_host_path=NVME_HOST_PATH,
         buckets=Buckets(datasets=storage.uris["datasets"], checkpoints=storage.uris["checkpoints"],
                         artifacts=storage.uris["artifacts"]),

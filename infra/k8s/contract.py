@@ -56,7 +56,7 @@ def contract_document(p: ClusterPlatform, args: PlatformContractArgs, *, cluster
         image=image, registries=[registry_prefix(repository), *args.allowed_registries],
         repositories=list(args.repositories),
         nvme_host_path=p.nvme_host_path, pools=pools, teams=kueue.team_entries(args.teams, pools, p.nvme_host_path),
-        kueue=kueue.kueue_objects(args.teams, pools),
+        kueue=kueue.kueue_objects(args.teams, pools, p.system_node_selector),
         buckets=buckets,
         endpoints=Endpoints(object_store=p.object_store_endpoint, cache=args.cache_endpoint, tracking=tracking_uri),
         identities={key: Identity(namespaces=list(i.namespaces), service_account=i.name)

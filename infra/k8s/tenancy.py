@@ -1,5 +1,6 @@
-"""Scheduling and tenancy: Kueue and JobSet, one ResourceFlavor per GPU pool, one ClusterQueue per
-team (nominal GPU quota per pool from the settings, borrowing inside one cohort), the WorkloadPriorityClasses
+"""Scheduling and tenancy: Kueue and JobSet, one ResourceFlavor per GPU pool and one for the CPU (system) nodes, one
+ClusterQueue per team (nominal GPU quota per pool and CPU quota for data preparation from the settings, borrowing
+inside one cohort), the WorkloadPriorityClasses
 of production jobs and sweep trials, and per team a
 namespace with a LocalQueue, ResourceQuota, LimitRange, RBAC for its groups, the `trainer`
 ServiceAccount bound to the team's cloud identity, and default-deny NetworkPolicies with only the
@@ -42,6 +43,7 @@ from gpu_train.spec.queues import (
     EXCLUDED_RESOURCE_PREFIXES,
     MEMORY_GIB_PER_GPU,
     cluster_queues,
+    cpu_flavor,
     limit_range,
     local_queue,
     resource_flavor,
@@ -205,17 +207,20 @@ class TopLevelCustomResource(pulumi.CustomResource):
 
 def team_quota(team: TeamSettings, teams: Sequence[TeamSettings], pools: Sequence[GpuPool]) -> dict[str, str]:
     """ResourceQuota hard limits for a team namespace: the most its ClusterQueue can ever admit, its
-    nominal GPUs plus what it may borrow on every pool (Kueue is the real arbiter; this is the
+    nominal GPUs plus what it may borrow on every pool and its CPU flavor (Kueue is the real arbiter; this is the
     backstop for pods that bypass it), and no Services that open the namespace to the network."""
     # On each pool a team may use its nominal GPUs plus every other team's (borrowingLimit): together,
     # every team's nominal GPUs on every pool. The team itself is one of `teams`.
     gpus = sum(q for t in teams for q in team_pool_quotas(t, pools).values())
     gpus = max(gpus, sum(team_pool_quotas(team, pools).values()))
+    # Likewise on the CPU flavor (data preparation): every team's prepareQuota.
+    prep_cpus = sum(t.prepare_quota.cpus for t in teams)
+    prep_gib = sum(t.prepare_quota.memory_gi for t in teams)
     return {
         f"requests.{naming.GPU_RESOURCE}": str(gpus),
-        "requests.cpu": str(gpus * CPU_PER_GPU + 16),
-        "requests.memory": f"{gpus * MEMORY_GIB_PER_GPU + 64}Gi",
-        "limits.memory": f"{gpus * MEMORY_GIB_PER_GPU + 64}Gi",
+        "requests.cpu": str(gpus * CPU_PER_GPU + prep_cpus + 16),
+        "requests.memory": f"{gpus * MEMORY_GIB_PER_GPU + prep_gib + 64}Gi",
+        "limits.memory": f"{gpus * MEMORY_GIB_PER_GPU + prep_gib + 64}Gi",
         "pods": str(max(50, gpus * 4)),
         "persistentvolumeclaims": "20",
         "services.loadbalancers": "0",
@@ -408,13 +413,14 @@ class Tenancy(pulumi.ComponentResource):
             opts=common.k8s_opts(p, self, [ns, *self.team_namespaces.values()]))
 
     def _queues(self, name: str, p: ClusterPlatform, teams: Sequence[TeamSettings]) -> None:
-        """A ResourceFlavor per pool, a ClusterQueue per team in one cohort, and the workload priority classes."""
+        """A ResourceFlavor for the CPU (system) nodes and one per pool, a ClusterQueue per team in one cohort, and
+        the workload priority classes."""
         kueue = [self.releases["kueue"]]
         self.flavors = [
             k8s.apiextensions.CustomResource(
-                f"{name}-flavor-{pool.name}", api_version=obj["apiVersion"], kind=obj["kind"],
+                f"{name}-flavor-{obj['metadata']['name']}", api_version=obj["apiVersion"], kind=obj["kind"],
                 metadata=obj["metadata"], spec=obj["spec"], opts=common.k8s_opts(p, self, kueue))
-            for pool in p.gpu_pools for obj in [resource_flavor(pool)]
+            for obj in [cpu_flavor(dict(p.system_node_selector)), *(resource_flavor(pool) for pool in p.gpu_pools)]
         ]
         self.cluster_queues = [
             k8s.apiextensions.CustomResource(

@@ -51,16 +51,16 @@ def test_list_shows_each_jobs_state(platform, cli, tmp_path, clean):
     wait_for("'jobs-listed' waiting behind the filler", lambda: pending(platform, "jobs-listed"))
     code, out, err = cli("list", "--kubeconfig", alice)
     assert code == 0, err
-    assert out.splitlines()[0].split() == ["NAME", "STATE", "NODES", "POOL", "AGE", "COMMIT", "PATH", "HASH"]
+    assert out.splitlines()[0].split() == ["NAME", "KIND", "STATE", "NODES", "POOL", "AGE", "COMMIT", "PATH", "HASH"]
     row = _row(out, "jobs-listed")
-    assert row[:4] == ["jobs-listed", "Queued", "2", "l4-spot"]
+    assert row[:5] == ["jobs-listed", "job", "Queued", "2", "l4-spot"]
     # Submitted from a file outside any git repository: no commit; its path and the config hash's first 12 digits.
     digest = jobset_of(platform, "jobs-listed")["metadata"]["annotations"]["gpu-train.io/config-hash"]
-    assert row[5] == "-" and row[6].endswith("jobs-listed.yaml") and row[7] == digest.removeprefix("sha256:")[:12]
-    assert _row(out, "jobs-filler")[1] == "Running"
+    assert row[6] == "-" and row[7].endswith("jobs-listed.yaml") and row[8] == digest.removeprefix("sha256:")[:12]
+    assert _row(out, "jobs-filler")[2] == "Running"
     delete_jobset(platform, "jobs-filler")
     wait_for("'jobs-listed' admitted once the quota is free", lambda: _admitted(platform, "jobs-listed"))
-    assert _row(cli("list", "--kubeconfig", alice)[1], "jobs-listed")[1] == "Running"
+    assert _row(cli("list", "--kubeconfig", alice)[1], "jobs-listed")[2] == "Running"
 
 
 def test_a_viewer_can_follow_a_job(platform, cli, tmp_path, clean):

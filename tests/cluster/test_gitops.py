@@ -202,7 +202,7 @@ def test_list_shows_commit_path_and_hash(platform, cli, repo, clean):
     code, out, err = cli("list", "--kubeconfig", platform.kubeconfigs["alice"])
     assert code == 0, err
     header, row = out.splitlines()[:2]
-    assert header.split() == ["NAME", "STATE", "NODES", "POOL", "AGE", "COMMIT", "PATH", "HASH"]
+    assert header.split() == ["NAME", "KIND", "STATE", "NODES", "POOL", "AGE", "COMMIT", "PATH", "HASH"]
     digest = jobset_of(platform, "git-listed")["metadata"]["annotations"][HASH_ANNOTATION].removeprefix("sha256:")
     assert row.split()[0] == "git-listed"
     assert row.split()[-3:] == [head[:12], "jobs/research/git-listed.yaml", digest[:12]]

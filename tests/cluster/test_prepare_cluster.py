@@ -1,11 +1,14 @@
 """`gpu-train prepare --cluster` through the real control plane, as a member of the team: the RayJob is stored against
 KubeRay's CRD (tests/schemas/crds, from the pinned kuberay-operator chart), the real Kueue (integration
 ray.io/rayjob, whose controller Kueue starts once the CRD appears after it) makes a Workload of its head and worker
-groups, admits it against the team's CPU quota and unsuspends it; a second one over the CPU quota waits with Kueue's
-own reason; cancelling the first frees the quota and the second is admitted.
+groups, admits it on the CPU flavor only (the system nodes, never a GPU pool) against the team's `prepareQuota`
+setting, and unsuspends it with a node selector that only the system nodes satisfy; a second one over that quota
+waits with Kueue's own reason; cancelling the first frees the quota and the second is admitted. `gpu-train list` and
+`status` show the RayJobs, to a member and to a viewer, as the API server has them.
 
 The KubeRay operator does not run here (no binary is built for the lane): no Ray cluster, pods or Ray job are made
-once Kueue unsuspends a RayJob; what KubeRay does with it is upstream's (docs/testing.md).
+once Kueue unsuspends a RayJob; what KubeRay does with it is upstream's (docs/testing.md). Where a test needs the
+status KubeRay would write, it writes those fields through the status subresource, as the operator does.
 
 Run: .venv/bin/pytest tests/cluster/test_prepare_cluster.py -q
 """
@@ -17,11 +20,25 @@ import time
 from fractions import Fraction
 
 import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 
 from gpu_train.jobs.fit import quantity
+from gpu_train.spec import naming
+from gpu_train.spec.settings import StackSettings, parse
 from tests.cluster import jobs
-from tests.cluster.conftest import wait_for
+from tests.cluster.conftest import STACK, wait_for
 from tests.cluster.jobs import NS, RAYJOB, WORKLOAD, condition
+
+HEAD_CPU = 2  # every request here: a 2-CPU head and one worker
+
+
+@pytest.fixture(scope="module")
+def settings(plan_out) -> StackSettings:
+    """The stack settings the lane's platform was planned from (tests/cluster/conftest.py)."""
+    raw = yaml.safe_load((plan_out / f"Pulumi.{STACK}.yaml").read_text())["config"]
+    return parse(raw, STACK)
 
 
 def datasets(platform) -> str:
@@ -38,7 +55,7 @@ def admitted(platform, name: str) -> bool:
     return jobs.admitted(platform, name, kind=RAYJOB)
 
 
-def cpu_reserved(platform, flavor: str = "l4-spot") -> Fraction:
+def cpu_reserved(platform, flavor: str) -> Fraction:
     """CPUs Kueue counts as reserved in research's ClusterQueue on a flavor (its own status)."""
     cq = platform.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "team-research")
     for f in (cq.get("status") or {}).get("flavorsReservation") or []:
@@ -47,11 +64,9 @@ def cpu_reserved(platform, flavor: str = "l4-spot") -> Fraction:
     return Fraction(0)
 
 
-def nominal_cpu(platform, flavor: str = "l4-spot") -> Fraction:
-    cq = platform.get("kueue.x-k8s.io/v1beta2", "ClusterQueue", "team-research")
-    (group,) = cq["spec"]["resourceGroups"]
-    res = next(f for f in group["flavors"] if f["name"] == flavor)["resources"]
-    return quantity(next(r for r in res if r["name"] == "cpu")["nominalQuota"])
+def assigned_flavors(wl: dict) -> dict[str, set[str]]:
+    """Per pod set of an admitted Workload: the flavors Kueue assigned its resources."""
+    return {a["name"]: set(a["flavors"].values()) for a in wl["status"]["admission"]["podSetAssignments"]}
 
 
 @pytest.fixture
@@ -70,27 +85,31 @@ def no_rayjobs(platform):
     wipe()
 
 
-def prepare(cli, platform, name: str, workers: int, worker_cpu: int, user: str = "alice") -> tuple[int, str, str]:
+def prepare(cli, platform, name: str, worker_cpu: int, user: str = "alice") -> tuple[int, str, str]:
     return cli("prepare", "--cluster", f"{datasets(platform)}/raw/{name}/", "--out",
-               f"{datasets(platform)}/research/{name}", "--name", name, "--workers", workers, "--worker-cpu",
-               worker_cpu, "--worker-memory", "2Gi", "--head-cpu", 2, "--head-memory", "1Gi",
+               f"{datasets(platform)}/research/{name}", "--name", name, "--workers", 1, "--worker-cpu",
+               worker_cpu, "--worker-memory", "2Gi", "--head-cpu", HEAD_CPU, "--head-memory", "1Gi",
                "--kubeconfig", platform.kubeconfigs[user])
 
 
-def test_a_prepare_job_is_admitted_by_kueue_and_unsuspended_and_one_over_cpu_quota_waits(platform, cli, no_rayjobs):
-    # Whatever else holds research's CPU on l4-spot is counted: size the first to leave 8 CPUs, the second above
-    # both that and the 64 CPUs research may borrow on l40s-spot (platform's share), each within what the queue
-    # could ever admit, so that the command's own quota check lets both through.
-    free = int(nominal_cpu(platform) - cpu_reserved(platform))
-    before = cpu_reserved(platform)
-    first_cpu = free - 8 - 2
-    assert first_cpu >= 1, f"only {free} CPUs free on l4-spot"
+def test_a_prepare_job_is_admitted_on_the_cpu_nodes_only_and_one_over_its_quota_waits(platform, cli, settings,
+                                                                                     no_rayjobs):
+    research = settings.team("research")
+    nominal = research.prepare_quota.cpus
+    borrowable = sum(t.prepare_quota.cpus for t in settings.teams if t.name != "research")
+    gpu_pools = {p.name for p in settings.gpu_pools}
+    assert cpu_reserved(platform, naming.CPU_FLAVOR) == 0
+    on_pools = {pool: cpu_reserved(platform, pool) for pool in gpu_pools}
+    # The first leaves 2 of research's own CPUs; the second asks for more than those and all it may borrow, but no
+    # more than it could ever be admitted, so that the command's own quota check lets both through.
+    first_cpu = nominal - 2 - HEAD_CPU
+    second_cpu = 2 + borrowable + 2 - HEAD_CPU
+    assert first_cpu >= 1 and HEAD_CPU + second_cpu <= nominal + borrowable, (nominal, borrowable)
 
     t0 = time.monotonic()
-    code, out, err = prepare(cli, platform, "first", 1, first_cpu)
+    code, out, err = prepare(cli, platform, "first", first_cpu)
     assert code == 0, err
     assert "submitted data preparation 'first' to team-research, queue research-queue" in out
-    assert suspended(platform, "first") or admitted(platform, "first")
     wait_for("Kueue to admit 'first' and unsuspend it", lambda: admitted(platform, "first") and
              not suspended(platform, "first"), timeout=180)
     # The figure docs/testing.md quotes (past the `cli` fixture's capture of stdout).
@@ -98,20 +117,33 @@ def test_a_prepare_job_is_admitted_by_kueue_and_unsuspended_and_one_over_cpu_quo
           file=sys.__stderr__)
     wl = jobs.workload_of(platform, "first", kind=RAYJOB)
     assert wl["status"]["admission"]["clusterQueue"] == "team-research"
-    sets = {a["name"]: a for a in wl["status"]["admission"]["podSetAssignments"]}
-    assert set(sets) == {"head", "workers"}
-    assert {a["flavors"]["cpu"] for a in sets.values()} == {"l4-spot"}
-    wait_for("Kueue to count the first's CPUs", lambda: cpu_reserved(platform) == before + first_cpu + 2)
+    flavors = assigned_flavors(wl)
+    assert set(flavors) == {"head", "workers"}
+    assert all(f == {naming.CPU_FLAVOR} for f in flavors.values()), flavors
+    assert not set().union(*flavors.values()) & gpu_pools
+    wait_for("Kueue to count the first's CPUs on the CPU flavor",
+             lambda: cpu_reserved(platform, naming.CPU_FLAVOR) == nominal - 2)
+    assert {pool: cpu_reserved(platform, pool) for pool in gpu_pools} == on_pools
+    # The unsuspended Ray pods' templates select only nodes without a GPU: of the lane's nodes, the system ones.
+    cluster = platform.get(*RAYJOB, "first", NS)["spec"]["rayClusterSpec"]
+    nodes = platform.core().list_node().items
+    for template in (cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])):
+        selector = template["spec"]["nodeSelector"]
+        fit = [n for n in nodes if selector.items() <= (n.metadata.labels or {}).items()]
+        assert fit and all(naming.GPU_NODE_LABEL not in n.metadata.labels and
+                           naming.GPU_RESOURCE not in (n.status.allocatable or {}) for n in fit), selector
 
-    # 72 CPUs: more than the 8 left on l4-spot and the 64 research may borrow on l40s-spot, less than its 128.
-    code, out, err = prepare(cli, platform, "second", 1, 70)
+    code, out, err = prepare(cli, platform, "second", second_cpu)
     assert code == 0, err
-    wl = wait_for("Kueue's verdict on 'second'", lambda: (w := jobs.workload_of(platform, "second", kind=RAYJOB)) and
-                  condition(w, "QuotaReserved") and w)
+    wl = wait_for("Kueue's verdict on 'second'", lambda: (w := jobs.workload_of(platform, "second", kind=RAYJOB))
+                  and condition(w, "QuotaReserved") and w)
     reserved = condition(wl, "QuotaReserved")
     assert reserved["status"] == "False" and reserved["reason"] == "Pending"
-    assert "insufficient unused quota for cpu in flavor l4-spot" in reserved["message"]
-    assert suspended(platform, "second")
+    # Kueue's own reasons: no GPU pool's flavor for pods that do not tolerate its nodes' taint; no room on `cpu`.
+    for pool in gpu_pools:
+        assert f"untolerated taint {{{naming.GPU_TAINT['key']} {naming.GPU_TAINT['value']} " \
+               f"{naming.GPU_TAINT['effect']} <nil>}} in flavor {pool}" in reserved["message"], reserved["message"]
+    assert suspended(platform, "second") and cpu_reserved(platform, naming.CPU_FLAVOR) == nominal - 2
 
     t0 = time.monotonic()
     code, out, err = cli("prepare", "--cancel", "first", "--kubeconfig", platform.kubeconfigs["alice"])
@@ -120,12 +152,84 @@ def test_a_prepare_job_is_admitted_by_kueue_and_unsuspended_and_one_over_cpu_quo
              lambda: admitted(platform, "second") and not suspended(platform, "second"), timeout=180)
     print(f"'second' admitted {time.monotonic() - t0:.1f} s after gpu-train prepare --cancel first",
           file=sys.__stderr__)
-    wait_for("Kueue to count only the second's CPUs", lambda: cpu_reserved(platform) == before + 72)
+    # Within research's own CPUs and what the platform team lends it there, on the CPU flavor alone.
+    assert set().union(*assigned_flavors(jobs.workload_of(platform, "second", kind=RAYJOB)).values()) == {
+        naming.CPU_FLAVOR}
+    wait_for("Kueue to count only the second's CPUs", lambda: cpu_reserved(platform, naming.CPU_FLAVOR) ==
+             HEAD_CPU + second_cpu)
 
 
-def test_a_viewer_may_not_prepare_and_bad_input_is_refused_before_sending(platform, cli, no_rayjobs):
-    code, out, err = prepare(cli, platform, "viewed", 1, 4, user="vera")
+def _row(out: str, name: str) -> dict[str, str]:
+    lines = out.splitlines()
+    header = lines[0].split()
+    return next(dict(zip(header, line.split(), strict=True)) for line in lines[1:] if line.split()[0] == name)
+
+
+def _kuberay_writes(platform, name: str, status: dict) -> None:
+    """The status fields the KubeRay operator would set (ray-operator/apis/ray/v1/rayjob_types.go at v1.7.0)."""
+    api = k8s_config.new_client_from_config(str(platform.plane.admin_kubeconfig))
+    k8s.CustomObjectsApi(api).patch_namespaced_custom_object_status("ray.io", "v1", NS, "rayjobs", name,
+                                                                    {"status": status})
+
+
+def test_list_and_status_show_data_preparations_to_members_and_viewers(platform, cli, settings, no_rayjobs):
+    alice, vera = platform.kubeconfigs["alice"], platform.kubeconfigs["vera"]
+    nominal = settings.team("research").prepare_quota.cpus
+    borrowable = sum(t.prepare_quota.cpus for t in settings.teams if t.name != "research")
+    assert prepare(cli, platform, "listed", 2)[0] == 0
+    wait_for("'listed' admitted", lambda: admitted(platform, "listed") and not suspended(platform, "listed"))
+    # More than all that is left of research's own and borrowable CPUs: it waits.
+    waiting_cpu = nominal + borrowable - (HEAD_CPU + 2) - HEAD_CPU + 1
+    assert prepare(cli, platform, "waiting", waiting_cpu)[0] == 0
+    wl = wait_for("'waiting' pending", lambda: (w := jobs.workload_of(platform, "waiting", kind=RAYJOB)) and
+                  (c := condition(w, "QuotaReserved")) and c["status"] == "False" and w)
+
+    for user in (alice, vera):  # a member, and a viewer of the team
+        code, out, err = cli("list", "--kubeconfig", user)
+        assert code == 0, err
+        assert out.splitlines()[0].split() == ["NAME", "KIND", "STATE", "NODES", "POOL", "AGE", "COMMIT", "PATH",
+                                               "HASH"]
+        listed, waiting = _row(out, "listed"), _row(out, "waiting")
+        stored = jobs.workload_of(platform, "listed", kind=RAYJOB)
+        assert (listed["KIND"], listed["STATE"], listed["POOL"]) == ("prepare", "Running", ",".join(
+            sorted(set().union(*assigned_flavors(stored).values()))))
+        rj = platform.get(*RAYJOB, "listed", NS)["spec"]["rayClusterSpec"]
+        assert listed["NODES"] == str(1 + sum(g["replicas"] for g in rj["workerGroupSpecs"]))
+        assert (waiting["KIND"], waiting["STATE"], waiting["POOL"]) == ("prepare", "Queued", "-")
+
+        code, out, err = cli("status", "waiting", "--kubeconfig", user)
+        assert code == 0, err
+        assert out.startswith("data preparation waiting in team-research: Queued\n")
+        assert f"Kueue: {condition(wl, 'QuotaReserved')['message']}" in out
+        assert "KubeRay has set no status on it yet" in out
+
+    # What KubeRay sets once the Ray cluster runs the job, then once it ends.
+    _kuberay_writes(platform, "listed", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                                         "rayClusterName": "listed-raycluster-abcde"})
+    code, out, err = cli("status", "listed", "--kubeconfig", vera)
+    assert code == 0, err
+    assert out.splitlines() == [
+        "data preparation listed in team-research: Running",
+        f"  admitted by cluster queue team-research on flavor {naming.CPU_FLAVOR}",
+        "  KubeRay: jobDeploymentStatus Running, jobStatus RUNNING, rayClusterName listed-raycluster-abcde"]
+    _kuberay_writes(platform, "listed", {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"})
+    wait_for("'listed' Completed in gpu-train list",
+             lambda: _row(cli("list", "--kubeconfig", alice)[1], "listed")["STATE"] == "Completed")
+    # Kueue sees the RayJob finished and releases its quota: the waiting one is admitted.
+    wait_for("'waiting' admitted once 'listed' finished", lambda: admitted(platform, "waiting"))
+
+    # A viewer reads RayJobs but may not create or cancel one.
+    code, out, err = prepare(cli, platform, "viewed", 1, user="vera")
     assert code == 1 and "you may not create rayjobs in namespace team-research (403 Forbidden" in err
-    code, out, err = prepare(cli, platform, "huge", 40, 8)
+    code, out, err = cli("prepare", "--cancel", "waiting", "--kubeconfig", vera)
+    assert code == 1 and "403 Forbidden" in err
+    assert platform.get(*RAYJOB, "waiting", NS) is not None
+
+
+def test_bad_input_is_refused_before_sending(platform, cli, settings, no_rayjobs):
+    research = settings.team("research")
+    most = research.prepare_quota.cpus + sum(t.prepare_quota.cpus for t in settings.teams if t.name != "research")
+    code, out, err = prepare(cli, platform, "huge", most)  # the head's CPUs on top: one too many
     assert code == 2 and "more than team research's queue can ever admit" in err
+    assert f"({most} on flavor {naming.CPU_FLAVOR}" in err
     assert platform.list(*RAYJOB, NS) == []

@@ -56,7 +56,7 @@ def test_a_submitted_job_is_admitted_within_quota_and_placed_on_its_pool_only(pl
     code, out, err = cli("list", "--kubeconfig", platform.kubeconfigs["alice"])
     assert code == 0, err
     row = next(line.split() for line in out.splitlines() if line.startswith("fits "))
-    assert row[1:4] == ["Running", "2", "l4-spot"]
+    assert row[1:5] == ["job", "Running", "2", "l4-spot"]
     code, out, err = cli("status", "fits", "--kubeconfig", platform.kubeconfigs["alice"])
     assert code == 0, err
     assert "job fits in team-research: Running" in out

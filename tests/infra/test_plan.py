@@ -167,12 +167,14 @@ def _stack_settings(name: str):
 
 def _flavor_fits(flavor: dict, pod: dict) -> bool:
     """Kueue's flavor assignment for a pod with a node selector: every node label the flavor sets that the pod
-    selects on has the selected value, and the pod tolerates the flavor's node taints."""
+    selects on has the selected value (the flavor's own label keys only: pkg/scheduler/flavorassigner at v0.19.2),
+    and the pod (with the flavor's tolerations) tolerates the flavor's node taints."""
     selector = pod.get("nodeSelector") or {}
     labels = flavor["spec"].get("nodeLabels") or {}
     if any(k in selector and selector[k] != v for k, v in labels.items()):
         return False
-    tolerated = {(t.get("key"), t.get("effect")) for t in pod.get("tolerations") or []}
+    tolerated = {(t.get("key"), t.get("effect")) for t in [*(pod.get("tolerations") or []),
+                                                           *(flavor["spec"].get("tolerations") or [])]}
     return all((t["key"], t["effect"]) in tolerated for t in flavor["spec"].get("nodeTaints") or [])
 
 
@@ -190,8 +192,12 @@ def _admission_problems(plan: dict, jobset: dict) -> tuple[str, str, list[str]]:
     pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     offered = [f["name"] for g in cq["spec"]["resourceGroups"] for f in g["flavors"]]
     flavors = {f["metadata"]["name"]: f for f in _objects(plan, "ResourceFlavor")}
-    # Kueue takes the first of the queue's flavors the pod set fits.
-    (flavor, *_) = [name for name in offered if _flavor_fits(flavors[name], pod)]
+    # Kueue takes the first of the queue's flavors the pod set fits, passing over one that could never hold a resource
+    # it asks for (the `cpu` flavor has no GPU quota).
+    covered = {r for g in cq["spec"]["resourceGroups"] for r in g["coveredResources"]}
+    asked = [r for r, n in fit.pod_requests(pod).items() if n > 0 and r in covered]
+    (flavor, *_) = [name for name in offered if _flavor_fits(flavors[name], pod) and
+                    all(fit.potential_capacity(cq, queues, name, r) > 0 for r in asked)]
     problems = fit.queue_problems(jobset, cluster_queue=cq, cluster_queues=queues, flavor=flavor,
                                   namespace_labels=namespace["metadata"]["labels"], limit_range=limits,
                                   excluded_prefixes=_kueue_configuration(plan)["resources"]["excludeResourcePrefixes"])
@@ -222,6 +228,51 @@ def test_every_planned_job_is_admitted_whole_by_its_cluster_queue_and_fits_its_n
         assert fit.node_problems(pod, node.document(), gpus=per_node, limit_range=limits) == [], stack
         checked.append(stack)
     assert {"aws-prod", "gcp-prod", "aws-prod-p5en", "gcp-prod-a3ultra"} <= set(checked)
+
+
+def _system_node_labels(plan: dict) -> dict[str, str]:
+    """The labels the cloud puts on the system nodes: the EKS system node group's, or the GKE system pool's."""
+    groups = [r["inputs"]["labels"] for r in resources_of(plan, "aws:eks/nodeGroup:NodeGroup")
+              if r["name"].endswith("-system")]
+    pools = [r["inputs"]["nodeConfig"]["labels"] for r in resources_of(plan, "gcp:container/nodePool:NodePool")
+             if r["name"].endswith("-system")]
+    (labels,) = groups + pools
+    return labels
+
+
+def test_data_preparation_is_admitted_on_the_system_nodes_cpu_flavor_with_the_teams_prepare_quota(all_plans):
+    """Read back from each plan: the `cpu` ResourceFlavor selects the nodes the cloud labels as system nodes, every
+    team's ClusterQueue offers it with the team's prepareQuota setting and no GPU, and a RayJob pod set (what
+    `gpu-train prepare --cluster` makes from the published contract) fits it and no GPU pool's flavor."""
+    from gpu_train.jobs.prepare import PrepareRequest, ray_job
+
+    for stack, plan in all_plans.items():
+        cfg = _stack_settings(stack)
+        flavors = {f["metadata"]["name"]: f for f in _objects(plan, "ResourceFlavor")}
+        assert set(flavors) == {"cpu", *(p.name for p in cfg.gpu_pools)}, stack
+        system = _system_node_labels(plan)
+        assert flavors["cpu"]["spec"]["nodeLabels"].items() <= system.items(), stack
+        assert not flavors["cpu"]["spec"].get("tolerations"), stack
+        contract = PlatformContract.from_document(plan["outputs"]["platform"], stack)
+        assert {f["metadata"]["name"]: f["spec"] for f in contract.kueue.resource_flavors} == \
+            {n: f["spec"] for n, f in flavors.items()}
+        queues = {q["metadata"]["name"]: q for q in _objects(plan, "ClusterQueue")}
+        for team in cfg.teams:
+            (group,) = queues[f"team-{team.name}"]["spec"]["resourceGroups"]
+            offered = [f["name"] for f in group["flavors"]]
+            assert offered[0] == "cpu", (stack, offered)
+            quota = {r["name"]: r["nominalQuota"] for r in group["flavors"][0]["resources"]}
+            assert quota == {"cpu": team.prepare_quota.cpus, "memory": f"{team.prepare_quota.memory_gi}Gi",
+                             "nvidia.com/gpu": 0}, stack
+            borrow = sum(t.prepare_quota.cpus for t in cfg.teams if t.name != team.name)
+            assert group["flavors"][0]["resources"][0]["borrowingLimit"] == borrow
+            request = PrepareRequest(name="web", team=team.name, inputs=("s3://b/raw/",), out="s3://b/x/web")
+            rayjob = ray_job(request, contract)["spec"]["rayClusterSpec"]
+            for template in (rayjob["headGroupSpec"]["template"], rayjob["workerGroupSpecs"][0]["template"]):
+                pod = template["spec"]
+                assert [n for n in offered if _flavor_fits(flavors[n], pod)] == ["cpu"], stack
+                assert pod["nodeSelector"].items() <= system.items()
+                assert not any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations") or [])
 
 
 def test_a_plan_whose_job_outgrows_its_quota_fails_the_same_check(plans):
@@ -337,6 +388,8 @@ def _broken():
         ("quota-unknown-pool", _from("aws-prod", s("teams[1].gpuQuota", {"h100": 16})), "gpu-train:teams[1].gpuQuota.h100"),
         ("quota-over-pool", _from("gcp-dev", s("teams[0].gpuQuota", {"l4-spot": 40})), "gpu-train:teams[0].gpuQuota.l4-spot"),
         ("quota-shape", _from("aws-dev", s("teams[0].gpuQuota", "lots")), "gpu-train:teams[0].gpuQuota"),
+        ("prepare-quota", _from("gcp-dev", s("teams[0].prepareQuota", {"cpus": 2048})),
+         "gpu-train:teams[0].prepareQuota.cpus must be <= 1024"),
         ("region-aws", _from("aws-dev", s("region", "us-north-1")), "gpu-train:region 'us-north-1'"),
         ("region-gcp", _from("gcp-prod", s("region", "europe-east1")), "gpu-train:region 'europe-east1'"),
         ("k8s-version", _from("aws-prod", s("cluster.kubernetesVersion", "1.40")), "gpu-train:cluster.kubernetesVersion"),

@@ -265,6 +265,18 @@ BAD = [
     ("aws-dev", _set("teams[0].gpuQuota", {"l4-spot": 5}),
      "gpu-train:teams[0].gpuQuota.l4-spot 5 is more than pool 'l4-spot' can ever hold (4 GPUs"),
     ("aws-dev", _set("teams[1].gpuQuota", 0), "gpu-train:teams[1].gpuQuota gives team 'platform' no GPUs on any pool"),
+    ("aws-dev", _set("teams[0].prepareQuota", {"cpus": -1, "memoryGi": 8}),
+     "gpu-train:teams[0].prepareQuota.cpus must be >= 0 (got -1)"),
+    ("gcp-dev", _set("teams[0].prepareQuota", {"cpus": 4096}),
+     "gpu-train:teams[0].prepareQuota.cpus must be <= 1024 (got 4096)"),
+    ("aws-dev", _set("teams[1].prepareQuota", {"memoryGi": "lots"}),
+     "gpu-train:teams[1].prepareQuota.memoryGi must be a whole number"),
+    ("aws-dev", _set("teams[0].prepareQuota", {"cpu": 4}),
+     "gpu-train:teams[0].prepareQuota.cpu is not a known setting (did you mean 'cpus'?)"),
+    ("gcp-dev", _set("teams[0].prepareQuota", {"cpus": 0}),
+     "gpu-train:teams[0].prepareQuota.memoryGi must be 0 exactly when cpus is (got cpus 0, memoryGi 32)"),
+    ("aws-dev", _set("gpuPools[1].name", "cpu"),
+     "gpu-train:gpuPools[1].name 'cpu' is the name of Kueue's flavor for the CPU (system) nodes"),
     # The job's team needs MIN 2 nodes x 8 GPUs = 16 on h100-reserved.
     ("aws-prod", _set("teams[0].gpuQuota", {"h100-reserved": 8, "h100-spot": 32}),
      "gpu-train:teams[0].gpuQuota gives team 'research' 8 GPUs of nominal quota on pool 'h100-reserved', "

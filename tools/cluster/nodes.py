@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_train.spec import naming
+from gpu_train.spec.queues import pool_taints
 from tools.cluster.controllers import KWOK_ANNOTATION
 
 PODS_PER_NODE = "110"
@@ -31,8 +32,7 @@ def _node(name: str, labels: dict[str, str], taints: list[dict[str, str]], resou
 def pool_nodes(contract: dict[str, Any], system_nodes: int = 1) -> list[dict[str, Any]]:
     nodes = []
     for pool in contract["pools"]:
-        taints = [{"key": t["key"], "value": t.get("value", ""), "effect": t["effect"]}
-                  for t in pool["tolerations"] if t.get("effect")]
+        taints = pool_taints(pool["tolerations"])
         resources = {**pool["allocatable"], naming.GPU_RESOURCE: str(pool["gpusPerNode"]),
                      **{k: str(v) for k, v in pool["fabric"]["resources"].items()}, "pods": PODS_PER_NODE}
         labels = {**pool["nodeSelector"], naming.GPU_NODE_LABEL: "true", naming.GPU_TYPE_LABEL: pool["gpuType"],

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
+import infra.aws as aws_layer
 from gpu_train.spec import naming, queues
 from gpu_train.spec.catalog.aws import CATALOG as EC2
 from gpu_train.spec.contract import Fabric, GpuPool, PlatformContract
-from gpu_train.spec.settings import TeamSettings
+from gpu_train.spec.settings import PrepareQuotaSettings, TeamSettings
 from infra.aws import cluster as aws_cluster
 from infra.aws.node_addons import allocatable
 
@@ -36,7 +37,9 @@ def pools() -> list[GpuPool]:
     return out
 
 
-TEAMS = (TeamSettings(name="research", gpu_quota={"l4-spot": 4}, submitters=("ml-research",)),
+# research's data preparation quota is above the default, so that a request of several 8-CPU workers fits it.
+TEAMS = (TeamSettings(name="research", gpu_quota={"l4-spot": 4}, submitters=("ml-research",),
+                      prepare_quota=PrepareQuotaSettings(cpus=32, memory_gi=128)),
          TeamSettings(name="platform", gpu_quota={"l40s-spot": 2}, submitters=("ml-platform",)))
 
 
@@ -47,7 +50,7 @@ def contract_doc(teams=TEAMS, server: str = "https://ABC.gr7.us-east-1.eks.amazo
         stack="aws-dev", cloud="aws", region="us-east-1", project="", kubernetes_version="1.33",
         cluster={"name": "gpu-train-aws-dev", "kubeconfig": kubeconfig}, image=IMAGE, registries=[REGISTRY],
         repositories=[], nvme_host_path=nvme, pools=pools(), teams=queues.team_entries(teams, pools(), nvme),
-        kueue=queues.kueue_objects(teams, pools()),
+        kueue=queues.kueue_objects(teams, pools(), aws_layer.SYSTEM_LABELS),
         buckets={"datasets": "s3://gpu-train-aws-dev-datasets", "checkpoints": "s3://gpu-train-aws-dev-checkpoints",
                  "artifacts": "s3://gpu-train-aws-dev-artifacts"},
         endpoints={"objectStore": "https://s3.us-east-1.amazonaws.com",

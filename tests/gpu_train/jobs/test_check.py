@@ -29,7 +29,7 @@ def check(job, teams, pools, cloud="aws"):
     """The job checked as the stack checks its own (its own LocalQueue) against these teams' queue objects."""
     nvme = NVME[cloud]
     return check_job(job, pools=pools, teams=queues.team_entries(teams, pools, nvme),
-                     kueue=queues.kueue_objects(teams, pools), nvme_host_path=nvme,
+                     kueue=queues.kueue_objects(teams, pools, {naming.SYSTEM_LABEL: "true"}), nvme_host_path=nvme,
                      scheme="s3://" if cloud == "aws" else "gs://", queue=naming.job_queue_name(job.name))
 
 
@@ -100,7 +100,7 @@ def test_the_platforms_own_settings_are_named_where_they_are_the_culprit():
 
     def named(job, teams, pools):
         return check_job(job, pools=pools, teams=queues.team_entries(teams, pools, nvme),
-                         kueue=queues.kueue_objects(teams, pools), nvme_host_path=nvme, scheme="s3://",
+                         kueue=queues.kueue_objects(teams, pools, {naming.SYSTEM_LABEL: "true"}), nvme_host_path=nvme, scheme="s3://",
                          queue=naming.job_queue_name(job.name), **keys)
 
     (problem,) = named(prod_job(), teams, pools)

@@ -63,7 +63,7 @@ def test_head_and_one_worker_group_with_requests_the_data_prep_identity_and_the_
     (workers,) = cluster["workerGroupSpecs"]
     assert workers["replicas"] == workers["minReplicas"] == workers["maxReplicas"] == 3
     assert cluster["headGroupSpec"]["rayStartParams"] == {"num-cpus": "0"}  # tasks run on the workers only
-    for template, cpu, memory in ((cluster["headGroupSpec"]["template"], "2", "8Gi"),
+    for template, cpu, memory in ((cluster["headGroupSpec"]["template"], "1", "4Gi"),
                                   (workers["template"], "8", "16Gi")):
         pod = template["spec"]
         assert pod["serviceAccountName"] == naming.DATA_PREP_SERVICE_ACCOUNT
@@ -71,10 +71,37 @@ def test_head_and_one_worker_group_with_requests_the_data_prep_identity_and_the_
         assert c["image"] == contract().image
         assert c["resources"] == {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
         assert {"name": "AWS_REGION", "value": "us-east-1"} in c["env"]
-    assert prepare.requested(request()) == {"cpu": 26, "memory": (8 + 3 * 16) * 2**30}
+    assert prepare.requested(request()) == {"cpu": 25, "memory": (4 + 3 * 16) * 2**30}
     # The Ray the image installs is the one the RayJob declares.
     prep = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["prep"]
     assert f"ray[default]=={prepare.RAY_VERSION}" in prep
+
+
+def test_the_ray_pods_select_the_cpu_flavors_nodes_and_match_no_gpu_pools_flavor():
+    doc = contract()
+    cpu = next(f for f in doc.kueue.resource_flavors if f["metadata"]["name"] == naming.CPU_FLAVOR)
+    # The contract's CPU flavor is the platform's system nodes (the cloud layer's selector).
+    import infra.aws
+
+    assert cpu["spec"]["nodeLabels"] == infra.aws.SYSTEM_LABELS
+    cluster = prepare.ray_job(request(), doc)["spec"]["rayClusterSpec"]
+    for template in (cluster["headGroupSpec"]["template"], cluster["workerGroupSpecs"][0]["template"]):
+        pod = template["spec"]
+        assert pod["nodeSelector"] == infra.aws.SYSTEM_LABELS
+        # No toleration at all: Kueue gives a pool's flavor only to pod sets that tolerate its nodes' taints, and
+        # the scheduler keeps them off those nodes too.
+        assert "tolerations" not in pod
+        for pool in (f for f in doc.kueue.resource_flavors if f["metadata"]["name"] != naming.CPU_FLAVOR):
+            assert naming.GPU_TAINT["key"] in {t["key"] for t in pool["spec"]["nodeTaints"]}, pool["metadata"]["name"]
+
+
+def test_a_contract_without_the_cpu_flavor_is_refused_naming_it():
+    doc = contract_doc()
+    doc["kueue"]["resourceFlavors"] = [f for f in doc["kueue"]["resourceFlavors"]
+                                       if f["metadata"]["name"] != naming.CPU_FLAVOR]
+    old = PlatformContract.from_document(doc, "platform.json")
+    (problem,) = prepare.check_request(request(), old)
+    assert problem.startswith("platform.json: kueue.resourceFlavors has no 'cpu' flavor")
 
 
 def test_the_ray_pods_pass_the_team_namespaces_admission_policies():
@@ -102,10 +129,12 @@ def test_the_ray_pods_pass_the_team_namespaces_admission_policies():
     ({"out": f"{DATASETS}/platform/web"}, f"--out {DATASETS}/platform/web:"),
     ({"out": f"{DATASETS}/research"}, f"--out {DATASETS}/research:"),
     ({"inputs": ("corpus/",)}, "input corpus/: the cluster's Ray pods read only objects in the datasets bucket"),
-    ({"workers": 16}, "--head-cpu 2 + --workers 16 x --worker-cpu 8 = 130 CPUs: more than team research's queue "
-                      "can ever admit (128 on l4-spot)"),
-    ({"worker_memory": "1Ti"}, "--head-memory 8Gi + --workers 3 x --worker-memory 1Ti = 3080Gi bytes of memory: "
-                               "more than team research's queue can ever admit (2048Gi on l4-spot)"),
+    # research's prepareQuota (32 CPUs, 128 GiB) plus what platform's default one (8, 32 GiB) lends it.
+    ({"workers": 16, "worker_memory": "4Gi"}, "--head-cpu 1 + --workers 16 x --worker-cpu 8 = 129 CPUs: more than "
+                                              "team research's queue can ever admit (40 on flavor cpu, "
+                                              "teams[].prepareQuota)"),
+    ({"worker_memory": "1Ti"}, "--head-memory 4Gi + --workers 3 x --worker-memory 1Ti = 3076Gi bytes of memory: "
+                               "more than team research's queue can ever admit (160Gi on flavor cpu"),
     ({"tokenizer": "gpt2"}, "--tokenizer gpt2 reads GPT-2's files from a local folder"),
     ({"name": "Web_1"}, "--name 'Web_1' is not a job name"),
 ])
@@ -116,8 +145,8 @@ def test_bad_input_is_refused_in_one_line_naming_the_culprit(over, culprit):
 
 def test_a_request_within_quota_has_no_problems():
     assert prepare.check_request(request(), contract()) == []
-    # The team may borrow: platform's l40s-spot share lends research up to 64 CPUs there, less than its own 128.
-    assert prepare.team_quota_limits(contract(), "platform")["cpu"] == (128, "l4-spot")
+    # Only the CPU flavor counts, never a GPU pool's CPUs: platform's own 8 plus research's 32, which it may borrow.
+    assert prepare.team_quota_limits(contract(), "platform") == {"cpu": 40, "memory": 160 * 2**30}
 
 
 def test_the_command_prints_the_rayjob_on_a_dry_run_and_refuses_before_sending(cli, tmp_path):
@@ -131,7 +160,7 @@ def test_the_command_prints_the_rayjob_on_a_dry_run_and_refuses_before_sending(c
     assert job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 4
     code, out, err = cli(*base, "--out", f"{DATASETS}/research/web", "--workers", "40")
     assert code == 2 and out == "" and only_error_lines(err)
-    assert "--workers 40 x --worker-cpu 8 = 322 CPUs" in err
+    assert "--workers 40 x --worker-cpu 2 = 81 CPUs" in err
     code, out, err = cli("prepare", f"{DATASETS}/raw/", "--out", f"{DATASETS}/research/web", "--team", "research",
                          "--platform", platform)
     assert code == 2 and "prepare runs on the cluster only (--cluster)" in err

@@ -6,11 +6,15 @@ mocks: `pytest tests/gpu_train/spec/test_queues.py`.
 
 from __future__ import annotations
 
+import pytest
+
 from gpu_train.jobs import fit
 from gpu_train.spec import naming, queues
 from gpu_train.spec.catalog import aws, gcp
 from gpu_train.spec.contract import Fabric, GpuPool
-from gpu_train.spec.settings import TeamSettings
+from gpu_train.spec.settings import PrepareQuotaSettings, TeamSettings
+
+SYSTEM = {naming.SYSTEM_LABEL: "true"}
 
 
 def pool(name, gpus=8, max_nodes=4, capacity="spot"):
@@ -27,6 +31,9 @@ def test_cluster_queues_carry_each_teams_quota_per_pool_and_borrow_in_one_cohort
     assert set(by_name) == {"team-research", "team-applied"}
     expected = {"team-research": {"reserved": (32, 0), "spot": (16, 16)},
                 "team-applied": {"reserved": (0, 32), "spot": (16, 16)}}  # (nominal, borrowing limit)
+    for q in by_name.values():
+        # The CPU flavor first, then the pools': it is the data preparation's, and holds no GPU.
+        assert [f["name"] for f in q["spec"]["resourceGroups"][0]["flavors"]] == ["cpu", "reserved", "spot"]
     for name, want in expected.items():
         q = by_name[name]
         assert q["apiVersion"] == "kueue.x-k8s.io/v1beta2"
@@ -37,11 +44,39 @@ def test_cluster_queues_carry_each_teams_quota_per_pool_and_borrow_in_one_cohort
         for f in group["flavors"]:
             by = {r["name"]: r for r in f["resources"]}
             assert [r["name"] for r in f["resources"]] == group["coveredResources"]
+            if f["name"] == naming.CPU_FLAVOR:
+                continue
             nominal, borrow = want[f["name"]]
             assert (by["nvidia.com/gpu"]["nominalQuota"], by["nvidia.com/gpu"]["borrowingLimit"]) == (nominal, borrow)
             assert by["nvidia.com/gpu"]["lendingLimit"] == nominal
             assert by["cpu"]["nominalQuota"] == nominal * queues.CPU_PER_GPU
             assert by["memory"]["nominalQuota"] == f"{nominal * queues.MEMORY_GIB_PER_GPU}Gi"
+
+
+def test_the_cpu_flavor_holds_each_teams_prepare_quota_and_no_gpu_and_borrows_the_others():
+    teams = (TeamSettings(name="research", gpu_quota=8, prepare_quota=PrepareQuotaSettings(cpus=24, memory_gi=96)),
+             TeamSettings(name="applied", gpu_quota=8))  # the default: 8 CPUs, 32 GiB
+    default = PrepareQuotaSettings()
+    qs = queues.cluster_queues(teams, [pool("p")])
+    for q, (cpus, gib), (other_cpus, other_gib) in zip(qs, ((24, 96), (default.cpus, default.memory_gi)),
+                                                        ((default.cpus, default.memory_gi), (24, 96)), strict=True):
+        cpu = next(f for f in q["spec"]["resourceGroups"][0]["flavors"] if f["name"] == naming.CPU_FLAVOR)
+        by = {r["name"]: r for r in cpu["resources"]}
+        assert (by["cpu"]["nominalQuota"], by["cpu"]["borrowingLimit"], by["cpu"]["lendingLimit"]) == \
+            (cpus, other_cpus, cpus)
+        assert (by["memory"]["nominalQuota"], by["memory"]["borrowingLimit"]) == (f"{gib}Gi", f"{other_gib}Gi")
+        assert (by["nvidia.com/gpu"]["nominalQuota"], by["nvidia.com/gpu"]["borrowingLimit"]) == (0, 0)
+        assert fit.potential_capacity(q, qs, naming.CPU_FLAVOR, "cpu") == 24 + default.cpus
+        assert fit.potential_capacity(q, qs, naming.CPU_FLAVOR, "nvidia.com/gpu") == 0
+
+
+def test_the_cpu_flavor_selects_the_system_nodes_and_no_gpu_pool_shares_its_labels():
+    flavor = queues.cpu_flavor(SYSTEM)
+    assert flavor["metadata"]["name"] == naming.CPU_FLAVOR
+    assert flavor["spec"] == {"nodeLabels": SYSTEM}  # no taint to tolerate, no GPU pool's labels
+    assert not set(SYSTEM) & set(queues.resource_flavor(pool("p"))["spec"]["nodeLabels"])
+    with pytest.raises(ValueError, match="system_node_selector"):
+        queues.cpu_flavor({})
 
 
 def test_one_number_of_gpus_applies_to_every_pool():
@@ -89,7 +124,9 @@ def test_cpu_and_memory_per_gpu_cover_every_catalog_machine():
 def test_resource_flavor_selects_the_pool_and_its_capacity_type():
     flavor = queues.resource_flavor(pool("h100-spot", capacity="spot"))
     assert flavor["spec"]["nodeLabels"] == {naming.POOL_LABEL: "h100-spot", naming.CAPACITY_LABEL: "spot"}
-    assert flavor["spec"]["tolerations"] == naming.gpu_tolerations()
+    # The GPU taint as the nodes carry it: Kueue gives the flavor only to pod sets that tolerate it themselves.
+    assert flavor["spec"]["nodeTaints"] == [{k: naming.GPU_TAINT[k] for k in ("key", "value", "effect")}]
+    assert "tolerations" not in flavor["spec"]
 
 
 def test_team_entries_are_each_teams_namespace_queues_quota_and_workdir():
@@ -99,6 +136,7 @@ def test_team_entries_are_each_teams_namespace_queues_quota_and_workdir():
                                                                      "team-research")
     assert team.gpu_quota == {"p": 8} and team.nvme_workdir == "/mnt/nvme/gpu-train/team-research"
     assert team.namespace_labels == naming.namespace_labels("research") and team.submitters == ["g"]
-    kueue = queues.kueue_objects(teams, [pool("p")])
+    kueue = queues.kueue_objects(teams, [pool("p")], SYSTEM)
     assert kueue.cluster_queues == queues.cluster_queues(teams, [pool("p")])
+    assert kueue.resource_flavors == [queues.cpu_flavor(SYSTEM), queues.resource_flavor(pool("p"))]
     assert kueue.excluded_resource_prefixes == list(queues.EXCLUDED_RESOURCE_PREFIXES)

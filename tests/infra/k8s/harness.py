@@ -156,7 +156,7 @@ def build_layer(stack: str, mutate=None, edit_platform=None) -> tuple[list[dict[
         if edit_platform is not None:
             platform = edit_platform(platform)
         layer = build_kubernetes(platform, cfg, image="registry/trainer@sha256:" + "0" * 64)
-        fields["layer"] = layer
+        fields["layer"], fields["platform"] = layer, platform
 
     from pulumi.runtime.stack import run_pulumi_func
 

@@ -73,15 +73,21 @@ def test_queues_and_quotas_come_from_settings(layers, stack):
     records, fields = layers[stack]
     cfg = load_stack(stack)
     flavors = {o["metadata"]["name"]: o for o in of_kind(records, "ResourceFlavor")}
-    assert set(flavors) == {p.name for p in cfg.gpu_pools}
+    assert set(flavors) == {naming.CPU_FLAVOR, *(p.name for p in cfg.gpu_pools)}
     for p in cfg.gpu_pools:
         assert flavors[p.name]["spec"]["nodeLabels"][naming.CAPACITY_LABEL] == p.capacity
+    # The CPU flavor is the platform's system nodes, where data preparation runs.
+    assert flavors[naming.CPU_FLAVOR]["spec"] == {"nodeLabels": dict(fields["platform"].system_node_selector)}
     queues = {o["metadata"]["name"]: o for o in of_kind(records, "ClusterQueue")}
     for team in cfg.teams:
         spec = queues[naming.team_namespace(team.name)]["spec"]
         gpus = sum(r["nominalQuota"] for f in spec["resourceGroups"][0]["flavors"] for r in f["resources"]
                    if r["name"] == "nvidia.com/gpu")
         assert gpus == sum(cfg.team_quota(team).values())
+        cpu = next(f for f in spec["resourceGroups"][0]["flavors"] if f["name"] == naming.CPU_FLAVOR)
+        assert cpu["resources"][0] == {"name": "cpu", "nominalQuota": team.prepare_quota.cpus,
+                                       "borrowingLimit": sum(t.prepare_quota.cpus for t in cfg.teams) -
+                                       team.prepare_quota.cpus, "lendingLimit": team.prepare_quota.cpus}
         lq = [o for o in of_kind(records, "LocalQueue") if o["metadata"]["namespace"] == naming.team_namespace(team.name)]
         assert [o["spec"]["clusterQueue"] for o in lq] == [naming.team_namespace(team.name)]
         assert fields["layer"].local_queue[team.name] == lq[0]["metadata"]["name"]

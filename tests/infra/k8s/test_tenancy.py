@@ -16,7 +16,7 @@ import yaml
 from gpu_train.jobs import fit
 from gpu_train.spec import job, naming, queues
 from gpu_train.spec.contract import Fabric, GpuPool
-from gpu_train.spec.settings import TeamSettings
+from gpu_train.spec.settings import PrepareQuotaSettings, TeamSettings
 from infra.k8s import tenancy
 
 # Field names of Kueue's Configuration at v0.19.2, from the json tags of apis/config/v1beta2
@@ -74,9 +74,16 @@ def test_the_namespaces_quota_is_the_most_its_cluster_queue_can_admit():
     cluster_queues = queues.cluster_queues(teams, [pool("p", max_nodes=6)])
     for q in cluster_queues:
         assert fit.potential_capacity(q, cluster_queues, "p", "nvidia.com/gpu") == 48
-    # The namespace's ResourceQuota backstop is that ceiling.
+    # The namespace's ResourceQuota backstop is that ceiling, with the CPU and memory that come with the GPUs, the
+    # most its CPU flavor can admit (every team's prepareQuota: 8 CPUs and 32 GiB each by default), and headroom.
     hard = tenancy.team_quota(teams[1], teams, [pool("p", max_nodes=6)])
     assert hard["requests.nvidia.com/gpu"] == "48"
+    assert hard["requests.cpu"] == str(48 * queues.CPU_PER_GPU + 2 * 8 + 16)
+    assert hard["requests.memory"] == hard["limits.memory"] == f"{48 * queues.MEMORY_GIB_PER_GPU + 2 * 32 + 64}Gi"
+    bigger = (*teams, TeamSettings(name="data", gpu_quota=0, prepare_quota=PrepareQuotaSettings(cpus=64,
+                                                                                                 memory_gi=256)))
+    assert tenancy.team_quota(teams[1], bigger, [pool("p", max_nodes=6)])["requests.cpu"] == \
+        str(48 * queues.CPU_PER_GPU + 2 * 8 + 64 + 16)
     assert hard["services.loadbalancers"] == "0" and hard["services.nodeports"] == "0"
 
 
@@ -131,6 +138,11 @@ def test_team_members_read_exactly_what_gpu_train_needs():
               for g in rule["apiGroups"] for r in rule["resources"]}
     assert viewer[("kueue.x-k8s.io", "workloads")] == {"get", "list", "watch"}  # viewers cannot pause
     assert viewer[("jobset.x-k8s.io", "jobsets")] == {"get", "list", "watch"}
+    # `gpu-train list / status` show the team's data preparations too: viewers read RayJobs, only submitters make them.
+    assert viewer[("ray.io", "rayjobs")] == {"get", "list", "watch"}
+    submitter = {(g, r): set(rule["verbs"]) for rule in tenancy.submitter_rules()
+                 for g in rule["apiGroups"] for r in rule["resources"]}
+    assert {"get", "list", "create", "delete"} <= submitter[("ray.io", "rayjobs")]
 
 
 def _platform(api_cidrs=("10.0.0.0/16",), gpus=8):
