@@ -26,7 +26,8 @@ from kubernetes import config as k8s_config
 
 from gpu_train.jobs.fit import quantity
 from gpu_train.spec import naming
-from gpu_train.spec.settings import StackSettings, parse
+from gpu_train.spec.settings import StackSettings
+from gpu_train.spec.settings_checks import parse
 from tests.cluster import jobs
 from tests.cluster.conftest import STACK, wait_for
 from tests.cluster.jobs import NS, RAYJOB, WORKLOAD, condition
