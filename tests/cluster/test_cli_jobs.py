@@ -90,13 +90,13 @@ def test_pause_and_resume_set_the_workloads_active_field(platform, cli, tmp_path
              is True and gpu_usage(platform, NS) == 0)
     evicted = next(c for c in platform.get(*WORKLOAD, name, NS)["status"]["conditions"] if c["type"] == "Evicted")
     assert (evicted["status"], evicted["reason"]) == ("True", "Deactivated")
-    assert _row(cli("list", "--kubeconfig", alice)[1], "jobs-pause")[1] == "Paused"
+    assert _row(cli("list", "--kubeconfig", alice)[1], "jobs-pause")[2] == "Paused"
     code, out, err = cli("resume", "jobs-pause", "--kubeconfig", alice)
     assert code == 0, err
     assert platform.get(*WORKLOAD, name, NS)["spec"]["active"] is True  # the same Workload, active again
     wait_for("'jobs-pause' admitted again", lambda: _admitted(platform, "jobs-pause") and
              gpu_usage(platform, NS) == 1)
-    assert _row(cli("list", "--kubeconfig", alice)[1], "jobs-pause")[1] == "Running"
+    assert _row(cli("list", "--kubeconfig", alice)[1], "jobs-pause")[2] == "Running"
 
 
 def test_a_viewer_may_not_pause(platform, cli, tmp_path, clean):
