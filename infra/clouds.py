@@ -18,8 +18,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from gpu_train.jobs import queues
 from gpu_train.jobs.check import check_job
-from gpu_train.spec import naming, queues, settings_checks
+from gpu_train.spec import naming, settings_checks
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.settings import StackSettings
 from gpu_train.spec.settings_checks import BUCKET_SCHEME
