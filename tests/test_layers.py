@@ -18,9 +18,8 @@ the module that defines it too. The rules:
   libraries of its outputs (numpy, matplotlib, mlflow) and the object stores (gpu_train.storage: file://, s3://,
   gs:// over boto3, which the trainer reads and writes through too), never the team command; gpu_train.cli (the
   command) adds itself, serving and sweeps, builds on the client, and may import Optuna. None imports pulumi,
-  torch, infra, policies, trainer or tools, with one exception: the local model server
-  (gpu_train.serving.model_server) runs transformers over torch, and is only ever started as its own process
-  (`python -m`), never imported.
+  torch, infra, policies, trainer or tools: `serve --local`'s model server (trainer.model_server, transformers
+  over torch) is only ever started as its own process (`python -m`), never imported.
 - infra (the Pulumi program) imports the core, never policies, trainer, tools, the client or the team command;
   infra/settings.py imports nothing of infra/aws, infra/gcp, infra/k8s; infra/k8s imports no cloud layer and no
   catalog, and its code compares nothing with a cloud's name.
@@ -150,9 +149,8 @@ ALLOWED = {
                          "gpu_train.sweeps", "pydantic", "yaml", "optuna", "numpy", "matplotlib", "mlflow",
                          "kubernetes", "boto3", "botocore"),
 }
-# The one module of the core that runs torch: the model server `gpu-train serve --local` starts as a process.
-MODEL_SERVER = "gpu_train.serving.model_server"
-MODEL_SERVER_IMPORTS = ("torch", "transformers", "fastapi", "uvicorn", "pydantic")
+# The torch module `gpu-train serve --local` starts as a process of its own.
+MODEL_SERVER = "trainer.model_server"
 FORBIDDEN = {
     "infra": ("policies", "trainer", "tools", "gpu_train.cli", "gpu_train.client"),
     "policies": ("infra", "trainer", "tools", "gpu_train.cli", "gpu_train.client"),
@@ -174,8 +172,6 @@ def test_the_core_and_the_command_import_only_what_they_may(layer):
             continue
         for t in targets:
             if top(t) in STDLIB or top(t) == "__future__":
-                continue
-            if mod == MODEL_SERVER and top(t) in MODEL_SERVER_IMPORTS:
                 continue
             if not any(in_layer(t, allowed) for allowed in ALLOWED[layer]):
                 bad.append(f"{mod} imports {t}")
@@ -224,13 +220,13 @@ def test_the_face_check_sees_a_name_taken_from_a_lazy_face(tmp_path):
 
 def test_neither_pulumi_nor_torch_in_the_core_or_the_command():
     bad = [f"{m} imports {t}" for m, ts in GRAPH.items() if in_layer(m, "gpu_train") for t in ts
-           if top(t).startswith("pulumi") or (top(t) in ("torch", "transformers") and m != MODEL_SERVER)]
+           if top(t).startswith("pulumi") or top(t) in ("torch", "transformers")]
     assert bad == []
 
 
 def test_the_model_server_is_started_never_imported():
     """The torch of `serve --local` stays in its own process: no module imports the model server; the local mode
-    starts it as `python -m gpu_train.serving.model_server`."""
+    starts it as `python -m trainer.model_server`."""
     importers = sorted(m for m, ts in GRAPH.items() if MODEL_SERVER in ts)
     assert importers == []
     assert any(top(t) == "torch" for t in GRAPH[MODEL_SERVER])
