@@ -1,5 +1,5 @@
-"""`gpu-train run --local [SPEC]`: a job spec under local torchrun on this machine, through the one launcher
-(gpu_train.jobs.launch) and the image's own launcher (python -m trainer.launch: the bundled trainer's preflight,
+"""`gpu-train run --local [SPEC]`: a job spec under local torchrun on this machine, through the one launch builder
+(gpu_train.jobs.launch) and the launcher (python -m trainer.launch: the bundled trainer's preflight,
 then torchrun with elastic c10d rendezvous).
 
 Usage:
@@ -9,7 +9,7 @@ Usage:
 
 The spec goes through the same job model as a submitted one (gpu_train.spec.job: types, then the job's own and
 its trainer settings' checks, with this machine standing in for the pool: `nproc` workers on one node) and gets
-the same command and environment contract the cluster job gets (gpu_train.jobs.launch: launch_env, and for the
+the same command and job environment the cluster job gets (gpu_train.jobs.launch: launch_env, and for the
 bundled trainer its settings). What differs on one machine: one node (`--nnodes=1`) with nproc workers, a run
 directory under ./runs/<job name> instead of the node's NVMe, no object store unless the spec names a file://
 checkpoint URI, and the dataset: --data, or the spec's own when it is a local file:// manifest, else the
