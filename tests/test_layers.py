@@ -9,9 +9,12 @@ Tracker`, resolved through trainer/__init__.py's PUBLIC table or the package's o
 the module that defines it too. The rules:
 - gpu_train.spec (the vocabulary) imports only itself, the standard library, pydantic and yaml: no module of the
   project outside gpu_train/spec (SPEC_EXCEPTIONS names any exception, with its reason);
+  gpu_train.sizing (what a trainer configuration needs from the hardware) adds only itself;
+  gpu_train.carbon (the region tables, the estimate, the ranking) adds itself and the sizing (FLOPs);
   gpu_train.storage (the object stores) adds itself and boto3;
-  gpu_train.jobs (the renderer) adds itself and the kubernetes client; gpu_train.client (the Python client) adds
-  itself and the clients it reads the cluster and the log stores with; gpu_train.serving (serving's programs: the
+  gpu_train.jobs (the renderer) adds itself, the sizing, the carbon tables and the kubernetes client;
+  gpu_train.client (the Python client) adds itself, what jobs may import and the clients it reads the cluster and
+  the log stores with; gpu_train.serving (serving's programs: the
   route, the promotion loop, the registry client) adds itself and its clients (kubernetes, MLflow, aiohttp,
   urllib3, prometheus_client); gpu_train.sweeps (the sweep controller, also run in the cluster from the trainer
   image) imports the core, the renderer, the client (its cluster trials are the client's jobs), Optuna, the
@@ -25,7 +28,7 @@ the module that defines it too. The rules:
   catalog, and its code compares nothing with a cloud's name.
 - policies import the core and themselves (and pulumi_policy), never infra or trainer.
 - trainer imports the core and itself, never infra, policies, tools, the client, the team command, the sweep
-  controller or Optuna (no Optuna code runs in a trial).
+  controller or Optuna (no Optuna code runs in a trial); its model server takes serving's metrics and ports.
 - No import cycle between modules of the project, whether lazy imports or annotations close it
   (ANNOTATION_CYCLES names the exceptions, with their reasons).
 - Inside trainer/ and gpu_train/, a module imports a name from the module that defines it, never through a
@@ -137,12 +140,14 @@ MODULES = set(GRAPH)
 # (layer, what it may import besides the standard library)
 ALLOWED = {
     "gpu_train.spec": ("gpu_train.spec", "pydantic", "pydantic_core", "yaml"),
+    "gpu_train.sizing": ("gpu_train.spec", "gpu_train.sizing"),
+    "gpu_train.carbon": ("gpu_train.spec", "gpu_train.sizing", "gpu_train.carbon"),
     "gpu_train.storage": ("gpu_train.spec", "gpu_train.storage", "boto3", "botocore", "s3transfer"),
-    "gpu_train.jobs": ("gpu_train.spec", "gpu_train.jobs", "kubernetes"),
+    "gpu_train.jobs": ("gpu_train.spec", "gpu_train.sizing", "gpu_train.carbon", "gpu_train.jobs", "kubernetes"),
     "gpu_train.serving": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.serving", "kubernetes", "mlflow", "aiohttp",
                           "urllib3", "prometheus_client"),
-    "gpu_train.client": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.client", "kubernetes", "yaml", "boto3",
-                         "botocore", "google", "prometheus_client", "urllib3"),
+    "gpu_train.client": ("gpu_train.spec", "gpu_train.sizing", "gpu_train.carbon", "gpu_train.jobs", "gpu_train.client",
+                         "kubernetes", "yaml", "boto3", "botocore", "google", "prometheus_client", "urllib3"),
     "gpu_train.cli": ("gpu_train", "kubernetes", "yaml", "boto3", "botocore", "google", "prometheus_client",
                       "urllib3", "optuna"),
     "gpu_train.sweeps": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.client", "gpu_train.storage",
@@ -156,7 +161,12 @@ FORBIDDEN = {
     "policies": ("infra", "trainer", "tools", "gpu_train.cli", "gpu_train.client"),
     "trainer": ("infra", "policies", "tools", "pulumi", "gpu_train.cli", "gpu_train.client", "gpu_train.sweeps",
                 "optuna"),
-    "gpu_train.spec": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps", "gpu_train.storage"),
+    "gpu_train.spec": ("gpu_train.sizing", "gpu_train.carbon", "gpu_train.jobs", "gpu_train.client", "gpu_train.cli",
+                       "gpu_train.sweeps", "gpu_train.storage", "gpu_train.serving"),
+    "gpu_train.sizing": ("gpu_train.carbon", "gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps",
+                         "gpu_train.storage", "gpu_train.serving"),
+    "gpu_train.carbon": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps", "gpu_train.storage",
+                         "gpu_train.serving"),
     "gpu_train.storage": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps"),
     "gpu_train.jobs": ("gpu_train.client", "gpu_train.cli", "gpu_train.sweeps"),
     "gpu_train.client": ("gpu_train.cli", "gpu_train.sweeps"),

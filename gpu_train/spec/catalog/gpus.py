@@ -4,7 +4,7 @@ memory in GB.
 Usage: `from gpu_train.spec.catalog.gpus import tdp_watts, memory_gb; tdp_watts("H100")` -> 700, None when no figure
 is published (AWS Trainium); `memory_gb("L4")` -> 24.
 
-The carbon estimate (gpu_train/spec/carbon/estimate.py) multiplies the job's GPUs by this figure: an upper bound
+The carbon estimate (gpu_train/carbon/estimate.py) multiplies the job's GPUs by this figure: an upper bound
 of what a GPU draws under a training load. Figures from the vendors' data sheets for the parts the clouds use:
 - H100 SXM5: up to 700 W (https://www.nvidia.com/en-us/data-center/h100/, "Max thermal design power (TDP)");
 - H200 SXM: up to 700 W (https://www.nvidia.com/en-us/data-center/h200/);
