@@ -12,7 +12,7 @@ pipeline rows need two GPUs or more (one GPU per rank: NCCL refuses two ranks on
 machine with fewer, and without CUDA, each row says what it needs instead of a figure. MFU counts the same
 FLOPs per token in every row (bench.common.preset_flops_per_token): a layout changes where they run, not
 how many there are. TP and PP rows run without torch.compile (the trainer refuses compile with either).
-Every data-parallel row sets its peak memory beside the plan-time estimate (gpu_train/spec/memory.py).
+Every data-parallel row sets its peak memory beside the plan-time estimate (gpu_train/sizing/memory.py).
 
 The CPU-sized form (`python -m bench.gpu --cpu-sized`, or this section on a machine without CUDA): the same rows'
 code on the tiny preset in fp32 without compile, 20 steps, micro batch 8 and 32 under DDP beside the bare loop at
@@ -32,9 +32,9 @@ import torch
 
 from bench.common import Figure, preset_flops_per_token, ratio
 from bench.runs import ROOT, run_trainer, seconds_per_step, summary
+from gpu_train.sizing.layout import resolve_layout
+from gpu_train.sizing.memory import memory_per_gpu
 from gpu_train.spec import trainer_config as tcfg
-from gpu_train.spec.layout import resolve_layout
-from gpu_train.spec.memory import memory_per_gpu
 from trainer.flops import gpu_peak_flops, mfu
 
 FROM_STEP = 10
@@ -120,7 +120,7 @@ def _common(steps: int, micro: int, gpus: int, preset: str, cuda: bool) -> list[
 
 
 def _estimate_gb(preset: str, overrides: list[str], gpus: int) -> float:
-    """The plan-time memory estimate of one GPU for this run (gpu_train/spec/memory.py), in GB."""
+    """The plan-time memory estimate of one GPU for this run (gpu_train/sizing/memory.py), in GB."""
     cfg = tcfg.build_config(preset, None, overrides)
     return memory_per_gpu(cfg, resolve_layout(cfg.train, gpus)).total / 1e9
 

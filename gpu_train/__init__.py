@@ -10,8 +10,9 @@ Usage:
 Layers (imports run one way, towards `spec`):
     gpu_train.spec     every feature's spec model and pure data: stack settings, job spec, service spec, sweep
                        spec, platform contract, the job environment, names, catalogs, the trainer's settings
-                       schema with its layout and memory checks, pod rules, exit codes
-    gpu_train.sizing   what a trainer configuration needs from the hardware: FLOPs per token, the GPUs' peaks
+                       schema, pod rules, exit codes
+    gpu_train.sizing   what a trainer configuration needs from the hardware: the parallel layout at a world size,
+                       the memory a GPU needs, a job's fit to its pool's GPUs, FLOPs per token, the GPUs' peaks
     gpu_train.carbon   the region carbon tables (data files beside it), a job's estimate, the region ranking
     gpu_train.jobs     pure functions over the spec: the JobSet and serving renderers, the launch builder, the
                        Kueue queue objects, the quota and node fit

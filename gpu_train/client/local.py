@@ -32,6 +32,7 @@ from urllib.parse import unquote, urlsplit
 
 from gpu_train.client.cluster import ClientError
 from gpu_train.jobs.launch import Site, local, run_forwarding
+from gpu_train.sizing.job import layout_problems
 from gpu_train.spec import naming
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.install import install_hint
@@ -78,7 +79,9 @@ class _Here:
 def local_problems(job: JobSpec, nproc: int, key: str = "job") -> list[str]:
     """The job's checks with this machine as its pool: MIN:MAX is the cluster's business, so one node here."""
     here = job.model_copy(update={"nodes": NodeRange(1, 1), "gpus_per_node": 0})
-    return job_problems(here, pools=[_Here(job.pool, nproc)], teams=[_Here(job.team, nproc, pool=job.pool)], scheme=None, key=key)
+    pools = [_Here(job.pool, nproc)]
+    return (job_problems(here, pools=pools, teams=[_Here(job.team, nproc, pool=job.pool)], scheme=None, key=key)
+            + layout_problems(here, pools=pools, key=key))
 
 
 def local_site(job: JobSpec, *, runs: str | Path, data: str = "") -> Site:

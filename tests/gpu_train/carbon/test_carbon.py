@@ -197,7 +197,7 @@ def test_advisory_fires_above_twice_the_best_allowed_region():
 def test_submits_memory_and_carbon_lines_each_name_their_world_size():
     """nodes 1:2 on one-GPU nodes: the memory a GPU needs is largest at MIN (1 GPU), the run is estimated at MAX (2
     GPUs, the JobSet Kueue admits whole); each line says which, in the same words."""
-    from gpu_train.spec.job import memory_line
+    from gpu_train.sizing.job import memory_line
 
     job = read_job({"name": "gpt2", "team": "research", "pool": "l4", "preset": "gpt2-124m", "nodes": "1:2",
                     "steps": 1000, "globalBatchTokens": 524288})

@@ -153,7 +153,7 @@ def test_the_layout_travels_as_trainer_settings_and_keeps_tensor_parallel_groups
     group (the innermost dimension) is on one node and the pipeline stages are on different nodes."""
     import torch
 
-    from gpu_train.spec.layout import resolve_layout
+    from gpu_train.sizing.layout import resolve_layout
     from gpu_train.spec.trainer_config import build_config
 
     job = read_job({"name": "llm", "team": "research", "pool": "h100", "preset": "gpt2-350m", "nodes": "2:4",

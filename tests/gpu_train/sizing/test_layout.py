@@ -1,16 +1,15 @@
 """The parallel layout: degrees at a world size, the checks that refuse an impossible layout naming its setting (in
 the trainer's schema and at plan/submit time), the pipeline's micro batches and the memory a GPU needs.
 
-Run: .venv/bin/pytest tests/gpu_train/spec/test_layout.py -q
+Run: .venv/bin/pytest tests/gpu_train/sizing/test_layout.py -q
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gpu_train.spec.errors import ConfigError
-from gpu_train.spec.job import job_problems, read_job
-from gpu_train.spec.layout import (
+from gpu_train.sizing.job import layout_problems, memory_line
+from gpu_train.sizing.layout import (
     Layout,
     LayoutError,
     micro_batches,
@@ -20,7 +19,9 @@ from gpu_train.spec.layout import (
     stage_layers,
     world_problems,
 )
-from gpu_train.spec.memory import RECOMMENDED_LAYOUTS, memory_per_gpu, memory_problem
+from gpu_train.sizing.memory import RECOMMENDED_LAYOUTS, memory_per_gpu, memory_problem
+from gpu_train.spec.errors import ConfigError
+from gpu_train.spec.job import job_problems, read_job
 from gpu_train.spec.trainer_config import PRESETS, build_config
 from tests.gpu_train.spec.test_job import SPEC, Pool, Team
 
@@ -138,8 +139,9 @@ def test_the_recommended_layouts_fit_and_plain_data_parallelism_does_not():
 
 def test_plan_time_errors_name_the_job_setting():
     def problems(spec: dict, pool: Pool = Pool()) -> list[str]:
-        return job_problems(read_job(spec, key="job"), pools=[pool], teams=[Team(gpu_quota={pool.name: 64})],
-                            scheme="s3://", key="job")
+        job = read_job(spec, key="job")
+        return (job_problems(job, pools=[pool], teams=[Team(gpu_quota={pool.name: 64})], scheme="s3://", key="job")
+                + layout_problems(job, pools=[pool], key="job"))
 
     base = {**SPEC, "nodes": "1:2"}
     (p,) = problems({**base, "overrides": {**SPEC["overrides"], "train.tp": 5}})
@@ -157,8 +159,6 @@ def test_plan_time_errors_name_the_job_setting():
 
 
 def test_submit_prints_the_memory_a_gpu_needs_at_min_nodes():
-    from gpu_train.spec.job import memory_line
-
     job = read_job({**SPEC, "preset": "gpt2-2.7b", "nodes": "1:2", "globalBatchTokens": 1048576, "overrides": {}},
                    key="job")
     line = memory_line(job, gpus=8, gpu_type="H100")
