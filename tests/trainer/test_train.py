@@ -207,3 +207,15 @@ def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(tmp_p
     more = run_trainer(run_dir, None, [*base, "eval.early_stopping_patience=4"])
     assert more.returncode == 0, more.output[-4000:]
     assert (summary(run_dir)["status"], summary(run_dir)["step"]) == ("stopped_early", 5)
+
+
+def test_auto_micro_batch_is_the_largest_that_fits_each_worker(tmp_path):
+    """SMALL's 12 sequences per step over 2 workers are 6 each, and the tiny model at 6 sequences fits any host's
+    memory, so auto is 6: the run's resolved configuration records it and the log line says why."""
+    run_dir = tmp_path / "auto"
+    res = run_trainer(run_dir, 2, [o for o in SMALL if not o.startswith("train.micro_batch_size")] + [
+        "train.micro_batch_size=auto", "train.steps=2"])
+    assert res.returncode == 0, res.output[-4000:]
+    assert json.loads((run_dir / "config.json").read_text())["train"]["micro_batch_size"] == 6
+    assert "train.micro_batch_size=auto: 6 at world size 2, estimated" in res.output
+    assert "of this host's memory" in res.output
