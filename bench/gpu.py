@@ -1,7 +1,7 @@
 """On a CUDA machine (`python -m bench --gpu`): tokens/s, MFU and peak memory of gpt2-124m and
 gpt2-350m in bf16 with torch.compile, under DDP and under FSDP2, against the same model in the bare
 loop (bench/bare.py) at the same micro batch, all on this machine's GPUs in one run, gpt2-124m also under
-DDP at four times its preset's micro batch; then gpt2-350m under FSDP2 with tensor parallelism (train.tp=2) and under pipeline parallelism
+DDP at four times its preset's micro batch and at train.micro_batch_size=auto; then gpt2-350m under FSDP2 with tensor parallelism (train.tp=2) and under pipeline parallelism
 (train.pp=2, 1F1B), against its FSDP2 row. Each row prints one line as it is measured; a run that fails
 becomes a row naming the worker's error line, and the section goes on with the next. Each trainer run's
 output is kept in build/bench/gpu-logs/.
@@ -15,13 +15,14 @@ how many there are. TP and PP rows run without torch.compile (the trainer refuse
 Every data-parallel row sets its peak memory beside the plan-time estimate (gpu_train/sizing/memory.py).
 
 The CPU-sized form (`python -m bench.gpu --cpu-sized`, or this section on a machine without CUDA): the same rows'
-code on the tiny preset in fp32 without compile, 20 steps, micro batch 8 and 32 under DDP beside the bare loop at
-the same batch, so the script is known to run before a GPU is lent; MFU and peak memory are n/a there.
+code on the tiny preset in fp32 without compile, 20 steps, micro batch 8, 32 and auto under DDP beside the bare
+loop at the same batch, so the script is known to run before a GPU is lent; MFU and peak memory are n/a there.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ import torch
 from bench.common import Figure, preset_flops_per_token, ratio
 from bench.runs import ROOT, run_trainer, seconds_per_step, summary
 from gpu_train.sizing.layout import resolve_layout
-from gpu_train.sizing.memory import memory_per_gpu
+from gpu_train.sizing.memory import fitting_micro_batch, memory_per_gpu, sized
 from gpu_train.spec import trainer_config as tcfg
 from trainer.flops import gpu_peak_flops, mfu
 
@@ -42,7 +43,11 @@ FROM_STEP = 10
 
 # (preset, micro batch, train.parallel values): gpt2-124m at the preset's micro batch and at four times it (larger
 # matrix products per launch, a quarter of the per-step fixed costs per token, the same FLOPs per token).
-DATA_PARALLEL = (("gpt2-124m", 16, ("DDP", "FSDP")), ("gpt2-124m", 64, ("DDP",)), ("gpt2-350m", 8, ("DDP", "FSDP")))
+# "auto": the micro batch the trainer picks by train.micro_batch_size=auto from the GPU's memory, up to AUTO_SEQUENCES
+# per GPU, and the bare loop runs at that one.
+DATA_PARALLEL = (("gpt2-124m", 16, ("DDP", "FSDP")), ("gpt2-124m", 64, ("DDP",)), ("gpt2-124m", "auto", ("DDP",)),
+                 ("gpt2-350m", 8, ("DDP", "FSDP")))
+AUTO_SEQUENCES = {True: 512, False: 64}  # by CUDA or not
 
 # (row, overrides): model parallel layouts of gpt2-350m (24 layers, 16 heads) on this machine's GPUs.
 LAYOUTS = (
@@ -52,7 +57,7 @@ LAYOUTS = (
 
 
 # The CPU-sized form (module docstring).
-CPU_SIZED = (("tiny", 8, ("DDP",)), ("tiny", 32, ("DDP",)))
+CPU_SIZED = (("tiny", 8, ("DDP",)), ("tiny", 32, ("DDP",)), ("tiny", "auto", ("DDP",)))
 
 
 def run(quick: bool = False, cpu_sized: bool = False) -> list[Figure]:
@@ -90,9 +95,13 @@ def _data_parallel(quick: bool, rows: tuple = DATA_PARALLEL, cuda: bool = True) 
     steps = 20 if not cuda else 30 if quick else 60
     kind = "bf16+compile" if cuda else "fp32"
     figures = []
-    for preset, micro, parallels in rows:
+    for preset, asked, parallels in rows:
+        micro = _auto_micro(preset, gpus, cuda) if asked == "auto" else asked
         # One optimizer step = one micro batch per GPU, so bare (1 GPU) and ours compare per GPU.
         common = _common(steps, micro, gpus, preset, cuda)
+        # With auto the trainer chooses again, from the same estimate and memory: the same micro batch.
+        ours = [o if asked != "auto" or not o.startswith("train.micro_batch_size=") else "train.micro_batch_size=auto"
+                for o in common]
         fpt = preset_flops_per_token(preset)
         context = tcfg.build_config(preset).model.context
         try:
@@ -102,9 +111,9 @@ def _data_parallel(quick: bool, rows: tuple = DATA_PARALLEL, cuda: bool = True) 
             bare_tps = None
             print(f"gpu: {preset} bare loop failed: {_last_line(exc.stderr)}", flush=True)
         for parallel in parallels:
-            row = f"{preset} {parallel} {kind}, micro batch {micro} vs bare loop"
+            row = f"{preset} {parallel} {kind}, micro batch {'auto: ' if asked == 'auto' else ''}{micro} vs bare loop"
             target = ">= 45% MFU" if preset == "gpt2-124m" else ""
-            overrides = [*common, f"train.parallel={parallel.lower()}"]
+            overrides = [*ours, f"train.parallel={parallel.lower()}"]
             figures.append(_trainer_row(row, preset, overrides, micro * context, gpus, peak, fpt, bare_tps,
                                         f"bare loop, 1 {'GPU' if cuda else 'process'}, micro batch {micro}", target,
                                         estimate_gb=_estimate_gb(preset, overrides, gpus), device=name))
@@ -119,10 +128,24 @@ def _common(steps: int, micro: int, gpus: int, preset: str, cuda: bool) -> list[
             "metrics.log_every=10", "train.deterministic=false"]
 
 
+def _auto_micro(preset: str, gpus: int, cuda: bool) -> int:
+    """The micro batch train.micro_batch_size=auto picks at AUTO_SEQUENCES per GPU: by GPU 0's memory, or on the
+    CPU by this host's (trainer/parallelize.py worker_memory_bytes)."""
+    context = tcfg.build_config(preset).model.context
+    cfg = tcfg.build_config(preset, None, ["train.micro_batch_size=auto", "train.precision=bf16" if cuda else
+                                           "train.precision=fp32",
+                                           f"train.global_batch_tokens={AUTO_SEQUENCES[cuda] * context * gpus}"])
+    capacity = (torch.cuda.get_device_properties(0).total_memory if cuda
+                else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    micro = fitting_micro_batch(cfg, gpus, capacity)
+    print(f"gpu: {preset} train.micro_batch_size=auto: {micro} of {AUTO_SEQUENCES[cuda]} sequences per GPU", flush=True)
+    return micro
+
+
 def _estimate_gb(preset: str, overrides: list[str], gpus: int) -> float:
     """The plan-time memory estimate of one GPU for this run (gpu_train/sizing/memory.py), in GB."""
     cfg = tcfg.build_config(preset, None, overrides)
-    return memory_per_gpu(cfg, resolve_layout(cfg.train, gpus)).total / 1e9
+    return memory_per_gpu(sized(cfg, gpus, math.inf), resolve_layout(cfg.train, gpus)).total / 1e9
 
 
 def _bare(preset: str, steps: int, tokens_per_step: int, overrides: list[str]) -> float:
@@ -168,6 +191,14 @@ def _trainer_row(row: str, preset: str, overrides: list[str], tokens: int, gpus:
                          "reference_mfu": mfu(reference, fpt, peak, 1) if reference else None})
 
 
+def _last_line(text: str) -> str:
+    """The worker's own error line when there is one (torchrun's summary follows it), else the last line."""
+    lines = [line.strip() for line in (text or "").splitlines() if any(c.isalnum() for c in line)]
+    errors = [line for line in lines if "error" in line.lower() and "errors/__init__" not in line
+              and "ChildFailedError" not in line and "pytorch.org" not in line and "error_file" not in line]
+    return (errors or lines or ["(no output)"])[-1][:300]
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -185,10 +216,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     raise SystemExit(main())
 
-
-def _last_line(text: str) -> str:
-    """The worker's own error line when there is one (torchrun's summary follows it), else the last line."""
-    lines = [line.strip() for line in (text or "").splitlines() if any(c.isalnum() for c in line)]
-    errors = [line for line in lines if "error" in line.lower() and "errors/__init__" not in line
-              and "ChildFailedError" not in line and "pytorch.org" not in line and "error_file" not in line]
-    return (errors or lines or ["(no output)"])[-1][:300]

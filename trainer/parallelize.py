@@ -27,12 +27,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpu_train.sizing.layout import Layout, resolve_layout
+from gpu_train.sizing.memory import memory_per_gpu, sized
 from gpu_train.spec.trainer_config import Config, ModelConfig
 from trainer.distributed import DistEnv
 from trainer.errors import BadInput
@@ -59,6 +61,30 @@ def model_params(model: ModelConfig) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------------------- layout
+def worker_memory_bytes(env: DistEnv) -> tuple[float, str]:
+    """(bytes, what they are) one worker may fill: its GPU's memory, or on a CPU its share of the host's."""
+    if env.is_cuda:
+        props = torch.cuda.get_device_properties(env.device)
+        return float(props.total_memory), f"a {props.name}'s memory"
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return host / env.local_world_size, f"1/{env.local_world_size} of this host's memory"
+
+
+def sized_config(cfg: Config, env: DistEnv) -> Config:
+    """`cfg` with train.micro_batch_size=auto replaced by the largest micro batch that fits this worker's memory by
+    the plan's estimate (gpu_train/sizing/memory.py fitting_micro_batch); one log line says what was chosen."""
+    if cfg.train.micro_batch_size != "auto":
+        return cfg
+    capacity, what = worker_memory_bytes(env)
+    chosen = sized(cfg, env.world_size, capacity, gpus_per_node=env.local_world_size,
+                   where=f"world size {env.world_size}")
+    if env.rank == 0:
+        est = memory_per_gpu(chosen, resolve_layout(chosen.train, env.world_size))
+        log.info("train.micro_batch_size=auto: %d at world size %d, estimated %s per worker of %.1f GB (%s)",
+                 chosen.train.micro_batch_size, env.world_size, est.describe(), capacity / 1e9, what)
+    return chosen
+
+
 def rank_layout(cfg: Config, env: DistEnv) -> Layout:
     """The layout at this world size; BadInput naming the setting when it does not fit (the plan checks the same
     before a job starts, gpu_train/sizing/layout.py)."""

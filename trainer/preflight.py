@@ -14,6 +14,7 @@ in each directory that must be writable, so a refused launch leaves the run dire
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.sizing.layout import batch_layout
+from gpu_train.sizing.memory import sized
 from gpu_train.spec.trainer_config import MAX_PORT, Config, ConfigError, to_dict
 from trainer.checkpoint.manifest import FORMAT_VERSION
 from trainer.errors import BadInput
@@ -71,8 +73,8 @@ def check_writable_dir(path: Path, key: str) -> None:
 
 def check_world_sizes(cfg: Config, world_sizes: Iterable[int]) -> None:
     for world in world_sizes:
-        try:
-            batch_layout(cfg, world)
+        try:  # train.micro_batch_size=auto: the layout must divide for some micro batch (memory is the worker's)
+            batch_layout(sized(cfg, world, math.inf), world)
         except ConfigError as exc:
             raise ConfigError(f"at world size {world}: {exc}") from exc
 

@@ -78,7 +78,7 @@ from trainer.evaluate import reduce_eval
 from trainer.export import TOKENIZER
 from trainer.metrics import StepClock, batch_hash
 from trainer.outputs import RunOutputs, dataset_tokenizer, run_summary, state_sha256, write_outputs
-from trainer.parallelize import build_model, build_optimizer, build_scheduler, resolve_dtype
+from trainer.parallelize import build_model, build_optimizer, build_scheduler, resolve_dtype, sized_config
 from trainer.preemption import Preemption
 from trainer.preflight import check_inputs, checkpoint_dir_of, open_checked_dataset
 from trainer.resume import LoopState, resume
@@ -138,6 +138,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             setup_logging(env)
             # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at in a hung collective.
             faulthandler.register(signal.SIGUSR1, all_threads=True)
+            self.cfg = cfg = sized_config(cfg, env)  # train.micro_batch_size=auto made a number
             budget = os.environ.get(SHUTDOWN_ENV, "")
             # SIGTERM (torchrun, the kubelet) and SIGINT (Ctrl-C) both stop after a final checkpoint; a second
             # SIGINT stops at once.

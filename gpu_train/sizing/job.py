@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpu_train.sizing.layout import resolve_layout, world_problems
-from gpu_train.sizing.memory import memory_per_gpu, memory_problem
+from gpu_train.sizing.memory import memory_per_gpu, memory_problem, sized
 from gpu_train.spec.catalog.gpus import memory_gb
 from gpu_train.spec.errors import ConfigError
 from gpu_train.spec.job import (
@@ -50,13 +50,22 @@ def _world_problems(job: JobSpec, tcfg: Any, *, gpus: int, gpu_type: str, key: s
     fit a GPU's memory (gpu_train/sizing/layout.py, gpu_train/sizing/memory.py)."""
     lo, hi = job.nodes.min, job.nodes.max
     model_parallel = tcfg.train.pp * tcfg.train.tp
+    auto = tcfg.train.micro_batch_size == "auto"
+    capacity = (memory_gb(gpu_type) or math.inf) * 1e9  # an unknown GPU: the layout alone sizes auto
 
     world = World(job.nodes, gpus)
 
     def where(n: int) -> str:
         return world.describe(n, within=f"{key}.nodes {job.nodes}")
 
+    sized_at: dict[int, Any] = {}
     for n in range(lo, hi + 1):
+        try:  # train.micro_batch_size=auto as the trainer will choose it on this pool's GPUs
+            sized_at[n] = sized(tcfg, n * gpus, capacity, gpus_per_node=gpus, where=where(n))
+        except ConfigError as exc:
+            return [f"{setting_key(job, 'train.micro_batch_size', key)}: {exc}"]
+    for n in range(lo, hi + 1):
+        tcfg = sized_at[n]
         for setting, text in world_problems(tcfg, n * gpus, gpus_per_node=gpus):
             if setting != "train.global_batch_tokens":
                 return [f"{setting_key(job, setting, key)}: the layout does not fit {where(n)}: {text}"]
@@ -68,8 +77,8 @@ def _world_problems(job: JobSpec, tcfg: Any, *, gpus: int, gpu_type: str, key: s
                     f"{sizes[0]} to {sizes[-1]}; narrow {key}.nodes")
             return [f"{key}.globalBatchTokens {job.global_batch_tokens} does not divide at {where(n)}: "
                     f"{text}. {hint}"]
-    for n in range(lo, hi + 1) if gpu_type else ():
-        problem = memory_problem(tcfg, resolve_layout(tcfg.train, n * gpus), gpu_type, preset=job.preset)
+    for n in range(lo, hi + 1) if gpu_type and not auto else ():
+        problem = memory_problem(sized_at[n], resolve_layout(tcfg.train, n * gpus), gpu_type, preset=job.preset)
         if problem:
             return [f"{key}.pool {job.pool!r}: at {where(n)}, {problem}"]
     return []
@@ -80,13 +89,16 @@ def memory_line(job: JobSpec, *, gpus: int, gpu_type: str) -> str:
     largest (more nodes only add data-parallel ranks, which shard or replicate, never add, what a GPU holds); the
     line names that world size as the carbon line names its own (World.describe)."""
     world = World(job.nodes, gpus)
+    capacity = memory_gb(gpu_type)
     try:
         tcfg = trainer_config(job)
+        auto = tcfg.train.micro_batch_size == "auto"
+        tcfg = sized(tcfg, world.size(job.nodes.min), (capacity or math.inf) * 1e9, gpus_per_node=gpus)
         layout = resolve_layout(tcfg.train, world.size(job.nodes.min))
         estimate = memory_per_gpu(tcfg, layout)
     except ConfigError as exc:
         return f"memory: no estimate ({exc})"
-    capacity = memory_gb(gpu_type)
     of = f" of a {gpu_type}'s {capacity} GB" if capacity else ""
-    return (f"memory: ~{estimate.describe()} per GPU{of}, under {layout} at {world.describe(job.nodes.min, 'MIN')}, "
-            "where a GPU holds the most")
+    chosen = f", train.micro_batch_size=auto: {tcfg.train.micro_batch_size}" if auto else ""
+    return (f"memory: ~{estimate.describe()} per GPU{of}, under {layout}{chosen} at "
+            f"{world.describe(job.nodes.min, 'MIN')}, where a GPU holds the most")

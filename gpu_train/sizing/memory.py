@@ -6,6 +6,7 @@ Usage:
     est = memory_per_gpu(cfg, layout)         # MemoryEstimate: parameters, gradients, optimizer, activations, ...
     est.total / 1e9                           # GB
     memory_problem(cfg, layout, "L4")         # None, or one line naming the settings to change
+    sized(cfg, world_size=8, capacity_bytes=80e9)  # cfg with train.micro_batch_size=auto made a number
     recommended_layout("gpt2-2.7b", "L4")     # {"train.pp": 4, ...}: the overrides for that GPU
 
 It is an estimate from the model's shape (docs/trainer.md, "Choosing a layout"), meant to refuse a layout that
@@ -24,18 +25,21 @@ The formula, in bytes:
   only each block's input stays, 2 x b x T x d / tp, plus one block's full set while it is recomputed. A stage
   keeps the activations of the micro batches in flight: all of a schedule run's under GPipe, up to pp under
   1F1B (and its interleaved form), one at a time without a pipeline.
-- the logits of one micro batch: b x T x vocab / tp x 10 bytes (bf16 logits, their fp32 copy and its gradient).
+- the logits of one micro batch: b x T x vocab / tp x 10 bytes (bf16 logits, their fp32 copy and its gradient);
+  with the chunked output layer and loss (train.loss_chunk_tokens, used without tensor and pipeline parallelism)
+  only one chunk's, min(b x T, train.loss_chunk_tokens) x vocab x 10 bytes.
 The total must fit in USABLE_FRACTION of the GPU's memory (the rest goes to the CUDA context, NCCL's buffers and
 the allocator's fragmentation).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_train.sizing.layout import Layout, pipeline_runs
+from gpu_train.sizing.layout import Layout, pipeline_runs, resolve_layout, world_problems
 from gpu_train.spec.catalog.gpus import memory_gb
+from gpu_train.spec.errors import ConfigError
 
 # Bytes per parameter a GPU holds: fp32 weights, fp32 gradients, AdamW's two fp32 moments.
 PARAM_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 4, 4, 8
@@ -119,7 +123,8 @@ def memory_per_gpu(cfg: Any, layout: Layout) -> MemoryEstimate:
     full_block = BLOCK_ACTIVATION_FACTOR * tokens * m.d_model / layout.tp * act_bytes / 2
     per_block = 2 * tokens * m.d_model / layout.tp * act_bytes / 2 if t.activation_checkpointing else full_block
     activations = _in_flight(cfg, layout) * layers * per_block + (full_block if t.activation_checkpointing else 0)
-    logits = tokens * m.vocab_size / layout.tp * LOGIT_BYTES
+    chunked = t.loss_chunk_tokens > 0 and layout.tp == 1 and layout.pp == 1  # as trainer/parallelize.py does
+    logits = (min(tokens, t.loss_chunk_tokens) if chunked else tokens) * m.vocab_size / layout.tp * LOGIT_BYTES
     return MemoryEstimate(parameters=held * PARAM_BYTES, gradients=held * GRAD_BYTES, optimizer=held * OPTIMIZER_BYTES,
                           gathered=gathered, activations=activations, logits=logits)
 
@@ -148,3 +153,39 @@ def memory_problem(cfg: Any, layout: Layout, gpu_type: str, *, preset: str = "")
     return (f"the model needs about {est.describe()} per GPU under {layout} (train.micro_batch_size="
             f"{cfg.train.micro_batch_size}), more than {USABLE_FRACTION:.0%} of a {gpu_type}'s {capacity} GB; "
             f"{advice} (docs/trainer.md, Choosing a layout)")
+
+
+def with_micro_batch(cfg: Any, size: int) -> Any:
+    return replace(cfg, train=replace(cfg.train, micro_batch_size=size))
+
+
+def fitting_micro_batch(cfg: Any, world_size: int, capacity_bytes: float, *, gpus_per_node: int | None = None,
+                        where: str = "") -> int:
+    """train.micro_batch_size=auto at this world size: the largest micro batch whose layout divides the step
+    (world_problems) and whose estimate fits USABLE_FRACTION of `capacity_bytes`, one worker's memory. ConfigError
+    naming the setting when the step divides for none, or not even one sequence fits."""
+    sequences = cfg.train.global_batch_tokens // cfg.model.context
+    usable = capacity_bytes * USABLE_FRACTION
+    smallest: MemoryEstimate | None = None
+    for size in sorted((b for b in range(1, sequences + 1) if sequences % b == 0), reverse=True):
+        sized_cfg = with_micro_batch(cfg, size)
+        if world_problems(sized_cfg, world_size, gpus_per_node):
+            continue
+        smallest = memory_per_gpu(sized_cfg, resolve_layout(cfg.train, world_size))
+        if smallest.total <= usable:
+            return size
+    where = where or f"world size {world_size}"
+    if smallest is None:  # not even one sequence per micro batch: the layout's own problem
+        _, text = world_problems(with_micro_batch(cfg, 1), world_size, gpus_per_node)[0]
+        raise ConfigError(f"train.micro_batch_size=auto: no micro batch fits the layout at {where}: {text}")
+    raise ConfigError(f"train.micro_batch_size=auto: even the smallest micro batch needs about "
+                      f"{smallest.describe()} per worker at {where}, more than {USABLE_FRACTION:.0%} of "
+                      f"{capacity_bytes / 1e9:.1f} GB; raise train.tp or train.pp, shard with train.parallel=fsdp or "
+                      "set train.activation_checkpointing=true (docs/trainer.md, Choosing a layout)")
+
+
+def sized(cfg: Any, world_size: int, capacity_bytes: float, **kwargs: Any) -> Any:
+    """`cfg` with train.micro_batch_size=auto replaced by fitting_micro_batch's choice; `cfg` itself otherwise."""
+    if cfg.train.micro_batch_size != "auto":
+        return cfg
+    return with_micro_batch(cfg, fitting_micro_batch(cfg, world_size, capacity_bytes, **kwargs))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
@@ -53,7 +54,9 @@ class ModelConfig:
 class TrainConfig:
     steps: int = 200  # optimizer steps
     global_batch_tokens: int = 4096  # tokens per optimizer step over all workers, constant under elasticity
-    micro_batch_size: int = 8  # sequences per forward/backward on one worker
+    # Sequences per forward/backward on one worker; auto: the largest that divides the step and fits the worker's
+    # memory by the estimate (gpu_train/sizing/memory.py fitting_micro_batch), chosen where the world size is known.
+    micro_batch_size: int | Literal["auto"] = 8
     lr: float = 3e-3  # peak learning rate after warmup
     min_lr: float = 3e-4  # floor of the cosine decay
     warmup_steps: int = 10
@@ -267,6 +270,17 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     Text is read by the core's one parser (gpu_train.spec.values): booleans only true/false, whole numbers as
     Python integer literals, finite numbers; a string is kept exactly as typed, spaces included."""
     origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):  # int | Literal["auto"]: a named word, else the number
+        number, words = typing.get_args(typ)
+        if value in typing.get_args(words):
+            return value
+        try:
+            return _coerce(key, value, number)
+        except ConfigError as exc:
+            if "expected" not in str(exc):
+                raise
+            raise ConfigError(f"{key}: expected an integer or {', '.join(typing.get_args(words))}, got {value!r}") \
+                from None
     if origin is Literal:
         choices = typing.get_args(typ)
         if value not in choices:
@@ -418,7 +432,7 @@ def _check_ranges(cfg: Config) -> None:
         "model.n_layer": m.n_layer, "model.n_head": m.n_head, "model.d_model": m.d_model,
         "model.context": m.context, "model.vocab_size": m.vocab_size, "model.mlp_ratio": m.mlp_ratio,
         "train.steps": t.steps, "train.global_batch_tokens": t.global_batch_tokens,
-        "train.micro_batch_size": t.micro_batch_size, "train.lr": t.lr, "checkpoint.keep": cfg.checkpoint.keep,
+        "train.micro_batch_size": 1 if t.micro_batch_size == "auto" else t.micro_batch_size, "train.lr": t.lr, "checkpoint.keep": cfg.checkpoint.keep,
         "metrics.log_every": cfg.metrics.log_every, "tracking.log_every": cfg.tracking.log_every,
         "eval.batches": cfg.eval.batches, "watchdog.window": wd.window, "watchdog.floor_s": wd.floor_s,
         "watchdog.startup_s": wd.startup_s, "watchdog.checkpoint_s": wd.checkpoint_s, "watchdog.eval_s": wd.eval_s,
@@ -479,7 +493,7 @@ def validate(cfg: Config) -> None:
             f"({m.context})"
         )
     sequences = t.global_batch_tokens // m.context
-    if sequences % t.micro_batch_size:
+    if t.micro_batch_size != "auto" and sequences % t.micro_batch_size:
         raise ConfigError(
             f"train.global_batch_tokens / model.context = {sequences} sequences is not divisible by "
             f"train.micro_batch_size ({t.micro_batch_size})"
@@ -591,6 +605,9 @@ def reference() -> list[tuple[str, str, Any]]:
     for sec in fields(Config):
         sub = getattr(Config(), sec.name)
         for name, typ in _field_types(type(sub)).items():
-            tname = "|".join(typing.get_args(typ)) if typing.get_origin(typ) is Literal else typ.__name__
+            tname = ("|".join(typing.get_args(typ)) if typing.get_origin(typ) is Literal else
+                     "|".join(a.__name__ if isinstance(a, type) else "|".join(typing.get_args(a))
+                              for a in typing.get_args(typ)) if typing.get_origin(typ) in (typing.Union, types.UnionType)
+                     else typ.__name__)
             rows.append((f"{sec.name}.{name}", tname, getattr(sub, name)))
     return rows

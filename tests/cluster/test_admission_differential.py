@@ -22,7 +22,7 @@ from kubernetes.dynamic.exceptions import ApiException
 from infra.k8s import pod_admission
 from tests.cluster.conftest import wait_for
 from tests.infra.k8s import test_pod_admission as cases
-from tools.cluster.controllers import module_dir
+from tools.cluster.controllers import jobset_crds
 from tools.cluster.plane import Plane
 from tools.validation import pod_security
 
@@ -34,10 +34,7 @@ LEVELS = ("privileged", "baseline", "restricted")
 def bare(tmp_path_factory):
     plane = Plane.start(ROOT / "build" / "cluster" / f"bare-{tmp_path_factory.getbasetemp().name}",
                         controllers=False)
-    crd = module_dir("jobset", "sigs.k8s.io/jobset") / "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
-    import yaml
-
-    plane.apply([d for d in yaml.safe_load_all(crd.read_text()) if d])
+    plane.apply(jobset_crds())
     yield plane
     plane.stop()
 

@@ -78,8 +78,18 @@ def test_cpu_run_lowers_loss_and_writes_outputs(tmp_path):
 
     manifest = verify(run_dir / "checkpoints" / "step_000000040")
     assert manifest["config"] == resolved
-    run_id = manifest["trainer"]["mlflow_run_id"]
-    assert run_id
+    # A checkpoint names its MLflow run by the job's run key from the first step, and by the run's id once MLflow
+    # has answered (on a busy machine that can be after step 40): the key finds the run, the id is that run's.
+    import mlflow
+
+    from trainer.tracking import TAG_RUN_KEY
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    key = manifest["trainer"]["mlflow_run_key"]
+    (found,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                  filter_string=f"tags.`{TAG_RUN_KEY}` = '{key}'")
+    run_id = found.info.run_id
+    assert manifest["trainer"]["mlflow_run_id"] in (None, run_id)
     assert manifest["trainer"]["eval"]["last"] == losses[-1] and manifest["trainer"]["eval"]["last_step"] == 40
 
     # The registered model: Hugging Face's GPT-2 layout (tiny is GPT-2's architecture), read here with the
@@ -110,9 +120,6 @@ def test_cpu_run_lowers_loss_and_writes_outputs(tmp_path):
     assert state_sha256(ours) == result["params_sha256"]
 
     # MLflow: the run holds the loss history, the artifacts, and the registered model.
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     run = client.get_run(run_id)
     assert run.data.params["train.steps"] == "40"
     assert run.data.tags["dataset.uri"] == "synthetic"
@@ -207,3 +214,15 @@ def test_early_stopping_survives_a_restart_and_a_stopped_run_stays_stopped(tmp_p
     more = run_trainer(run_dir, None, [*base, "eval.early_stopping_patience=4"])
     assert more.returncode == 0, more.output[-4000:]
     assert (summary(run_dir)["status"], summary(run_dir)["step"]) == ("stopped_early", 5)
+
+
+def test_auto_micro_batch_is_the_largest_that_fits_each_worker(tmp_path):
+    """SMALL's 12 sequences per step over 2 workers are 6 each, and the tiny model at 6 sequences fits any host's
+    memory, so auto is 6: the run's resolved configuration records it and the log line says why."""
+    run_dir = tmp_path / "auto"
+    res = run_trainer(run_dir, 2, [o for o in SMALL if not o.startswith("train.micro_batch_size")] + [
+        "train.micro_batch_size=auto", "train.steps=2"])
+    assert res.returncode == 0, res.output[-4000:]
+    assert json.loads((run_dir / "config.json").read_text())["train"]["micro_batch_size"] == 6
+    assert "train.micro_batch_size=auto: 6 at world size 2, estimated" in res.output
+    assert "of this host's memory" in res.output

@@ -113,22 +113,42 @@ def _docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+def kueue_components() -> Path:
+    return module_dir("kueue", "sigs.k8s.io/kueue") / "config" / "components"
+
+
+def kueue_crds(webhook_port: int | None = None, ca_bundle: str = "") -> list[dict]:
+    """Kueue's CRDs as its module ships them; with `webhook_port`, the versions its kustomization patches convert
+    through its webhook on loopback (without, the API server converts by renaming the version, as a plane without
+    Kueue running needs)."""
+    src = kueue_components()
+    out = []
+    for crd in sorted((src / "crd" / "bases").glob("*.yaml")):
+        doc = _docs(crd)[0]
+        plural = doc["spec"]["names"]["plural"]
+        if webhook_port is not None and (src / "crd" / "patches" / f"webhook_in_{plural}.yaml").exists() and any(
+                f"- path: patches/webhook_in_{plural}.yaml" == line.strip()
+                for line in (src / "crd" / "kustomization.yaml").read_text().splitlines()):
+            doc["spec"]["conversion"] = {"strategy": "Webhook", "webhook": _loopback(
+                {"clientConfig": {"service": {"path": "/convert"}}, "conversionReviewVersions": ["v1"]},
+                webhook_port, ca_bundle)}
+        out.append(doc)
+    return out
+
+
+def jobset_crds() -> list[dict]:
+    """JobSet's CRD as its module ships it."""
+    return _docs(module_dir("jobset", "sigs.k8s.io/jobset") / "config" / "components" / "crd" / "bases" /
+                 "jobset.x-k8s.io_jobsets.yaml")
+
+
 def install_kueue(plane: Plane, ports: dict[str, int], ca: Authority, ca_bundle: str) -> None:
     """Kueue's CRDs (conversion webhooks on loopback), its webhooks for the enabled integrations, and its controller
     manager with the platform's Configuration."""
     from infra.k8s.tenancy import kueue_configuration
 
-    src = module_dir("kueue", "sigs.k8s.io/kueue") / "config" / "components"
-    for crd in sorted((src / "crd" / "bases").glob("*.yaml")):
-        doc = _docs(crd)[0]
-        plural = doc["spec"]["names"]["plural"]
-        if (src / "crd" / "patches" / f"webhook_in_{plural}.yaml").exists() and any(
-                f"- path: patches/webhook_in_{plural}.yaml" == line.strip()
-                for line in (src / "crd" / "kustomization.yaml").read_text().splitlines()):
-            doc["spec"]["conversion"] = {"strategy": "Webhook", "webhook": _loopback(
-                {"clientConfig": {"service": {"path": "/convert"}}, "conversionReviewVersions": ["v1"]},
-                ports["kueue-webhook"], ca_bundle)}
-        plane.apply([doc])
+    src = kueue_components()
+    plane.apply(kueue_crds(ports["kueue-webhook"], ca_bundle))
     config = kueue_configuration()
     frameworks = config["integrations"]["frameworks"]
     plane.apply(kueue_webhooks(_docs(src / "webhook" / "manifests.yaml"), frameworks, ports["kueue-webhook"],
@@ -207,7 +227,7 @@ def _fixed_place_certs(certs: Path, where: str, why: str) -> None:
 def install_jobset(plane: Plane, ports: dict[str, int], ca: Authority, ca_bundle: str) -> None:
     """JobSet's CRD and webhooks (on loopback) and its controller manager."""
     src = module_dir("jobset", "sigs.k8s.io/jobset") / "config" / "components"
-    plane.apply(_docs(src / "crd" / "bases" / "jobset.x-k8s.io_jobsets.yaml"))
+    plane.apply(jobset_crds())
     hooks = []
     for doc in _docs(src / "webhook" / "manifests.yaml"):
         doc["metadata"]["name"] = "jobset-" + doc["metadata"]["name"]

@@ -278,15 +278,18 @@ class Plane:
         return self._clients[path]
 
     def apply(self, objects: list[dict], *, dry_run: bool = False, kubeconfig_path: Path | None = None,
-              manager: str = "gpu-train-local") -> list[Any]:
-        """Server-side apply each object (force: this manager owns what it applies)."""
+              manager: str = "gpu-train-local", field_validation: str | None = None) -> list[Any]:
+        """Server-side apply each object (force: this manager owns what it applies). `field_validation` is the
+        request's `fieldValidation` (Strict: a field the schema does not declare is refused, not dropped)."""
         dyn = self.client(kubeconfig_path)
         out = []
         for obj in objects:
             res = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-            kwargs = {"field_manager": manager, "force_conflicts": True}
+            kwargs: dict[str, Any] = {"field_manager": manager, "force_conflicts": True}
             if dry_run:
                 kwargs["dry_run"] = "All"
+            if field_validation:
+                kwargs["query_params"] = [("fieldValidation", field_validation)]
             ns = obj["metadata"].get("namespace") if res.namespaced else None
             out.append(res.server_side_apply(body=obj, namespace=ns, **kwargs))
             if obj["kind"] == "CustomResourceDefinition" and not dry_run:

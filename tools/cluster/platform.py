@@ -4,13 +4,14 @@ plan creates outside Helm releases, applied with server-side apply.
 Usage:
     python -m infra.plan --stack aws-dev --out build/plan
     install_crds(plane)                                       # the pinned charts' CRDs (tests/schemas/crds)
+    install_crds(bare, with_modules=True)                     # and Kueue's and JobSet's, on a bare plane
     apply_plan(plane, Path("build/plan/aws-dev/k8s"))         # namespaces first, then the rest
 
 The CRDs of the charts the stacks install (kube-prometheus-stack, Karpenter, CloudNativePG, the node readiness
 controller, KServe, GKE's networking API, the VPC CNI's ENIConfig) come from the snapshots `make schemas` takes of
 each pinned chart or CRD file: every version's structural schema with its defaults, enums and CEL rules, which is
 what the API server validates against (descriptions and rule messages are not kept). Kueue's and JobSet's come
-whole from their pinned modules (tools/cluster/plane.py), with their conversion webhooks.
+whole from their pinned modules (tools/cluster/controllers.py), with their conversion webhooks where Kueue runs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from tools.cluster import controllers
 from tools.cluster.plane import Plane
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,9 +55,12 @@ def snapshot_crds() -> list[dict[str, Any]]:
     return out
 
 
-def install_crds(plane: Plane) -> list[str]:
-    """Apply every snapshot CRD; returns their names."""
+def install_crds(plane: Plane, *, with_modules: bool = False) -> list[str]:
+    """Apply every snapshot CRD; returns their names. `with_modules` adds Kueue's and JobSet's from their modules,
+    for a plane without their controllers (`Plane.start(controllers=False)`), which would otherwise install them."""
     crds = snapshot_crds()
+    if with_modules:
+        crds += [*controllers.kueue_crds(), *controllers.jobset_crds()]
     plane.apply(crds)
     return [c["metadata"]["name"] for c in crds]
 

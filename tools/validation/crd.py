@@ -19,7 +19,8 @@ object, in the API server's order:
    declare is reported: the API server prunes it silently unless `x-kubernetes-preserve-unknown-fields`
    allows it. `x-kubernetes-list-type: set|map` lists must not repeat items / keys.
 4. `x-kubernetes-validations` CEL rules are evaluated with cel-python with `self` bound to the
-   field. Rules that use Kubernetes' own CEL libraries (quantity(), url(), lowerAscii(), optional
+   field, unless step 3 found a missing required field, a value outside an enum or of the wrong
+   type, or a string or list too long: then, as on the API server, no rule runs. Rules that use Kubernetes' own CEL libraries (quantity(), url(), lowerAscii(), optional
    `?.` fields, ...) or compare with `oldSelf` (transition rules, run on update only) are not
    evaluated; they are returned in `unevaluated`, never counted as passed.
 
@@ -360,14 +361,19 @@ def validate(obj: Mapping[str, Any], snapshots: Snapshots = _DEFAULT,
     value = apply_defaults({k: v for k, v in obj.items() if v is not None}, schema)
     translated = snapshots.translated(api_version, kind)
     validator = jsonschema.Draft4Validator(translated, format_checker=_FORMATS)
+    blocking = False
     for err in sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.absolute_path]):
         if err.validator in _SHAPE_CHECKS and isinstance(err.instance, str) and err.instance in (stand_ins or {}):
             result.stand_ins.append(f"{_message(err).split(':', 1)[0]}: {err.instance!r} stands in for the id of "
                                     f"{(stand_ins or {})[err.instance]}; its {err.validator} is checked at deploy time")
             continue
         result.problems.append(_message(err))
+        blocking = blocking or _is_blocking(err)
     for node, sub, path in _walk(value, schema, ""):
         result.problems.extend(_list_map_problems(node, sub, path))
+    if blocking:  # as the API server: the rules may assume what these errors break (cel-python then fails slowly)
+        return result
+    for node, sub, path in _walk(value, schema, ""):
         for rule in sub.get("x-kubernetes-validations") or []:
             text = rule.get("rule", "")
             ok, why = evaluate_rule(text, node)
@@ -379,6 +385,17 @@ def validate(obj: Mapping[str, Any], snapshots: Snapshots = _DEFAULT,
                 at = f"{where}{field_path}" if field_path else where
                 result.problems.append(f"{at}: violates the CRD's rule {text!r} ({why})")
     return result
+
+
+# Schema errors after which the API server runs no CEL rule (apiextensions-apiserver, customresource/strategy.go
+# hasBlockingErr: Required, NotSupported, TooLong, TooMany, TypeInvalid): the rules may assume what they break.
+_BLOCKING = frozenset({"required", "enum", "maxLength", "maxItems", "maxProperties", "type"})
+
+
+def _is_blocking(err: jsonschema.ValidationError) -> bool:
+    if err.validator == "anyOf":  # a value of none of int-or-string's (or nullable's) types is a type error
+        return all(set(alternative) == {"type"} for alternative in err.validator_value)
+    return err.validator in _BLOCKING
 
 
 def _message(err: jsonschema.ValidationError) -> str:

@@ -19,7 +19,13 @@ from gpu_train.sizing.layout import (
     stage_layers,
     world_problems,
 )
-from gpu_train.sizing.memory import RECOMMENDED_LAYOUTS, memory_per_gpu, memory_problem
+from gpu_train.sizing.memory import (
+    RECOMMENDED_LAYOUTS,
+    fitting_micro_batch,
+    memory_per_gpu,
+    memory_problem,
+    sized,
+)
 from gpu_train.spec.errors import ConfigError
 from gpu_train.spec.job import job_problems, read_job
 from gpu_train.spec.trainer_config import PRESETS, build_config
@@ -87,6 +93,38 @@ def test_stages_are_consecutive_blocks_and_interleaved_ranks_hold_every_pp_th():
     assert rank_stages(1, 2, 2) == [1, 3] and rank_stages(0, 4, 1) == [0]
 
 
+def test_the_chunked_loss_keeps_one_chunk_of_logits():
+    """gpt2-124m at micro batch 16: 16 x 1024 tokens; chunks of 8192 tokens keep 8192 x 50304 x 10 bytes of logits,
+    whole logits twice that; under tensor parallelism the trainer computes the loss on vocabulary shards instead."""
+    whole, chunked, tp = (build_config("gpt2-124m", overrides=["train.micro_batch_size=16", *o]) for o in (
+        ["train.loss_chunk_tokens=0"], ["train.loss_chunk_tokens=8192"], ["train.loss_chunk_tokens=8192", "train.tp=2"]))
+    assert memory_per_gpu(chunked, resolve_layout(chunked.train, 1)).logits == 8192 * 50304 * 10
+    assert memory_per_gpu(whole, resolve_layout(whole.train, 1)).logits == 16384 * 50304 * 10
+    assert memory_per_gpu(tp, resolve_layout(tp.train, 2)).logits == 16384 * 50304 * 10 / 2
+
+
+def test_auto_micro_batch_is_the_largest_that_divides_the_step_and_fits():
+    """The tiny model of test_memory_estimate_by_hand at 16 sequences per step on one worker: 64000 bytes at micro
+    batch 2, of which 3376 x 16 = 54016 are fixed and 4 x 2176 + 1280 = 9984 grow with it (4992 per sequence), so
+    micro batch b needs 54016 + 4992 b bytes. With 90% of 110000 bytes = 99000 usable, b <= 9.01: 8, the largest
+    divisor of 16 under that; 4 at 90000 (b <= 5.4); none at 60000 (b = 1 needs 59008 > 54000)."""
+    c = cfg("train.micro_batch_size=auto")
+    assert c.train.micro_batch_size == "auto"
+    assert fitting_micro_batch(c, 1, 110000) == 8 and fitting_micro_batch(c, 1, 90000) == 4
+    assert sized(c, 1, 110000).train.micro_batch_size == 8
+    assert sized(cfg(), 1, 10).train.micro_batch_size == 2  # a number stays as it is
+    # At world size 4 each worker has 4 sequences of the step: nothing larger divides it.
+    assert fitting_micro_batch(c, 4, 1e12) == 4
+    with pytest.raises(ConfigError, match=r"train.micro_batch_size=auto: even the smallest micro batch needs about "
+                                          r"0.0 GB .* at world size 1, more than 90% of 0.0 GB; raise train.tp"):
+        fitting_micro_batch(c, 1, 60000)
+    with pytest.raises(ConfigError, match=r"train.micro_batch_size=auto: no micro batch fits the layout at world "
+                                          r"size 3: .*train.global_batch_tokens / model.context = 16 sequences"):
+        fitting_micro_batch(c, 3, 1e12)
+    with pytest.raises(ConfigError, match="train.micro_batch_size: expected an integer or auto, got 'most'"):
+        cfg("train.micro_batch_size=most")
+
+
 def test_memory_estimate_by_hand():
     """4 blocks of d=8, MLP 4d, LayerNorm: 12 x 64 matrix entries + 2 norms x 16 = 800 per block; embeddings
     16 x 8 tokens + 4 x 8 positions = 160; final norm 16: 3376 parameters x 16 bytes. Activations: 34 x (2 x 4
@@ -108,7 +146,8 @@ def test_memory_estimate_by_hand():
 
 
 # Peak memory the trainer reported (summary.json's peak_memory_gb) on one H100 80GB, bf16 + torch.compile, one micro
-# batch per step: docs/performance.md, "GPU" (preset, micro batch, train.parallel, GB).
+# batch per step: docs/performance.md, "GPU" (preset, micro batch, train.parallel, GB). They were measured with the
+# whole logits, before the chunked output layer and loss, so they are compared with train.loss_chunk_tokens=0.
 H100_PEAKS = [("gpt2-124m", 16, "ddp", 12.9), ("gpt2-124m", 16, "fsdp", 11.6), ("gpt2-124m", 32, "ddp", 23.4),
               ("gpt2-350m", 8, "ddp", 16.5), ("gpt2-350m", 8, "fsdp", 13.5)]
 
@@ -119,7 +158,8 @@ def test_the_estimate_is_never_below_a_peak_measured_on_a_gpu_and_at_most_a_thir
     """The estimate refuses layouts before a node starts, so it must not promise less than a real run needs; far
     above the real peak it would refuse layouts that fit."""
     c = build_config(preset, overrides=[f"train.micro_batch_size={micro}", f"train.global_batch_tokens={micro * 1024}",
-                                        f"train.parallel={parallel}", "train.precision=bf16"])
+                                        f"train.parallel={parallel}", "train.precision=bf16",
+                                        "train.loss_chunk_tokens=0"])
     estimate_gb = memory_per_gpu(c, resolve_layout(c.train, 1)).total / 1e9
     assert peak_gb <= estimate_gb <= 4 / 3 * peak_gb, (estimate_gb, peak_gb)
 
@@ -156,6 +196,26 @@ def test_plan_time_errors_name_the_job_setting():
     (p,) = problems({**base, "pool": "l4", "preset": "gpt2-2.7b", "overrides": {"train.parallel": "ddp",
                      "train.dp_shard": -1, "train.dp_replicate": 1}, "globalBatchTokens": 1048576}, l4)
     assert p.startswith("job.pool 'l4': at world size 8") and "more than 90% of a L4's 24 GB" in p
+
+
+def test_auto_micro_batch_is_chosen_at_submit_for_the_pools_gpus():
+    """SPEC's 786432 tokens are 768 sequences; at MIN 2 nodes x 8 GPUs each worker has 48, and gpt2-124m at 48
+    sequences of 1024 tokens (about 21 GB) fits an H100's 80 GB, so auto is 48 there. gpt2-2.7b's parameters,
+    gradients and moments alone (about 43 GB) do not fit a 24 GB L4 under plain DDP at any micro batch."""
+    auto = {**SPEC, "overrides": {"train.micro_batch_size": "auto"}}
+    job = read_job(auto, key="job")
+    assert job_problems(job, pools=[Pool()], teams=[Team(gpu_quota={"h100": 64})], scheme="s3://", key="job") == []
+    assert layout_problems(job, pools=[Pool()], key="job") == []
+    assert "x tp=1, train.micro_batch_size=auto: 48 at world size 16 (MIN" in memory_line(job, gpus=8, gpu_type="H100")
+    l4 = Pool(name="l4", instance_type="g6.48xlarge", gpu_type="L4")
+    big = read_job({**auto, "pool": "l4", "preset": "gpt2-2.7b", "globalBatchTokens": 1048576, "overrides": {
+        "train.micro_batch_size": "auto", "train.parallel": "ddp", "train.dp_shard": -1, "train.dp_replicate": 1}},
+        key="job")
+    assert job_problems(big, pools=[l4], teams=[Team(gpu_quota={"l4": 64})], scheme="s3://", key="job") == []
+    (p,) = layout_problems(big, pools=[l4], key="job")
+    assert p.startswith("job.overrides.train.micro_batch_size: train.micro_batch_size=auto: even the smallest "
+                        "micro batch needs about ") and "at world size 16 (2 nodes x 8 GPUs" in p
+    assert "more than 90% of 24.0 GB" in p
 
 
 def test_submit_prints_the_memory_a_gpu_needs_at_min_nodes():

@@ -105,6 +105,21 @@ def test_cel_rules_are_evaluated_on_the_defaulted_object(snaps):
         "spec.ports[0].port: violates the CRD's rule 'self > 0 && self < 65536' (rule is false)"]
 
 
+def test_no_rule_runs_after_an_error_that_blocks_the_api_servers_rules(snaps):
+    """The API server runs no CEL rule once the schema found a missing required field, a value outside an enum or
+    of the wrong type, or too long a string or list (apiextensions-apiserver's hasBlockingErr); a pattern or bound
+    error does not stop them."""
+    assert problems(broken(minReplicas=5, mode="slow"), snaps) == [
+        "spec.mode: 'slow' is not one of ['fast', 'safe']"]
+    assert problems(broken(ports=[{"name": "big", "port": "70000"}]), snaps) == [
+        "spec.ports[0].port: '70000' is not of type 'integer'"]
+    assert problems(broken(minReplicas=5, maxReplicas=4.5), snaps) == [
+        "spec.maxReplicas: 4.5 is not of type 'integer'"]
+    assert problems(broken(minReplicas=5, tags=["a", "a"]), snaps) == [
+        "spec.tags: ['a', 'a'] has non-unique elements",
+        "spec: violates the CRD's rule 'self.minReplicas <= self.maxReplicas' (rule is false)"]
+
+
 def test_rules_needing_kubernetes_cel_or_old_self_are_listed_not_passed(snaps):
     result = crd.validate(GOOD, snaps)
     assert sorted(map(str, result.unevaluated)) == [
