@@ -1,12 +1,7 @@
-"""A job's fit to its GPUs: its layout and global batch at every world size from MIN to MAX nodes, and the memory a
-GPU needs under that layout against the pool's GPU; checked wherever a job is (the stack's plan, `gpu-train
-submit`, `run --local`), beside the job's own checks (gpu_train.spec.job.job_problems).
+"""A job's fit to its GPUs, checked beside gpu_train.spec.job.job_problems by the plan, `submit` and `run --local`.
 
-Usage:
-    from gpu_train.sizing.job import layout_problems, memory_line
-    layout_problems(job, pools=pools)          # [] or where the job first does not fit, naming the setting
-    memory_line(job, gpus=8, gpu_type="H100")  # the line `gpu-train submit` prints
-"""
+Usage: `layout_problems(job, pools=pools)` ([] or where the job first does not fit, naming the setting);
+`memory_line(job, gpus=8, gpu_type="H100")` (the line `gpu-train submit` prints)."""
 
 from __future__ import annotations
 
@@ -31,9 +26,8 @@ from gpu_train.spec.naming import PROJECT
 
 
 def layout_problems(job: JobSpec, *, pools: Sequence[PoolFacts], key: str = f"{PROJECT}:job") -> list[str]:
-    """The bundled trainer's layout and global batch at every world size from MIN to MAX nodes of its pool's GPUs, and
-    the memory a GPU needs against the pool's GPU type; [] where job_problems already refuses the trainer settings,
-    or the GPUs per node are not known."""
+    """The bundled trainer's layout, global batch and memory at every world size from MIN to MAX nodes of its pool's
+    GPUs; [] where job_problems refuses the trainer settings or the GPUs per node are not known."""
     pool = next((x for x in pools if x.name == job.pool), None)
     gpus = gpus_per_node(job, pool)
     if not job.bundled or gpus < 1 or not override_shape_problems(job, key, []):
