@@ -103,12 +103,20 @@ def test_member_flag_reads_index_count_or_the_job_completion_index(monkeypatch, 
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_three_member_processes_at_once_make_the_one_process_bytes(corpus, reference, tmp_path):
+@pytest.mark.parametrize("tokenizer", [(), ("--tokenizer", "bpe", "--vocab-size", "300")], ids=["byte", "bpe"])
+def test_three_member_processes_at_once_make_the_one_process_bytes(corpus, reference, tmp_path, tokenizer):
     """Three `python -m trainer.data prepare --member env/3` processes started together, as an Indexed Job's pods
-    are, each with its JOB_COMPLETION_INDEX: each exits 0, at least one merges, and the bytes are the one process's."""
+    are, each with its JOB_COMPLETION_INDEX: each exits 0, at least one merges, and the bytes are the one process's
+    (with a trained BPE, every member trains it and races to store the plan and tokenizer.json)."""
+    if tokenizer:
+        one = tmp_path / "one"
+        prepare([corpus], f"file://{one}", shard_tokens=SHARD_TOKENS, tasks=TASKS, val_fraction=0.1, workers=1,
+                tokenizer="bpe", vocab_size=300)
+        reference = tree_sha(one)
     out = tmp_path / "ds"
     argv = [sys.executable, "-m", "trainer.data", "prepare", str(corpus), "--out", str(out), "--tasks", str(TASKS),
-            "--shard-tokens", str(SHARD_TOKENS), "--val-fraction", "0.1", "--workers", "2", "--member", "env/3"]
+            "--shard-tokens", str(SHARD_TOKENS), "--val-fraction", "0.1", "--workers", "2", "--member", "env/3",
+            *tokenizer]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen(argv, env={**env, "JOB_COMPLETION_INDEX": str(i)}, cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(3)]
