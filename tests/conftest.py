@@ -1,4 +1,4 @@
-"""Shared fixtures: every stack in stacks/ planned once per test session through the plan tool.
+"""Shared fixtures: every stack in stacks/ planned through the plan tool, once per source tree (tests/plan_cache.py).
 
 Usage: a test takes `plans` (dict stack -> plan document) or `plan_dir` (where JSON + k8s YAML are).
 Each stack is planned in its own process (`python -m infra.plan`), exactly as a user runs it, so
@@ -9,27 +9,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
+from tests.plan_cache import plan_stacks
 from tools import variants as serving_variants
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
-
-
-def _plan(stack: str, out: Path) -> tuple[str, subprocess.CompletedProcess]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "infra.plan", "--stack", stack, "--out", str(out), "--quiet"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )
-    return stack, proc
 
 
 def shared_dir(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], None]) -> Path:
@@ -50,11 +41,15 @@ def shared_dir(tmp_path_factory, worker_id: str, name: str, build: Callable[[Pat
     return out
 
 
+def stack_file(name: str, folder: Path) -> Path | None:
+    """The stack file of a fabric or serving variant, written in `folder`; None for a stack of stacks/."""
+    if name in SERVING_VARIANTS:
+        return serving_variants.serving_stack_file(name, folder)
+    return variant_stack_file(name, folder) if name in VARIANTS else None
+
+
 def _plan_stacks(out: Path) -> None:
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda s: _plan(s, out), STACKS))
-    failures = [f"{s}:\n{p.stdout}\n{p.stderr}" for s, p in results if p.returncode != 0]
-    assert not failures, "planning failed:\n" + "\n".join(failures)
+    plan_stacks(STACKS, out, stack_file)
 
 
 @pytest.fixture(scope="session")
@@ -152,22 +147,7 @@ SERVING_VARIANTS = tuple(sorted(serving_variants.SERVING))
 
 
 def _plan_variants(out: Path) -> None:
-    files = out / "stack-files"
-    files.mkdir()
-
-    def plan(name: str) -> tuple[str, subprocess.CompletedProcess]:
-        stack_file = (serving_variants.serving_stack_file(name, files) if name in SERVING_VARIANTS
-                      else variant_stack_file(name, files))
-        proc = subprocess.run(
-            [sys.executable, "-m", "infra.plan", "--stack-file", str(stack_file), "--out", str(out), "--quiet"],
-            cwd=ROOT, capture_output=True, text=True, timeout=600,
-        )
-        return name, proc
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(plan, [*sorted(VARIANTS), *SERVING_VARIANTS]))
-    failures = [f"{s}:\n{p.stdout}\n{p.stderr}" for s, p in results if p.returncode != 0]
-    assert not failures, "planning failed:\n" + "\n".join(failures)
+    plan_stacks([*sorted(VARIANTS), *SERVING_VARIANTS], out, stack_file)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,8 @@ Usage:
     continue_schedule(optimizer, scheduler, cfg, step)       # after a resume: at `step` under cfg's settings
 
 The layout (gpu_train/sizing/layout.py) says how many ranks each kind of parallelism gets. With train.tp = train.pp
-= 1 and train.parallel=ddp the model is wrapped in DDP; otherwise the ranks form a DeviceMesh of shape (pp,
+= 1 and train.parallel=ddp the model is wrapped in DDP (on one worker it runs unwrapped: nothing to reduce); otherwise
+the ranks form a DeviceMesh of shape (pp,
 dp_replicate, dp_shard, tp), and, as torchtitan's parallelize functions do (torchtitan/models/llama3/infra/
 parallelize.py): pipeline stages are cut first (trainer/pipeline.py), tensor parallelism is applied on the "tp"
 dimension (trainer/runner.py), then FSDP2's fully_shard per block and per stage on the data-parallel dimensions ("dp_shard", or
@@ -122,7 +123,9 @@ def build_model(cfg: Config, env: DistEnv, dtype: torch.dtype | None) -> tuple[G
             model = GPT(cfg.model)
         model.activation_checkpointing = cfg.train.activation_checkpointing
         model.loss_chunk_tokens = cfg.train.loss_chunk_tokens
-        wrapped = DDP(model, device_ids=[env.local_rank] if env.is_cuda else None)
+        # One worker has no gradients to reduce: DDP's reducer (its hooks and bucket copies) would be pure overhead,
+        # so, as torchtitan applies data parallelism only across more than one rank, the model runs unwrapped.
+        wrapped = DDP(model, device_ids=[env.local_rank] if env.is_cuda else None) if env.world_size > 1 else model
         runner: StepRunner = StepRunner(layout, env, model, torch.compile(wrapped) if cfg.train.compile else wrapped,
                                         autocast_dtype=dtype, attention=cfg.train.attention)
     else:

@@ -41,6 +41,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpu_train.sizing.layout import MESH_DIMS, Layout
 from trainer.distributed import DistEnv
@@ -179,7 +180,7 @@ class StepRunner:
             self.model.set_requires_gradient_sync(last)
             return contextlib.nullcontext()
         ddp = getattr(self.wrapped, "_orig_mod", self.wrapped)  # under torch.compile, DDP is inside
-        return contextlib.nullcontext() if last else ddp.no_sync()
+        return ddp.no_sync() if not last and isinstance(ddp, DDP) else contextlib.nullcontext()  # one worker: no DDP
 
     def forward_backward(self, windows: torch.Tensor, micro_batches: int,
                          after_forward: Callable[[], None] | None = None) -> torch.Tensor:

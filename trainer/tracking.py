@@ -53,6 +53,7 @@ de-duplication and the outage filter share the tracker's state.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -62,6 +63,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -139,6 +141,27 @@ def sqlite_path(tracking_uri: str) -> Path | None:
     if not tracking_uri.startswith("sqlite:///") or tracking_uri == "sqlite:///:memory:":
         return None
     return Path(tracking_uri[len("sqlite:///"):])
+
+
+def ensure_sqlite_schema(tracking_uri: str) -> None:
+    """Create a `sqlite:///` store's database whole or not at all. MLflow creates its tables in place, one migration
+    after another, so a process killed meanwhile (a node lost in the first seconds of a run) would leave a database
+    that every later client fails to open ("table ... already exists"). Here the tables are made in a file of its
+    own beside it, which a hard link then puts in place only if no database is there yet."""
+    path = sqlite_path(tracking_uri)
+    if path is None or path.exists():
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        store = SqlAlchemyStore(f"sqlite:///{draft}", default_artifact_root=str(path.parent / "mlartifacts"))
+        store.engine.dispose()
+        with contextlib.suppress(FileExistsError):  # another run made it first: that one is whole too
+            os.link(draft, path)
+    finally:
+        draft.unlink(missing_ok=True)
 
 
 _KNOWN_SCHEMES = {"http", "https", "sqlite", "postgresql", "mysql", "mssql", "file", "databricks"}
@@ -474,6 +497,7 @@ class Tracker:
 
                 # Here, not in create(): with mlflow-skinny (the image) a sqlite:// store fails on the missing
                 # SQLAlchemy, which must turn tracking off, not stop training.
+                ensure_sqlite_schema(self.tracking_uri)
                 self._client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
                 run = self._resumed_run(experiment) or self._new_run(experiment, run_name, artifacts)
             except Exception as exc:

@@ -65,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="your team's jobs and data preparations and their states",
                         description="List the team's jobs (KIND job: JobSets) and data preparations (KIND prepare: "
-                                    "RayJobs of `prepare --cluster`): Queued, Running, Paused, Evicted, Completed or "
+                                    "RayJobs and Indexed Jobs of `prepare --cluster`): Queued, Running, Paused, Evicted, Completed or "
                                     "Failed.")
     _common(ls)
 
@@ -112,12 +112,17 @@ def parser() -> argparse.ArgumentParser:
     ap_.add_argument("--team", action="append", default=[],
                      help="only this team's folder (repeatable; default: every team folder in DIR)")
 
-    pr = sub.add_parser("prepare", help="prepare a dataset on your team's cluster: a Ray job in your team's queue",
-                        description="Run `python -m trainer.data prepare` on a Ray cluster in your team's namespace "
-                                    "(a KubeRay RayJob that Kueue admits against the team's quota on the CPU nodes, "
-                                    "teams[].prepareQuota; it never runs on a GPU pool): the same "
-                                    "tasks and bytes as on this machine (docs/data.md). Inputs are objects in the "
-                                    "datasets bucket; --out is under the bucket's prefix for your team.")
+    pr = sub.add_parser("prepare", help="prepare a dataset on your team's cluster: a Ray job (or an Indexed Job) in "
+                                        "your team's queue",
+                        description="Run `python -m trainer.data prepare` in your team's namespace, admitted by Kueue "
+                                    "against the team's quota on the CPU nodes (teams[].prepareQuota; it never runs "
+                                    "on a GPU pool): on a Ray cluster (--runner ray, default: a KubeRay RayJob, "
+                                    "needs the KubeRay operator) or as an Indexed Job of --workers members (--runner "
+                                    "job: Kubernetes' own Job controller, no operator; each member runs its share "
+                                    "of the tasks, the last to finish merges, a failed member is retried on its "
+                                    "index). The same tasks and bytes as on this machine (docs/data.md). Inputs are "
+                                    "objects in the datasets bucket; --out is under the bucket's prefix for your "
+                                    "team.")
     pr.add_argument("inputs", nargs="*", help="s3:// or gs:// prefixes or objects in the datasets bucket")
     pr.add_argument("--cluster", action="store_true", help="run on the team's cluster (the only mode here; "
                                                            "`python -m trainer.data prepare` runs on this machine)")
@@ -134,15 +139,20 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--include", action="append", default=[], metavar="PATTERN", help="only matching keys")
     pr.add_argument("--exclude", action="append", default=[], metavar="PATTERN", help="skip matching keys")
     pr.add_argument("--force", action="store_true", help="redo it even if --out holds the same dataset")
+    pr.add_argument("--runner", choices=("ray", "job"), default="ray",
+                    help="ray (default): a KubeRay RayJob, a Ray head driving worker pods (needs the KubeRay "
+                         "operator); job: an Indexed Job of --workers member pods sharing one plan, no head and no "
+                         "operator (no --force)")
     sizes = {f.name: f.default for f in dataclasses.fields(PrepareRequest)}
-    for flag, kind, text in (("workers", int, "Ray worker pods"), ("worker_cpu", int, "CPUs per worker, one task each"),
+    for flag, kind, text in (("workers", int, "Ray worker pods, or the Job's member pods"),
+                             ("worker_cpu", int, "CPUs per worker, one task each"),
                              ("worker_memory", str, "memory per worker"),
-                             ("head_cpu", int, "CPUs of the head, which runs the driver"),
-                             ("head_memory", str, "memory of the head")):
+                             ("head_cpu", int, "CPUs of the Ray head, which runs the driver"),
+                             ("head_memory", str, "memory of the Ray head")):
         pr.add_argument("--" + flag.replace("_", "-"), type=kind, default=sizes[flag],
                         help=f"{text} (default {sizes[flag]})")
     pr.add_argument("--tokenizer-file", default="", help=argparse.SUPPRESS)
-    pr.add_argument("--dry-run", action="store_true", help="print the RayJob instead of submitting it")
+    pr.add_argument("--dry-run", action="store_true", help="print the RayJob (or Job) instead of submitting it")
     _common(pr)
 
     rg = sub.add_parser("regions", help="rank the regions offering a GPU machine type by grid carbon intensity",
@@ -211,7 +221,7 @@ def _gitops(args) -> int:
 
 
 def _prepare(args) -> int:
-    """prepare --cluster: the RayJob built, printed (--dry-run) or created; prepare --cancel NAME."""
+    """prepare --cluster: the RayJob (or Indexed Job) built, printed (--dry-run) or created; prepare --cancel NAME."""
     import yaml
 
     from gpu_train.jobs.prepare import PrepareRequest
@@ -232,14 +242,15 @@ def _prepare(args) -> int:
         vocab_size=args.vocab_size, tasks=args.tasks, val_fraction=args.val_fraction, text_field=args.text_field,
         seed=args.seed, include=tuple(args.include), exclude=tuple(args.exclude), force=args.force,
         workers=args.workers, worker_cpu=args.worker_cpu, worker_memory=args.worker_memory, head_cpu=args.head_cpu,
-        head_memory=args.head_memory, tokenizer_file=args.tokenizer_file)
-    rayjob = client.prepare_cluster(request, dry_run=args.dry_run)
+        head_memory=args.head_memory, tokenizer_file=args.tokenizer_file, runner=args.runner)
+    obj = client.prepare_cluster(request, dry_run=args.dry_run)
     if args.dry_run:
-        print(yaml.safe_dump(rayjob, sort_keys=False), end="")
+        print(yaml.safe_dump(obj, sort_keys=False), end="")
         return 0
-    meta = rayjob["metadata"]
+    meta = obj["metadata"]
+    pods = "Ray workers" if request.runner == "ray" else "Indexed Job members"
     print(f"submitted data preparation {meta['name']!r} to {meta['namespace']}, queue "
-          f"{meta['labels']['kueue.x-k8s.io/queue-name']} ({request.workers} Ray workers x {request.worker_cpu} "
+          f"{meta['labels']['kueue.x-k8s.io/queue-name']} ({request.workers} {pods} x {request.worker_cpu} "
           f"CPUs) -> {request.out}")
     return 0
 

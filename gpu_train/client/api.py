@@ -81,17 +81,18 @@ class Client:
         return Job(self, prepared.job.name, team, prepared)
 
     def prepare_cluster(self, request: PrepareRequest, *, dry_run: bool = False) -> dict[str, Any]:
-        """Check a data preparation for the team's cluster and, unless `dry_run`, create its RayJob in the team's
-        queue (gpu_train/jobs/prepare.py); returns the RayJob."""
+        """Check a data preparation for the team's cluster and, unless `dry_run`, create its RayJob (or, with
+        request.runner "job", its Indexed Job) in the team's queue (gpu_train/jobs/prepare.py); returns it."""
         from gpu_train.client import prepare
 
-        rayjob = prepare.build(self.contract(request.team), request)
+        obj = prepare.build(self.contract(request.team), request)
         if not dry_run:
-            prepare.create(self.session, rayjob, request.team)
-        return rayjob
+            prepare.create(self.session, obj, request.team)
+        return obj
 
     def cancel_prepare(self, name: str, team: str | None = None) -> None:
-        """Delete a data preparation's RayJob: Kueue releases its quota, KubeRay removes its Ray cluster."""
+        """Delete a data preparation's RayJob or Job: Kueue releases its quota; KubeRay removes the Ray cluster, the
+        garbage collector the Job's pods."""
         from gpu_train.client import prepare
 
         prepare.cancel(self.session, team or self.team, jobs.job_name_ok(name))
@@ -105,7 +106,7 @@ class Client:
         from gpu_train.client import prepare
 
         team = team or self.team
-        rows = [*status.list_jobs(self.session, team), *prepare.list_rayjobs(self.session, team)]
+        rows = [*status.list_jobs(self.session, team), *prepare.list_prepares(self.session, team)]
         return sorted(rows, key=lambda r: (r.name, r.kind))
 
     def status(self, name: str, team: str | None = None) -> status.JobStatus:
@@ -118,7 +119,7 @@ class Client:
                 raise
             from gpu_train.client import prepare
 
-            found = prepare.rayjob_status(self.session, team, name)
+            found = prepare.prepare_status(self.session, team, name)
             if found is None:
                 raise
             return found

@@ -1,11 +1,13 @@
 """`gpu-train prepare --cluster`: a dataset prepared by a Ray cluster in the team's namespace, as a KubeRay RayJob that
-waits in the team's Kueue queue.
+waits in the team's Kueue queue; or (`--runner job`) by an Indexed Job of members, which needs no operator.
 
 Usage:
     request = PrepareRequest(name="web", team="research", inputs=("s3://<datasets>/research/raw/",),
                              out="s3://<datasets>/research/web", workers=4, worker_cpu=8)
     problems = check_request(request, contract)     # one line per problem, naming the flag; [] when it can run
     rayjob = ray_job(request, contract)              # the RayJob (ray.io/v1), nothing sent
+    job = indexed_job(request, contract)             # --runner job: the Indexed Job (batch/v1), nothing sent
+    obj = render(request, contract)                  # whichever request.runner names
 
 The RayJob runs `python -m trainer.data prepare ... --engine ray --address auto` on the Ray head, with the same
 tasks, tokenizer and output the local command makes (docs/data.md: the bytes never depend on the engine or the
@@ -19,6 +21,14 @@ Data preparation is CPU work and never holds GPU nodes: the Ray pods select the 
 ResourceFlavor (the system nodes) and tolerate only what that flavor says, never a GPU pool's taints, so Kueue can
 assign them no GPU pool's flavor (gpu_train/jobs/queues.py: those flavors name the taints), and the quota they are
 checked against is that flavor's alone.
+
+With `--runner job` the same request is a `batch/v1` Job (Kueue's `batch/job` integration; the Job controller is
+Kubernetes' own): `completionMode: Indexed` with `workers` completions, all running at once, each pod the Ray
+worker's pod (one source: `_ray_pod`) running `python -m trainer.data prepare ... --member env/<workers>`. Every
+member makes the same plan and runs the tasks i with i % workers == $JOB_COMPLETION_INDEX on the local runner;
+whichever finds every task committed merges (trainer/data/prepare.py). A failed member is retried per index
+(backoffLimitPerIndex) and runs only its uncommitted tasks; maxFailedIndexes 0 fails the Job on the first index that
+runs out of retries. Its quota is the members' alone (no head).
 
 The Ray pods run as the namespace's `data-prep` account, whose cloud identity reads the datasets bucket and writes
 its `<team>/` prefix only: so the inputs must be objects in the datasets bucket and the output under the team's
@@ -48,7 +58,12 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PREPARE_LABEL = "gpu-train.io/prepare"  # on the RayJob, valued with its name
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,30}[a-z0-9])?")
 TOKENIZERS = ("byte", "bpe", "gpt2")
-TTL_AFTER_FINISHED_S = 3600  # a finished RayJob stays an hour for `kubectl get rayjob` to show how it ended
+TTL_AFTER_FINISHED_S = 3600  # a finished RayJob (or Job) stays an hour for `kubectl get` to show how it ended
+RUNNERS = ("ray", "job")
+# A Job's member is started again this many times (each time it runs only its uncommitted tasks) before the Job
+# fails; a member that exits 2 (bad input: trainer/data/__main__.py) fails its index at once.
+RETRIES_PER_INDEX = 2
+BAD_INPUT_EXIT = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +90,7 @@ class PrepareRequest:
     head_cpu: int = 1
     head_memory: str = "4Gi"
     tokenizer_file: str = ""  # not supported on the cluster (a local folder); kept to refuse it by name
+    runner: str = "ray"  # ray: a KubeRay RayJob; job: an Indexed Job of `workers` members (no operator)
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -109,9 +125,10 @@ def team_quota_limits(contract: PlatformContract, team: str) -> dict[str, Fracti
 
 
 def requested(request: PrepareRequest) -> dict[str, Fraction]:
-    """CPU and memory the Ray cluster requests in all: its head and every worker."""
-    return {"cpu": Fraction(request.head_cpu) + request.workers * Fraction(request.worker_cpu),
-            "memory": quantity(request.head_memory) + request.workers * quantity(request.worker_memory)}
+    """CPU and memory the job requests in all: the Ray head and every worker; a Job's members alone."""
+    head = request.runner == "ray"
+    return {"cpu": Fraction(request.head_cpu if head else 0) + request.workers * Fraction(request.worker_cpu),
+            "memory": (quantity(request.head_memory) if head else 0) + request.workers * quantity(request.worker_memory)}
 
 
 def check_request(request: PrepareRequest, contract: PlatformContract) -> list[str]:
@@ -121,6 +138,12 @@ def check_request(request: PrepareRequest, contract: PlatformContract) -> list[s
     except ContractError as exc:
         return [f"--team: {exc}"]
     problems = []
+    pods = "Ray pods" if request.runner == "ray" else "Job's pods"
+    if request.runner not in RUNNERS:
+        problems.append(f"--runner {request.runner!r} is not one of {', '.join(RUNNERS)}")
+    if request.runner == "job" and request.force:
+        problems.append("--force does not go with --runner job: its members share one plan and never clear --out "
+                        "(use --runner ray, or remove the old dataset first)")
     if not NAME.fullmatch(request.name):
         problems.append(f"--name {request.name!r} is not a job name (a lowercase DNS label of at most 32 characters)")
     datasets = contract.bucket("datasets")
@@ -128,11 +151,11 @@ def check_request(request: PrepareRequest, contract: PlatformContract) -> list[s
     if not datasets:
         problems.append("the platform contract names no datasets bucket: prepare on the cluster writes there")
     elif not _under(request.out, team_prefix) or request.out.rstrip("/") == team_prefix.rstrip("/"):
-        problems.append(f"--out {request.out}: the cluster's Ray pods may write only under the datasets bucket's "
+        problems.append(f"--out {request.out}: the cluster's {pods} may write only under the datasets bucket's "
                         f"prefix for team {team.name} ({team_prefix}<dataset>)")
     for uri in request.inputs:
         if datasets and not _under(uri, datasets):
-            problems.append(f"input {uri}: the cluster's Ray pods read only objects in the datasets bucket "
+            problems.append(f"input {uri}: the cluster's {pods} read only objects in the datasets bucket "
                             f"({datasets}/...); copy the input there first")
     if request.tokenizer not in TOKENIZERS:
         problems.append(f"--tokenizer {request.tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
@@ -155,9 +178,11 @@ def check_request(request: PrepareRequest, contract: PlatformContract) -> list[s
     for res, unit in (("cpu", "CPUs"), ("memory", "bytes of memory")):
         most = limits[res]
         if asked[res] > most:
-            what = (f"--head-cpu {request.head_cpu} + --workers {request.workers} x --worker-cpu {request.worker_cpu}"
-                    if res == "cpu" else f"--head-memory {request.head_memory} + --workers {request.workers} x "
-                                         f"--worker-memory {request.worker_memory}")
+            what = (f"--workers {request.workers} x --worker-cpu {request.worker_cpu}" if res == "cpu" else
+                    f"--workers {request.workers} x --worker-memory {request.worker_memory}")
+            if request.runner == "ray":
+                what = (f"--head-cpu {request.head_cpu} + " if res == "cpu" else
+                        f"--head-memory {request.head_memory} + ") + what
             problems.append(f"{what} = {_show(asked[res], res)} {unit}: more than team {team.name}'s queue can ever "
                             f"admit ({_show(most, res)} on flavor {naming.CPU_FLAVOR}, teams[].prepareQuota); ask for fewer "
                             "or smaller workers")
@@ -172,9 +197,12 @@ def _show(value: Fraction, res: str) -> str:
 
 def entrypoint(request: PrepareRequest) -> list[str]:
     """The command the Ray head runs: the local `prepare` with the same settings, on this Ray cluster, one task in
-    flight per worker CPU."""
-    argv = ["python", "-m", "trainer.data", "prepare", *request.inputs, "--out", request.out,
-            "--engine", "ray", "--address", "auto", "--workers", str(request.workers * request.worker_cpu),
+    flight per worker CPU. With --runner job, what each member runs: the same `prepare` on the local runner, one
+    task per CPU of its pod, as member $JOB_COMPLETION_INDEX of `workers` (trainer/data/prepare.py)."""
+    run = (["--engine", "ray", "--address", "auto", "--workers", str(request.workers * request.worker_cpu)]
+           if request.runner == "ray" else
+           ["--engine", "local", "--workers", str(request.worker_cpu), "--member", f"env/{request.workers}"])
+    argv = ["python", "-m", "trainer.data", "prepare", *request.inputs, "--out", request.out, *run,
             "--tokenizer", request.tokenizer, "--seed", str(request.seed), "--text-field", request.text_field]
     for flag, value in (("--vocab-size", request.vocab_size), ("--tasks", request.tasks),
                         ("--val-fraction", request.val_fraction)):
@@ -189,11 +217,16 @@ def entrypoint(request: PrepareRequest) -> list[str]:
     return argv
 
 
+def _env(request: PrepareRequest, contract: PlatformContract) -> list[dict[str, str]]:
+    return [{"name": "HOME", "value": "/tmp"}, {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
+            *({"name": k, "value": v} for k, v in sorted({**contract.pod_env, **request.extra_env}.items()))]
+
+
 def _ray_pod(contract: PlatformContract, container: str, cpu: int, memory: str,
              env: Sequence[Mapping[str, str]]) -> dict[str, Any]:
-    """A Ray pod: on the CPU flavor's nodes, the platform's image as the trainer's user, /tmp (Ray's session files)
-    and /dev/shm (its object store) as emptyDirs beside a read-only root; requests equal limits for memory, no CPU
-    limit."""
+    """A data preparation pod (a Ray pod, or a Job's member): on the CPU flavor's nodes, the platform's image as the
+    trainer's user, /tmp (Ray's session files, the tokenizer's scratch) and /dev/shm (Ray's object store, the local
+    runner's process pool) as emptyDirs beside a read-only root; requests equal limits for memory, no CPU limit."""
     flavor = cpu_flavor(contract)["spec"]
     placement: dict[str, Any] = {"nodeSelector": dict(flavor["nodeLabels"])}
     if flavor.get("tolerations"):
@@ -222,9 +255,7 @@ def _ray_pod(contract: PlatformContract, container: str, cpu: int, memory: str,
 
 def ray_job(request: PrepareRequest, contract: PlatformContract) -> dict[str, Any]:
     """The RayJob of a checked request (check_request), suspended in the team's LocalQueue."""
-    team = contract.team(request.team)
-    env = [{"name": "HOME", "value": "/tmp"}, {"name": "TOKENIZERS_PARALLELISM", "value": "false"},
-           *({"name": k, "value": v} for k, v in sorted({**contract.pod_env, **request.extra_env}.items()))]
+    env = _env(request, contract)
     workers = {
         "groupName": "workers",
         "replicas": request.workers, "minReplicas": request.workers, "maxReplicas": request.workers,
@@ -233,9 +264,7 @@ def ray_job(request: PrepareRequest, contract: PlatformContract) -> dict[str, An
     }
     return {
         "apiVersion": RAY_API, "kind": "RayJob",
-        "metadata": {"name": request.name, "namespace": team.namespace,
-                     "labels": {QUEUE_LABEL: team.local_queue, PREPARE_LABEL: request.name,
-                                "app.kubernetes.io/part-of": "gpu-train"}},
+        "metadata": _metadata(request, contract),
         "spec": {
             "suspend": True,  # Kueue unsuspends it on admission
             "entrypoint": shlex.join(entrypoint(request)),
@@ -255,3 +284,46 @@ def ray_job(request: PrepareRequest, contract: PlatformContract) -> dict[str, An
             },
         },
     }
+
+
+def _metadata(request: PrepareRequest, contract: PlatformContract) -> dict[str, Any]:
+    team = contract.team(request.team)
+    return {"name": request.name, "namespace": team.namespace,
+            "labels": {QUEUE_LABEL: team.local_queue, PREPARE_LABEL: request.name,
+                       "app.kubernetes.io/part-of": "gpu-train"}}
+
+
+def indexed_job(request: PrepareRequest, contract: PlatformContract) -> dict[str, Any]:
+    """The Job of a checked request with --runner job (batch/v1, Indexed), suspended in the team's LocalQueue: one
+    member pod per worker, each the RayJob's worker pod (same account, nodes, security, image and resources)
+    running `prepare --member env/<workers>` (trainer/data/prepare.py). A member that fails is started again, up to
+    RETRIES_PER_INDEX times, and runs only its uncommitted tasks; one failed index fails the Job (maxFailedIndexes
+    0), and so does bad input (exit 2) at once; an evicted or preempted pod (DisruptionTarget) does not count."""
+    pod = _ray_pod(contract, "prepare", request.worker_cpu, request.worker_memory, _env(request, contract))
+    pod["metadata"]["labels"][PREPARE_LABEL] = request.name
+    pod["spec"]["restartPolicy"] = "Never"
+    pod["spec"]["containers"][0]["command"] = entrypoint(request)
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": _metadata(request, contract),
+        "spec": {
+            "suspend": True,  # Kueue unsuspends it on admission
+            "completionMode": "Indexed",
+            "completions": request.workers,
+            "parallelism": request.workers,
+            "backoffLimitPerIndex": RETRIES_PER_INDEX,
+            "maxFailedIndexes": 0,
+            "podFailurePolicy": {"rules": [
+                {"action": "FailIndex", "onExitCodes": {"containerName": "prepare", "operator": "In",
+                                                        "values": [BAD_INPUT_EXIT]}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+            "template": pod,
+        },
+    }
+
+
+def render(request: PrepareRequest, contract: PlatformContract) -> dict[str, Any]:
+    """The RayJob or the Indexed Job of a checked request, by its runner."""
+    return indexed_job(request, contract) if request.runner == "job" else ray_job(request, contract)

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.plan_cache import plan_stacks
 from tools import variants
 from tools.cluster.nodes import pool_nodes
 from tools.cluster.plane import Plane
@@ -54,22 +52,12 @@ def plane():
     started.stop()
 
 
-def _plan(name: str, out: Path) -> subprocess.CompletedProcess:
-    if name in variants.SERVING:
-        args = ["--stack-file", str(variants.serving_stack_file(name, out))]
-    else:
-        args = ["--stack", name]
-    return subprocess.run([sys.executable, "-m", "infra.plan", *args, "--out", str(out), "--quiet"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-
-
 @pytest.fixture(scope="session")
 def plan_out(tmp_path_factory) -> Path:
+    """The plans of PLANNED, made once per source tree with the other lane's (tests/plan_cache.py)."""
     out = tmp_path_factory.mktemp("cluster-plans")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        procs = dict(zip(PLANNED, pool.map(lambda n: _plan(n, out), PLANNED), strict=True))
-    failed = {n: p.stdout + p.stderr for n, p in procs.items() if p.returncode}
-    assert not failed, f"planning failed: {failed}"
+    plan_stacks(PLANNED, out, lambda name, folder: variants.serving_stack_file(name, folder)
+                if name in variants.SERVING else None)
     return out
 
 

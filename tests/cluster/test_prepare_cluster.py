@@ -25,6 +25,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from gpu_train.jobs.fit import quantity
+from gpu_train.jobs.prepare import PREPARE_LABEL
 from gpu_train.spec import naming
 from gpu_train.spec.settings import StackSettings
 from gpu_train.spec.settings_checks import parse
@@ -234,3 +235,121 @@ def test_bad_input_is_refused_before_sending(platform, cli, settings, no_rayjobs
     assert code == 2 and "more than team research's queue can ever admit" in err
     assert f"({most} on flavor {naming.CPU_FLAVOR}" in err
     assert platform.list(*RAYJOB, NS) == []
+
+
+# -- --runner job: the Indexed Job, which needs no operator --------------------------------------------------------
+JOB = ("batch/v1", "Job")
+MEMBER_POD_SET = "main"  # the one pod set Kueue makes of a batch Job (kueue's DefaultPodSetName)
+
+
+@pytest.fixture
+def no_prepare_jobs(platform):
+    """No data preparation Job in research's namespace before or after, nor a Workload of one."""
+    batch = platform.plane.client().resources.get(api_version=JOB[0], kind=JOB[1])
+
+    def wipe() -> None:
+        for job in platform.list(*JOB, NS, label_selector=PREPARE_LABEL):
+            batch.delete(name=job["metadata"]["name"], namespace=NS, body={"propagationPolicy": "Foreground"})
+        wait_for("no prepare Job and no Workload of a Job in team-research", lambda: not platform.list(
+            *JOB, NS, label_selector=PREPARE_LABEL) and not [
+            w for w in platform.list(*WORKLOAD, NS)
+            if any(o["kind"] == "Job" for o in w["metadata"].get("ownerReferences") or [])])
+    wipe()
+    yield
+    wipe()
+
+
+def prepare_job(cli, platform, name: str, workers: int, worker_cpu: int, user: str = "alice") -> tuple[int, str, str]:
+    return cli("prepare", "--cluster", f"{datasets(platform)}/raw/{name}/", "--out",
+               f"{datasets(platform)}/research/{name}", "--name", name, "--runner", "job", "--workers", workers,
+               "--worker-cpu", worker_cpu, "--worker-memory", "2Gi", "--kubeconfig", platform.kubeconfigs[user])
+
+
+def test_an_indexed_job_is_admitted_on_the_cpu_flavor_one_over_its_quota_waits_and_cancel_frees_it(
+        platform, cli, settings, no_prepare_jobs):
+    nominal = settings.team("research").prepare_quota.cpus
+    borrowable = sum(t.prepare_quota.cpus for t in settings.teams if t.name != "research")
+    gpu_pools = {p.name for p in settings.gpu_pools}
+    on_pools = {pool: cpu_reserved(platform, pool) for pool in gpu_pools}
+    assert cpu_reserved(platform, naming.CPU_FLAVOR) == 0
+    # Two members leaving at least 2 of research's own CPUs; then one member needing one CPU more than is left of
+    # research's own and borrowable CPUs, but no more than the queue could ever admit (the command's own check).
+    first_cpu = (nominal - 2) // 2
+    second_cpu = nominal + borrowable - 2 * first_cpu + 1
+    assert first_cpu >= 1 and second_cpu <= nominal + borrowable
+
+    t0 = time.monotonic()
+    code, out, err = prepare_job(cli, platform, "first", 2, first_cpu)
+    assert code == 0, err
+    assert "submitted data preparation 'first' to team-research, queue research-queue (2 Indexed Job members" in out
+    wait_for("Kueue to admit the Job 'first' and unsuspend it", lambda: jobs.admitted(platform, "first", kind=JOB)
+             and not platform.get(*JOB, "first", NS)["spec"].get("suspend", False), timeout=180)
+    print(f"\nJob 'first' admitted and unsuspended {time.monotonic() - t0:.1f} s after gpu-train prepare --cluster "
+          "--runner job", file=sys.__stderr__)
+    wl = jobs.workload_of(platform, "first", kind=JOB)
+    assert wl["status"]["admission"]["clusterQueue"] == "team-research"
+    (members,) = wl["status"]["admission"]["podSetAssignments"]
+    assert members["name"] == MEMBER_POD_SET and members["count"] == 2
+    assert set(members["flavors"].values()) == {naming.CPU_FLAVOR}
+    wait_for("Kueue to count the members' CPUs on the CPU flavor",
+             lambda: cpu_reserved(platform, naming.CPU_FLAVOR) == 2 * first_cpu)
+    assert {pool: cpu_reserved(platform, pool) for pool in gpu_pools} == on_pools
+    # The Job controller makes one pod per index, through the namespace's admission (Pod Security, the policies),
+    # each told its index in JOB_COMPLETION_INDEX, which `prepare --member env/2` reads.
+    pods = wait_for("the Job controller to create the members' pods", lambda: (
+        found := platform.core().list_namespaced_pod(NS, label_selector="batch.kubernetes.io/job-name=first").items
+    ) and len(found) == 2 and found)
+    assert {p.metadata.labels["batch.kubernetes.io/job-completion-index"] for p in pods} == {"0", "1"}
+    nodes = platform.core().list_node().items
+    for pod in pods:
+        (c,) = pod.spec.containers
+        assert "JOB_COMPLETION_INDEX" in {e.name for e in c.env or []}
+        assert c.command[c.command.index("--member") + 1] == "env/2"
+        fit = [n for n in nodes if pod.spec.node_selector.items() <= (n.metadata.labels or {}).items()]
+        assert fit and all(naming.GPU_NODE_LABEL not in n.metadata.labels and
+                           naming.GPU_RESOURCE not in (n.status.allocatable or {}) for n in fit)
+
+    code, out, err = prepare_job(cli, platform, "second", 1, second_cpu)
+    assert code == 0, err
+    wl = wait_for("Kueue's verdict on 'second'", lambda: (w := jobs.workload_of(platform, "second", kind=JOB))
+                  and condition(w, "QuotaReserved") and w)
+    reserved = condition(wl, "QuotaReserved")
+    assert reserved["status"] == "False" and reserved["reason"] == "Pending"
+    assert platform.get(*JOB, "second", NS)["spec"]["suspend"] is True
+    assert cpu_reserved(platform, naming.CPU_FLAVOR) == 2 * first_cpu
+
+    # A viewer sees the Jobs but may not create or cancel one.
+    vera = platform.kubeconfigs["vera"]
+    code, out, err = cli("list", "--kubeconfig", vera)
+    assert code == 0, err
+    first, second = _row(out, "first"), _row(out, "second")
+    assert (first["KIND"], first["STATE"], first["NODES"], first["POOL"]) == ("prepare", "Running", "2",
+                                                                             naming.CPU_FLAVOR)
+    assert (second["KIND"], second["STATE"], second["POOL"]) == ("prepare", "Queued", "-")
+    code, out, err = cli("status", "second", "--kubeconfig", vera)
+    assert code == 0, err
+    assert out.startswith("data preparation second in team-research: Queued\n")
+    assert f"Kueue: {reserved['message']}" in out
+    code, out, err = prepare_job(cli, platform, "viewed", 1, 1, user="vera")
+    assert code == 1 and "you may not create jobs in namespace team-research (403 Forbidden" in err
+    code, out, err = cli("prepare", "--cancel", "first", "--kubeconfig", vera)
+    assert code == 1 and "403 Forbidden" in err
+
+    t0 = time.monotonic()
+    code, out, err = cli("prepare", "--cancel", "first", "--kubeconfig", platform.kubeconfigs["alice"])
+    assert code == 0, err
+    wait_for("'second' admitted once 'first' is cancelled", lambda: jobs.admitted(platform, "second", kind=JOB) and
+             not platform.get(*JOB, "second", NS)["spec"].get("suspend", False), timeout=180)
+    print(f"Job 'second' admitted {time.monotonic() - t0:.1f} s after gpu-train prepare --cancel first",
+          file=sys.__stderr__)
+    (members,) = jobs.workload_of(platform, "second", kind=JOB)["status"]["admission"]["podSetAssignments"]
+    assert set(members["flavors"].values()) == {naming.CPU_FLAVOR}
+    wait_for("Kueue to count only the second's CPUs", lambda: cpu_reserved(platform, naming.CPU_FLAVOR) == second_cpu)
+    code, out, err = cli("status", "second", "--kubeconfig", vera)
+    assert code == 0 and out.startswith("data preparation second in team-research: Running\n"), (out, err)
+    assert f"admitted by cluster queue team-research on flavor {naming.CPU_FLAVOR}" in out
+
+    # Over what the queue could ever admit: refused before anything is sent.
+    code, out, err = prepare_job(cli, platform, "huge", 1, nominal + borrowable + 1)
+    assert code == 2 and f"--workers 1 x --worker-cpu {nominal + borrowable + 1} = " in err
+    assert platform.get(*JOB, "huge", NS) is None

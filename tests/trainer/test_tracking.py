@@ -213,3 +213,33 @@ def test_each_tracker_reports_its_own_outage(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if "is unreachable" in r.getMessage()]
     for tracker in trackers:
         assert sum(f"server {tracker.tracking_uri} is unreachable" in m for m in lines) == 1, lines
+
+
+def test_an_embedded_store_is_created_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A process killed while MLflow creates its tables used to leave a database no client could open again ("table
+    ... already exists"): the tables are made aside, so a creation cut short leaves no database, and the next one
+    makes it whole."""
+    from mlflow import MlflowClient
+    from mlflow.store.db import utils as db_utils
+
+    from trainer.tracking import ensure_sqlite_schema
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    real = db_utils._initialize_tables
+
+    def cut_short(engine):  # the tables half made, then the process is gone
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE experiments (experiment_id INTEGER)")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(db_utils, "_initialize_tables", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_sqlite_schema(uri)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    monkeypatch.setattr(db_utils, "_initialize_tables", real)
+    ensure_sqlite_schema(uri)
+    ensure_sqlite_schema(uri)  # there already: left as it is
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("e")
+    assert client.create_run(experiment).info.status == "RUNNING"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]

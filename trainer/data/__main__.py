@@ -10,6 +10,7 @@ Examples::
         --tokenizer-file ~/gpt2 --out s3://bucket/web
     python -m trainer.data prepare corpus/ --out s3://bucket/ds --tasks 64 --engine ray --workers 16
     python -m trainer.data prepare-task s3://bucket/ds --index 3     # one task of a planned job, e.g. in a pod
+    python -m trainer.data prepare corpus/ --out s3://bucket/ds --member env/8   # one of an Indexed Job's 8 pods
     python -m trainer.data synth --out /tmp/synth --tokens 1048576
     python -m trainer.data verify s3://bucket/datasets/corpus --cache-dir /nvme/cache
 
@@ -42,6 +43,27 @@ def _fraction(text: str) -> float:
     return value
 
 
+MEMBER_ENV = "JOB_COMPLETION_INDEX"  # what Kubernetes sets in each pod of an Indexed Job
+
+
+def member(text: str) -> tuple[int, int]:
+    """--member INDEX/COUNT, INDEX a number or `env` (read from $JOB_COMPLETION_INDEX)."""
+    import os
+
+    index, sep, count = text.partition("/")
+    if index == "env":
+        index = os.environ.get(MEMBER_ENV, "")
+        if not index:
+            raise argparse.ArgumentTypeError(f"env/COUNT reads ${MEMBER_ENV}, which is not set")
+    try:
+        at, of = int(index), int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not INDEX/COUNT or env/COUNT: {text!r}") from None
+    if not sep or not 0 <= at < of:
+        raise argparse.ArgumentTypeError(f"INDEX/COUNT needs 0 <= INDEX < COUNT (got {index}/{count})")
+    return at, of
+
+
 def _prepare(args: argparse.Namespace) -> None:
     from trainer.data.inputs import DEFAULT_EXCLUDES, PrepareStats
     from trainer.data.prepare import DEFAULT_SHARD_TOKENS, Progress, prepare
@@ -69,10 +91,15 @@ def _prepare(args: argparse.Namespace) -> None:
         text_field=args.text_field,
         val_fraction=args.val_fraction,
         force=args.force,
+        member=args.member,
         stats=stats,
         progress=Progress(sys.stderr, every_s=args.progress_every),
     )
     dt = time.perf_counter() - t0
+    if m is None:
+        print(f"member {args.member[0]} of {args.member[1]}: committed {stats.tasks_run} of {stats.tasks} tasks "
+              f"in {dt:.1f}s; another member merges")
+        return
     tok = m.tokenizer.kind + (f" {m.tokenizer.name}" if m.tokenizer.name else "")
     print(
         f"{'up to date' if stats.reused else 'wrote'}: "
@@ -227,6 +254,11 @@ def parser() -> argparse.ArgumentParser:
         help="share of documents held out as the validation split (default 0.01)",
     )
     p.add_argument("--force", action="store_true", help="redo it even if --out holds the same dataset")
+    p.add_argument("--member", type=member, default=None, metavar="INDEX/COUNT",
+                   help="one of COUNT processes (e.g. an Indexed Job's pods) sharing one plan: each makes the same "
+                        "plan, stores it create-if-absent, runs the tasks i with i %% COUNT == INDEX (on the local "
+                        "runner with --workers) and merges only once every task has committed; INDEX `env` reads "
+                        f"${MEMBER_ENV}")
 
     t = sub.add_parser("prepare-task", help="run tasks of a planned prepare job (what a cluster runner starts)")
     t.add_argument("out", type=as_uri, help="the job's destination (holding prepare/plan.json), as --out of prepare")

@@ -18,6 +18,13 @@ the tasks, so the output is byte-identical for any runner and worker count. A re
 commit; a relaunch with other settings, inputs or task count over an unfinished job is refused in one line naming
 what changed (``--force`` starts over); over a finished dataset it makes the new one. A trained BPE learns from a
 sample of units drawn in an order fixed by ``--seed``.
+
+``--member INDEX/COUNT`` (INDEX ``env``: $JOB_COMPLETION_INDEX, as in an Indexed Job's pods): one of COUNT processes
+started with the same flags. Each makes the same plan (and trains the same BPE), stores it create-if-absent (another
+plan there is refused in one line naming what differs), runs the uncommitted tasks i with ``i % COUNT == INDEX`` and
+then lists the commits: with all there it merges, else it says how many are missing and returns None. The member
+whose commit is the last to land sees every commit, so one always merges; two that merge at once write equal bytes.
+Members never clear --out (no ``--force``; a finished dataset of other settings is refused).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from trainer.data.plan import (
     plan_units,
     task_bounds,
 )
+from trainer.data.progress import Progress
 from trainer.data.remote import is_remote, plan_remote
 from trainer.data.synthetic import VAL_STREAM, synthetic_shards
 from trainer.data.tasks import Commit, load_task_tokenizer, merge, unit_documents
@@ -57,78 +65,6 @@ DEFAULT_ATTEMPTS = 3
 BPE_TRAIN_BYTES = 1 << 30  # a trained BPE learns from a seeded sample of 1 GiB of the input
 TOKENIZERS = ("byte", "bpe", "gpt2")
 log = logging.getLogger("trainer.data")
-
-
-class Progress:
-    """What `prepare` says while it works, on `stream` (stderr by default): phases (the BPE training, the plan), one
-    line per fallback (a skipped file, an undecodable one, a retried task, an empty split), and one progress line for
-    the whole job: tasks done of all, tokens, tokens/s, MB of input/s and the time left at the pace so far. Tasks
-    committed by an earlier run count as done but not towards the pace. On a terminal the line is redrawn in place
-    (at most 5 times a second); otherwise a line is printed every `every_s` seconds, and once at the end."""
-
-    def __init__(self, stream: Any = None, *, every_s: float = 10.0, tty: bool | None = None) -> None:
-        import sys
-
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
-        self.every_s = 0.2 if self.tty else every_s
-        self.total_bytes = self.total_tasks = 0
-        self.bytes = self.tasks = self.tokens = 0  # this run's
-        self.done_before = self.bytes_before = 0  # committed by an earlier run
-        self._t0 = self._last = 0.0
-        self._drawn = False
-        self._shown = -1  # the tasks done at the last line drawn
-
-    def say(self, text: str) -> None:
-        """One line of its own (ending an in-place progress line first)."""
-        self._end_line()
-        print(f"prepare: {text}", file=self.stream, flush=True)
-
-    def warn(self, text: str) -> None:
-        self.say(f"warning: {text}")
-
-    def start(self, total_bytes: int, total_tasks: int, done_tasks: int = 0, done_bytes: int = 0) -> None:
-        self.total_bytes, self.total_tasks = max(total_bytes, 1), total_tasks
-        self.done_before, self.bytes_before = done_tasks, done_bytes
-        self._t0 = self._last = time.monotonic()
-
-    def advance(self, nbytes: int, tokens: int, tasks: int = 1) -> None:
-        self.bytes, self.tokens, self.tasks = self.bytes + nbytes, self.tokens + tokens, self.tasks + tasks
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            self._last = now
-            self._draw(now)
-
-    def finish(self) -> None:
-        if self.total_tasks and self._shown != self.tasks:
-            self._draw(time.monotonic())
-        self._end_line()
-
-    def line(self, now: float) -> str:
-        elapsed = max(now - self._t0, 1e-9)
-        left_bytes = self.total_bytes - self.bytes_before - self.bytes
-        rate = self.bytes / elapsed
-        left = left_bytes / rate if rate > 0 else None
-        if self.done_before + self.tasks >= self.total_tasks:
-            left = 0.0
-        eta = "?" if left is None else f"{int(left) // 3600}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}"
-        done = (self.bytes_before + self.bytes) / self.total_bytes
-        return (f"{self.done_before + self.tasks}/{self.total_tasks} tasks, {self.tokens:,} tokens, "
-                f"{self.tokens / elapsed:,.0f} tokens/s, {rate / 1e6:,.1f} MB/s, {100 * done:.0f}% of "
-                f"{self.total_bytes / 1e6:,.1f} MB, ETA {eta}")
-
-    def _draw(self, now: float) -> None:
-        self._shown = self.tasks
-        if self.tty:
-            print(f"\rprepare: {self.line(now)}\x1b[K", end="", file=self.stream, flush=True)
-            self._drawn = True
-        else:
-            print(f"prepare: {self.line(now)}", file=self.stream, flush=True)
-
-    def _end_line(self) -> None:
-        if self._drawn:
-            print(file=self.stream, flush=True)
-            self._drawn = False
 
 
 # -- the driver -------------------------------------------------------------------------------------------
@@ -259,6 +195,28 @@ def run_tasks(engine: Any, plan: Plan, pending: Sequence[int], out_uri: str, *, 
         todo = failed
 
 
+def _member_plan(plan: Plan, old: Plan | None, store: Store, train: Callable[[], Tokenizer]) -> tuple[Plan, Tokenizer]:
+    """A member's plan and tokenizer: the stored plan when it equals this one; else this one (its tokenizer trained
+    from the seeded sample, as every member trains it) stored create-if-absent, then its tokenizer.json likewise,
+    so that a member never overwrites what another wrote; a different plan stored meanwhile is refused naming what
+    differs."""
+    if old is not None:
+        try:
+            return old, load_task_tokenizer(old, store)
+        except ObjectNotFoundError:  # a member stopped between the plan and the tokenizer: train it again
+            plan = old
+    tok = train()
+    raw = tok.to_json().encode() if tok.kind != "byte" else b""  # type: ignore[attr-defined]
+    mine = plan.with_tokenizer({"kind": tok.kind, "name": getattr(tok, "name", ""), "vocab_size": tok.vocab_size,
+                                "eot_id": tok.eot_id, "sha256": hashlib.sha256(raw).hexdigest() if raw else ""})
+    if not store.put_if_absent(PLAN_KEY, mine.to_json()) and (theirs := store.get_bytes(PLAN_KEY)) != mine.to_json():
+        change = Plan.parse(theirs, store.url_of(PLAN_KEY)).difference(mine) or "another tokenizer"
+        raise DataError(f"{store.url_of(PLAN_KEY)}: another member stored another plan: {change}")
+    if raw and not store.put_if_absent(TOKENIZER_FILE, raw) and store.get_bytes(TOKENIZER_FILE) != raw:
+        raise DataError(f"{store.url_of(TOKENIZER_FILE)}: sha256 differs from the plan's {mine.tokenizer['sha256']}")
+    return mine, tok
+
+
 def prepare(
     inputs: Iterable[str | os.PathLike[str]],
     out_uri: str,
@@ -281,12 +239,20 @@ def prepare(
     text_field: str = "text",
     val_fraction: float = DEFAULT_VAL_FRACTION,
     force: bool = False,
+    member: tuple[int, int] | None = None,
     stats: PrepareStats | None = None,
     progress: Progress | None = None,
-) -> Manifest:
+) -> Manifest | None:
     """Tokenize ``inputs`` into a dataset at ``out_uri`` (a URI or a plain path); see the module docstring.
     `progress` is told what happens (python -m trainer.data prepare passes one); without it prepare is silent
-    but for its warnings, which go to the `trainer.data` logger."""
+    but for its warnings, which go to the `trainer.data` logger. ``member=(index, count)``: one of ``count``
+    processes sharing the plan, running the tasks i with ``i % count == index``; it merges only when every task has
+    a commit, else returns None (see the module docstring)."""
+    if member is not None and not 0 <= member[0] < member[1]:
+        raise DataError(f"--member {member[0]}/{member[1]}: the index must be in 0..COUNT-1")
+    if member is not None and force:
+        raise DataError("--force does not go with --member: members share one plan and never clear --out "
+                        "(run prepare once with --force, then start the members)")
     if tokenizer not in TOKENIZERS:
         raise DataError(f"--tokenizer must be one of {', '.join(TOKENIZERS)} (got {tokenizer!r})")
     if not 0 <= val_fraction < 1:
@@ -326,10 +292,18 @@ def prepare(
     change = old.difference(plan) if old is not None else ""
     done = _manifest(store) if change else None
     finished = old is not None and done is not None and (done.source or {}).get("plan") == old.sha256
+    if member is not None and change and not finished:
+        raise DataError(f"{store.url_of(PLAN_KEY)}: member {member[0]} of {member[1]} refuses to share a plan of other "
+                        f"settings: {change} (start every member with the same flags)")
     if old is not None and change and not finished:
         raise DataError(f"{store.url_of(PLAN_KEY)}: refusing to resume an unfinished preparation with other settings:"
                         f" {change} (run it as before to finish it, or pass --force to start over)")
-    if old is not None and not change:
+    if member is not None and (change or (old is None and _stored(store, MANIFEST_NAME) is not None)):
+        raise DataError(f"{store.url_of(MANIFEST_NAME)}: holds another dataset ({change or 'written without a plan'});"
+                        " members never replace one: remove it, or run prepare once with --force")
+    if member is not None:
+        plan, tok = _member_plan(plan, old, store, lambda: _tokenizer(plan, gpt2, progress, sum(weights), endpoint_url))
+    elif old is not None and not change:
         plan, tok = old, load_task_tokenizer(old, store)
     else:
         _clear(store)
@@ -342,12 +316,15 @@ def prepare(
         if not store.put_if_absent(PLAN_KEY, plan.to_json()) and store.get_bytes(PLAN_KEY) != plan.to_json():
             raise DataError(f"{store.url_of(PLAN_KEY)}: another prepare wrote another plan here meanwhile")
     committed = {k for k in store.list(COMMIT_PREFIX)}
-    pending = [i for i in range(plan.tasks) if commit_key(i) not in committed]
+    mine = range(plan.tasks) if member is None else range(member[0], plan.tasks, member[1])
+    pending = [i for i in mine if commit_key(i) not in committed]
     task_bytes = [sum(weights[plan.bounds[i] : plan.bounds[i + 1]]) for i in range(plan.tasks)]
     stats.tasks, stats.tasks_run = plan.tasks, len(pending)
     _say(progress)(f"{plan.tasks} tasks over {len(plan.units)} units of {len(plan.inputs)} inputs"
                    + (f"; {plan.tasks - len(pending)} committed already, {len(pending)} to run" if old is not None
-                      and not change else "") + f"; {runner.name} runner")  # fmt: skip
+                      and not change else "") + f"; {runner.name} runner"
+                   + (f"; member {member[0]} of {member[1]}: tasks {member[0]}, {member[0] + member[1]}, ..."
+                      f" ({len(mine)}, {len(pending)} to run)" if member is not None else ""))  # fmt: skip
     if progress is not None:
         progress.start(sum(task_bytes), plan.tasks, plan.tasks - len(pending),
                        sum(task_bytes) - sum(task_bytes[i] for i in pending))
@@ -355,6 +332,9 @@ def prepare(
               progress=progress)
     if progress is not None:
         progress.finish()
+    if member is not None and (left := plan.tasks - len(set(store.list(COMMIT_PREFIX)))):
+        _say(progress)(f"{left} tasks of other members not committed yet: the last member to finish merges")
+        return None
     tok_file = None
     if tok.kind != "byte":
         raw = store.get_bytes(TOKENIZER_FILE)

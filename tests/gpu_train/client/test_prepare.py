@@ -56,3 +56,30 @@ def test_list_shows_the_kind_of_each_row_and_status_names_a_data_preparation():
                    notes=["Kueue: couldn't assign flavors"])
     show.job_status(st, out=out)
     assert out.getvalue() == "data preparation web in team-research: Queued\n  Kueue: couldn't assign flavors\n"
+
+
+@pytest.mark.parametrize(("conditions", "done", "state"), [
+    ([], None, "Running"),
+    ([{"type": "Suspended", "status": "False"}], None, "Running"),
+    # The Job controller's terminal conditions (k8s.io/api/batch/v1: JobComplete, JobFailed); FailureTarget and
+    # SuccessCriteriaMet come first and are not the end yet.
+    ([{"type": "FailureTarget", "status": "True"}], None, "Running"),
+    ([{"type": "SuccessCriteriaMet", "status": "True"}, {"type": "Complete", "status": "True"}], True, "Completed"),
+    ([{"type": "FailureTarget", "status": "True"}, {"type": "Failed", "status": "True",
+                                                     "reason": "FailedIndexes"}], False, "Failed"),
+    ([{"type": "Complete", "status": "False"}], None, "Running"),
+])
+def test_a_jobs_conditions_decide_whether_it_ended_and_kueue_the_rest(conditions, done, state):
+    job = {"kind": "Job", "metadata": {"name": "web"}, "status": {"conditions": conditions}}
+    assert prepare.succeeded(job) is done
+    assert queue_state(prepare.succeeded(job), ADMITTED) == state
+
+
+def test_the_jobs_counts_are_shown_as_the_job_controller_set_them_or_that_it_set_none():
+    job = {"kind": "Job", "spec": {"completions": 3}, "status": {}}
+    assert prepare.job_notes(job) == [
+        "the Job controller has set no status on it yet (no member pods before Kueue admits it)"]
+    job["status"] = {"active": 1, "succeeded": 1, "failed": 3, "failedIndexes": "2", "completedIndexes": "0"}
+    assert prepare.job_notes(job) == ["Job: 1 of 3 members succeeded, 1 running, 3 pods failed, failed indexes 2"]
+    job = {"kind": "Job", "spec": {"parallelism": 3}}
+    assert prepare._pods(job) == 3

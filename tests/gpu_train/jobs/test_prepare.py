@@ -164,3 +164,105 @@ def test_the_command_prints_the_rayjob_on_a_dry_run_and_refuses_before_sending(c
     code, out, err = cli("prepare", f"{DATASETS}/raw/", "--out", f"{DATASETS}/research/web", "--team", "research",
                          "--platform", platform)
     assert code == 2 and "prepare runs on the cluster only (--cluster)" in err
+
+
+# -- --runner job: the Indexed Job ---------------------------------------------------------------------------------
+K8S = "1.33"  # the API version tests/gpu_train/jobs/test_serving.py validates against
+
+
+def job_request(**over) -> prepare.PrepareRequest:
+    return request(runner="job", **over)
+
+
+def test_the_indexed_job_waits_suspended_in_the_teams_queue_and_runs_one_member_per_worker(monkeypatch):
+    job = prepare.indexed_job(job_request(), contract())
+    assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+    assert job["metadata"]["namespace"] == "team-research"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research-queue"
+    assert job["metadata"]["labels"][prepare.PREPARE_LABEL] == "web"
+    spec = job["spec"]
+    assert spec["suspend"] is True and spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 3  # --workers 3: every member at once
+    # A member is retried on its own index a bounded number of times; one index out of retries fails the Job.
+    assert 1 <= spec["backoffLimitPerIndex"] <= 5 and spec["maxFailedIndexes"] == 0
+    assert spec["ttlSecondsAfterFinished"] == 3600
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"  # what backoffLimitPerIndex and podFailurePolicy need
+    (c,) = pod["containers"]
+    argv = c["command"]
+    assert argv[:5] == ["python", "-m", "trainer.data", "prepare", f"{DATASETS}/raw/web/"]
+    flags = dict(zip(argv[5::2], argv[6::2], strict=False))
+    assert (flags["--engine"], flags["--workers"], flags["--member"]) == ("local", "8", "env/3")  # 8 CPUs per pod
+    assert (flags["--tokenizer"], flags["--vocab-size"], flags["--tasks"]) == ("bpe", "8192", "64")
+    # Kubernetes sets JOB_COMPLETION_INDEX in each pod of an Indexed Job; the local command reads it.
+    from trainer.data.__main__ import parser
+
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "2")
+    parsed = parser().parse_args(argv[3:])
+    assert (parsed.member, parsed.engine, parsed.workers, parsed.tasks) == ((2, 3), "local", 8, 64)
+    # Bad input (exit 2) fails the index at once; the pod failure rules name the container that exits so.
+    rules = spec["podFailurePolicy"]["rules"]
+    assert {"action": "FailIndex", "onExitCodes": {"containerName": c["name"], "operator": "In", "values": [2]}} in rules
+
+
+def test_the_members_pods_are_the_ray_workers_pods_but_for_their_command():
+    ray_pod = prepare.ray_job(request(), contract())["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
+    job_pod = prepare.indexed_job(job_request(), contract())["spec"]["template"]
+    (rc,), (jc,) = ray_pod["spec"]["containers"], job_pod["spec"]["containers"]
+    assert {k: v for k, v in jc.items() if k not in ("name", "command")} == {k: v for k, v in rc.items() if k != "name"}
+    assert {k: v for k, v in job_pod["spec"].items() if k not in ("containers", "restartPolicy")} == {
+        k: v for k, v in ray_pod["spec"].items() if k != "containers"}
+    pod = job_pod["spec"]
+    import infra.aws
+
+    assert pod["serviceAccountName"] == naming.DATA_PREP_SERVICE_ACCOUNT
+    assert pod["nodeSelector"] == infra.aws.SYSTEM_LABELS and "tolerations" not in pod  # never a GPU pool
+    assert jc["image"] == contract().image
+    assert jc["resources"] == {"requests": {"cpu": "8", "memory": "16Gi"}, "limits": {"memory": "16Gi"}}
+
+
+def test_the_job_is_a_valid_batch_v1_job_and_passes_the_team_namespaces_admission_policies():
+    import kubernetes_validate
+
+    job = prepare.indexed_job(job_request(), contract())
+    kubernetes_validate.validate(job, K8S, strict=True)
+    admission = Admission(pod_admission.admission_policies(nvme_host_path="/mnt/k8s-disks/0", registries=[REGISTRY]))
+    assert admission.denials(job, namespace="team-research") == []
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team-research"},
+           "spec": job["spec"]["template"]["spec"]}
+    assert admission.denials(pod, namespace="team-research") == []
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    broken = {**job, "spec": {**job["spec"], "template": {**job["spec"]["template"], "spec": {
+        **job["spec"]["template"]["spec"], "containers": [{**c, "securityContext": {"privileged": True}}]}}}}
+    assert admission.denials(broken, namespace="team-research") != []
+
+
+def test_the_jobs_quota_is_its_members_alone():
+    # research may be admitted 40 CPUs on flavor cpu (its 32 and platform's 8): 5 members of 8 CPUs fit, while the
+    # RayJob of the same workers needs its head's CPU on top.
+    assert prepare.requested(job_request(workers=5)) == {"cpu": 40, "memory": 5 * 16 * 2**30}
+    assert prepare.check_request(job_request(workers=5), contract()) == []
+    (ray_problem,) = prepare.check_request(request(workers=5), contract())
+    assert ray_problem.startswith("--head-cpu 1 + --workers 5 x --worker-cpu 8 = 41 CPUs")
+    (problem,) = prepare.check_request(job_request(workers=6), contract())
+    assert problem.startswith("--workers 6 x --worker-cpu 8 = 48 CPUs: more than team research's queue can ever "
+                              "admit (40 on flavor cpu, teams[].prepareQuota)")
+    (problem,) = prepare.check_request(job_request(force=True), contract())
+    assert problem.startswith("--force does not go with --runner job")
+    (problem,) = prepare.check_request(request(runner="spark"), contract())
+    assert problem.startswith("--runner 'spark' is not one of ray, job")
+
+
+def test_the_command_prints_the_job_on_a_dry_run_with_runner_job(cli, tmp_path):
+    platform = tmp_path / "platform.json"
+    platform.write_text(json.dumps(contract_doc()))
+    code, out, err = cli("prepare", "--cluster", f"{DATASETS}/raw/", "--team", "research", "--platform", platform,
+                         "--dry-run", "--runner", "job", "--out", f"{DATASETS}/research/web-2024", "--workers", "4")
+    assert code == 0, err
+    job = yaml.safe_load(out)
+    assert (job["kind"], job["metadata"]["name"], job["spec"]["completions"]) == ("Job", "web-2024", 4)
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-1] != "--force"
+    code, out, err = cli("prepare", "--cluster", f"{DATASETS}/raw/", "--team", "research", "--platform", platform,
+                         "--dry-run", "--runner", "job", "--out", f"{DATASETS}/research/web", "--workers", "21")
+    assert code == 2 and out == "" and only_error_lines(err)
+    assert "--workers 21 x --worker-cpu 2 = 42 CPUs" in err
