@@ -12,7 +12,7 @@ pipeline rows need two GPUs or more (one GPU per rank: NCCL refuses two ranks on
 machine with fewer, and without CUDA, each row says what it needs instead of a figure. MFU counts the same
 FLOPs per token in every row (bench.common.preset_flops_per_token): a layout changes where they run, not
 how many there are. TP and PP rows run without torch.compile (the trainer refuses compile with either).
-Every data-parallel row sets its peak memory beside the plan-time estimate (gpu_train/spec/memory.py).
+Every data-parallel row sets its peak memory beside the plan-time estimate (gpu_train/sizing/memory.py).
 
 The CPU-sized form (`python -m bench.gpu --cpu-sized`, or this section on a machine without CUDA): the same rows'
 code on the tiny preset in fp32 without compile, 20 steps, micro batch 8, 32 and auto under DDP beside the bare
@@ -33,9 +33,9 @@ import torch
 
 from bench.common import Figure, preset_flops_per_token, ratio
 from bench.runs import ROOT, run_trainer, seconds_per_step, summary
+from gpu_train.sizing.layout import resolve_layout
+from gpu_train.sizing.memory import fitting_micro_batch, memory_per_gpu, sized
 from gpu_train.spec import trainer_config as tcfg
-from gpu_train.spec.layout import resolve_layout
-from gpu_train.spec.memory import fitting_micro_batch, memory_per_gpu, sized
 from trainer.flops import gpu_peak_flops, mfu
 
 FROM_STEP = 10
@@ -143,7 +143,7 @@ def _auto_micro(preset: str, gpus: int, cuda: bool) -> int:
 
 
 def _estimate_gb(preset: str, overrides: list[str], gpus: int) -> float:
-    """The plan-time memory estimate of one GPU for this run (gpu_train/spec/memory.py), in GB."""
+    """The plan-time memory estimate of one GPU for this run (gpu_train/sizing/memory.py), in GB."""
     cfg = tcfg.build_config(preset, None, overrides)
     return memory_per_gpu(sized(cfg, gpus, math.inf), resolve_layout(cfg.train, gpus)).total / 1e9
 

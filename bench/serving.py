@@ -58,7 +58,7 @@ def wait_answering(url: str, proc: subprocess.Popen, deadline: float) -> None:
 def serving(model: Path) -> Iterator[tuple[str, str]]:
     """(model server URL, route URL) on free ports of this machine, both answering."""
     server_port, route_port = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_train.serving.model_server", "--model", str(model), "--name",
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.model_server", "--model", str(model), "--name",
                              "bench", "--version", "1", "--port", str(server_port), "--threads", "1"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stop = threading.Event()

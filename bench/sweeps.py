@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from bench.common import Figure, ratio
+from gpu_train.spec.sweep import parse_sweep
 from gpu_train.sweeps.controller import Controller
-from gpu_train.sweeps.spec import parse_sweep
 
 BATCH = 64
 

@@ -2,14 +2,14 @@
 a one-line advisory when the stack's region is far above the best allowed region offering its pools' types.
 
 Usage (infra/__main__.py): `for line in plan_notes(cfg): pulumi.log.info(line)`. Pure: tests call `plan_notes`
-with loaded settings. The numbers and the rule come from gpu_train/spec/carbon (docs/carbon.md).
+with loaded settings. The numbers and the rule come from gpu_train/carbon (docs/carbon.md).
 """
 
 from __future__ import annotations
 
-from gpu_train.spec import carbon
-from gpu_train.spec.carbon import advisor
-from gpu_train.spec.carbon.estimate import job_estimate
+from gpu_train import carbon
+from gpu_train.carbon import advisor
+from gpu_train.carbon.estimate import job_estimate
 from gpu_train.spec.settings import StackSettings
 
 

@@ -8,7 +8,8 @@ Usage (infra/__main__.py):
 Each cloud layer offers the same four names: `check(settings)` (the rules only that cloud has),
 `describe_pools(settings)` (the GPU pools as jobs see them, from the settings alone), `NVME_HOST_PATH` and
 `build_platform(settings, tags)`. `problems` reports, all at once, the cloud-neutral checks across settings
-(gpu_train.spec.settings_checks) and the cloud's own; then what only the pools make checkable: whether Kueue could
+(gpu_train.spec.settings_checks), the stack job's layout and memory (gpu_train.sizing.job), the allowed carbon
+regions against the carbon table (gpu_train.carbon) and the cloud's own; then what only the pools make checkable: whether Kueue could
 ever admit the stack's job and its pods fit a node of their pool (gpu_train/jobs/check.py), against the same queue
 objects the Kubernetes layer creates and the platform contract publishes.
 """
@@ -18,8 +19,11 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from gpu_train import carbon
+from gpu_train.jobs import queues
 from gpu_train.jobs.check import check_job
-from gpu_train.spec import naming, queues, settings_checks
+from gpu_train.sizing.job import layout_problems
+from gpu_train.spec import naming, settings_checks
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.settings import StackSettings
 from gpu_train.spec.settings_checks import BUCKET_SCHEME
@@ -34,7 +38,10 @@ def problems(settings: StackSettings) -> list[str]:
     """The checks across settings and the cloud's own rules, then the stack's job against its pools, teams and
     queues."""
     cloud = layer(settings.cloud)
-    found = settings_checks.problems(settings) + cloud.check(settings)
+    found = settings_checks.problems(settings) + carbon.settings_problems(settings.carbon.allowed_regions)
+    if settings.job is not None:
+        found += layout_problems(settings.job, pools=settings_checks.pool_facts(settings))
+    found += cloud.check(settings)
     job = settings.job
     if job is None or found:
         return found

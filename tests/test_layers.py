@@ -9,24 +9,26 @@ Tracker`, resolved through trainer/__init__.py's PUBLIC table or the package's o
 the module that defines it too. The rules:
 - gpu_train.spec (the vocabulary) imports only itself, the standard library, pydantic and yaml: no module of the
   project outside gpu_train/spec (SPEC_EXCEPTIONS names any exception, with its reason);
+  gpu_train.sizing (what a trainer configuration needs from the hardware) adds only itself;
+  gpu_train.carbon (the region tables, the estimate, the ranking) adds itself and the sizing (FLOPs);
   gpu_train.storage (the object stores) adds itself and boto3;
-  gpu_train.jobs (the renderer) adds itself and the kubernetes client; gpu_train.client (the Python client) adds
-  itself and the clients it reads the cluster and the log stores with; gpu_train.serving (serving's programs: the
+  gpu_train.jobs (the renderer) adds itself, the sizing, the carbon tables and the kubernetes client;
+  gpu_train.client (the Python client) adds itself, what jobs may import and the clients it reads the cluster and
+  the log stores with; gpu_train.serving (serving's programs: the
   route, the promotion loop, the registry client) adds itself and its clients (kubernetes, MLflow, aiohttp,
   urllib3, prometheus_client); gpu_train.sweeps (the sweep controller, also run in the cluster from the trainer
   image) imports the core, the renderer, the client (its cluster trials are the client's jobs), Optuna, the
   libraries of its outputs (numpy, matplotlib, mlflow) and the object stores (gpu_train.storage: file://, s3://,
   gs:// over boto3, which the trainer reads and writes through too), never the team command; gpu_train.cli (the
   command) adds itself, serving and sweeps, builds on the client, and may import Optuna. None imports pulumi,
-  torch, infra, policies, trainer or tools, with one exception: the local model server
-  (gpu_train.serving.model_server) runs transformers over torch, and is only ever started as its own process
-  (`python -m`), never imported.
+  torch, infra, policies, trainer or tools: `serve --local`'s model server (trainer.model_server, transformers
+  over torch) is only ever started as its own process (`python -m`), never imported.
 - infra (the Pulumi program) imports the core, never policies, trainer, tools, the client or the team command;
   infra/settings.py imports nothing of infra/aws, infra/gcp, infra/k8s; infra/k8s imports no cloud layer and no
   catalog, and its code compares nothing with a cloud's name.
 - policies import the core and themselves (and pulumi_policy), never infra or trainer.
 - trainer imports the core and itself, never infra, policies, tools, the client, the team command, the sweep
-  controller or Optuna (no Optuna code runs in a trial).
+  controller or Optuna (no Optuna code runs in a trial); its model server takes serving's metrics and ports.
 - No import cycle between modules of the project, whether lazy imports or annotations close it
   (ANNOTATION_CYCLES names the exceptions, with their reasons).
 - Inside trainer/ and gpu_train/, a module imports a name from the module that defines it, never through a
@@ -138,27 +140,33 @@ MODULES = set(GRAPH)
 # (layer, what it may import besides the standard library)
 ALLOWED = {
     "gpu_train.spec": ("gpu_train.spec", "pydantic", "pydantic_core", "yaml"),
+    "gpu_train.sizing": ("gpu_train.spec", "gpu_train.sizing"),
+    "gpu_train.carbon": ("gpu_train.spec", "gpu_train.sizing", "gpu_train.carbon"),
     "gpu_train.storage": ("gpu_train.spec", "gpu_train.storage", "boto3", "botocore", "s3transfer"),
-    "gpu_train.jobs": ("gpu_train.spec", "gpu_train.jobs", "kubernetes"),
+    "gpu_train.jobs": ("gpu_train.spec", "gpu_train.sizing", "gpu_train.carbon", "gpu_train.jobs", "kubernetes"),
     "gpu_train.serving": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.serving", "kubernetes", "mlflow", "aiohttp",
                           "urllib3", "prometheus_client"),
-    "gpu_train.client": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.client", "kubernetes", "yaml", "boto3",
-                         "botocore", "google", "prometheus_client", "urllib3"),
+    "gpu_train.client": ("gpu_train.spec", "gpu_train.sizing", "gpu_train.carbon", "gpu_train.jobs", "gpu_train.client",
+                         "kubernetes", "yaml", "boto3", "botocore", "google", "prometheus_client", "urllib3"),
     "gpu_train.cli": ("gpu_train", "kubernetes", "yaml", "boto3", "botocore", "google", "prometheus_client",
                       "urllib3", "optuna"),
     "gpu_train.sweeps": ("gpu_train.spec", "gpu_train.jobs", "gpu_train.client", "gpu_train.storage",
                          "gpu_train.sweeps", "pydantic", "yaml", "optuna", "numpy", "matplotlib", "mlflow",
                          "kubernetes", "boto3", "botocore"),
 }
-# The one module of the core that runs torch: the model server `gpu-train serve --local` starts as a process.
-MODEL_SERVER = "gpu_train.serving.model_server"
-MODEL_SERVER_IMPORTS = ("torch", "transformers", "fastapi", "uvicorn", "pydantic")
+# The torch module `gpu-train serve --local` starts as a process of its own.
+MODEL_SERVER = "trainer.model_server"
 FORBIDDEN = {
     "infra": ("policies", "trainer", "tools", "gpu_train.cli", "gpu_train.client"),
     "policies": ("infra", "trainer", "tools", "gpu_train.cli", "gpu_train.client"),
     "trainer": ("infra", "policies", "tools", "pulumi", "gpu_train.cli", "gpu_train.client", "gpu_train.sweeps",
                 "optuna"),
-    "gpu_train.spec": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps", "gpu_train.storage"),
+    "gpu_train.spec": ("gpu_train.sizing", "gpu_train.carbon", "gpu_train.jobs", "gpu_train.client", "gpu_train.cli",
+                       "gpu_train.sweeps", "gpu_train.storage", "gpu_train.serving"),
+    "gpu_train.sizing": ("gpu_train.carbon", "gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps",
+                         "gpu_train.storage", "gpu_train.serving"),
+    "gpu_train.carbon": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps", "gpu_train.storage",
+                         "gpu_train.serving"),
     "gpu_train.storage": ("gpu_train.jobs", "gpu_train.client", "gpu_train.cli", "gpu_train.sweeps"),
     "gpu_train.jobs": ("gpu_train.client", "gpu_train.cli", "gpu_train.sweeps"),
     "gpu_train.client": ("gpu_train.cli", "gpu_train.sweeps"),
@@ -174,8 +182,6 @@ def test_the_core_and_the_command_import_only_what_they_may(layer):
             continue
         for t in targets:
             if top(t) in STDLIB or top(t) == "__future__":
-                continue
-            if mod == MODEL_SERVER and top(t) in MODEL_SERVER_IMPORTS:
                 continue
             if not any(in_layer(t, allowed) for allowed in ALLOWED[layer]):
                 bad.append(f"{mod} imports {t}")
@@ -224,13 +230,13 @@ def test_the_face_check_sees_a_name_taken_from_a_lazy_face(tmp_path):
 
 def test_neither_pulumi_nor_torch_in_the_core_or_the_command():
     bad = [f"{m} imports {t}" for m, ts in GRAPH.items() if in_layer(m, "gpu_train") for t in ts
-           if top(t).startswith("pulumi") or (top(t) in ("torch", "transformers") and m != MODEL_SERVER)]
+           if top(t).startswith("pulumi") or top(t) in ("torch", "transformers")]
     assert bad == []
 
 
 def test_the_model_server_is_started_never_imported():
     """The torch of `serve --local` stays in its own process: no module imports the model server; the local mode
-    starts it as `python -m gpu_train.serving.model_server`."""
+    starts it as `python -m trainer.model_server`."""
     importers = sorted(m for m, ts in GRAPH.items() if MODEL_SERVER in ts)
     assert importers == []
     assert any(top(t) == "torch" for t in GRAPH[MODEL_SERVER])

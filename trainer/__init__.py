@@ -3,7 +3,7 @@
 
 Usage (docs/your-code.md documents every name, its signature and its guarantee):
     from trainer import CheckpointManager, GlobalSampler, JobEnv, Preemption, Tracker, Watchdog, open_dataset
-    job = JobEnv.from_environ()                           # the launcher's environment contract
+    job = JobEnv.from_environ()                           # the job's environment (gpu_train.spec.env)
     env = init_distributed()                              # torchrun's process group (gloo on CPU, NCCL on GPUs)
     ckpt = CheckpointManager(job.checkpoint_dir, job.checkpoint_uri, keep=3)
 

@@ -14,7 +14,7 @@ Counters, through one interface (`read_mj()`: millijoules since some fixed point
 When any rank has no counter (CPU, no NVML, an older GPU) the run says "energy: not measured (no energy counters)"
 with the reason, and its summary holds None.
 
-The conversion is the estimate's (gpu_train/spec/carbon/estimate.py co2e_kg): GPU energy x the cloud's PUE x the
+The conversion is the estimate's (gpu_train/carbon/estimate.py co2e_kg): GPU energy x the cloud's PUE x the
 region's grid intensity, for the region in GPU_TRAIN_CLOUD / GPU_TRAIN_REGION (set on the pod by the JobSet
 renderer). Only the GPUs are measured: CPUs, memory and network are not in the figure (docs/carbon.md).
 """
@@ -103,8 +103,8 @@ class EnergyMeter:
 
 
 def _co2e(kwh: float, cloud: str, region: str) -> float | None:
-    from gpu_train.spec.carbon import CarbonDataError
-    from gpu_train.spec.carbon.estimate import co2e_kg
+    from gpu_train.carbon import CarbonDataError
+    from gpu_train.carbon.estimate import co2e_kg
 
     if not (cloud and region):
         log.info("energy: no emissions figure: %s and %s are not set (the region is unknown)", CLOUD_ENV, REGION_ENV)

@@ -1,4 +1,4 @@
-"""MFU: model FLOPs utilisation from the throughput, FLOPs per token and the GPU's peak (gpu_train/spec/flops.py).
+"""MFU: model FLOPs utilisation from the throughput, FLOPs per token and the GPU's peak (gpu_train/sizing/flops.py).
 
 Usage:
     from trainer.flops import flops_per_token, gpu_peak_flops, mfu
@@ -6,7 +6,7 @@ Usage:
     peak = gpu_peak_flops("NVIDIA H100 80GB HBM3")        # 989.4e12, or None when unknown / CPU
     mfu(tokens_per_s, f, peak, world_size)               # ratio in [0, 1], or None
 
-The FLOPs per token and the GPUs' peaks are defined in gpu_train/spec/flops.py (PaLM's accounting), which the
+The FLOPs per token and the GPUs' peaks are defined in gpu_train/sizing/flops.py (PaLM's accounting), which the
 carbon estimate shares. MFU ignores activation recomputation.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from gpu_train.spec.flops import (  # noqa: F401 (the trainer's callers import them from here)
+from gpu_train.sizing.flops import (  # noqa: F401 (the trainer's callers import them from here)
     GPU_PEAK_BF16,
     flops_per_token,
     gpu_peak_flops,

@@ -1,5 +1,5 @@
-"""gpu-train-launch: check the bundled trainer's inputs, wait for its dataset and the rendezvous host, run
-torchrun with the job's command, and turn its end into the container's exit code.
+"""gpu-train-launch, the launcher: check the bundled trainer's inputs, wait for its dataset and the rendezvous
+host, run torchrun with the job's command, and turn its end into the container's exit code.
 
 Usage (the image's entrypoint, trainer/entrypoint.sh, runs `python -m trainer.launch "$@"`; every argument
 is torchrun's, the job's command last: the bundled trainer's own arguments follow `-m trainer`):
@@ -25,8 +25,8 @@ In order:
    addresses; if the name does not resolve yet, pod 0 wrongly thinks it is a client and every agent waits for
    a store nobody hosts. So wait for it (exit 1 naming the host when RDZV_DNS_TIMEOUT runs out).
 3. torchrun as a child, with the rendezvous-store switch and the TORCH_NCCL_* settings that make NCCL's
-   watchdog agree with the trainer's (both spelled once, in gpu_train.jobs.launch, which the JobSet sets too; a
-   value already in the environment wins for the NCCL ones), TRAINER_EXIT_FILE and TRAINER_LAUNCHER_PID
+   watchdog agree with the trainer's (both spelled once, in the launch builder gpu_train.jobs.launch, which the
+   JobSet sets too; a value already in the environment wins for the NCCL ones), TRAINER_EXIT_FILE and TRAINER_LAUNCHER_PID
    (trainer/errors.py: how a worker's bad input stops torchrun's restarts), TRAINER_SHUTDOWN_TIMEOUT_S
    (torchrun's shutdown timeout, which the workers' final checkpoint after SIGTERM must fit in: they log how
    much of it they used), TRAINER_STOP_FILE (where the workers record how they stopped on a signal), and a

@@ -12,8 +12,9 @@ Usage:
     scheduler = build_scheduler(optimizer, cfg)              # linear warmup, then cosine to train.min_lr
     continue_schedule(optimizer, scheduler, cfg, step)       # after a resume: at `step` under cfg's settings
 
-The layout (gpu_train/spec/layout.py) says how many ranks each kind of parallelism gets. With train.tp = train.pp
-= 1 and train.parallel=ddp the model is wrapped in DDP (on one worker it runs unwrapped: nothing to reduce); otherwise the ranks form a DeviceMesh of shape (pp,
+The layout (gpu_train/sizing/layout.py) says how many ranks each kind of parallelism gets. With train.tp = train.pp
+= 1 and train.parallel=ddp the model is wrapped in DDP (on one worker it runs unwrapped: nothing to reduce); otherwise
+the ranks form a DeviceMesh of shape (pp,
 dp_replicate, dp_shard, tp), and, as torchtitan's parallelize functions do (torchtitan/models/llama3/infra/
 parallelize.py): pipeline stages are cut first (trainer/pipeline.py), tensor parallelism is applied on the "tp"
 dimension (trainer/runner.py), then FSDP2's fully_shard per block and per stage on the data-parallel dimensions ("dp_shard", or
@@ -33,8 +34,8 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpu_train.spec.layout import Layout, resolve_layout
-from gpu_train.spec.memory import memory_per_gpu, sized
+from gpu_train.sizing.layout import Layout, resolve_layout
+from gpu_train.sizing.memory import memory_per_gpu, sized
 from gpu_train.spec.trainer_config import Config, ModelConfig
 from trainer.distributed import DistEnv
 from trainer.errors import BadInput
@@ -72,7 +73,7 @@ def worker_memory_bytes(env: DistEnv) -> tuple[float, str]:
 
 def sized_config(cfg: Config, env: DistEnv) -> Config:
     """`cfg` with train.micro_batch_size=auto replaced by the largest micro batch that fits this worker's memory by
-    the plan's estimate (gpu_train/spec/memory.py fitting_micro_batch); one log line says what was chosen."""
+    the plan's estimate (gpu_train/sizing/memory.py fitting_micro_batch); one log line says what was chosen."""
     if cfg.train.micro_batch_size != "auto":
         return cfg
     capacity, what = worker_memory_bytes(env)
@@ -87,7 +88,7 @@ def sized_config(cfg: Config, env: DistEnv) -> Config:
 
 def rank_layout(cfg: Config, env: DistEnv) -> Layout:
     """The layout at this world size; BadInput naming the setting when it does not fit (the plan checks the same
-    before a job starts, gpu_train/spec/layout.py)."""
+    before a job starts, gpu_train/sizing/layout.py)."""
     layout = resolve_layout(cfg.train, env.world_size)  # ConfigError is a BadInput
     if env.local_world_size % layout.tp:
         raise BadInput(f"train.tp={layout.tp} does not divide the {env.local_world_size} workers of this node: a "

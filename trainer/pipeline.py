@@ -18,7 +18,7 @@ https://arxiv.org/abs/2104.04473, section 4.1): both then take the same optimize
 the weight once.
 
 Micro batches: a data-parallel rank's windows of a step are split into micro batches of train.micro_batch_size,
-run train.pp_microbatches at a time (gpu_train/spec/layout.py, pipeline_runs). The first stage reads the inputs,
+run train.pp_microbatches at a time (gpu_train/sizing/layout.py, pipeline_runs). The first stage reads the inputs,
 the last the targets; every rank of the pipeline reads the same windows, so the global sample order is the same
 in every layout. The loss is the mean over micro batches, as without a pipeline.
 
@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor
 
-from gpu_train.spec.layout import Layout, pipeline_runs, rank_stages, stage_layers
+from gpu_train.sizing.layout import Layout, pipeline_runs, rank_stages, stage_layers
 from gpu_train.spec.trainer_config import Config
 from trainer.distributed import DistEnv
 from trainer.model import GPT

@@ -21,8 +21,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpu_train.spec.memory import sized
-from gpu_train.spec.trainer_config import MAX_PORT, Config, ConfigError, batch_layout, to_dict
+from gpu_train.sizing.layout import batch_layout
+from gpu_train.sizing.memory import sized
+from gpu_train.spec.trainer_config import MAX_PORT, Config, ConfigError, to_dict
 from trainer.checkpoint.manifest import FORMAT_VERSION
 from trainer.errors import BadInput
 

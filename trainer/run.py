@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from gpu_train.spec.flops import gpu_peak_flops, model_flops_per_token
-from gpu_train.spec.layout import MESH_DIMS, Layout
+from gpu_train.sizing.flops import gpu_peak_flops, model_flops_per_token
+from gpu_train.sizing.layout import MESH_DIMS, Layout
 from gpu_train.spec.trainer_config import Config, flatten, to_dict
 from trainer.distributed import DistEnv
 from trainer.metrics import JsonlLog, MetricsProcessor, StepClock, TrainerMetrics

@@ -43,13 +43,13 @@ from torch.distributed.tensor.parallel import (
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpu_train.spec.layout import MESH_DIMS, Layout
+from gpu_train.sizing.layout import MESH_DIMS, Layout
 from trainer.distributed import DistEnv
 from trainer.model import GPT
 
 
 def build_mesh(layout: Layout, env: DistEnv) -> Any:
-    """The (pp, dp_replicate, dp_shard, tp) DeviceMesh, tp innermost (gpu_train/spec/layout.py)."""
+    """The (pp, dp_replicate, dp_shard, tp) DeviceMesh, tp innermost (gpu_train/sizing/layout.py)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh(env.device.type, layout.shape, mesh_dim_names=MESH_DIMS)

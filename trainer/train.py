@@ -54,7 +54,8 @@ import torch
 import torch.distributed as dist
 
 from gpu_train.jobs.launch import SHUTDOWN_ENV, nccl_env
-from gpu_train.spec.trainer_config import Config, batch_layout, to_dict
+from gpu_train.sizing.layout import batch_layout
+from gpu_train.spec.trainer_config import Config, to_dict
 from trainer import evaluate as evaluation
 from trainer.budget import BudgetHold, hold_for
 from trainer.checkpoint.manager import CheckpointManager

@@ -20,12 +20,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpu_train.carbon.estimate import job_estimate
 from gpu_train.client.cluster import ClientError, Session, call, team_namespace
 from gpu_train.client.gitrepo import provenance
 from gpu_train.client.jobs import check_spec, read_spec, render
 from gpu_train.jobs import gitops
 from gpu_train.jobs.jobset import COMMIT_ANNOTATION, JOBSET_API, Provenance
-from gpu_train.spec.carbon.estimate import job_estimate
 from gpu_train.spec.contract import PlatformContract
 from gpu_train.spec.job import JobSpec
 

@@ -5,18 +5,19 @@ Usage:
     gpu-train regions --pool-type p5.48xlarge --allow EU
     gpu-train regions --pool-type a3-megagpu-8g --allow EU,CH --home europe-west3 --max-latency-ms 20 --explain
 
-The numbers come from the shipped tables (gpu_train/spec/carbon; docs/carbon.md): grid intensity, Google's CFE%,
+The numbers come from the shipped tables (gpu_train/carbon; docs/carbon.md): grid intensity, Google's CFE%,
 kg CO2e per node-hour at full power (GPUs x TDP x PUE x intensity) and an estimated round trip to --home from the
-regions' coordinates (gpu_train/spec/carbon/advisor.py).
+regions' coordinates (gpu_train/carbon/advisor.py).
 """
 
 from __future__ import annotations
 
 import sys
 
+from gpu_train import carbon
+from gpu_train.carbon import advisor
 from gpu_train.client.cluster import ClientError
-from gpu_train.spec import carbon, catalog
-from gpu_train.spec.carbon import advisor
+from gpu_train.spec import catalog
 
 
 def cloud_of(instance_type: str) -> str:

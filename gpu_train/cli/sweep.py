@@ -103,7 +103,7 @@ def _need_optuna(command: str) -> None:
 
 def load(spec: str | None):
     from gpu_train.spec.errors import SettingsError
-    from gpu_train.sweeps.spec import load_sweep, parse_sweep
+    from gpu_train.spec.sweep import load_sweep, parse_sweep
 
     try:
         return load_sweep(spec) if spec else parse_sweep(DEFAULT_SWEEP, DEFAULT_SOURCE)
@@ -180,7 +180,7 @@ def _journaled(sweep, directory: Path) -> Path:
 def _check_trials(sweep, source: str, nproc: int) -> None:
     """The template and its extreme trials (each bound, each choice) through `run --local`'s own job checks."""
     from gpu_train.client.local import local_problems
-    from gpu_train.sweeps.spec import bound_trials
+    from gpu_train.spec.sweep import bound_trials
 
     for params in bound_trials(sweep):
         problems = local_problems(sweep_job(sweep, params), nproc, key="trialTemplate")
@@ -190,7 +190,7 @@ def _check_trials(sweep, source: str, nproc: int) -> None:
 
 
 def sweep_job(sweep, params):
-    from gpu_train.sweeps.spec import trial_job, trial_name
+    from gpu_train.spec.sweep import trial_job, trial_name
 
     return trial_job(sweep, trial_name(sweep, 0), params, {})
 

@@ -26,10 +26,10 @@ from gpu_train.jobs.jobset import PRIORITY_LABEL
 from gpu_train.jobs.sweep_platform import controller_name, sweep_deployment
 from gpu_train.spec import naming
 from gpu_train.spec.contract import PlatformContract
+from gpu_train.spec.sweep import SweepSpec
 from gpu_train.sweeps.cluster import checkpoints_store, journal_mirror, trial_jobsets
 from gpu_train.sweeps.journal import ACTIVE, JOURNAL, SweepState, read_journal
 from gpu_train.sweeps.mirror import MirrorError
-from gpu_train.sweeps.spec import SweepSpec
 
 
 def dry_run(contract: PlatformContract, sweep: SweepSpec, source: str, out=None) -> int:

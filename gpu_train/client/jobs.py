@@ -91,8 +91,8 @@ class Submitted:
     namespace: str
     queue: str  # the team's LocalQueue
     manifest: Mapping[str, Any]  # the JobSet
-    estimate: str  # the carbon estimate's one line (gpu_train.spec.carbon.estimate)
-    memory: str = ""  # the memory a GPU needs under the job's layout (gpu_train.spec.job.memory_line)
+    estimate: str  # the carbon estimate's one line (gpu_train.carbon.estimate)
+    memory: str = ""  # the memory a GPU needs under the job's layout (gpu_train.sizing.job.memory_line)
     notes: tuple[str, ...] = ()  # what the user should know before it runs (one line each)
     created: bool = False
 
@@ -104,9 +104,10 @@ def prepare(contract: PlatformContract, raw: Mapping[str, Any], source: str, *, 
     if image:
         raw = {**raw, "image": image}
     job = check_spec(raw, contract, source)
+    from gpu_train.carbon.estimate import job_estimate
     from gpu_train.client.gitrepo import provenance
-    from gpu_train.spec.carbon.estimate import job_estimate
-    from gpu_train.spec.job import gpus_per_node, memory_line
+    from gpu_train.sizing.job import memory_line
+    from gpu_train.spec.job import gpus_per_node
 
     manifest = render(contract, job, provenance(path) if path is not None else None)
     pool = contract.pool(job.pool)

@@ -1,5 +1,5 @@
-"""`gpu-train run --local [SPEC]`: a job spec under local torchrun on this machine, through the one launcher
-(gpu_train.jobs.launch) and the image's own launcher (python -m trainer.launch: the bundled trainer's preflight,
+"""`gpu-train run --local [SPEC]`: a job spec under local torchrun on this machine, through the one launch builder
+(gpu_train.jobs.launch) and the launcher (python -m trainer.launch: the bundled trainer's preflight,
 then torchrun with elastic c10d rendezvous).
 
 Usage:
@@ -9,7 +9,7 @@ Usage:
 
 The spec goes through the same job model as a submitted one (gpu_train.spec.job: types, then the job's own and
 its trainer settings' checks, with this machine standing in for the pool: `nproc` workers on one node) and gets
-the same command and environment contract the cluster job gets (gpu_train.jobs.launch: launch_env, and for the
+the same command and job environment the cluster job gets (gpu_train.jobs.launch: launch_env, and for the
 bundled trainer its settings). What differs on one machine: one node (`--nnodes=1`) with nproc workers, a run
 directory under ./runs/<job name> instead of the node's NVMe, no object store unless the spec names a file://
 checkpoint URI, and the dataset: --data, or the spec's own when it is a local file:// manifest, else the
@@ -32,6 +32,7 @@ from urllib.parse import unquote, urlsplit
 
 from gpu_train.client.cluster import ClientError
 from gpu_train.jobs.launch import Site, local, run_forwarding
+from gpu_train.sizing.job import layout_problems
 from gpu_train.spec import naming
 from gpu_train.spec.errors import SettingsError
 from gpu_train.spec.install import install_hint
@@ -78,7 +79,9 @@ class _Here:
 def local_problems(job: JobSpec, nproc: int, key: str = "job") -> list[str]:
     """The job's checks with this machine as its pool: MIN:MAX is the cluster's business, so one node here."""
     here = job.model_copy(update={"nodes": NodeRange(1, 1), "gpus_per_node": 0})
-    return job_problems(here, pools=[_Here(job.pool, nproc)], teams=[_Here(job.team, nproc, pool=job.pool)], scheme=None, key=key)
+    pools = [_Here(job.pool, nproc)]
+    return (job_problems(here, pools=pools, teams=[_Here(job.team, nproc, pool=job.pool)], scheme=None, key=key)
+            + layout_problems(here, pools=pools, key=key))
 
 
 def local_site(job: JobSpec, *, runs: str | Path, data: str = "") -> Site:

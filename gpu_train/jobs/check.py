@@ -6,7 +6,8 @@ Usage:
                          nvme_host_path=contract.nvme_host_path, scheme="s3://", pod_env=contract.pod_env)
 
 Every problem is one line naming the setting: the job's own (gpu_train.spec.job.job_problems: its settings, its
-command, its image pinned and from an admitted registry), then why Kueue
+command, its image pinned and from an admitted registry), its layout and memory at every world size
+(gpu_train.sizing.job.layout_problems), then why Kueue
 would never admit its JobSet, all MAX pods at once (gpu_train.jobs.fit.queue_problems), and what a pod asks beyond
 what a node of its pool leaves it (fit.node_problems).
 """
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from gpu_train.jobs import fit
 from gpu_train.jobs.jobset import JobSpecError, Placement, jobset
+from gpu_train.sizing.job import layout_problems
 from gpu_train.spec import naming
 from gpu_train.spec.contract import GpuPool, Kueue, Team
 from gpu_train.spec.job import JobSpec, job_problems
@@ -36,7 +38,7 @@ def check_job(job: JobSpec, *, pools: Sequence[GpuPool], teams: Sequence[Team], 
     `registries` and `repositories` are the images the team namespaces admit (the contract's); None checks a job's
     own image for its digest only."""
     problems = job_problems(job, pools=pools, teams=teams, scheme=scheme, key=key, registries=registries,
-                            repositories=repositories)
+                            repositories=repositories) + layout_problems(job, pools=pools, key=key)
     pool = next((p for p in pools if p.name == job.pool), None)
     team = next((t for t in teams if t.name == job.team), None)
     if problems or pool is None or team is None:

@@ -186,7 +186,7 @@ def container_env() -> dict[str, str]:
 
 
 def trainer_env(job: JobSpec, where: Placement) -> dict[str, str]:
-    """The training container's environment: the job's (the launcher's contract, gpu_train.spec.env), the
+    """The training container's environment: the job's (gpu_train.spec.env.JOB_ENV), the
     container's writable places, then the cloud's and the fabric's."""
     env = {**launch.launch_env(job, site(job, where)), **container_env()}
     env.update(where.pod_env)

@@ -1,17 +1,18 @@
-"""The one launcher: torchrun's arguments and a job's environment, wherever it runs.
+"""The launch builder: torchrun's arguments and a job's environment, wherever it runs (the launcher that
+runs them is trainer/launch.py).
 
 Usage:
     site = Site(run_dir="/mnt/nvme/runs/JOB", dataset_uri="s3://ds/JOB/manifest.json", ...)   # where it runs
-    env = launch_env(job, site)                                      # the environment contract (gpu_train.spec.env)
+    env = launch_env(job, site)                                      # the job environment (gpu_train.spec.env)
     args = torchrun_args(job, nproc=8, endpoint="JOB-worker-0-0.JOB:29400", run_dir=site.run_dir,
                          settings=trainer_settings(job, bundled_settings(job, site)))   # the JobSet's container args
     argv, env = local(job, Site(run_dir="runs/x", dataset_uri="synthetic"), 2)   # run --local, sweep trials, bench
     code, signals = run_forwarding(argv, env=env)   # stop signals to this process reach the launcher once each
 
 Every path that starts a job goes through here: the stack's JobSet and `gpu-train submit` (gpu_train.jobs.jobset),
-`gpu-train run --local`, `make train`, local sweep trials and the benchmarks. The in-image launcher (`gpu-train-launch` =
-`python -m trainer.launch`) then checks the bundled trainer's inputs, waits for the dataset and the rendezvous
-host, and runs torchrun with this environment (a value the caller already set wins).
+`gpu-train run --local`, `make train`, local sweep trials and the benchmarks. The launcher (`gpu-train-launch` =
+`python -m trainer.launch`, in the image) then checks the bundled trainer's inputs, waits for the dataset and the
+rendezvous host, and runs torchrun with this environment (a value the caller already set wins).
 
 What runs (`command_args`): the job's command, mapped to torchrun's own forms: `["python", "-m", "pkg.mod", ...]`
 to its module form (`-m pkg.mod ...`), `["python", "path/script.py", ...]` to its script form, anything else to
@@ -19,7 +20,7 @@ to its module form (`-m pkg.mod ...`), `["python", "path/script.py", ...]` to it
 trainer (no command) is `-m trainer --preset P --run-dir D section.key=value...`: only it reads trainer settings.
 
 What is spelled here and nowhere else:
-- the job's environment (launch_env): the variables gpu_train.spec.env.ENV_CONTRACT lists with source "job";
+- the job's environment (launch_env): the variables gpu_train.spec.env.JOB_ENV lists with source "job";
 - the rendezvous: c10d on port RDZV_PORT of pod 0, elastic `--nnodes=MIN:MAX`, the join timeout;
 - the rendezvous-store switch: every round gets a fresh store instead of the agent's shared TCPStore, whose keys
   go stale when the agents' restart counts differ after one node fails
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_train.spec import env as contract
+from gpu_train.spec import env as job_env
 from gpu_train.spec.job import JobSpec, NodeRange, override_text, trainer_settings
 
 LAUNCHER = "gpu-train-launch"  # trainer/entrypoint.sh in the image: `python -m trainer.launch "$@"`
@@ -57,10 +58,10 @@ RDZV_PORT = 29400
 # preset's sharded state to local NVMe plus the upload of one checkpoint at object-store speeds.
 TERMINATION_GRACE_S = 300
 SHUTDOWN_MARGIN_S = 15
-STORE_SWITCH = contract.STORE_SWITCH
-DATA_WAIT_ENV = contract.DATA_WAIT  # seconds the launcher waits for the dataset manifest, then exits 2
-DNS_TIMEOUT_ENV = contract.DNS_TIMEOUT  # seconds it waits for the rendezvous host's DNS name
-SHUTDOWN_ENV = contract.SHUTDOWN  # torchrun's shutdown timeout, for the workers' final checkpoint
+STORE_SWITCH = job_env.STORE_SWITCH
+DATA_WAIT_ENV = job_env.DATA_WAIT  # seconds the launcher waits for the dataset manifest, then exits 2
+DNS_TIMEOUT_ENV = job_env.DNS_TIMEOUT  # seconds it waits for the rendezvous host's DNS name
+SHUTDOWN_ENV = job_env.SHUTDOWN  # torchrun's shutdown timeout, for the workers' final checkpoint
 PYTHONS = ("python", "python3")  # a command starting with one of these runs in torchrun's own interpreter
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what run_forwarding passes on to its child
 
@@ -113,22 +114,22 @@ class Site:
 
 
 def launch_env(job: JobSpec, site: Site) -> dict[str, str]:
-    """The job's environment (the contract's "job" variables): the same for the bundled trainer and any command."""
+    """The job's environment (JOB_ENV's "job" variables): the same for the bundled trainer and any command."""
     env = {
-        contract.JOB_NAME: job.name,
-        contract.RUN_DIR: site.run_dir,
-        contract.CHECKPOINT_DIR: site.checkpoint_dir,
-        contract.CHECKPOINT_URI: site.checkpoint_uri,
-        contract.DATASET_URI: site.dataset_uri,
-        contract.DATA_CACHE_DIR: site.cache_dir(job),
-        contract.EXPERIMENT: job.name,
+        job_env.JOB_NAME: job.name,
+        job_env.RUN_DIR: site.run_dir,
+        job_env.CHECKPOINT_DIR: site.checkpoint_dir,
+        job_env.CHECKPOINT_URI: site.checkpoint_uri,
+        job_env.DATASET_URI: site.dataset_uri,
+        job_env.DATA_CACHE_DIR: site.cache_dir(job),
+        job_env.EXPERIMENT: job.name,
         **nccl_env(),
-        contract.FR_DUMP: f"{site.run_dir}/nccl_trace_rank_",
+        job_env.FR_DUMP: f"{site.run_dir}/nccl_trace_rank_",
         **rendezvous_env(job),
     }
-    optional = {contract.DATA_ENDPOINT: site.data_endpoint, contract.TRACKING_URI: site.tracking_uri,
-                contract.METRICS_PORT: str(site.metrics_port) if site.metrics_port else "",
-                contract.CLOUD: site.cloud, contract.REGION: site.region, contract.IMAGE_DIGEST: site.image_digest}
+    optional = {job_env.DATA_ENDPOINT: site.data_endpoint, job_env.TRACKING_URI: site.tracking_uri,
+                job_env.METRICS_PORT: str(site.metrics_port) if site.metrics_port else "",
+                job_env.CLOUD: site.cloud, job_env.REGION: site.region, job_env.IMAGE_DIGEST: site.image_digest}
     env.update({k: v for k, v in optional.items() if v})
     if site.cloud and not site.region:
         raise LaunchSpecError(f"job {job.name!r}: a cloud ({site.cloud}) without its region")

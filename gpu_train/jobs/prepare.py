@@ -19,7 +19,7 @@ pod) and deletes the cluster when the job ends (shutdownAfterJobFinishes, which 
 
 Data preparation is CPU work and never holds GPU nodes: the Ray pods select the nodes of the contract's `cpu`
 ResourceFlavor (the system nodes) and tolerate only what that flavor says, never a GPU pool's taints, so Kueue can
-assign them no GPU pool's flavor (gpu_train/spec/queues.py: those flavors name the taints), and the quota they are
+assign them no GPU pool's flavor (gpu_train/jobs/queues.py: those flavors name the taints), and the quota they are
 checked against is that flavor's alone.
 
 With `--runner job` the same request is a `batch/v1` Job (Kueue's `batch/job` integration; the Job controller is

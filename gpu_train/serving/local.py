@@ -9,7 +9,7 @@ Usage (gpu_train/cli/serve.py calls `serve_local`; needs `pip install ".[serve-l
 A model is an exported directory (python -m trainer.export) or a registered version (`models:/NAME/VERSION`,
 `models:/NAME@ALIAS`, or NAME[:VERSION|@ALIAS]), downloaded from MLflow into a cache directory. --port is bound
 first: a port in use or out of range is one error before anything starts or is written. Each version runs in its
-own model server process (gpu_train.serving.model_server: python -m, so this command never imports torch
+own model server process (trainer.model_server: python -m, so this command never imports torch
 itself) on a port this process binds and hands it (gpu_train.serving.ports); the route runs in this process on
 --port, with the same metrics as in the cluster, and is announced once it accepts requests. Two directories are
 labelled versions 1 (stable) and 2 (canary). With --auto the promotion loop (gpu_train.serving.canary) reads
@@ -107,7 +107,7 @@ def resolve(text: str, fallback_version: int, registry_factory: Callable[[], Any
 
 
 class ServerProcess:
-    """One model server (python -m gpu_train.serving.model_server) on a port of this machine that this process
+    """One model server (python -m trainer.model_server) on a port of this machine that this process
     binds first and hands over (--fd): no other server can hold it, so /health answering is this server's."""
 
     def __init__(self, model: LocalModel, *, name: str, threads: int = 0,
@@ -119,7 +119,7 @@ class ServerProcess:
             raise LocalError(str(exc)) from None
         self.port = int(sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "gpu_train.serving.model_server", "--model", str(model.path), "--name", name,
+        cmd = [sys.executable, "-m", "trainer.model_server", "--model", str(model.path), "--name", name,
                "--version", str(model.version), "--fd", str(sock.fileno()), "--threads", str(threads)]
         if inject_errors:
             cmd += ["--inject-errors", str(inject_errors)]

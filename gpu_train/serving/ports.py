@@ -6,7 +6,7 @@ Usage:
     web.SockSite(runner, sock) / uvicorn.Server(config).run(sockets=[sock])
 
 `gpu-train serve --local` binds its route's port with this, and its model servers' ports (port 0: any free one)
-before it starts them, handing each its socket (python -m gpu_train.serving.model_server --fd N), so no other
+before it starts them, handing each its socket (python -m trainer.model_server --fd N), so no other
 process can take a port between its check and its use. A model server started by hand binds its --port the same
 way before it loads its model.
 """

@@ -1,8 +1,8 @@
-"""The environment contract: every variable a job's processes find set, whoever wrote the code they run.
+"""The job environment: every variable a job's processes find set, whoever wrote the code they run.
 
 Usage:
-    from gpu_train.spec.env import ENV_CONTRACT, CHECKPOINT_URI
-    [v.name for v in ENV_CONTRACT if v.source == "job"]       # what gpu_train.jobs.launch.launch_env sets
+    from gpu_train.spec.env import JOB_ENV, CHECKPOINT_URI
+    [v.name for v in JOB_ENV if v.source == "job"]       # what gpu_train.jobs.launch.launch_env sets
 
 The bundled trainer and a team's own code get the same environment (docs/your-code.md has this table). Each
 variable has one source:
@@ -57,7 +57,7 @@ class EnvVar:
 
 
 ON_CLUSTER = "on the cluster"
-ENV_CONTRACT: tuple[EnvVar, ...] = (
+JOB_ENV: tuple[EnvVar, ...] = (
     EnvVar(JOB_NAME, "job", "the job's name (the JobSet's, torchrun's rendezvous id)"),
     EnvVar(RUN_DIR, "job", "this job's directory on the node's local NVMe (`runs/<job>` on your machine): outputs, "
                            "caches, the local copy of checkpoints"),
@@ -110,5 +110,5 @@ ENV_CONTRACT: tuple[EnvVar, ...] = (
 
 def names(source: Source | None = None, *, always: bool | None = None) -> set[str]:
     """The contract's variable names, of one source and, with `always`, those set everywhere (True) or not."""
-    return {v.name for v in ENV_CONTRACT if (source is None or v.source == source)
+    return {v.name for v in JOB_ENV if (source is None or v.source == source)
             and (always is None or (v.when == "") == always)}

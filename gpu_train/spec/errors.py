@@ -58,7 +58,7 @@ class BadInput(Exception):
 
 class ConfigError(BadInput, ValueError):
     """A trainer setting is unknown, of the wrong type, or inconsistent with another one (gpu_train.spec.
-    trainer_config and the layout checks of gpu_train.spec.layout raise it)."""
+    trainer_config and the layout checks of gpu_train.sizing.layout raise it)."""
 
 
 class SettingsError(ValueError):

@@ -17,10 +17,8 @@ settings the platform itself reads: steps and global batch tokens (the batch mus
 job may run at; the carbon and sweep budgets count tokens) and the checkpoint interval. Those trainer keys are set
 only through their job settings, never through `overrides`, so a job has one value for each. A job of its own
 code gets its arguments from its command and everything else from the launcher's environment (docs/your-code.md),
-so it may set none of the trainer settings.
-
-Over 400 lines because it is the one model of a job: its fields, the node range, the override table and the checks
-against pools and teams stay together, so that no consumer grows a second definition.
+so it may set none of the trainer settings. Whether its layout and memory fit its pool's GPUs is
+gpu_train.sizing.job's.
 """
 
 from __future__ import annotations
@@ -331,10 +329,10 @@ def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[Te
         uri = getattr(job, name)
         if scheme is not None and uri and not re.fullmatch(re.escape(scheme) + r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?", uri):
             p.append(f"{key}.{camel} must be {scheme}<bucket>/<path> (got {uri!r})")
-    shape_ok = _override_shape_problems(job, key, p)
+    shape_ok = override_shape_problems(job, key, p)
     gpus = gpus_per_node(job, pool)
     if shape_ok and job.bundled:
-        p.extend(trainer_problems(job, gpus=gpus, gpu_type=pool.gpu_type if pool is not None else "", key=key))
+        p.extend(trainer_problems(job, key=key))
     if team is not None and pool is not None:
         nominal = int(team.gpu_quota.get(pool.name, 0))
         need = job.nodes.min * gpus
@@ -345,7 +343,7 @@ def job_problems(job: JobSpec, *, pools: Sequence[PoolFacts], teams: Sequence[Te
     return p
 
 
-def _override_shape_problems(job: JobSpec, key: str, p: list[str]) -> bool:
+def override_shape_problems(job: JobSpec, key: str, p: list[str]) -> bool:
     ok = True
     for name, value in job.overrides.items():
         if not re.fullmatch(r"[a-z_]+\.[a-z_0-9]+", name):
@@ -363,91 +361,22 @@ def _override_shape_problems(job: JobSpec, key: str, p: list[str]) -> bool:
     return ok
 
 
-def trainer_problems(job: JobSpec, *, gpus: int, gpu_type: str = "", key: str = f"{PROJECT}:job") -> list[str]:
-    """The job's preset and trainer settings through the trainer's own schema, then its layout and global batch at
-    every world size from MIN to MAX nodes of `gpus` GPUs, and the memory a GPU needs against `gpu_type`'s (both
-    skipped when the GPUs per node are not known)."""
+def trainer_problems(job: JobSpec, *, key: str = f"{PROJECT}:job") -> list[str]:
+    """The job's preset and trainer settings through the trainer's own schema. Its layout and global batch at every
+    world size, and the memory a GPU needs, are gpu_train.sizing.job.layout_problems's."""
     try:
-        tcfg = trainer_config(job)
+        trainer_config(job)
     except ConfigError as exc:
         text = str(exc)
         if text.startswith("--preset"):
             return [f"{key}.preset {job.preset!r}: {text.split(':', 1)[1].strip()}"]
         name = re.match(r"[a-z_]*(\.[a-z_0-9]+)?", text).group(0)  # type: ignore[union-attr]
-        return [f"{_setting_key(job, name, key)}: the trainer refuses it: {text}"]
-    if gpus < 1:
-        return []
-    return _layout_problems(job, tcfg, gpus=gpus, gpu_type=gpu_type, key=key)
+        return [f"{setting_key(job, name, key)}: the trainer refuses it: {text}"]
+    return []
 
 
-def _setting_key(job: JobSpec, name: str, key: str) -> str:
+def setting_key(job: JobSpec, name: str, key: str) -> str:
     """Where the job sets trainer key `name`: its own setting, an override, or (neither) its preset."""
     if name in MANAGED_OVERRIDES:
         return f"{key}.{MANAGED_OVERRIDES[name]}"
     return f"{key}.overrides.{name}" if name in job.overrides else f"{key}.preset {job.preset!r}"
-
-
-def _layout_problems(job: JobSpec, tcfg: Any, *, gpus: int, gpu_type: str, key: str) -> list[str]:
-    """The first world size from MIN to MAX nodes where the layout or the batch does not fit, or the model does not
-    fit a GPU's memory (gpu_train/spec/layout.py, gpu_train/spec/memory.py)."""
-    from gpu_train.spec.catalog.gpus import memory_gb
-    from gpu_train.spec.layout import resolve_layout, world_problems
-    from gpu_train.spec.memory import memory_problem, sized
-
-    lo, hi = job.nodes.min, job.nodes.max
-    model_parallel = tcfg.train.pp * tcfg.train.tp
-    auto = tcfg.train.micro_batch_size == "auto"
-    capacity = (memory_gb(gpu_type) or math.inf) * 1e9  # an unknown GPU: the layout alone sizes auto
-
-    world = World(job.nodes, gpus)
-
-    def where(n: int) -> str:
-        return world.describe(n, within=f"{key}.nodes {job.nodes}")
-
-    sized_at: dict[int, Any] = {}
-    for n in range(lo, hi + 1):
-        try:  # train.micro_batch_size=auto as the trainer will choose it on this pool's GPUs
-            sized_at[n] = sized(tcfg, n * gpus, capacity, gpus_per_node=gpus, where=where(n))
-        except ConfigError as exc:
-            return [f"{_setting_key(job, 'train.micro_batch_size', key)}: {exc}"]
-    for n in range(lo, hi + 1):
-        tcfg = sized_at[n]
-        for setting, text in world_problems(tcfg, n * gpus, gpus_per_node=gpus):
-            if setting != "train.global_batch_tokens":
-                return [f"{_setting_key(job, setting, key)}: the layout does not fit {where(n)}: {text}"]
-            per_step = tcfg.train.micro_batch_size * tcfg.model.context
-            sizes = [m * gpus for m in range(lo, hi + 1)]
-            lcm = math.lcm(*(size // model_parallel for size in sizes)) * per_step
-            hint = (f"A multiple of {lcm} tokens works at every world size from {sizes[0]} to {sizes[-1]}"
-                    if lcm <= 1 << 32 else f"No global batch of practical size divides every world size from "
-                    f"{sizes[0]} to {sizes[-1]}; narrow {key}.nodes")
-            return [f"{key}.globalBatchTokens {job.global_batch_tokens} does not divide at {where(n)}: "
-                    f"{text}. {hint}"]
-    for n in range(lo, hi + 1) if gpu_type and not auto else ():
-        problem = memory_problem(sized_at[n], resolve_layout(tcfg.train, n * gpus), gpu_type, preset=job.preset)
-        if problem:
-            return [f"{key}.pool {job.pool!r}: at {where(n)}, {problem}"]
-    return []
-
-
-def memory_line(job: JobSpec, *, gpus: int, gpu_type: str) -> str:
-    """The line `gpu-train submit` prints: the memory a GPU needs under the job's layout at MIN nodes, where it is
-    largest (more nodes only add data-parallel ranks, which shard or replicate, never add, what a GPU holds); the
-    line names that world size as the carbon line names its own (World.describe)."""
-    from gpu_train.spec.catalog.gpus import memory_gb
-    from gpu_train.spec.layout import resolve_layout
-    from gpu_train.spec.memory import memory_per_gpu, sized
-    world = World(job.nodes, gpus)
-    capacity = memory_gb(gpu_type)
-    try:
-        tcfg = trainer_config(job)
-        auto = tcfg.train.micro_batch_size == "auto"
-        tcfg = sized(tcfg, world.size(job.nodes.min), (capacity or math.inf) * 1e9, gpus_per_node=gpus)
-        layout = resolve_layout(tcfg.train, world.size(job.nodes.min))
-        estimate = memory_per_gpu(tcfg, layout)
-    except ConfigError as exc:
-        return f"memory: no estimate ({exc})"
-    of = f" of a {gpu_type}'s {capacity} GB" if capacity else ""
-    chosen = f", train.micro_batch_size=auto: {tcfg.train.micro_batch_size}" if auto else ""
-    return (f"memory: ~{estimate.describe()} per GPU{of}, under {layout}{chosen} at "
-            f"{world.describe(job.nodes.min, 'MIN')}, where a GPU holds the most")

@@ -130,22 +130,8 @@ def problems(s: StackSettings) -> list[str]:
         if not REGISTRY_PREFIX.match(prefix):
             p.append(f"{K}image.allowedRegistries[{i}] must be a registry host and optional path ending in '/', like "
                      f"'ghcr.io/acme/' (got {prefix!r})")
-    p += carbon_problems(s)
     if s.deploy:
         p += placeholder_problems(s)
-    return p
-
-
-def carbon_problems(s: StackSettings) -> list[str]:
-    """carbon.allowedRegions: each entry a country code, group or region name of the carbon table."""
-    from gpu_train.spec import carbon
-
-    p = []
-    for i, token in enumerate(s.carbon.allowed_regions):
-        try:
-            carbon.allowed([token])
-        except carbon.CarbonDataError as exc:
-            p.append(f"{K}carbon.allowedRegions[{i}]: {exc}")
     return p
 
 

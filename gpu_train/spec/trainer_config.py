@@ -12,8 +12,9 @@ unknown scheme, ...) raises ConfigError naming the key; the command line turns t
 in the platform's core (no torch) because a job spec's trainer settings are checked against it wherever a job
 is made: the plan, `gpu-train submit` and `run --local`, and the trainer itself.
 
-Over 400 lines because the schema, its presets and its one parser are read together everywhere; the
-checks that span several keys and a world size (the parallel layout) are gpu_train/spec/layout.py's.
+Over 400 lines because the schema, its presets, its one parser and its checks (the parallel degrees' among them,
+static_problems) are read together everywhere; the checks at a world size (the parallel layout) are
+gpu_train/sizing/layout.py's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import yaml
 
 from gpu_train.spec import yamlfile
 from gpu_train.spec.errors import ConfigError
-from gpu_train.spec.layout import check_static, micro_batches, resolve_layout
 from gpu_train.spec.values import NonFiniteError, ValueTextError, as_uri, parse_bool, parse_float, parse_int
 
 
@@ -55,7 +55,7 @@ class TrainConfig:
     steps: int = 200  # optimizer steps
     global_batch_tokens: int = 4096  # tokens per optimizer step over all workers, constant under elasticity
     # Sequences per forward/backward on one worker; auto: the largest that divides the step and fits the worker's
-    # memory by the estimate (gpu_train/spec/memory.py fitting_micro_batch), chosen where the world size is known.
+    # memory by the estimate (gpu_train/sizing/memory.py fitting_micro_batch), chosen where the world size is known.
     micro_batch_size: int | Literal["auto"] = 8
     lr: float = 3e-3  # peak learning rate after warmup
     min_lr: float = 3e-4  # floor of the cosine decay
@@ -66,7 +66,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     seed: int = 1234
     parallel: Literal["ddp", "fsdp"] = "ddp"  # data parallelism: replicate (ddp) or shard (fsdp, FSDP2) the model
-    # Model parallelism (docs/trainer.md, Choosing a layout; gpu_train/spec/layout.py): ranks form a mesh
+    # Model parallelism (docs/trainer.md, Choosing a layout; gpu_train/sizing/layout.py): ranks form a mesh
     # (pp, dp_replicate, dp_shard, tp) with tp innermost, so a tensor-parallel group is one node's GPUs.
     tp: int = 1  # tensor-parallel degree: each block's matmuls split over this many GPUs of one node
     pp: int = 1  # pipeline-parallel degree: the blocks split into consecutive stages over this many GPUs
@@ -237,7 +237,7 @@ def seven_b() -> Config:
 def gpt2_2_7b() -> Config:
     """GPT-3 2.7B's shape in GPT-2's architecture (32 x 2560, 32 heads, 2048 context; Brown et al. 2020, table
     2.1): ~2.65B parameters. The layout here is the one for 8-GPU NVLink nodes (H100, H200, A100, B200); on other
-    GPUs use the overrides gpu_train.spec.memory.RECOMMENDED_LAYOUTS names for them (docs/trainer.md)."""
+    GPUs use the overrides gpu_train.sizing.memory.RECOMMENDED_LAYOUTS names for them (docs/trainer.md)."""
     return Config(
         model=ModelConfig(n_layer=32, n_head=32, d_model=2560, context=2048, vocab_size=GPT2_VOCAB),
         train=TrainConfig(
@@ -514,15 +514,81 @@ def validate(cfg: Config) -> None:
     _check_endpoint("env TRAINER_S3_ENDPOINT_URL", os.environ.get("TRAINER_S3_ENDPOINT_URL", ""))
 
 
-def batch_layout(cfg: Config, world_size: int) -> tuple[int, int]:
-    """(global batch in sequences, micro batches per data-parallel rank per step) for this world size.
+def static_problems(cfg: Any) -> list[str]:
+    """What is wrong with the degrees whatever the world size (cfg: a trainer Config), each naming its setting."""
+    m, t = cfg.model, cfg.train
+    p: list[str] = []
+    for key, value in (("train.tp", t.tp), ("train.pp", t.pp), ("train.pp_stages_per_rank", t.pp_stages_per_rank)):
+        if value < 1:
+            p.append(f"{key} must be >= 1 (got {value})")
+    for key, value in (("train.dp_replicate", t.dp_replicate), ("train.dp_shard", t.dp_shard)):
+        if value < 1 and value != -1:
+            p.append(f"{key} must be >= 1, or -1 for the rest of the world (got {value})")
+    if t.pp_microbatches < 0:
+        p.append(f"train.pp_microbatches must be >= 0 (got {t.pp_microbatches})")
+    if p:
+        return p
+    if t.dp_replicate == -1 and t.dp_shard == -1:
+        p.append("train.dp_replicate=-1 and train.dp_shard=-1: only one of them can take the rest of the world")
+    if t.parallel == "ddp" and (t.dp_replicate, t.dp_shard) != (1, -1):
+        p.append(f"train.dp_replicate={t.dp_replicate}, train.dp_shard={t.dp_shard}: splitting data parallelism "
+                 "into shard and replicate groups needs train.parallel=fsdp (ddp replicates over all of it)")
+    if t.tp > 1:
+        p += _tp_problems(m, t.tp)
+    if t.pp > 1:
+        p += _pp_problems(m, t)
+    else:
+        for key, value, default in (("train.pp_stages_per_rank", t.pp_stages_per_rank, 1),
+                                    ("train.pp_microbatches", t.pp_microbatches, 0)):
+            if value != default:
+                p.append(f"{key}={value} needs train.pp > 1 (got train.pp={t.pp})")
+    if t.compile and (t.tp > 1 or t.pp > 1):
+        p.append(f"train.compile=true composes with ddp and fsdp alone, not with train.tp={t.tp} or "
+                 f"train.pp={t.pp}; set train.compile=false")
+    return p
 
-    The global batch is fixed by the config; the number of micro batches absorbs the data-parallel degree, which
-    is the world size divided by train.pp x train.tp (gpu_train/spec/layout.py).
-    """
-    layout = resolve_layout(cfg.train, world_size)
-    return cfg.train.global_batch_tokens // cfg.model.context, micro_batches(cfg, layout)
 
+def _tp_problems(m: Any, tp: int) -> list[str]:
+    p = []
+    if m.n_head % tp:
+        p.append(f"train.tp={tp}: model.n_head {m.n_head} is not divisible by {tp} (each tensor-parallel rank "
+                 "computes whole attention heads)")
+    if (m.mlp_ratio * m.d_model) % tp:
+        p.append(f"train.tp={tp}: the MLP width model.mlp_ratio x model.d_model = {m.mlp_ratio * m.d_model} is not "
+                 f"divisible by {tp}")
+    if m.vocab_size % tp:
+        p.append(f"train.tp={tp}: model.vocab_size {m.vocab_size} is not divisible by {tp} (the loss is computed "
+                 f"over vocabulary shards); pad it to {math.ceil(m.vocab_size / tp) * tp}")
+    if m.context % tp:
+        p.append(f"train.tp={tp}: model.context {m.context} is not divisible by {tp} (sequence parallelism splits "
+                 "each sequence between the ranks)")
+    return p
+
+
+def _pp_problems(m: Any, t: Any) -> list[str]:
+    p = []
+    stages = t.pp * t.pp_stages_per_rank
+    if t.pp_schedule == "interleaved_1f1b" and t.pp_stages_per_rank < 2:
+        p.append(f"train.pp_schedule=interleaved_1f1b needs train.pp_stages_per_rank >= 2 (got "
+                 f"{t.pp_stages_per_rank}); use 1f1b for one stage per rank")
+    if t.pp_schedule != "interleaved_1f1b" and t.pp_stages_per_rank != 1:
+        p.append(f"train.pp_stages_per_rank={t.pp_stages_per_rank} needs train.pp_schedule=interleaved_1f1b "
+                 f"(got {t.pp_schedule}, one stage per rank)")
+    elif m.n_layer % stages:
+        split = f"train.pp={t.pp}" + (f" x train.pp_stages_per_rank={t.pp_stages_per_rank}"
+                                     if t.pp_stages_per_rank > 1 else "")
+        p.append(f"{split}: model.n_layer {m.n_layer} does not split into {stages} stages of equal size")
+    if t.pp_microbatches and t.pp_microbatches < t.pp:
+        p.append(f"train.pp_microbatches={t.pp_microbatches} is fewer than the train.pp={t.pp} stages: a stage "
+                 "would idle through a whole schedule run")
+    return p
+
+
+def check_static(cfg: Any) -> None:
+    """The first of static_problems as a ConfigError."""
+    p = static_problems(cfg)
+    if p:
+        raise ConfigError(p[0])
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpu_train.spec.sweep import load_sweep, parse_sweep
     from gpu_train.sweeps.cluster import cluster_controller, trial_jobsets
     from gpu_train.sweeps.run import drive
-    from gpu_train.sweeps.spec import load_sweep, parse_sweep
     from gpu_train.sweeps.tracking import SweepTracker
 
     if args.spec:

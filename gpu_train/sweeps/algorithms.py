@@ -37,7 +37,7 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
 from gpu_train.spec.errors import SettingsError
-from gpu_train.sweeps.spec import Parameter, SweepSpec
+from gpu_train.spec.sweep import Parameter, SweepSpec
 
 log = logging.getLogger("gpu_train.sweeps")
 optuna.logging.set_verbosity(optuna.logging.WARNING)

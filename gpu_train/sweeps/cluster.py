@@ -33,9 +33,9 @@ from gpu_train.client.cluster import ClientError, Session
 from gpu_train.client.jobs import check_spec, render
 from gpu_train.client.status import job_state
 from gpu_train.spec.contract import PlatformContract
+from gpu_train.spec.sweep import SweepSpec, bound_trials, trial_job, trial_name
 from gpu_train.sweeps.controller import Controller
 from gpu_train.sweeps.mirror import MirrorError, StateMirror
-from gpu_train.sweeps.spec import SweepSpec, bound_trials, trial_job, trial_name
 
 
 def trial_settings(contract: PlatformContract, sweep: SweepSpec, trial: str) -> dict[str, Any]:

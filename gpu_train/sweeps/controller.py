@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from gpu_train.spec.job import JobSpec
+from gpu_train.spec.sweep import SweepSpec, trial_job, trial_name
 from gpu_train.sweeps.algorithms import Policy, journal_storage
 from gpu_train.sweeps.journal import ACTIVE, JOURNAL, Journal, SweepState, TrialState, read_journal
-from gpu_train.sweeps.spec import SweepSpec, trial_job, trial_name
 
 log = logging.getLogger("gpu_train.sweeps")
 

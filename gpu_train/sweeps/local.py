@@ -28,8 +28,8 @@ from typing import Any
 from gpu_train.jobs.launch import Site, detach_launcher, local
 from gpu_train.spec.errors import EXIT_RESUMABLE
 from gpu_train.spec.job import JobSpec
+from gpu_train.spec.sweep import SweepSpec
 from gpu_train.sweeps.journal import TrialState
-from gpu_train.sweeps.spec import SweepSpec
 
 log = logging.getLogger("gpu_train.sweeps")
 BUDGET = "budget.json"

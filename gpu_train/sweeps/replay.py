@@ -17,9 +17,9 @@ from typing import Any
 
 import optuna
 
+from gpu_train.spec.sweep import SweepSpec
 from gpu_train.sweeps.algorithms import Policy
 from gpu_train.sweeps.journal import SweepState
-from gpu_train.sweeps.spec import SweepSpec
 
 
 def _rung_values(state: SweepState, tokens: int) -> list[float]:

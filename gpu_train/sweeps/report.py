@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpu_train.spec.sweep import SweepSpec
 from gpu_train.sweeps.journal import SweepState, TrialState
-from gpu_train.sweeps.spec import SweepSpec
 
 PLOT = "sweep.png"
 

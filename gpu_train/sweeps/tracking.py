@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpu_train.spec.sweep import SweepSpec
 from gpu_train.sweeps.journal import SweepState
-from gpu_train.sweeps.spec import SweepSpec
 
 log = logging.getLogger("gpu_train.sweeps")
 TAG_SWEEP = "gpu_train.sweep"

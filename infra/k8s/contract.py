@@ -21,8 +21,8 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from gpu_train.jobs import queues as kueue
 from gpu_train.spec import naming
-from gpu_train.spec import queues as kueue
 from gpu_train.spec.contract import Cluster, Endpoints, Identity
 from gpu_train.spec.contract import PlatformContract as ContractDocument
 from gpu_train.spec.pod_rules import registry_prefix

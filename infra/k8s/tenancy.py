@@ -7,7 +7,7 @@ ServiceAccount bound to the team's cloud identity, and default-deny NetworkPolic
 needed holes.
 
 Usage: `Tenancy("tenancy", TenancyArgs(platform=..., teams=cfg.teams, ...))`; `tenancy.local_queue`
-maps team -> LocalQueue name. The Kueue queue objects come from gpu_train/spec/queues.py, against which every
+maps team -> LocalQueue name. The Kueue queue objects come from gpu_train/jobs/queues.py, against which every
 job is checked (gpu_train/jobs/check.py: the stack's job at plan time, a team's at `gpu-train submit`, through
 the platform contract that carries them); Kueue's configuration and every other manifest here are pure
 functions.
@@ -34,11 +34,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from gpu_train.jobs.sweep_platform import team_sweep_objects
-from gpu_train.spec import naming
-from gpu_train.spec.contract import GpuPool
-from gpu_train.spec.job import PODS_READY_TIMEOUT_S
-from gpu_train.spec.queues import (
+from gpu_train.jobs.queues import (
     CPU_PER_GPU,
     EXCLUDED_RESOURCE_PREFIXES,
     MEMORY_GIB_PER_GPU,
@@ -50,6 +46,10 @@ from gpu_train.spec.queues import (
     team_pool_quotas,
     workload_priority_classes,
 )
+from gpu_train.jobs.sweep_platform import team_sweep_objects
+from gpu_train.spec import naming
+from gpu_train.spec.contract import GpuPool
+from gpu_train.spec.job import PODS_READY_TIMEOUT_S
 from gpu_train.spec.settings import TeamSettings
 from infra.k8s import common
 from infra.platform import ClusterPlatform

@@ -47,7 +47,7 @@ def test_submit_creates_the_jobset_kueue_admits_in_the_teams_queue(platform, cli
     code, out, err = cli("submit", path, "--kubeconfig", platform.kubeconfigs["alice"])
     assert code == 0, err
     assert "submitted job 'sub-create' to team-research, queue research-queue" in out
-    # The memory a GPU needs under the job's layout, against the pool's GPU (gpu_train/spec/memory.py).
+    # The memory a GPU needs under the job's layout, against the pool's GPU (gpu_train/sizing/memory.py).
     assert "  memory: ~" in out and " per GPU of a L4's 24 GB, under pp=1 x dp_replicate=" in out
     live = jobset_of(platform, "sub-create")
     assert live["metadata"]["labels"][QUEUE_LABEL] == "research-queue"

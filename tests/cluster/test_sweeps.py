@@ -33,10 +33,10 @@ from gpu_train.jobs.jobset import PRIORITY_LABEL, QUEUE_LABEL
 from gpu_train.jobs.sweep_platform import controller_name, sweep_controller_rules
 from gpu_train.spec import naming
 from gpu_train.spec.contract import PlatformContract
+from gpu_train.spec.sweep import load_sweep, parse_sweep
 from gpu_train.sweeps.cluster import ClusterBackend, checkpoints_store, cluster_controller, journal_mirror
 from gpu_train.sweeps.controller import Controller
 from gpu_train.sweeps.mirror import MirrorError
-from gpu_train.sweeps.spec import load_sweep, parse_sweep
 from tests.cluster.conftest import wait_for
 from tests.cluster.jobs import (
     JOBSET,

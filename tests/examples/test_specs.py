@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpu_train.jobs.jobset import COMMIT_ANNOTATION, HASH_ANNOTATION, PATH_ANNOTATION
-from gpu_train.spec import env as contract_env
+from gpu_train.spec import env as job_env
 from policies import pods
 from tests.gpu_train.cli.conftest import IMAGE, REGISTRY
 from tests.infra.k8s.checks import cr_problems
@@ -70,7 +70,7 @@ def test_an_examples_jobset_is_the_bundled_trainers_but_for_image_and_command(ex
     torchrun = a["args"][: a["args"].index("train.py")]
     assert b["args"][: len(torchrun)] == torchrun and b["args"][len(torchrun):][:2] == ["-m", "trainer"]
     assert a["args"][len(torchrun):] == raw["command"][1:]
-    digest = {"name": contract_env.IMAGE_DIGEST, "value": _image(example).split("@")[1]}
+    digest = {"name": job_env.IMAGE_DIGEST, "value": _image(example).split("@")[1]}
     assert digest in a["env"] and {**digest, "value": IMAGE.split("@")[1]} in b["env"]
 
     # Everything else is the same object: take the image, the command and the spec's own annotations out (the
@@ -81,7 +81,7 @@ def test_an_examples_jobset_is_the_bundled_trainers_but_for_image_and_command(ex
     for c in (a, b):
         c.pop("image")
         c["args"] = c["args"][: len(torchrun)]
-        c["env"] = [e for e in c["env"] if e["name"] != contract_env.IMAGE_DIGEST]
+        c["env"] = [e for e in c["env"] if e["name"] != job_env.IMAGE_DIGEST]
     assert mine == theirs
 
 

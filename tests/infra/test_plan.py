@@ -341,7 +341,7 @@ def test_gpu_node_agents_fit_the_budget_the_trainer_leaves_them(plans):
 
 def _from(stack: str, *mutations):
     def build() -> str:
-        from tests.infra.test_settings import raw_stack
+        from tests.gpu_train.spec.test_settings import raw_stack
 
         raw = raw_stack(stack)
         for m in mutations:
@@ -356,7 +356,7 @@ def _text(body: str):
 
 
 def _broken():
-    from tests.infra.test_settings import _set
+    from tests.gpu_train.spec.test_settings import _set
 
     s = _set
     return [

@@ -328,7 +328,8 @@ def test_the_launcher_refuses_the_same_inputs_before_torchrun(name, tmp_path, da
 
 def _first_shard(uri: str, overrides: list[str]) -> str:
     """File name of the first shard the run reads: the first of the block shuffle's first block."""
-    from gpu_train.spec.trainer_config import batch_layout, build_config
+    from gpu_train.sizing.layout import batch_layout
+    from gpu_train.spec.trainer_config import build_config
     from trainer.data import GlobalSampler, open_dataset
 
     cfg = build_config("tiny", overrides=[*overrides, f"data.uri={uri}"])

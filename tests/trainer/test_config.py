@@ -12,7 +12,8 @@ import sys
 import pytest
 import torch
 
-from gpu_train.spec.trainer_config import PRESETS, ConfigError, batch_layout, build_config, flatten, to_dict
+from gpu_train.sizing.layout import batch_layout
+from gpu_train.spec.trainer_config import PRESETS, ConfigError, build_config, flatten, to_dict
 from tests.trainer.launch import ROOT, child_env
 from trainer.model import GPT
 

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from gpu_train.spec.trainer_config import batch_layout, build_config
+from gpu_train.sizing.layout import batch_layout
+from gpu_train.spec.trainer_config import build_config
 from tests.trainer.launch import FAULTS, SMALL, kill_group, run_trainer, start, step_records, summary
 from trainer.checkpoint import verify
 from trainer.errors import EXIT_RESUMABLE

@@ -220,7 +220,8 @@ def test_one_node_cannot_upload_and_training_goes_on(tmp_path, failing_s3, refer
 
 def _expected_batch_hashes(steps: int) -> dict[int, str]:
     """What the sampler must hand out, computed here without any worker: independent of world size."""
-    from gpu_train.spec.trainer_config import batch_layout, build_config
+    from gpu_train.sizing.layout import batch_layout
+    from gpu_train.spec.trainer_config import build_config
     from trainer.data import GlobalSampler, open_dataset
     from trainer.metrics import batch_hash
 

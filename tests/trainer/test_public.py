@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import trainer
-from gpu_train.spec import env as contract
+from gpu_train.spec import env as job_env
 from gpu_train.spec.trainer_config import WatchdogConfig
 from tests.trainer.launch import ROOT, child_env
 
@@ -76,12 +76,12 @@ def test_train_uses_every_piece_of_the_library():
             "init_distributed"} <= used
 
 
-def test_job_env_reads_the_contract_and_falls_back_on_one_machine(tmp_path):
-    env = {contract.JOB_NAME: "own", contract.RUN_DIR: "/mnt/nvme/runs/own",
-           contract.CHECKPOINT_DIR: "/mnt/nvme/runs/own/checkpoints", contract.CHECKPOINT_URI: "s3://ck/research/own",
-           contract.DATASET_URI: "s3://own/manifest.json", contract.DATA_CACHE_DIR: "/mnt/nvme/cache/own",
-           contract.DATA_ENDPOINT: "http://cache:39999/api/v1/s3", contract.TRACKING_URI: "http://mlflow:5000",
-           contract.EXPERIMENT: "own", contract.METRICS_PORT: "9400", contract.SHUTDOWN: "285", "RANK": "5",
+def test_job_env_reads_the_job_environment_and_falls_back_on_one_machine(tmp_path):
+    env = {job_env.JOB_NAME: "own", job_env.RUN_DIR: "/mnt/nvme/runs/own",
+           job_env.CHECKPOINT_DIR: "/mnt/nvme/runs/own/checkpoints", job_env.CHECKPOINT_URI: "s3://ck/research/own",
+           job_env.DATASET_URI: "s3://own/manifest.json", job_env.DATA_CACHE_DIR: "/mnt/nvme/cache/own",
+           job_env.DATA_ENDPOINT: "http://cache:39999/api/v1/s3", job_env.TRACKING_URI: "http://mlflow:5000",
+           job_env.EXPERIMENT: "own", job_env.METRICS_PORT: "9400", job_env.SHUTDOWN: "285", "RANK": "5",
            "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RESTART_COUNT": "2"}
     job = trainer.JobEnv.from_environ(env)
     assert (job.job_name, job.run_dir, job.checkpoint_dir, job.checkpoint_uri) == (
@@ -98,15 +98,15 @@ def test_job_env_reads_the_contract_and_falls_back_on_one_machine(tmp_path):
         trainer.JobEnv.from_environ({"WORLD_SIZE": "two"})
 
 
-def test_every_contract_path_of_the_job_env_is_a_contract_variable():
-    """JobEnv reads nothing the contract does not list."""
+def test_every_variable_the_job_env_reads_is_listed_in_job_env():
+    """JobEnv reads nothing JOB_ENV does not list."""
     source = (ROOT / "trainer" / "jobenv.py").read_text()
-    read = {getattr(contract, n.attr) for n in ast.walk(ast.parse(source))
-            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "contract"}
+    read = {getattr(job_env, n.attr) for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "job_env"}
     literal = {n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant)
                and isinstance(n.value, str) and n.value.isupper() and "_" in n.value}
-    assert read | literal <= contract.names()
-    assert read >= {contract.RUN_DIR, contract.CHECKPOINT_URI, contract.DATASET_URI, contract.TRACKING_URI}
+    assert read | literal <= job_env.names()
+    assert read >= {job_env.RUN_DIR, job_env.CHECKPOINT_URI, job_env.DATASET_URI, job_env.TRACKING_URI}
 
 
 def test_the_watchdog_takes_its_bounds_and_torchruns_ranks(monkeypatch, tmp_path):
@@ -125,9 +125,9 @@ def test_preemption_outside_a_process_group_is_this_process():
         assert preemption.any_rank() is True
 
 
-def test_the_guide_documents_every_public_name_and_every_contract_variable():
+def test_the_guide_documents_every_public_name_and_every_job_env_variable():
     """docs/your-code.md is where a team reads the library's API and the environment its code gets."""
     guide = (ROOT / "docs" / "your-code.md").read_text()
     undocumented = [n for n in trainer.__all__ if f"`{n}" not in guide and f"{n}(" not in guide and f" {n}," not in guide]
     assert undocumented == [], undocumented
-    assert [v.name for v in contract.ENV_CONTRACT if f"`{v.name}`" not in guide] == []
+    assert [v.name for v in job_env.JOB_ENV if f"`{v.name}`" not in guide] == []

@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 
-from gpu_train.spec.layout import Layout
+from gpu_train.sizing.layout import Layout
 from gpu_train.spec.trainer_config import build_config
 from trainer.distributed import DistEnv
 from trainer.errors import BadInput

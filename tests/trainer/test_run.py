@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train.spec.layout import Layout
+from gpu_train.sizing.layout import Layout
 from trainer.run import layout_text, parallel_mode
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_train.jobs.queues import pool_taints
 from gpu_train.spec import naming
-from gpu_train.spec.queues import pool_taints
 from tools.cluster.controllers import KWOK_ANNOTATION
 
 PODS_PER_NODE = "110"

@@ -4,7 +4,7 @@ memory in GB.
 Usage: `from gpu_train.spec.catalog.gpus import tdp_watts, memory_gb; tdp_watts("H100")` -> 700, None when no figure
 is published (AWS Trainium); `memory_gb("L4")` -> 24.
 
-The carbon estimate (gpu_train/spec/carbon/estimate.py) multiplies the job's GPUs by this figure: an upper bound
+The carbon estimate (gpu_train/carbon/estimate.py) multiplies the job's GPUs by this figure: an upper bound
 of what a GPU draws under a training load. Figures from the vendors' data sheets for the parts the clouds use:
 - H100 SXM5: up to 700 W (https://www.nvidia.com/en-us/data-center/h100/, "Max thermal design power (TDP)");
 - H200 SXM: up to 700 W (https://www.nvidia.com/en-us/data-center/h200/);
@@ -16,7 +16,7 @@ of what a GPU draws under a training load. Figures from the vendors' data sheets
 - A10G (AWS g5): 300 W (https://d1.awsstatic.com/product-marketing/ec2/NVIDIA_AWS_A10G_DataSheet_FINAL_02_17_2022.pdf).
 AWS publishes no power figure for its Trainium chips, so jobs on trn1 get no energy estimate.
 
-Memory (what the plan's per-GPU memory estimate, gpu_train/spec/memory.py, is checked against) from the same data
+Memory (what the plan's per-GPU memory estimate, gpu_train/sizing/memory.py, is checked against) from the same data
 sheets: H100 SXM5 80 GB, H200 141 GB, A100 40 or 80 GB, B200 180 GB (HGX B200: 1,440 GB over 8 GPUs), L40S 48 GB,
 L4 24 GB, A10G 24 GB; a Trainium chip has 32 GB (trn1.32xlarge: 512 GB over 16 chips,
 https://aws.amazon.com/ec2/instance-types/trn1/).

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 import infra.aws as aws_layer
-from gpu_train.spec import naming, queues
+from gpu_train.jobs import queues
+from gpu_train.spec import naming
 from gpu_train.spec.catalog.aws import CATALOG as EC2
 from gpu_train.spec.contract import Fabric, GpuPool, PlatformContract
 from gpu_train.spec.settings import PrepareQuotaSettings, TeamSettings

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_train.spec import carbon
+from gpu_train import carbon
 
 CHECK = "aws ec2 describe-instance-type-offerings --location-type region --filters Name=instance-type,Values="
 

@@ -16,8 +16,8 @@ import yaml
 
 from gpu_train.jobs.sweep_platform import SPEC_ENV
 from gpu_train.spec import naming
+from gpu_train.spec.sweep import load_sweep, parse_sweep
 from gpu_train.sweeps import __main__ as incluster
-from gpu_train.sweeps.spec import load_sweep, parse_sweep
 from infra.k8s import pod_admission
 from tests.gpu_train.cli.conftest import REGISTRY, contract_doc
 from tests.gpu_train.cli.test_sweep import SWEEP, sweep_file

@@ -16,10 +16,10 @@ import sys
 import pytest
 import yaml
 
+from gpu_train.spec.sweep import parse_sweep
 from gpu_train.sweeps.controller import Controller
-from gpu_train.sweeps.spec import parse_sweep
+from tests.gpu_train.spec.test_sweep import raw
 from tests.gpu_train.sweeps.test_controller import SimBackend
-from tests.gpu_train.sweeps.test_spec import raw
 
 pytestmark = pytest.mark.integration
 BLOCKED = "import sys; sys.modules.update({m: None for m in sys.argv[1].split(',')}); sys.argv[1:2] = []; " \

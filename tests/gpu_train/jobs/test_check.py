@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_train.jobs import queues
 from gpu_train.jobs.check import check_job
-from gpu_train.spec import naming, queues
+from gpu_train.spec import naming
 from gpu_train.spec.contract import GpuPool
 from gpu_train.spec.settings import TeamSettings
 from tests.gpu_train.jobs.test_jobset import NVME, dev_job, efa_pool, l4_pool, prod_job, tcpxo_pool

@@ -1,5 +1,5 @@
-"""The one launcher: torchrun's own parser reads its arguments as the JobSet, `run --local` and `make train` pass
-them, a job's command in torchrun's module, script and --no-python forms, and the environment contract
+"""The launch builder: torchrun's own parser reads its arguments as the JobSet, `run --local` and `make train` pass
+them, a job's command in torchrun's module, script and --no-python forms, and the job environment
 (gpu_train.spec.env): every variable of source "job" set by launch_env and nothing else, the rendezvous store,
 the waits and NCCL's watchdog spelled in one place.
 
@@ -16,7 +16,7 @@ import pytest
 import torch.distributed.run as torchrun
 
 from gpu_train.jobs import launch
-from gpu_train.spec import env as contract
+from gpu_train.spec import env as job_env
 from gpu_train.spec.job import NodeRange, read_job, trainer_settings
 from trainer.__main__ import parser as trainer_parser
 
@@ -91,12 +91,12 @@ def test_a_grace_period_too_short_for_torchrun_is_refused():
         launch.shutdown_timeout_s(15)
 
 
-def test_launch_env_sets_exactly_the_contracts_job_variables():
-    """Everywhere: the variables the contract marks as always set; on the cluster (every place known) all of them."""
-    assert set(launch.launch_env(JOB, SITE)) == contract.names("job", always=True)
+def test_launch_env_sets_exactly_job_envs_job_variables():
+    """Everywhere: the variables JOB_ENV marks as always set; on the cluster (every place known) all of them."""
+    assert set(launch.launch_env(JOB, SITE)) == job_env.names("job", always=True)
     full = launch.launch_env(JOB, FULL)
-    assert set(full) == contract.names("job")
-    assert contract.names("job", always=False) == {"GPU_TRAIN_DATA_ENDPOINT", "MLFLOW_TRACKING_URI",
+    assert set(full) == job_env.names("job")
+    assert job_env.names("job", always=False) == {"GPU_TRAIN_DATA_ENDPOINT", "MLFLOW_TRACKING_URI",
                                                    "TRAINER_METRICS_PORT", "GPU_TRAIN_CLOUD", "GPU_TRAIN_REGION",
                                                    "TRAINER_IMAGE_DIGEST"}
     assert (full["GPU_TRAIN_CHECKPOINT_DIR"], full["GPU_TRAIN_CHECKPOINT_URI"]) == (
@@ -153,7 +153,7 @@ def test_the_layout_travels_as_trainer_settings_and_keeps_tensor_parallel_groups
     group (the innermost dimension) is on one node and the pipeline stages are on different nodes."""
     import torch
 
-    from gpu_train.spec.layout import resolve_layout
+    from gpu_train.sizing.layout import resolve_layout
     from gpu_train.spec.trainer_config import build_config
 
     job = read_job({"name": "llm", "team": "research", "pool": "h100", "preset": "gpt2-350m", "nodes": "2:4",

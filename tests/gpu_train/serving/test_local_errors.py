@@ -99,7 +99,7 @@ def test_a_port_out_of_range_is_one_line_and_leaves_no_process(run, export, port
 
 def test_the_model_server_binds_its_port_before_it_loads_the_model(run, occupied, tmp_path):
     proc = run("--model", str(tmp_path / "not-yet-loaded"), "--name", "m", "--port", str(occupied),
-               module="gpu_train.serving.model_server")
+               module="trainer.model_server")
     assert proc.returncode == 2
     assert f"--port {occupied}: cannot listen on 127.0.0.1:{occupied} (in use" in one_line(proc)
 

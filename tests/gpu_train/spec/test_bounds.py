@@ -28,12 +28,12 @@ from pydantic.fields import FieldInfo
 
 import gpu_train.spec
 from gpu_train.spec import errors
+from gpu_train.spec import sweep as sweep_spec
 from gpu_train.spec.errors import INT_MAX, SettingsError
 from gpu_train.spec.job import JobSpec, read_job, read_job_file
 from gpu_train.spec.serving import ServiceSpec, read_service
 from gpu_train.spec.settings import StackSettings, read
-from gpu_train.sweeps import spec as sweep_spec
-from gpu_train.sweeps.spec import SweepSpec, parse_sweep
+from gpu_train.spec.sweep import SweepSpec, parse_sweep
 
 ROOT = Path(__file__).resolve().parents[3]
 # Models of gpu_train/spec that no user writes: the platform contract is the program's own output.

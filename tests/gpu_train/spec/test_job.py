@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from gpu_train.sizing.job import layout_problems
 from gpu_train.spec.errors import ConfigError, SettingsError
 from gpu_train.spec.job import (
     MANAGED_OVERRIDES,
@@ -43,7 +44,9 @@ class Team:
 
 
 def problems(job: JobSpec, quota: int = 64, pool: Pool = Pool()) -> list[str]:
-    return job_problems(job, pools=[pool], teams=[Team(gpu_quota={pool.name: quota})], scheme="s3://", key="job")
+    """The job's own checks, then its layout and memory (gpu_train.sizing.job), as gpu_train.jobs.check runs them."""
+    return (job_problems(job, pools=[pool], teams=[Team(gpu_quota={pool.name: quota})], scheme="s3://", key="job")
+            + layout_problems(job, pools=[pool], key="job"))
 
 
 def test_nodes_are_parsed_once_and_written_back_as_given():

@@ -16,8 +16,8 @@ from gpu_train.client.cluster import ClientError
 from gpu_train.spec import yamlfile
 from gpu_train.spec.errors import ConfigError, SettingsError
 from gpu_train.spec.job import read_job_file
+from gpu_train.spec.sweep import load_sweep
 from gpu_train.spec.trainer_config import load_yaml
-from gpu_train.sweeps.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parents[3]
 

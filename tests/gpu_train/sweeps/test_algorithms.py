@@ -12,9 +12,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from gpu_train.spec.errors import SettingsError
+from gpu_train.spec.sweep import Parameter, parse_sweep
 from gpu_train.sweeps.algorithms import Policy, distribution, grid_values
-from gpu_train.sweeps.spec import Parameter, parse_sweep
-from tests.gpu_train.sweeps.test_spec import raw
+from tests.gpu_train.spec.test_sweep import raw
 
 
 def sweep(**algorithm):

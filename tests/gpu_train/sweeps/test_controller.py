@@ -17,11 +17,11 @@ from collections import Counter
 
 import pytest
 
+from gpu_train.spec.sweep import parse_sweep
 from gpu_train.sweeps.controller import Controller
 from gpu_train.sweeps.journal import read_journal
 from gpu_train.sweeps.replay import replay
-from gpu_train.sweeps.spec import parse_sweep
-from tests.gpu_train.sweeps.test_spec import raw
+from tests.gpu_train.spec.test_sweep import raw
 
 pytestmark = pytest.mark.integration
 DECISIONS = ("suggest", "promote", "pause", "prune", "finish", "done")

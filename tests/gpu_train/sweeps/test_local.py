@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch.distributed.run as torchrun
 
+from gpu_train.spec.sweep import load_sweep, trial_job
 from gpu_train.spec.trainer_config import build_config
 from gpu_train.sweeps import local
 from gpu_train.sweeps.journal import TrialState
-from gpu_train.sweeps.spec import load_sweep, trial_job
 from trainer.__main__ import parser as trainer_parser
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "sweep-tiny.yaml"

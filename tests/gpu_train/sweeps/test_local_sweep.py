@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 from gpu_train.jobs.launch import Site, local
+from gpu_train.spec.sweep import load_sweep, trial_job
 from gpu_train.sweeps.journal import read_journal
-from gpu_train.sweeps.spec import load_sweep, trial_job
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]

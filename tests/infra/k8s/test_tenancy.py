@@ -1,7 +1,7 @@
 """Kueue and JobSet in the tenancy layer (infra/k8s/tenancy.py): the v1beta2 Configuration Kueue 0.19.2 reads
 strictly, the namespace ResourceQuota, the roles and the NetworkPolicies. Pure functions, no mocks. The queue
-objects themselves (ClusterQueues, flavors, LimitRange) are gpu_train/spec/queues.py's:
-tests/gpu_train/spec/test_queues.py.
+objects themselves (ClusterQueues, flavors, LimitRange) are gpu_train/jobs/queues.py's:
+tests/gpu_train/jobs/test_queues.py.
 
 Usage: .venv/bin/pytest tests/infra/k8s/test_tenancy.py -q
 """
@@ -13,8 +13,8 @@ import re
 import pytest
 import yaml
 
-from gpu_train.jobs import fit
-from gpu_train.spec import job, naming, queues
+from gpu_train.jobs import fit, queues
+from gpu_train.spec import job, naming
 from gpu_train.spec.contract import Fabric, GpuPool
 from gpu_train.spec.settings import PrepareQuotaSettings, TeamSettings
 from infra.k8s import tenancy

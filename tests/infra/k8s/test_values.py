@@ -267,7 +267,7 @@ def test_trainer_pod_monitor_covers_every_local_rank_port():
 # ---------------------------------------------------------------- scheduling and tenancy
 
 
-# Kueue's queue objects: tests/gpu_train/spec/test_queues.py; its configuration and the namespace quota:
+# Kueue's queue objects: tests/gpu_train/jobs/test_queues.py; its configuration and the namespace quota:
 # tests/infra/k8s/test_tenancy.py.
 
 

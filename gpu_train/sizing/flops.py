@@ -1,7 +1,7 @@
 """Model FLOPs per token and GPU peak throughput: what MFU and the carbon estimate's run time are computed from.
 
 Usage:
-    from gpu_train.spec.flops import flops_per_token, gpu_peak_flops, shape_flops_per_token
+    from gpu_train.sizing.flops import flops_per_token, gpu_peak_flops, shape_flops_per_token
     f = flops_per_token(non_embedding_params, n_layer, n_head, head_dim, context, lm_head_params=vocab * d_model)
     peak = gpu_peak_flops("NVIDIA H100 80GB HBM3")        # 989.4e12; also a catalog GPU type such as "H100"
     shape_flops_per_token(model_config)                  # the same count from a model config's shape alone

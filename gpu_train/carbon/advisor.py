@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from gpu_train.spec import carbon
-from gpu_train.spec.carbon.estimate import node_hour_kg
+import gpu_train.carbon as carbon
+from gpu_train.carbon.estimate import node_hour_kg
 
 FIBRE_KM_PER_MS = 200.0
 ROUTE_STRETCH = 1.5

@@ -1,9 +1,9 @@
 """The model server's answers count what they return: `usage.completion_tokens` ends at a stop string, and a
 max_tokens the model's context cannot hold is capped with a warning in the answer and one log line.
 
-Run: .venv/bin/pytest tests/gpu_train/serving/test_model_server.py -q
+Run: .venv/bin/pytest tests/trainer/test_model_server.py -q
 
-A real server (python -m gpu_train.serving.model_server) on a socket this test binds and hands it (--fd), serving a
+A real server (python -m trainer.model_server) on a socket this test binds and hands it (--fd), serving a
 tiny export (64-token context, byte-level tokenizer).
 """
 
@@ -36,7 +36,7 @@ def server(tmp_path_factory):
     sock = bind("127.0.0.1", 0, "port", any_port=True)
     log = tmp / "server.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gpu_train.serving.model_server", "--model", str(export),
+        proc = subprocess.Popen([sys.executable, "-m", "trainer.model_server", "--model", str(export),
                                  "--name", "tiny", "--version", "1", "--fd", str(sock.fileno()), "--threads", "1"],
                                 pass_fds=[sock.fileno()], stdout=out, stderr=subprocess.STDOUT,
                                 env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})

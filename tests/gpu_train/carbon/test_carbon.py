@@ -1,7 +1,7 @@
 """The shipped carbon tables, the job estimate (against a hand computation), the latency estimate and the region
 ranking.
 
-Run: .venv/bin/pytest tests/gpu_train/spec/test_carbon.py -q
+Run: .venv/bin/pytest tests/gpu_train/carbon/test_carbon.py -q
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import math
 
 import pytest
 
-from gpu_train.spec import carbon, catalog
-from gpu_train.spec.carbon import advisor
-from gpu_train.spec.carbon.estimate import ASSUMED_MFU, co2e_kg, job_estimate, node_hour_kg
+from gpu_train import carbon
+from gpu_train.carbon import advisor
+from gpu_train.carbon.estimate import ASSUMED_MFU, co2e_kg, job_estimate, node_hour_kg
+from gpu_train.spec import catalog
 from gpu_train.spec.catalog.gpus import tdp_watts
 from gpu_train.spec.job import read_job
 from infra.aws.settings_checks import regions as aws_regions
@@ -77,7 +78,7 @@ def test_p5_regions_are_those_of_skypilots_aws_catalog():
 
 
 def test_every_nvidia_gpu_of_the_catalogs_has_a_power_and_a_peak():
-    from gpu_train.spec.flops import gpu_peak_flops
+    from gpu_train.sizing.flops import gpu_peak_flops
 
     for cloud in ("aws", "gcp"):
         for instance_type in catalog.known(cloud):
@@ -196,7 +197,7 @@ def test_advisory_fires_above_twice_the_best_allowed_region():
 def test_submits_memory_and_carbon_lines_each_name_their_world_size():
     """nodes 1:2 on one-GPU nodes: the memory a GPU needs is largest at MIN (1 GPU), the run is estimated at MAX (2
     GPUs, the JobSet Kueue admits whole); each line says which, in the same words."""
-    from gpu_train.spec.job import memory_line
+    from gpu_train.sizing.job import memory_line
 
     job = read_job({"name": "gpt2", "team": "research", "pool": "l4", "preset": "gpt2-124m", "nodes": "1:2",
                     "steps": 1000, "globalBatchTokens": 524288})

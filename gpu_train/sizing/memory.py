@@ -2,7 +2,7 @@
 recommended for the large presets on each kind of GPU.
 
 Usage:
-    from gpu_train.spec.memory import memory_per_gpu, memory_problem, recommended_layout
+    from gpu_train.sizing.memory import memory_per_gpu, memory_problem, recommended_layout
     est = memory_per_gpu(cfg, layout)         # MemoryEstimate: parameters, gradients, optimizer, activations, ...
     est.total / 1e9                           # GB
     memory_problem(cfg, layout, "L4")         # None, or one line naming the settings to change
@@ -37,9 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpu_train.sizing.layout import Layout, pipeline_runs, resolve_layout, world_problems
 from gpu_train.spec.catalog.gpus import memory_gb
 from gpu_train.spec.errors import ConfigError
-from gpu_train.spec.layout import Layout, pipeline_runs, resolve_layout, world_problems
 
 # Bytes per parameter a GPU holds: fp32 weights, fp32 gradients, AdamW's two fp32 moments.
 PARAM_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 4, 4, 8
@@ -53,7 +53,7 @@ NVLINK_8 = ("H100", "H200", "A100-80GB", "A100-40GB", "B200")  # 8 GPUs per node
 PCIE = ("L4", "L40S", "A10G")  # PCIe only, no NVLink between a node's GPUs
 
 # The layouts docs/trainer.md recommends for the presets that need more than plain DDP, by kind of GPU. Each entry
-# fits its GPUs by memory_per_gpu (tests/gpu_train/spec/test_memory.py checks it).
+# fits its GPUs by memory_per_gpu (tests/gpu_train/sizing/test_layout.py checks it).
 RECOMMENDED_LAYOUTS: dict[str, dict[tuple[str, ...], dict[str, Any]]] = {
     "gpt2-2.7b": {
         # FSDP inside a node (NVLink), replicas across nodes (HSDP): one all-reduce of a shard per step between

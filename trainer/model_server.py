@@ -2,7 +2,7 @@
 Face server.
 
 Run (`gpu-train serve --local` starts it; it needs `pip install ".[serve-local]"`):
-    python -m gpu_train.serving.model_server --model runs/make-train/export --name make-train --port 8001
+    python -m trainer.model_server --model runs/make-train/export --name make-train --port 8001
     curl -s localhost:8001/v1/completions -H 'content-type: application/json' \\
         -d '{"model": "make-train", "prompt": "def ", "max_tokens": 16}'
 
@@ -208,7 +208,7 @@ def create_app(model: LoadedModel, *, name: str, version: str, inject_errors: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpu_train.serving.model_server", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m trainer.model_server", description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, required=True, help="an exported model directory (python -m trainer.export)")
     ap.add_argument("--name", required=True, help="the model's name in the API (the service's name)")
     ap.add_argument("--version", default="local", help="the version label its metrics and answers carry")

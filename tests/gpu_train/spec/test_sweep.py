@@ -1,7 +1,7 @@
 """The sweep spec: the example loads with the rungs worked out by hand, and every mistake is named with the file and
 the field it is in.
 
-Run: .venv/bin/pytest tests/gpu_train/sweeps/test_spec.py -q
+Run: .venv/bin/pytest tests/gpu_train/spec/test_sweep.py -q
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpu_train.spec.errors import SettingsError
-from gpu_train.sweeps.spec import bound_trials, load_sweep, parse_sweep, trial_job
+from gpu_train.spec.sweep import bound_trials, load_sweep, parse_sweep, trial_job
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "sweep-tiny.yaml"

@@ -2,7 +2,7 @@
 checks (gpu_train.spec.settings) or the cloud layer's (infra/aws, infra/gcp settings_checks) find it; both run before
 any resource, as infra/__main__.py runs them.
 
-Usage: .venv/bin/pytest tests/infra/test_settings.py -q
+Usage: .venv/bin/pytest tests/gpu_train/spec/test_settings.py -q
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from infra import clouds
 from infra.aws import settings_checks as aws_checks
 from infra.gcp import settings_checks as gcp_checks
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def raw_stack(name: str) -> dict:

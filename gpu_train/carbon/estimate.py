@@ -11,10 +11,10 @@ The formula (docs/carbon.md): kg CO2e = GPUs x power x hours x PUE x grid intens
 - GPUs = the job's MAX nodes x its GPUs per node (Kueue admits the JobSet whole);
 - power = the GPU model's TDP (gpu_train/spec/catalog/gpus.py): an upper bound, no utilisation factor below it;
 - hours = the run's training FLOPs / (GPUs x the GPU's dense BF16 peak x ASSUMED_MFU), with FLOPs = train.steps x
-  train.global_batch_tokens x FLOPs per token of the preset's model shape (gpu_train/spec/flops.py); the job spec
+  train.global_batch_tokens x FLOPs per token of the preset's model shape (gpu_train/sizing/flops.py); the job spec
   has no run time of its own, and the work it asks for is known exactly; a job of its own code (`command`) says
   nothing of its work, so it gets no estimate;
-- PUE = the cloud's published fleet figure, grid intensity = the region's (gpu_train/spec/carbon).
+- PUE = the cloud's published fleet figure, grid intensity = the region's (gpu_train/carbon).
 GPUs cancel out: a run's energy depends on its work and the GPU's efficiency, not on how many GPUs share it.
 """
 
@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_train.spec import carbon, catalog
+import gpu_train.carbon as carbon
+from gpu_train.sizing.flops import gpu_peak_flops, shape_flops_per_token
+from gpu_train.spec import catalog
 from gpu_train.spec.catalog.gpus import tdp_watts
 from gpu_train.spec.errors import ConfigError
-from gpu_train.spec.flops import gpu_peak_flops, shape_flops_per_token
 from gpu_train.spec.job import JobSpec, World, job_world, trainer_config
 
 # Model FLOPs utilisation assumed for the run time, a round figure below the 46% PaLM reports for its largest run

@@ -1,15 +1,15 @@
-"""Kueue's objects for the teams' queues (gpu_train/spec/queues.py): ClusterQueues from per-pool quotas in one
+"""Kueue's objects for the teams' queues (gpu_train/jobs/queues.py): ClusterQueues from per-pool quotas in one
 cohort, what Kueue lets a team use of them (worked out from Kueue's cohort rules, gpu_train.jobs.fit), the
 ResourceFlavors, the namespaces' LimitRange, and the CPU and memory quota that comes with each GPU. Pure, no
-mocks: `pytest tests/gpu_train/spec/test_queues.py`.
+mocks: `pytest tests/gpu_train/jobs/test_queues.py`.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gpu_train.jobs import fit
-from gpu_train.spec import naming, queues
+from gpu_train.jobs import fit, queues
+from gpu_train.spec import naming
 from gpu_train.spec.catalog import aws, gcp
 from gpu_train.spec.contract import Fabric, GpuPool
 from gpu_train.spec.settings import PrepareQuotaSettings, TeamSettings

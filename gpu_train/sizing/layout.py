@@ -1,13 +1,14 @@
 """How a run is spread over its GPUs: the (pp, dp_replicate, dp_shard, tp) degrees at a world size, the checks
-that refuse an impossible layout before anything starts, and the pipeline's micro-batches. The memory a GPU needs
-under a layout is gpu_train/spec/memory.py's.
+that refuse a layout that does not fit a world size before anything starts, and the pipeline's micro-batches. The
+degrees that cannot work at any world size are refused by the trainer's schema (gpu_train.spec.trainer_config,
+static_problems); the memory a GPU needs under a layout is gpu_train/sizing/memory.py's.
 
 Usage:
-    from gpu_train.spec.layout import resolve_layout, static_problems, world_problems
-    static_problems(cfg)                                   # [] or lines naming the setting, at any world size
+    from gpu_train.sizing.layout import batch_layout, resolve_layout, world_problems
     layout = resolve_layout(cfg.train, world_size=16)     # Layout(pp=2, dp_replicate=1, dp_shard=4, tp=2)
     layout.dp, layout.world                                # 4, 16
     world_problems(cfg, world_size=16, gpus_per_node=8)    # [] or lines naming the setting
+    batch_layout(cfg, world_size=16)                       # (global batch in sequences, micro batches per rank)
 
 The mesh. Ranks are laid out as a row-major array of shape (pp, dp_replicate, dp_shard, tp), tp innermost:
 global rank = ((pp_rank * dp_replicate + replicate_rank) * dp_shard + shard_rank) * tp + tp_rank. torchrun numbers
@@ -30,7 +31,6 @@ stages, or a stage would wait with nothing to do for the whole run.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,83 +68,6 @@ class Layout:
 
     def __str__(self) -> str:
         return f"pp={self.pp} x dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x tp={self.tp}"
-
-
-def static_problems(cfg: Any) -> list[str]:
-    """What is wrong with the degrees whatever the world size (cfg: a trainer Config), each naming its setting."""
-    m, t = cfg.model, cfg.train
-    p: list[str] = []
-    for key, value in (("train.tp", t.tp), ("train.pp", t.pp), ("train.pp_stages_per_rank", t.pp_stages_per_rank)):
-        if value < 1:
-            p.append(f"{key} must be >= 1 (got {value})")
-    for key, value in (("train.dp_replicate", t.dp_replicate), ("train.dp_shard", t.dp_shard)):
-        if value < 1 and value != -1:
-            p.append(f"{key} must be >= 1, or -1 for the rest of the world (got {value})")
-    if t.pp_microbatches < 0:
-        p.append(f"train.pp_microbatches must be >= 0 (got {t.pp_microbatches})")
-    if p:
-        return p
-    if t.dp_replicate == -1 and t.dp_shard == -1:
-        p.append("train.dp_replicate=-1 and train.dp_shard=-1: only one of them can take the rest of the world")
-    if t.parallel == "ddp" and (t.dp_replicate, t.dp_shard) != (1, -1):
-        p.append(f"train.dp_replicate={t.dp_replicate}, train.dp_shard={t.dp_shard}: splitting data parallelism "
-                 "into shard and replicate groups needs train.parallel=fsdp (ddp replicates over all of it)")
-    if t.tp > 1:
-        p += _tp_problems(m, t.tp)
-    if t.pp > 1:
-        p += _pp_problems(m, t)
-    else:
-        for key, value, default in (("train.pp_stages_per_rank", t.pp_stages_per_rank, 1),
-                                    ("train.pp_microbatches", t.pp_microbatches, 0)):
-            if value != default:
-                p.append(f"{key}={value} needs train.pp > 1 (got train.pp={t.pp})")
-    if t.compile and (t.tp > 1 or t.pp > 1):
-        p.append(f"train.compile=true composes with ddp and fsdp alone, not with train.tp={t.tp} or "
-                 f"train.pp={t.pp}; set train.compile=false")
-    return p
-
-
-def _tp_problems(m: Any, tp: int) -> list[str]:
-    p = []
-    if m.n_head % tp:
-        p.append(f"train.tp={tp}: model.n_head {m.n_head} is not divisible by {tp} (each tensor-parallel rank "
-                 "computes whole attention heads)")
-    if (m.mlp_ratio * m.d_model) % tp:
-        p.append(f"train.tp={tp}: the MLP width model.mlp_ratio x model.d_model = {m.mlp_ratio * m.d_model} is not "
-                 f"divisible by {tp}")
-    if m.vocab_size % tp:
-        p.append(f"train.tp={tp}: model.vocab_size {m.vocab_size} is not divisible by {tp} (the loss is computed "
-                 f"over vocabulary shards); pad it to {math.ceil(m.vocab_size / tp) * tp}")
-    if m.context % tp:
-        p.append(f"train.tp={tp}: model.context {m.context} is not divisible by {tp} (sequence parallelism splits "
-                 "each sequence between the ranks)")
-    return p
-
-
-def _pp_problems(m: Any, t: Any) -> list[str]:
-    p = []
-    stages = t.pp * t.pp_stages_per_rank
-    if t.pp_schedule == "interleaved_1f1b" and t.pp_stages_per_rank < 2:
-        p.append(f"train.pp_schedule=interleaved_1f1b needs train.pp_stages_per_rank >= 2 (got "
-                 f"{t.pp_stages_per_rank}); use 1f1b for one stage per rank")
-    if t.pp_schedule != "interleaved_1f1b" and t.pp_stages_per_rank != 1:
-        p.append(f"train.pp_stages_per_rank={t.pp_stages_per_rank} needs train.pp_schedule=interleaved_1f1b "
-                 f"(got {t.pp_schedule}, one stage per rank)")
-    elif m.n_layer % stages:
-        split = f"train.pp={t.pp}" + (f" x train.pp_stages_per_rank={t.pp_stages_per_rank}"
-                                     if t.pp_stages_per_rank > 1 else "")
-        p.append(f"{split}: model.n_layer {m.n_layer} does not split into {stages} stages of equal size")
-    if t.pp_microbatches and t.pp_microbatches < t.pp:
-        p.append(f"train.pp_microbatches={t.pp_microbatches} is fewer than the train.pp={t.pp} stages: a stage "
-                 "would idle through a whole schedule run")
-    return p
-
-
-def check_static(cfg: Any) -> None:
-    """The first of static_problems as a ConfigError."""
-    p = static_problems(cfg)
-    if p:
-        raise ConfigError(p[0])
 
 
 class LayoutError(ConfigError):
@@ -194,6 +117,16 @@ def micro_batches(cfg: Any, layout: Layout) -> int:
                           f"{dp} x train.micro_batch_size ({cfg.train.micro_batch_size}) = {per_step}; change "
                           "train.global_batch_tokens or train.micro_batch_size")
     return sequences // per_step
+
+
+def batch_layout(cfg: Any, world_size: int) -> tuple[int, int]:
+    """(global batch in sequences, micro batches per data-parallel rank per step) for this world size.
+
+    The global batch is fixed by the config; the number of micro batches absorbs the data-parallel degree, which
+    is the world size divided by train.pp x train.tp (gpu_train/sizing/layout.py).
+    """
+    layout = resolve_layout(cfg.train, world_size)
+    return cfg.train.global_batch_tokens // cfg.model.context, micro_batches(cfg, layout)
 
 
 def pipeline_runs(cfg: Any, layout: Layout) -> tuple[int, int]:

@@ -3,15 +3,17 @@ country, coordinates, which GPU machine types each offers, and each cloud's flee
 shipped beside this module.
 
 Usage:
-    from gpu_train.spec import carbon
+    from gpu_train import carbon
     r = carbon.region("gcp", "europe-west4")      # Region(intensity=208.81 gCO2e/kWh, cfe_percent=83, ...)
     carbon.pue("aws")                             # 1.15
     carbon.offered("aws", "p5.48xlarge")          # frozenset of regions, or None for a type the table lacks
     carbon.allowed(["EU", "CH", "us-east-1"])     # the regions those countries, groups and names allow
+    carbon.settings_problems(["EU", "Mars"])      # a stack's carbon.allowedRegions checked: one line per bad entry
 
 Data (source, vintage and licence in each file's header and in docs/carbon.md): regions.csv (one row per cloud
 and region), availability.csv (the GPU machine types of both catalogs by region, from SkyPilot's catalogs),
-carbon.json (PUE, sources, groups such as EU).
+carbon.json (PUE, sources, groups such as EU). Beside the tables: a job's estimate (estimate.py) and the region
+ranking (advisor.py).
 Hand-written: the files are small and fixed, so the standard library's csv and json read them; a region that is
 not in the table is an error naming it, never a silent default.
 """
@@ -25,6 +27,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpu_train.spec.naming import PROJECT
 
 HERE = Path(__file__).resolve().parent
 
@@ -75,7 +79,7 @@ def region(cloud: str, name: str) -> Region:
         return regions()[(cloud, name)]
     except KeyError:
         raise CarbonDataError(f"region {name!r} of cloud {cloud!r} is not in the shipped carbon table "
-                              f"(gpu_train/spec/carbon/regions.csv)") from None
+                              f"(gpu_train/carbon/regions.csv)") from None
 
 
 def pue(cloud: str) -> float:
@@ -148,3 +152,14 @@ def same_area(cloud: str, name: str) -> frozenset[tuple[str, str]]:
     area = eu if home.country in eu else frozenset({home.country})
     return frozenset(k for k, r in regions().items()
                      if r.country in area and partition(*k) == partition(cloud, name))
+
+
+def settings_problems(allowed_regions: Iterable[str]) -> list[str]:
+    """A stack's carbon.allowedRegions: each entry a country code, group or region name of the table."""
+    p = []
+    for i, token in enumerate(allowed_regions):
+        try:
+            allowed([token])
+        except CarbonDataError as exc:
+            p.append(f"{PROJECT}:carbon.allowedRegions[{i}]: {exc}")
+    return p

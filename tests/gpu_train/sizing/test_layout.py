@@ -1,16 +1,15 @@
 """The parallel layout: degrees at a world size, the checks that refuse an impossible layout naming its setting (in
 the trainer's schema and at plan/submit time), the pipeline's micro batches and the memory a GPU needs.
 
-Run: .venv/bin/pytest tests/gpu_train/spec/test_layout.py -q
+Run: .venv/bin/pytest tests/gpu_train/sizing/test_layout.py -q
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gpu_train.spec.errors import ConfigError
-from gpu_train.spec.job import job_problems, read_job
-from gpu_train.spec.layout import (
+from gpu_train.sizing.job import layout_problems, memory_line
+from gpu_train.sizing.layout import (
     Layout,
     LayoutError,
     micro_batches,
@@ -20,13 +19,15 @@ from gpu_train.spec.layout import (
     stage_layers,
     world_problems,
 )
-from gpu_train.spec.memory import (
+from gpu_train.sizing.memory import (
     RECOMMENDED_LAYOUTS,
     fitting_micro_batch,
     memory_per_gpu,
     memory_problem,
     sized,
 )
+from gpu_train.spec.errors import ConfigError
+from gpu_train.spec.job import job_problems, read_job
 from gpu_train.spec.trainer_config import PRESETS, build_config
 from tests.gpu_train.spec.test_job import SPEC, Pool, Team
 
@@ -178,8 +179,9 @@ def test_the_recommended_layouts_fit_and_plain_data_parallelism_does_not():
 
 def test_plan_time_errors_name_the_job_setting():
     def problems(spec: dict, pool: Pool = Pool()) -> list[str]:
-        return job_problems(read_job(spec, key="job"), pools=[pool], teams=[Team(gpu_quota={pool.name: 64})],
-                            scheme="s3://", key="job")
+        job = read_job(spec, key="job")
+        return (job_problems(job, pools=[pool], teams=[Team(gpu_quota={pool.name: 64})], scheme="s3://", key="job")
+                + layout_problems(job, pools=[pool], key="job"))
 
     base = {**SPEC, "nodes": "1:2"}
     (p,) = problems({**base, "overrides": {**SPEC["overrides"], "train.tp": 5}})
@@ -200,25 +202,23 @@ def test_auto_micro_batch_is_chosen_at_submit_for_the_pools_gpus():
     """SPEC's 786432 tokens are 768 sequences; at MIN 2 nodes x 8 GPUs each worker has 48, and gpt2-124m at 48
     sequences of 1024 tokens (about 21 GB) fits an H100's 80 GB, so auto is 48 there. gpt2-2.7b's parameters,
     gradients and moments alone (about 43 GB) do not fit a 24 GB L4 under plain DDP at any micro batch."""
-    from gpu_train.spec.job import memory_line
-
     auto = {**SPEC, "overrides": {"train.micro_batch_size": "auto"}}
     job = read_job(auto, key="job")
     assert job_problems(job, pools=[Pool()], teams=[Team(gpu_quota={"h100": 64})], scheme="s3://", key="job") == []
+    assert layout_problems(job, pools=[Pool()], key="job") == []
     assert "x tp=1, train.micro_batch_size=auto: 48 at world size 16 (MIN" in memory_line(job, gpus=8, gpu_type="H100")
     l4 = Pool(name="l4", instance_type="g6.48xlarge", gpu_type="L4")
     big = read_job({**auto, "pool": "l4", "preset": "gpt2-2.7b", "globalBatchTokens": 1048576, "overrides": {
         "train.micro_batch_size": "auto", "train.parallel": "ddp", "train.dp_shard": -1, "train.dp_replicate": 1}},
         key="job")
-    (p,) = job_problems(big, pools=[l4], teams=[Team(gpu_quota={"l4": 64})], scheme="s3://", key="job")
+    assert job_problems(big, pools=[l4], teams=[Team(gpu_quota={"l4": 64})], scheme="s3://", key="job") == []
+    (p,) = layout_problems(big, pools=[l4], key="job")
     assert p.startswith("job.overrides.train.micro_batch_size: train.micro_batch_size=auto: even the smallest "
                         "micro batch needs about ") and "at world size 16 (2 nodes x 8 GPUs" in p
     assert "more than 90% of 24.0 GB" in p
 
 
 def test_submit_prints_the_memory_a_gpu_needs_at_min_nodes():
-    from gpu_train.spec.job import memory_line
-
     job = read_job({**SPEC, "preset": "gpt2-2.7b", "nodes": "1:2", "globalBatchTokens": 1048576, "overrides": {}},
                    key="job")
     line = memory_line(job, gpus=8, gpu_type="H100")
