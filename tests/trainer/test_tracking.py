@@ -89,6 +89,7 @@ def test_disabled_tracker_ignores_calls_and_keeps_the_resumed_id(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow  # creates a real MLflow SQLite store (its migrations: 1.5 to 4 s)
 def test_embedded_store_records_a_run(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("TRAINER_IMAGE_DIGEST", "sha256:" + "ab" * 32)
@@ -142,6 +143,7 @@ def test_unreachable_server_buffers_drops_oldest_and_warns_once(tmp_path, caplog
     assert any("gave up" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow  # creates a real MLflow SQLite store (its migrations: 1.5 to 4 s)
 def test_unknown_resume_id_starts_a_new_run_with_a_warning(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="trainer.tracking")
     uri = f"sqlite:///{tmp_path / 'other.db'}"
@@ -154,6 +156,7 @@ def test_unknown_resume_id_starts_a_new_run_with_a_warning(tmp_path, caplog):
     assert any("f" * 32 in r.getMessage() and "new run" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow  # creates a real MLflow SQLite store (its migrations: 1.5 to 4 s)
 def test_a_resumed_run_gets_exactly_the_steps_it_lacks(tmp_path):
     """MLflow's queue sends batches from several threads, so a killed process may leave step 7 stored and step 5
     not: the resumed tracker sends the replayed step 5 and no second copy of any stored step."""
@@ -174,6 +177,7 @@ def test_a_resumed_run_gets_exactly_the_steps_it_lacks(tmp_path):
                                                   5: 105.0, 8: 108.0, 9: 109.0}
 
 
+@pytest.mark.slow  # creates a real MLflow SQLite store (its migrations: 1.5 to 4 s)
 def test_a_checkpoint_saved_before_the_run_id_was_known_finds_its_run_by_the_key(tmp_path):
     """A slow store: the tracker returns before MLflow answered (start_timeout_s 0), so the first checkpoint holds
     the job's run key but no run id. The relaunch reopens the run tagged with that key, not another job's run and
@@ -215,6 +219,7 @@ def test_each_tracker_reports_its_own_outage(tmp_path, caplog):
         assert sum(f"server {tracker.tracking_uri} is unreachable" in m for m in lines) == 1, lines
 
 
+@pytest.mark.slow  # creates a real MLflow SQLite store (its migrations: 1.5 to 4 s)
 def test_an_embedded_store_is_created_whole_or_not_at_all(tmp_path, monkeypatch):
     """A process killed while MLflow creates its tables used to leave a database no client could open again ("table
     ... already exists"): the tables are made aside, so a creation cut short leaves no database, and the next one
