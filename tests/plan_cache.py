@@ -81,8 +81,8 @@ def planned(name: str, args: list[str], stack_files: Mapping[str, str] | None = 
 
 
 def plan_stacks(names: Iterable[str], out: Path, stack_file: StackFile | None = None) -> None:
-    """Each named plan in `out` (`out`/<name>.json and `out`/<name>/, links to its planned folder's), two made at a
-    time. `stack_file(name, folder)` writes the stack file of a name that is no stack of stacks/ (a variant) into
+    """Each named plan in `out` (`out`/<name>.json, `out`/<name>/ and a variant's stack file, links to its planned
+    folder's), two made at a time. `stack_file(name, folder)` writes the stack file of a name that is no stack of stacks/ (a variant) into
     `folder` and returns its path; None for a stack of stacks/."""
     def plan(name: str) -> Path:
         with tempfile.TemporaryDirectory() as tmp:
@@ -94,5 +94,6 @@ def plan_stacks(names: Iterable[str], out: Path, stack_file: StackFile | None = 
     names = list(names)
     with ThreadPoolExecutor(max_workers=2) as pool:
         for name, folder in zip(names, pool.map(plan, names), strict=True):
-            for entry in (f"{name}.json", name):
+            made = [p.name for p in folder.glob("Pulumi.*.yaml")]  # a variant's stack file, which tests read too
+            for entry in (f"{name}.json", name, *made):
                 (out / entry).symlink_to(folder / entry)

@@ -38,8 +38,8 @@ def test_unknown_section_is_rejected():
 
 def test_gpu_section_says_what_each_row_needs_without_cuda(tmp_path):
     """Without CUDA every GPU row is listed with no figure and what it needs: DDP and FSDP2 for both presets (and
-    gpt2-124m's DDP at four times its micro batch), then the tensor- and pipeline-parallel rows, which need two
-    GPUs."""
+    gpt2-124m's DDP at four times its micro batch and at train.micro_batch_size=auto), then the tensor- and
+    pipeline-parallel rows, which need two GPUs."""
     out = tmp_path / "r.json"
     proc = run_bench("--only", "gpu", "--gpu", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
@@ -48,11 +48,12 @@ def test_gpu_section_says_what_each_row_needs_without_cuda(tmp_path):
         "gpt2-124m DDP bf16+compile, micro batch 16 vs bare loop",
         "gpt2-124m FSDP bf16+compile, micro batch 16 vs bare loop",
         "gpt2-124m DDP bf16+compile, micro batch 64 vs bare loop",
+        "gpt2-124m DDP bf16+compile, micro batch auto vs bare loop",
         "gpt2-350m DDP bf16+compile, micro batch 8 vs bare loop",
         "gpt2-350m FSDP bf16+compile, micro batch 8 vs bare loop",
         "gpt2-350m FSDP2+TP bf16 vs FSDP2", "gpt2-350m PP bf16 vs FSDP2"]
     assert all(f["value"] is None and "needs a CUDA device" in f["notes"] for f in figures)
-    assert all("2 GPUs or more" in f["notes"] for f in figures[5:])
+    assert all("2 GPUs or more" in f["notes"] for f in figures[6:])
 
 
 def test_bare_reference_loop_runs():
