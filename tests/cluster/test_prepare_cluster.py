@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import time
 from fractions import Fraction
+from typing import Any
 
 import pytest
 import yaml
@@ -183,7 +184,7 @@ def test_list_and_status_show_data_preparations_to_members_and_viewers(platform,
     # More than all that is left of research's own and borrowable CPUs: it waits.
     waiting_cpu = nominal + borrowable - (HEAD_CPU + 2) - HEAD_CPU + 1
     assert prepare(cli, platform, "waiting", waiting_cpu)[0] == 0
-    wl = wait_for("'waiting' pending", lambda: (w := jobs.workload_of(platform, "waiting", kind=RAYJOB)) and
+    wait_for("'waiting' pending", lambda: (w := jobs.workload_of(platform, "waiting", kind=RAYJOB)) and
                   (c := condition(w, "QuotaReserved")) and c["status"] == "False" and w)
 
     for user in (alice, vera):  # a member, and a viewer of the team
@@ -199,14 +200,16 @@ def test_list_and_status_show_data_preparations_to_members_and_viewers(platform,
         assert listed["NODES"] == str(1 + sum(g["replicas"] for g in rj["workerGroupSpecs"]))
         assert (waiting["KIND"], waiting["STATE"], waiting["POOL"]) == ("prepare", "Queued", "-")
 
-        code, out, err = cli("status", "waiting", "--kubeconfig", user)
-        assert code == 0, err
+        # Kueue rewrites its message each time it tries again (naming the head's pod set or the workers'): status
+        # shows the one it read, which the Workload still holds unless Kueue tried again in between.
+        def shown(user: Any = user) -> str | None:
+            code, out, err = cli("status", "waiting", "--kubeconfig", user)
+            assert code == 0, err
+            message = condition(jobs.workload_of(platform, "waiting", kind=RAYJOB), "QuotaReserved")["message"]
+            return out if f"  Kueue: {message}\n" in out else None
+
+        out = wait_for("status showing Kueue's message", shown, timeout=60)
         assert out.startswith("data preparation waiting in team-research: Queued\n")
-        # Kueue rewrites the message as it tries again (the quota it counts can change in between): status shows
-        # the one it read, the message before or after it.
-        after = jobs.workload_of(platform, "waiting", kind=RAYJOB)
-        said = {f"Kueue: {condition(w, 'QuotaReserved')['message']}" for w in (wl, after)}
-        assert [line.strip() for line in out.splitlines() if line.strip() in said], (said, out)
         assert "KubeRay has set no status on it yet" in out
 
     # What KubeRay sets once the Ray cluster runs the job, then once it ends.
@@ -275,7 +278,8 @@ def test_an_indexed_job_is_admitted_on_the_cpu_flavor_one_over_its_quota_waits_a
     borrowable = sum(t.prepare_quota.cpus for t in settings.teams if t.name != "research")
     gpu_pools = {p.name for p in settings.gpu_pools}
     on_pools = {pool: cpu_reserved(platform, pool) for pool in gpu_pools}
-    assert cpu_reserved(platform, naming.CPU_FLAVOR) == 0
+    # The RayJobs of the tests before are deleted; Kueue releases their quota on its own time.
+    wait_for("no CPU reserved on the cpu flavor", lambda: cpu_reserved(platform, naming.CPU_FLAVOR) == 0)
     # Two members leaving at least 2 of research's own CPUs; then one member needing one CPU more than is left of
     # research's own and borrowable CPUs, but no more than the queue could ever admit (the command's own check).
     first_cpu = (nominal - 2) // 2
