@@ -37,6 +37,7 @@ from gpu_train.sizing.layout import resolve_layout
 from gpu_train.sizing.memory import fitting_micro_batch, memory_per_gpu, sized
 from gpu_train.spec import trainer_config as tcfg
 from trainer.flops import gpu_peak_flops, mfu
+from trainer.parallelize import worker_memory_bytes
 
 FROM_STEP = 10
 
@@ -135,8 +136,7 @@ def _auto_micro(preset: str, gpus: int, cuda: bool) -> int:
     cfg = tcfg.build_config(preset, None, ["train.micro_batch_size=auto", "train.precision=bf16" if cuda else
                                            "train.precision=fp32",
                                            f"train.global_batch_tokens={AUTO_SEQUENCES[cuda] * context * gpus}"])
-    capacity = (torch.cuda.get_device_properties(0).total_memory if cuda
-                else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    capacity, _ = worker_memory_bytes(torch.device("cuda", 0) if cuda else torch.device("cpu"), 1)
     micro = fitting_micro_batch(cfg, gpus, capacity)
     print(f"gpu: {preset} train.micro_batch_size=auto: {micro} of {AUTO_SEQUENCES[cuda]} sequences per GPU", flush=True)
     return micro

@@ -62,13 +62,14 @@ def model_params(model: ModelConfig) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------------------- layout
-def worker_memory_bytes(env: DistEnv) -> tuple[float, str]:
-    """(bytes, what they are) one worker may fill: its GPU's memory, or on a CPU its share of the host's."""
-    if env.is_cuda:
-        props = torch.cuda.get_device_properties(env.device)
+def worker_memory_bytes(device: torch.device, local_world_size: int) -> tuple[float, str]:
+    """(bytes, what they are) one worker on `device` may fill: its GPU's memory, or on a CPU its share of the host's
+    among the node's `local_world_size` workers."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
         return float(props.total_memory), f"a {props.name}'s memory"
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return host / env.local_world_size, f"1/{env.local_world_size} of this host's memory"
+    return host / local_world_size, f"1/{local_world_size} of this host's memory"
 
 
 def sized_config(cfg: Config, env: DistEnv) -> Config:
@@ -76,7 +77,7 @@ def sized_config(cfg: Config, env: DistEnv) -> Config:
     the plan's estimate (gpu_train/sizing/memory.py fitting_micro_batch); one log line says what was chosen."""
     if cfg.train.micro_batch_size != "auto":
         return cfg
-    capacity, what = worker_memory_bytes(env)
+    capacity, what = worker_memory_bytes(env.device, env.local_world_size)
     chosen = sized(cfg, env.world_size, capacity, gpus_per_node=env.local_world_size,
                    where=f"world size {env.world_size}")
     if env.rank == 0:
