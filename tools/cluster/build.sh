@@ -12,14 +12,25 @@ mkdir -p "$bin"
 exec 9>"$bin/.lock"
 flock 9
 command -v go >/dev/null || { echo "cluster build: the Go toolchain (go) is not on PATH; install Go 1.26 or newer" >&2; exit 2; }
+retry() {  # retry WHAT COMMAND...: a command that downloads, run again after a failure (a dropped connection), 3 times
+  local what=$1 try; shift
+  for try in 1 2 3; do
+    "$@" && return 0
+    [ "$try" = 3 ] && return 1
+    echo "cluster build: $what failed (attempt $try of 3): trying again in 30 s" >&2
+    sleep 30
+  done
+}
 # The version each server reports: the pinned module's own version, so `kubectl version` tells the truth.
-kube_version=$(cd "$here/go/kubernetes" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+kube_version=$(cd "$here/go/kubernetes" && retry "reading the kubernetes module's version" go list -m -f '{{.Version}}' k8s.io/kubernetes)
 build() {  # build MODULE_DIR OUTPUT PACKAGE [LDFLAGS]
   local mod=$1 out=$2 pkg=$3 ldflags=${4:-}
   local hash; hash=$(find "$here/go/$mod" -maxdepth 1 -type f \( -name 'go.*' -o -name '*.go' \) -print0 | sort -z | xargs -0 cat | sha256sum | cut -c1-16)
   if [ -x "$bin/$out" ] && [ -e "$bin/.$out.$hash" ]; then return 0; fi
   echo "cluster build: $out from $pkg ($mod module)" >&2
   local start; start=$(date +%s)
+  # The sources the package needs (only those: `go mod download` would fetch every module of the build list).
+  (cd "$here/go/$mod" && retry "downloading what $out needs" env CGO_ENABLED=0 go list -deps "$pkg" >/dev/null)
   (cd "$here/go/$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldflags" -o "$bin/$out.tmp" "$pkg")
   mv "$bin/$out.tmp" "$bin/$out"
   rm -f "$bin/.$out".* && touch "$bin/.$out.$hash"
