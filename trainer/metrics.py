@@ -276,6 +276,10 @@ class MetricsProcessor:
         """Model FLOPs utilisation at this throughput; None where the GPU peak is unknown (CPU)."""
         return flops.mfu(tokens_per_s, self.flops_per_token, self.peak_flops, self.world_size)
 
+    def tracked(self, step: int) -> bool:
+        """Whether MLflow gets step `step`'s record: every tracking_every steps and the last."""
+        return self.tracker is not None and (step == self.total_steps or step % self.tracking_every == 0)
+
     def log(self, step: int, record: dict[str, Any]) -> dict[str, Any]:
         """Send one record to every sink; returns it as written to metrics.jsonl. `record["event"]` is "step"
         (the default), "eval", or anything else (such as "start"), which only metrics.jsonl gets."""
@@ -303,7 +307,7 @@ class MetricsProcessor:
         if self.jsonl is not None:
             self.jsonl.write(record)
         last = step == self.total_steps
-        if self.tracker is not None and (last or step % self.tracking_every == 0):
+        if self.tracked(step):
             self.tracker.log_metrics({k: record[k] for k in MLFLOW_STEP_KEYS}, step=step)
         if self._bar is not None:
             self._bar.update(1)

@@ -6,7 +6,7 @@ Usage (trainer/train.py):
     loop = resume(cfg, checkpointer, model, optimizer, scheduler, new_sampler=..., manifest_sha256=..., rank=...)
     # collective; LoopState() (step 0, no run id) when there is nothing to resume; the Trainer keeps its fields
     state = LoopState(step=..., ...).to_dict(scheduler, world_size=..., data_uri=..., manifest_sha256=...)
-    # JSON: step, tokens, loss, sampler, schedule, run id and key, evals, for every checkpoint
+    # JSON: step, tokens, loss, sampler, schedule, run id and key, unsent MLflow points, evals, for every checkpoint
 
 A checkpoint the current settings cannot continue (another model shape, another dataset) is refused with one line
 naming the setting before anything is fetched or written (trainer.preflight.compatibility_problem). The learning
@@ -48,6 +48,7 @@ class LoopState:
     sampler: GlobalSampler | None = None  # at `step`; None: the fresh run keeps the sampler it built
     run_id: str | None = None  # the MLflow run to continue
     run_key: str | None = None  # names the run in MLflow when the checkpoint holds no run id (trainer/tracking.py)
+    mlflow_unsent: list[list[Any]] = field(default_factory=list)  # metric points not known stored (Tracker.unsent)
     resumed_from: str | None = None  # the checkpoint's path; None when nothing was resumed
 
     def to_dict(self, scheduler: torch.optim.lr_scheduler.LRScheduler, *, world_size: int, data_uri: str,
@@ -57,7 +58,8 @@ class LoopState:
             raise ValueError("the loop state of a checkpoint needs the sampler's position")
         return {"step": self.step, "tokens": self.tokens_seen, "loss": self.loss_value,
                 "sampler": self.sampler.state_dict(), "scheduler": scheduler.state_dict(),
-                "mlflow_run_id": self.run_id, "mlflow_run_key": self.run_key, "world_size": world_size,
+                "mlflow_run_id": self.run_id, "mlflow_run_key": self.run_key, "mlflow_unsent": self.mlflow_unsent,
+                "world_size": world_size,
                 "dataset": {"uri": data_uri, "manifest_sha256": manifest_sha256},
                 "eval": self.evals.to_dict()}
 
@@ -98,7 +100,7 @@ def resume(cfg: Config, checkpointer: CheckpointManager, model: torch.nn.Module,
         restored.update(sampler=sampler, step=step, tokens_seen=int(state["tokens"]),
                         loss_value=float(state.get("loss", math.nan)), evals=EvalState.from_dict(state.get("eval")),
                         run_id=state.get("mlflow_run_id") or _manifest_run_id(seen.get("manifest")),
-                        run_key=state.get("mlflow_run_key") or None)
+                        run_key=state.get("mlflow_run_key") or None, mlflow_unsent=state.get("mlflow_unsent") or [])
 
     found = checkpointer.resume(model, optimizer, check=check, apply=apply, report=False)  # said below
     if found is None:

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,18 +68,20 @@ def layout_text(layout: Layout, pp_schedule: str) -> str:
 
 
 def open_outputs(cfg: Config, env: DistEnv, run_dir: Path, exits: contextlib.ExitStack, *,
-                 status: Callable[[], str], run_id: str | None, run_key: str, resumed_from: str | None, step: int,
-                 val_loss: float | None, manifest_sha256: str, global_batch: int, accum: int, layout: Layout,
-                 dtype: torch.dtype | None) -> RunSinks:
+                 status: Callable[[], str], run_id: str | None, run_key: str, carried: list[list[Any]],
+                 resumed_from: str | None, step: int, val_loss: float | None, manifest_sha256: str,
+                 global_batch: int, accum: int, layout: Layout, dtype: torch.dtype | None) -> RunSinks:
     """config.json, tracking, metrics and the watchdog, each closed (in reverse) by `exits`; the MLflow run with
     `status()` (the run's status when it closes). `run_key` goes into every checkpoint from the first one on,
     before MLflow may have answered with the run id: a relaunch from a checkpoint that holds no run id finds the
-    run by its key (trainer/tracking.py)."""
+    run by its key (trainer/tracking.py). `carried`: the checkpoint's metric points MLflow may lack
+    (Tracker.unsent)."""
     tc = cfg.train
     rank0 = env.rank == 0
     if rank0:
         (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-    tracker = Tracker.create(cfg.tracking, run_dir=run_dir, resume_run_id=run_id, run_key=run_key, enabled=rank0)
+    tracker = Tracker.create(cfg.tracking, run_dir=run_dir, resume_run_id=run_id, run_key=run_key, enabled=rank0,
+                             carried=carried)
     exits.callback(lambda: tracker.close(status=MLFLOW_STATUS.get(status(), "FAILED")))
     tracker.log_params(flatten(cfg))
     tracker.log_dataset(cfg.data.uri, manifest_sha256)

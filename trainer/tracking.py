@@ -40,6 +40,10 @@ What is written here, because MLflow 3.17 lacks it:
   its checkpoint), and only those: MLflow's queue sends batches from several threads, so a process killed while
   sending may leave a later step stored and an earlier one not, and the earlier one is sent by the replay.
   Params keep their first value (MLflow params are immutable).
+- Points a lost process never sent: `unsent(step)` lists the points of steps up to a checkpoint that are not yet
+  known to be stored (held before the run opened, still in MLflow's queue, or given up on by it); every
+  checkpoint carries them (trainer/resume.py), and the relaunch's tracker sends those its run lacks (`carried`).
+  A process killed before its run opened (a slow first start of a SQLite store) loses no step that way.
 - One line per outage: MLflow's HTTP client logs a urllib3 warning for every retry of every request, and its
   queue an error for every lost batch. While the tracker runs, a filter on those two loggers turns the lines
   about its server and run into one warning when the server becomes unreachable and one line when it answers
@@ -54,6 +58,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -64,7 +69,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -114,6 +119,7 @@ class TrackerOptions:
     max_pending_metrics: int = 200_000  # points held until the run is open (~35 MB)
     flush_timeout_s: float = 120.0  # close() waits at most this long (a model upload included)
     start_timeout_s: float = 10.0  # create() waits at most this long for the run id
+    max_carried_metrics: int = 20_000  # unsent points a checkpoint carries at most (the newest; ~1.5 MB of JSON)
 
 
 @dataclass(frozen=True)
@@ -277,6 +283,11 @@ class Tracker:
         self._client: Any = None
         self._lock = threading.Lock()
         self._held: collections.deque[Any] = collections.deque(maxlen=self.options.max_pending_metrics)
+        self._unsettled: dict[int, tuple[Any, list[Any]]] = {}  # batch number -> (MLflow's future, its points)
+        self._batches = itertools.count()
+        self._lost: collections.deque[Any] = collections.deque(maxlen=self.options.max_pending_metrics)
+        self._carry_warned = False
+        self._logged: dict[str, int] = {}  # metric key -> the newest step logged by this process
         self._stored: dict[str, set[int]] = {}  # metric key -> the steps a resumed run already has
         self._stored_params: dict[str, str] = {}
         self._tags: dict[str, str] = {}
@@ -295,13 +306,14 @@ class Tracker:
     @classmethod
     def start(cls, *, experiment: str, run_name: str, tracking_uri: str = "", run_dir: Path | str | None = None,
               resume_run_id: str | None = None, enabled: bool = True, options: TrackerOptions | None = None,
-              parent_run_id: str = "", run_key: str = "") -> Tracker:
+              parent_run_id: str = "", run_key: str = "", carried: Sequence[Sequence[Any]] = ()) -> Tracker:
         """A working tracker (or, with `enabled` False, e.g. on every rank but 0, one that ignores calls) logging to
         run `run_name` of `experiment`; `resume_run_id` reopens a run a checkpoint recorded, `parent_run_id` nests a
-        new run under another; `run_key`, when no `resume_run_id` is known, reopens the run tagged with it. `tracking_uri` "" is
-        env MLFLOW_TRACKING_URI, else the embedded SQLite store beside `run_dir` (default runs/<run_name>).
-        ValueError names the problem when the URI cannot be a tracking URI; later trouble at the server is logged,
-        not raised."""
+        new run under another; `run_key`, when no `resume_run_id` is known, reopens the run tagged with it.
+        `carried` is a checkpoint's `unsent(...)`: sent first, but for the steps the run already holds.
+        `tracking_uri` "" is env MLFLOW_TRACKING_URI, else the embedded SQLite store beside `run_dir` (default
+        runs/<run_name>). ValueError names the problem when the URI cannot be a tracking URI; later trouble at the
+        server is logged, not raised."""
         if not enabled:
             return cls(resume_run_id=resume_run_id)
         if not experiment.strip():
@@ -318,6 +330,7 @@ class Tracker:
         tags = {TAG_IMAGE_DIGEST: os.environ.get(IMAGE_DIGEST_ENV, "").strip(), TAG_GIT_COMMIT: git_commit() or "",
                 TAG_PARENT_RUN: parent_run_id.strip(), TAG_RUN_KEY: run_key.strip()}
         tracker._tags = {k: v for k, v in tags.items() if v}
+        tracker._carry(carried)
         tracker._thread = threading.Thread(target=tracker._work, args=(experiment, run_name, artifacts),
                                            name="mlflow-tracker", daemon=True)
         tracker._thread.start()
@@ -326,14 +339,49 @@ class Tracker:
 
     @classmethod
     def create(cls, cfg: TrackingSettings, *, run_dir: Path, resume_run_id: str | None = None, run_key: str = "",
-               enabled: bool = True, options: TrackerOptions | None = None) -> Tracker:
+               enabled: bool = True, options: TrackerOptions | None = None,
+               carried: Sequence[Sequence[Any]] = ()) -> Tracker:
         """The bundled trainer's tracker from its `tracking` settings: `start` with tracking.uri and
         tracking.experiment, the run named after the run directory."""
         if not cfg.experiment.strip():
             raise ValueError("tracking.experiment must not be empty")
         return cls.start(experiment=cfg.experiment, run_name=Path(run_dir).resolve().name, tracking_uri=cfg.uri,
                          run_dir=run_dir, resume_run_id=resume_run_id, enabled=enabled and cfg.enabled,
-                         options=options, parent_run_id=cfg.parent_run_id, run_key=run_key)
+                         options=options, parent_run_id=cfg.parent_run_id, run_key=run_key, carried=carried)
+
+    def unsent(self, up_to_step: int, latest: Mapping[str, float] | None = None) -> list[list[Any]]:
+        """The points of steps up to `up_to_step` not yet known to be stored, as [key, value, timestamp_ms, step]
+        (JSON for a checkpoint; module docstring), the newest options.max_carried_metrics of them. `latest`: values
+        of step `up_to_step` itself whose record is logged only after its checkpoint (the trainer's loss, lr and
+        tokens), for the keys no point of that step has yet."""
+        if not self.enabled:
+            return []
+        with self._lock:
+            points = [*self._lost, *itertools.chain.from_iterable(p for _, p in self._unsettled.values()), *self._held]
+        out = [[m.key, m.value, m.timestamp, m.step] for m in points if m.step <= up_to_step]
+        have, now_ms = {(k, step) for k, _, _, step in out}, int(time.time() * 1000)
+        out += [[k, float(v), now_ms, up_to_step] for k, v in (latest or {}).items()
+                if (k, up_to_step) not in have and self._logged.get(k, -1) < up_to_step]
+        limit = self.options.max_carried_metrics
+        if len(out) > limit and not self._carry_warned:
+            self._carry_warned = True
+            _LOG.warning("MLflow tracking: %d metric points are not sent yet; a checkpoint carries the newest %d "
+                         "(a relaunch sends those), the older are dropped if this process is lost", len(out), limit)
+        return out[-limit:] if len(out) > limit else out
+
+    def _carry(self, carried: Sequence[Sequence[Any]]) -> None:
+        """A checkpoint's unsent points, held to go first when the run opens."""
+        from mlflow.entities import Metric
+
+        try:
+            points = [Metric(str(k), float(v), int(ts), int(step)) for k, v, ts, step in carried]
+        except (TypeError, ValueError) as exc:
+            _LOG.warning("MLflow tracking: the checkpoint's unsent metric points are unreadable (%s); not sent", exc)
+            return
+        self._held.extend(points)
+        if points:
+            _LOG.info("MLflow tracking: %d metric points the last process had not sent are sent now (steps %d-%d)",
+                      len(points), min(p.step for p in points), max(p.step for p in points))
 
     @property
     def run_id(self) -> str | None:
@@ -350,6 +398,7 @@ class Tracker:
         now_ms = int(time.time() * 1000)
         points = [Metric(k, float(v), now_ms, int(step)) for k, v in metrics.items() if v is not None]
         with self._lock:
+            self._logged.update((m.key, max(m.step, self._logged.get(m.key, -1))) for m in points)
             if self._run_id is None:  # held until the run is open; the oldest go first when the buffer is full
                 self._count_dropped(max(0, len(self._held) + len(points) - self.options.max_pending_metrics),
                                     "the run is not open yet (server unreachable)")
@@ -418,8 +467,17 @@ class Tracker:
         if not self.enabled:
             return True
         done = threading.Event()
-        self._submit("flush", done.set)
+        self._submit("flush", self._settle_all_then, done.set)
         return done.wait(timeout_s) and self._run_id is not None
+
+    def _settle_all_then(self, then: Callable[[], Any]) -> None:
+        """Learn the outcome of every batch handed to MLflow so far, then `then()`: the held points the run's
+        opening sent may queue their settling after a flush asked for before it opened."""
+        with self._lock:
+            batches = list(self._unsettled)
+        for batch in batches:
+            self._settle(batch)
+        then()
 
     def close(self, *, status: str = "FINISHED", timeout_s: float | None = None) -> None:
         """Mark the run `status`, wait at most timeout_s (default options.flush_timeout_s) for what is queued,
@@ -578,16 +636,27 @@ class Tracker:
         points = [m for m in points if m.step not in self._stored.get(m.key, ())]
         if points:
             sent = self._client.log_batch(self._run_id, metrics=points, synchronous=False)
-            self._jobs.put((f"{len(points)} metric points", partial(self._settle, sent, len(points))))
+            self._unsettled[batch := next(self._batches)] = (sent, points)
+            self._jobs.put((f"{len(points)} metric points", partial(self._settle, batch)))
 
-    def _settle(self, sent: Any, count: int) -> None:
+    def _settle(self, batch: int) -> None:
+        """Wait for one batch's outcome (on the tracker's thread only); a batch a flush settled first is done."""
         from mlflow.exceptions import MlflowException
 
+        with self._lock:
+            if batch not in self._unsettled:
+                return
+            sent, points = self._unsettled[batch]
         try:
             sent.wait()
         except MlflowException as exc:
             with self._lock:
-                self._count_dropped(count, f"MLflow gave up sending them: {_first_line(exc)}")
+                del self._unsettled[batch]
+                self._lost.extend(points)  # a checkpoint still carries them (unsent)
+                self._count_dropped(len(points), f"MLflow gave up sending them: {_first_line(exc)}")
+        else:
+            with self._lock:
+                del self._unsettled[batch]
 
     def _count_dropped(self, count: int, why: str) -> None:
         """Counted, not warned per call: the first drop, then each time the total has doubled."""

@@ -14,8 +14,9 @@ or, inside a process group, what `train` does:
 `__init__` checks the inputs on every rank and agrees on the verdict, builds the model (trainer.parallelize) and
 the library parts, resumes from the newest checkpoint every rank can load (trainer/resume.py) and opens the run's
 outputs (trainer/run.py); both return what they made, and the Trainer keeps it: no other module sets its
-attributes. `train()` repeats `train_step()` (data, `forward_backward_step()`, the step's all-reduce, the
-optimizer), evaluation, checkpoint and metrics until train.steps, SIGTERM, SIGINT or early stopping; `finish()`
+attributes. `train()` repeats `advance()`: `train_step()` (data, `forward_backward_step()`, the step's all-reduce,
+the optimizer), then evaluation, checkpoint and metrics, until train.steps, SIGTERM, SIGINT or early stopping
+(bench/interleaved.py times `advance()` beside the bare loop); `finish()`
 writes the outputs. The step's one all-reduce carries the loss and whether any rank got SIGTERM or SIGINT (and
 which), bad data or a storage failure; whether the step is applied is decided on the device, and the host reads
 the flags one step later (trainer/step_flags.py; `settle()` reads them at once before an evaluation or a
@@ -98,6 +99,7 @@ class PendingStep:
     fault: tuple[str, str] | None  # this rank's data failure in that step
     clock: StepClock  # a copy taken after the step's all-reduce
     optimizer_s: float
+    lr: float  # the step's learning rate
     record: dict[str, Any] | None = None  # the step record, without the loss, until it is written
     split: dict[str, float] = field(default_factory=dict)
 
@@ -168,9 +170,9 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             self.run_key = loop.run_key or uuid.uuid4().hex
             sinks = open_outputs(
                 cfg, env, self.run_dir, self.exits, status=lambda: self.status, run_id=loop.run_id,
-                run_key=self.run_key, resumed_from=loop.resumed_from, step=self.step, val_loss=self.evals.last,
-                manifest_sha256=self.ds.manifest_sha256, global_batch=self.global_batch, accum=self.accum,
-                layout=self.runner.layout, dtype=self.dtype)
+                run_key=self.run_key, carried=loop.mlflow_unsent, resumed_from=loop.resumed_from, step=self.step,
+                val_loss=self.evals.last, manifest_sha256=self.ds.manifest_sha256, global_batch=self.global_batch,
+                accum=self.accum, layout=self.runner.layout, dtype=self.dtype)
             self.tracker, self.metrics, self.watchdog, self.clock = (sinks.tracker, sinks.metrics, sinks.watchdog,
                                                                      sinks.clock)
             # A gradient hook on the token embedding's output marks the end of this rank's own backward work
@@ -233,7 +235,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
     # ---------------------------------------------------------------------------------------------- the loop
     def train(self) -> str:
         """Train from self.step to train.steps, or until SIGTERM, SIGINT or early stopping; returns the status."""
-        t, patience = self.cfg.train, self.cfg.eval.early_stopping_patience
+        t = self.cfg.train
         self.start_step, t0 = self.step, time.perf_counter()
         self.energy = EnergyMeter.start(self.env, self.energy_counter)  # read again in finish()
         self.watchdog.start()
@@ -242,33 +244,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             status = "completed"
             self.runner.train()
         while status == "completed" and self.step < t.steps:
-            held_stop = self.budget.hold() if self.budget is not None and self.budget.reached() else None
-            if held_stop is not None:  # stopped while held at its budget, the checkpoint of this step saved
-                self._record_stop(held_stop, saved=self.saved_here())
-                status = "preempted"
-                break
-            timings, stop = self.train_step()
-            every, evals = self.cfg.checkpoint.every_steps, self.cfg.eval.every_steps
-            evaluate = bool(evals) and (self.step % evals == 0 or self.step == t.steps)
-            save = stop or self.step == t.steps or bool(every and self.step % every == 0)
-            if evaluate or save:  # this step's flags first: a diverged step is never evaluated nor saved
-                self.settle()
-                stop = self.stop_signal is not None
-            t_eval = time.perf_counter()
-            if evaluate:
-                self.evaluate()
-            eval_s = time.perf_counter() - t_eval
-            early = self.evals.exhausted(patience) and self.step < t.steps
-            final = stop or early or self.step == t.steps
-            ckpt_s = self.save_checkpoint(block=final) if final or save else 0.0
-            self._log_step(timings, eval_s, ckpt_s)
-            if stop:
-                status = "preempted"
-                self._record_stop(self.stop_signal or "SIGTERM", saved=self.saved_here())
-            elif early:
-                status = "stopped_early"
-                if self.env.rank == 0:
-                    log.warning("early stopping at step %d: %s", self.step, self.evals.why_stopped(patience))
+            status = self.advance()
         self.settle()
         self.watchdog.disarm()
         self.checkpointer.wait()
@@ -276,6 +252,38 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.elapsed = time.perf_counter() - t0
         self.status = status
         return status
+
+    def advance(self) -> str:
+        """One iteration of train()'s loop: the step, then its evaluation and checkpoint when due; returns the status
+        after it ("completed" while training goes on). A budget hold before the step may end the run instead."""
+        t, patience = self.cfg.train, self.cfg.eval.early_stopping_patience
+        held_stop = self.budget.hold() if self.budget is not None and self.budget.reached() else None
+        if held_stop is not None:  # stopped while held at its budget, the checkpoint of this step saved
+            self._record_stop(held_stop, saved=self.saved_here())
+            return "preempted"
+        timings, stop = self.train_step()
+        every, evals = self.cfg.checkpoint.every_steps, self.cfg.eval.every_steps
+        evaluate = bool(evals) and (self.step % evals == 0 or self.step == t.steps)
+        save = stop or self.step == t.steps or bool(every and self.step % every == 0)
+        if evaluate or save:  # this step's flags first: a diverged step is never evaluated nor saved
+            self.settle()
+            stop = self.stop_signal is not None
+        t_eval = time.perf_counter()
+        if evaluate:
+            self.evaluate()
+        eval_s = time.perf_counter() - t_eval
+        early = self.evals.exhausted(patience) and self.step < t.steps
+        final = stop or early or self.step == t.steps
+        ckpt_s = self.save_checkpoint(block=final) if final or save else 0.0
+        self._log_step(timings, eval_s, ckpt_s)
+        if stop:
+            self._record_stop(self.stop_signal or "SIGTERM", saved=self.saved_here())
+            return "preempted"
+        if early:
+            if self.env.rank == 0:
+                log.warning("early stopping at step %d: %s", self.step, self.evals.why_stopped(patience))
+            return "stopped_early"
+        return "completed"
 
     def _nothing_to_train(self) -> str | None:
         """The status when this launch trains no step (stopped early before, or SIGTERM while starting)."""
@@ -348,7 +356,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.scheduler.step()
         t_opt = time.perf_counter()
         self.pending = PendingStep(step + 1, self.flags.send(reduced, norm), fault, copy.copy(self.clock),
-                                   t_opt - t_sync)
+                                   t_opt - t_sync, lr)
         wd.end_step(t_opt - t0)
         self.step = step + 1
         self.tokens_seen += self.cfg.train.global_batch_tokens
@@ -431,7 +439,8 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
         self.settle()
         with self.watchdog.allowance("checkpoint", self.cfg.watchdog.checkpoint_s):
             loop = LoopState(step=self.step, tokens_seen=self.tokens_seen, loss_value=self.loss_value,
-                             evals=self.evals, sampler=self.sampler, run_id=self.tracker.run_id, run_key=self.run_key)
+                             evals=self.evals, sampler=self.sampler, run_id=self.tracker.run_id, run_key=self.run_key,
+                             mlflow_unsent=self.tracker.unsent(self.step, self._latest_points()))
             state = loop.to_dict(self.scheduler, world_size=self.env.world_size, data_uri=self.cfg.data.uri,
                                  manifest_sha256=self.ds.manifest_sha256)
             tok = self.tokenizer  # rank 0's; the checkpoint manager keeps rank 0's meta and files
@@ -439,6 +448,14 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
                 self.step, self.model, self.optimizer, state, to_dict(self.cfg), block=block,
                 meta={"tokenizer": tok.describe()} if tok is not None else None,
                 files={TOKENIZER: tok.json.encode()} if tok is not None and tok.json is not None else None)
+
+    def _latest_points(self) -> dict[str, float] | None:
+        """What MLflow gets of this step before its record, which is logged after the checkpoint: a relaunch from
+        the checkpoint sends them if the run lacks them (Tracker.unsent)."""
+        done = self._settled
+        if done is None or done.step != self.step or not self.metrics.tracked(self.step):
+            return None
+        return {"loss": self.loss_value, "lr": done.lr, "tokens": self.tokens_seen}
 
     def saved_here(self) -> bool:
         """A checkpoint of this very step exists: saved by this launch, or the one this launch resumed from."""

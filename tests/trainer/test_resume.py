@@ -12,6 +12,7 @@ import math
 import pytest
 
 from tests.trainer.launch import FAULTS, SMALL, run_trainer, step_records, summary
+from trainer.distributed import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +62,24 @@ def test_two_workers_keep_one_mlflow_run_across_kills_restarts_and_a_resize(tmp_
     assert run.data.tags["trainer.resumes"] == "3"  # launch 2, its restart, launch 3
     for key in ("loss", "lr", "tokens", "step_s"):
         assert metric_steps(uri, run.info.run_id, key) == list(range(1, 13)), key
+
+
+def test_steps_a_killed_process_never_sent_reach_the_relaunchs_run(tmp_path):
+    """The first launch's MLflow server never answers, so its run never opens (as on the slow first start of a
+    store), and it is killed in step 3, after its checkpoint at step 2. The relaunch, at a store that answers,
+    records steps 1-2 from that checkpoint and 3-6 by training: each step once."""
+    port = free_port()  # nothing listens on it
+    run_dir, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = run_trainer(run_dir, 1, [*TRACKED, f"tracking.uri=http://127.0.0.1:{port}", "train.steps=6"],
+                        module=FAULTS, env={"TRAINER_TEST_KILL_AT_STEP": "3"})
+    assert first.returncode != 0 and "is unreachable" in first.output, first.output[-3000:]
+    second = run_trainer(run_dir, 1, [*TRACKED, f"tracking.uri={uri}", "train.steps=6"])
+    assert second.returncode == 0, second.output[-3000:]
+    assert "the last process had not sent are sent now (steps 1-2)" in second.output, second.output[-3000:]
+    runs = mlflow_runs(uri)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    for key in ("loss", "lr", "tokens"):
+        assert metric_steps(uri, runs[0].info.run_id, key) == list(range(1, 7)), key
 
 
 def _by_hand(k: int, *, lr: float, min_lr: float, warmup: int, steps: int) -> float:

@@ -7,13 +7,13 @@ nothing listens on.
 from __future__ import annotations
 
 import logging
-import socket
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
 from gpu_train.spec.trainer_config import TrackingConfig
+from trainer.distributed import free_port
 from trainer.tracking import (
     MAX_PARAM_VALUE,
     TAG_CHECKPOINT_URI,
@@ -29,12 +29,6 @@ from trainer.tracking import (
 )
 
 FAST = TrackerOptions(start_timeout_s=5, flush_timeout_s=30)
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_uri_precedence_config_then_env_then_local_store(tmp_path):
@@ -125,7 +119,7 @@ def test_embedded_store_records_a_run(tmp_path, monkeypatch):
 
 
 def test_unreachable_server_buffers_drops_oldest_and_warns_once(tmp_path, caplog):
-    uri = f"http://127.0.0.1:{_closed_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     options = TrackerOptions(max_pending_metrics=10, start_timeout_s=5, flush_timeout_s=0.5)
     caplog.set_level(logging.INFO, logger="trainer.tracking")
     tracker = Tracker.create(TrackingConfig(uri=uri), run_dir=tmp_path / "r", options=options)
@@ -202,13 +196,57 @@ def test_a_checkpoint_saved_before_the_run_id_was_known_finds_its_run_by_the_key
     assert MlflowClient(uri).get_run(first.run_id).data.tags[TAG_RUN_KEY] == "job-a"
 
 
+@pytest.mark.slow  # creates a real MLflow SQLite store (its migrations: 1.5 to 4 s)
+def test_points_a_lost_process_never_sent_are_carried_by_its_checkpoint_and_sent_once(tmp_path, caplog):
+    """A process whose run never opened (its server unreachable) is lost after step 5 and its checkpoint at step 3:
+    the checkpoint carries steps 0-3 (4 and 5 are replayed by the relaunch), and the relaunch's tracker sends
+    them to its run. Carried into a run that holds some of them already, each step is stored once."""
+    caplog.set_level(logging.INFO, logger="trainer.tracking")
+    lost = Tracker.create(TrackingConfig(uri=f"http://127.0.0.1:{free_port()}"), run_dir=tmp_path / "r",
+                          options=TrackerOptions(start_timeout_s=5, flush_timeout_s=0.2))
+    for step in range(6):
+        lost.log_metrics({"loss": float(step), "lr": 0.1}, step=step)
+    carried = lost.unsent(3)
+    lost.close(status="KILLED")
+    assert sorted((k, s) for k, _, _, s in carried) == sorted((k, s) for k in ("loss", "lr") for s in range(4))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    relaunch = Tracker.create(TrackingConfig(uri=uri), run_dir=tmp_path / "r", carried=carried, options=FAST)
+    for step in range(4, 7):
+        relaunch.log_metrics({"loss": 10.0 + step}, step=step)
+    assert relaunch.flush(30) and relaunch.unsent(6) == []  # everything stored: nothing left to carry
+    relaunch.close(status="KILLED")
+    history = MlflowClient(uri).get_metric_history(relaunch.run_id, "loss")
+    assert {m.step: m.value for m in history} == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0, 4: 14.0, 5: 15.0, 6: 16.0}
+    assert sorted(m.step for m in MlflowClient(uri).get_metric_history(relaunch.run_id, "lr")) == [0, 1, 2, 3]
+    assert any(r.getMessage().endswith("8 metric points the last process had not sent are sent now (steps 0-3)")
+               for r in caplog.records)
+    again = Tracker.create(TrackingConfig(uri=uri), run_dir=tmp_path / "r", resume_run_id=relaunch.run_id,
+                           carried=[["loss", 99.0, 0, 2], ["loss", 99.0, 0, 7]], options=FAST)
+    again.close()
+    history = MlflowClient(uri).get_metric_history(relaunch.run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(8)) and {m.step: m.value for m in history}[2] == 2.0
+
+
+def test_a_checkpoint_carries_at_most_the_newest_unsent_points_and_says_so(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="trainer.tracking")
+    tracker = Tracker.create(TrackingConfig(uri=f"http://127.0.0.1:{free_port()}"), run_dir=tmp_path / "r",
+                             options=TrackerOptions(start_timeout_s=5, flush_timeout_s=0.2, max_carried_metrics=3))
+    for step in range(6):
+        tracker.log_metrics({"loss": float(step)}, step=step)
+    assert [s for _, _, _, s in tracker.unsent(4)] == [2, 3, 4]
+    assert [s for _, _, _, s in tracker.unsent(5)] == [3, 4, 5]
+    tracker.close()
+    said = [r.getMessage() for r in caplog.records if "a checkpoint carries the newest 3" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("MLflow tracking: 5 metric points are not sent yet")
+
+
 def test_each_tracker_reports_its_own_outage(tmp_path, caplog):
     """Two trackers in one process, each pointed at a closed port (as a tracker whose close gave up keeps its
     thread in MLflow's retries): each one says once that its own server is unreachable."""
     caplog.set_level(logging.WARNING, logger="trainer.tracking")
-    ports = {_closed_port()}
+    ports = {free_port()}
     while len(ports) < 2:
-        ports.add(_closed_port())
+        ports.add(free_port())
     options = TrackerOptions(start_timeout_s=5, flush_timeout_s=0.2)
     trackers = [Tracker.create(TrackingConfig(uri=f"http://127.0.0.1:{port}"), run_dir=tmp_path / str(port),
                                options=options) for port in sorted(ports)]
