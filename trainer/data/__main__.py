@@ -70,30 +70,13 @@ def _prepare(args: argparse.Namespace) -> None:
 
     stats = PrepareStats()
     t0 = time.perf_counter()
+    same_name = ("tokenizer", "vocab_size", "tokenizer_file", "workers", "tasks", "engine", "address", "master",
+                 "seed", "attempts", "endpoint_url", "include", "text_field", "val_fraction", "force", "member")
     m = prepare(
-        args.inputs,
-        args.out,
-        tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
-        tokenizer_file=args.tokenizer_file,
+        args.inputs, args.out, **{name: getattr(args, name) for name in same_name},
         shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS,
-        workers=args.workers,
-        tasks=args.tasks,
-        engine=args.engine,
-        address=args.address,
-        master=args.master,
-        seed=args.seed,
-        attempts=args.attempts,
-        endpoint_url=args.endpoint_url,
-        include=args.include,
         exclude=[*([] if args.no_default_excludes else DEFAULT_EXCLUDES), *args.exclude],
-        skip_binary=not args.keep_binary,
-        text_field=args.text_field,
-        val_fraction=args.val_fraction,
-        force=args.force,
-        member=args.member,
-        stats=stats,
-        progress=Progress(sys.stderr, every_s=args.progress_every),
+        skip_binary=not args.keep_binary, stats=stats, progress=Progress(sys.stderr, every_s=args.progress_every),
     )
     dt = time.perf_counter() - t0
     if m is None:
@@ -144,16 +127,15 @@ def _verify(args: argparse.Namespace) -> int:
     problems: list[str] = []
     t0 = time.perf_counter()
     downloaded = 0
-    if isinstance(store, FileStore) and not args.cache_dir:
-        with tempfile.TemporaryDirectory(prefix="gpu-train-verify-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gpu-train-verify-") as tmp:
+        if isinstance(store, FileStore) and not args.cache_dir:
             direct = DirectShardSource(store, shards, manifest.np_dtype, SealBook(tmp), verify="full")
             for ref in refs:
                 try:
                     direct.prove(ref.key, ref.size, ref.sha256)
                 except DataError as exc:
                     problems.append(str(exc))
-    else:
-        with tempfile.TemporaryDirectory(prefix="gpu-train-verify-") as tmp:
+        else:
             cache = ShardCache(args.cache_dir or tmp)
             for ref in refs:
                 if cache.check(ref) == "corrupt":
@@ -226,20 +208,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
                    help="when stderr is not a terminal, a progress line every SECONDS (default 10); on a terminal "
                         "one line is redrawn in place")
-    p.add_argument(
-        "--include",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="only files matching this gitignore-style pattern (repeatable)",
-    )
-    p.add_argument(
-        "--exclude",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="skip files matching this gitignore-style pattern (repeatable)",
-    )
+    for flag, which in (("--include", "only files"), ("--exclude", "skip files")):
+        p.add_argument(flag, action="append", default=[], metavar="PATTERN",
+                       help=f"{which} matching this gitignore-style pattern (repeatable)")
     p.add_argument(
         "--no-default-excludes", action="store_true", help="do not skip __pycache__/, *.pyc, *.pyo"
     )

@@ -21,7 +21,6 @@ dropped.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -120,12 +119,23 @@ class Dataset:
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard, token offset) of window ``i``."""
-        if not 0 <= i < self.num_windows:
-            raise IndexError(f"window {i} out of range [0, {self.num_windows}) of {self.uri}")
-        s = int(np.searchsorted(self._cum, i, side="right")) - 1
-        local = i - int(self._cum[s])
-        offs = self._offsets[s]
-        return s, (local * self.context if offs is None else int(offs[local]))
+        shards, starts = self._locate([i])
+        return int(shards[0]), int(starts[0])
+
+    def _locate(self, indices: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, token offset) of each window, as two int64 arrays; an index out of range raises, naming it."""
+        idx = np.fromiter(indices, dtype=np.int64)
+        bad = idx[(idx < 0) | (idx >= self.num_windows)]
+        if bad.size:
+            raise IndexError(f"window {int(bad[0])} out of range [0, {self.num_windows}) of {self.uri}")
+        shards = np.searchsorted(self._cum, idx, side="right") - 1
+        starts = (idx - self._cum[shards]) * self.context  # packed: windows tile the shard
+        for s in np.unique(shards).tolist():
+            offs = self._offsets[s]
+            if offs is not None:  # unpacked: each window's own start
+                rows = shards == s
+                starts[rows] = offs[idx[rows] - self._cum[s]]
+        return shards, starts
 
     def window(self, i: int) -> np.ndarray:
         s, off = self.locate(int(i))
@@ -133,19 +143,19 @@ class Dataset:
         return np.array(arr[off : off + self.context + 1], dtype=np.int64)
 
     def batch(self, indices: Iterable[int]) -> np.ndarray:
-        """Windows stacked into an int64 array of shape (len(indices), context + 1)."""
-        idx = list(indices)
-        out = np.empty((len(idx), self.context + 1), dtype=np.int64)
-        for row, i in enumerate(idx):
-            out[row] = self.window(i)
+        """Windows stacked into an int64 array of shape (len(indices), context + 1): one gather per shard, as
+        many rows as `window` reads one by one (a step's batch is read on the step's path)."""
+        shards, starts = self._locate(indices)
+        out = np.empty((shards.size, self.context + 1), dtype=np.int64)
+        span = np.arange(self.context + 1)
+        for s in np.unique(shards).tolist():
+            rows = shards == s
+            out[rows] = self._source.array(s)[starts[rows][:, None] + span]
         return out
 
     def shards_of(self, indices: Iterable[int]) -> list[int]:
         """Distinct shards holding the given windows, in first-use order."""
-        seen: OrderedDict[int, None] = OrderedDict()
-        for i in indices:
-            seen.setdefault(self.locate(int(i))[0], None)
-        return list(seen)
+        return list(dict.fromkeys(self._locate(indices)[0].tolist()))
 
     def prefetch(self, indices: Iterable[int]) -> None:
         """Hint: these windows are needed soon; fetch up to ``prefetch_shards`` of their shards."""
@@ -211,11 +221,9 @@ class MemorySource:
 
     def prefetch(self, shards: Sequence[int]) -> None:
         """Nothing to fetch: every shard is already in memory."""
-        return None
 
     def fetch_ahead(self, shards: Sequence[int]) -> None:
         """Nothing to fetch: every shard is already in memory."""
-        return None
 
     def close(self) -> None:
         self._arrays = []

@@ -154,11 +154,15 @@ def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareS
                say: Callable[[str], None] | None = None) -> list[Task]:
     """The tasks of the files, in order; a binary or empty text file is skipped and counted, with a line through
     `say` (else the log)."""
+    say = say or logging.getLogger("trainer.data").info
     tasks: list[Task] = []
     for f in files:
         stats.files += 1
         size = f.path.stat().st_size
-        if f.fmt == "parquet":
+        if size == 0 and f.fmt != "parquet":
+            stats.skipped_empty += 1
+            say(f"skipped {f.path}: empty")
+        elif f.fmt == "parquet":
             import pyarrow as pa
             import pyarrow.parquet as pq
 
@@ -168,34 +172,18 @@ def plan_tasks(files: Sequence[InputFile], *, skip_binary: bool, stats: PrepareS
                 raise DataError(f"{f.path}: not a readable Parquet file ({exc})") from exc
             tasks += [Task(str(f.path), "parquet", g, g + 1) for g in range(groups)]
         elif f.fmt == "jsonl":
-            if size == 0:
-                stats.skipped_empty += 1
-                (say or logging.getLogger("trainer.data").info)(f"skipped {f.path}: empty")
-            elif f.path.name.lower().endswith(".gz"):
+            if f.path.name.lower().endswith(".gz"):
                 tasks.append(Task(str(f.path), "jsonl", 0, size))
             else:
                 tasks += [
                     Task(str(f.path), "jsonl", lo, hi)
                     for lo, hi in _line_ranges(f.path, size, JSONL_PART_BYTES)
                 ]
+        elif skip_binary and _is_binary(f.path):
+            stats.skipped_binary += 1
+            say(f"skipped {f.path}: binary (a NUL byte in its first {BINARY_SNIFF_BYTES} bytes, as git decides; "
+                "--keep-binary keeps it)")
         else:
-            if skip_binary and _is_binary(f.path):
-                stats.skipped_binary += 1
-                why = (f"skipped {f.path}: binary (a NUL byte in its first {BINARY_SNIFF_BYTES} bytes, as git "
-                       "decides; --keep-binary keeps it)")
-                if say is not None:
-                    say(why)
-                else:
-                    logging.getLogger("trainer.data").info("%s", why)
-                continue
-            if size == 0:
-                stats.skipped_empty += 1
-                why = f"skipped {f.path}: empty"
-                if say is not None:
-                    say(why)
-                else:
-                    logging.getLogger("trainer.data").info("%s", why)
-                continue
             tasks += [
                 Task(str(f.path), "text", lo, hi) for lo, hi in _line_ranges(f.path, size, TEXT_PIECE_BYTES)
             ]

@@ -303,11 +303,9 @@ class DirectShardSource:
 
     def prefetch(self, shards: Sequence[int]) -> None:
         """Nothing to download: the shards are local files (the OS page cache does the read-ahead)."""
-        return None
 
     def fetch_ahead(self, shards: Sequence[int]) -> None:
         """Nothing to download: the shards are local files (the OS page cache does the read-ahead)."""
-        return None
 
     def close(self) -> None:
         with self._lock:

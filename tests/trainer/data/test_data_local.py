@@ -69,6 +69,21 @@ def test_unpacked_windows_never_cross_a_document_boundary():
         assert 256 not in w[:-1].tolist()
 
 
+@pytest.mark.parametrize("packing", [True, False])
+def test_a_batch_is_its_windows_read_one_by_one_in_the_order_asked(packing):
+    ds = open_dataset("synthetic", context=32, packing=packing)
+    assert ds.num_shards > 2
+    rng = np.random.default_rng(0)
+    # Across every shard, out of order, repeated, the first and last windows included.
+    idx = [ds.num_windows - 1, 0, *rng.integers(0, ds.num_windows, 200).tolist(), 0]
+    got = ds.batch(iter(idx))
+    assert got.shape == (len(idx), 33) and got.dtype == np.int64
+    np.testing.assert_array_equal(got, np.stack([ds.window(i) for i in idx]))
+    assert ds.batch([]).shape == (0, 33)
+    with pytest.raises(IndexError, match=f"window {ds.num_windows} out of range"):
+        ds.batch([3, ds.num_windows, -1])
+
+
 def test_synth_on_disk_matches_in_memory_synthetic(tmp_path):
     synth(f"file://{tmp_path}/syn", tokens=1 << 20, seed=0)
     mem = open_dataset("synthetic", context=64)
