@@ -27,6 +27,53 @@ from trainer.parallelize import build_optimizer, lr_at
 from trainer.runner import sdpa_backends
 
 
+class BareLoop:
+    """The bare loop's model, optimizer and batches for a trainer config; `step(k)` trains 1-based step k."""
+
+    def __init__(self, cfg: tcfg.Config) -> None:
+        self.cfg = cfg
+        self.device = device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        torch.manual_seed(cfg.train.seed)
+        if cfg.train.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+        model = GPT(cfg.model).to(device)
+        model.loss_chunk_tokens = cfg.train.loss_chunk_tokens  # the same output layer and loss as the trainer's
+        self.model = torch.compile(model) if cfg.train.compile else model
+        self.opt = build_optimizer(self.model, cfg, device)
+        b = cfg.train.global_batch_tokens // cfg.model.context
+        self.accum = b // cfg.train.micro_batch_size
+        self.data = torch.randint(0, cfg.model.vocab_size, (self.accum, cfg.train.micro_batch_size,
+                                                            cfg.model.context + 1), device=device)
+        self.bf16 = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
+        self.kernels = sdpa_backends(cfg.train.attention, device.type)
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if self.bf16:
+                stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+            if self.kernels is not None:
+                stack.enter_context(sdpa_kernel(self.kernels))
+            yield
+
+    def step(self, step: int) -> None:
+        t = self.cfg.train
+        for group in self.opt.param_groups:
+            group["lr"] = lr_at(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, total_steps=t.steps)
+        for m in range(self.accum):
+            with self.autocast():
+                _, loss = self.model(self.data[m, :, :-1], self.data[m, :, 1:])
+            (loss / self.accum).backward()
+        if t.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.bare")
     ap.add_argument("--preset", default="tiny")
@@ -34,53 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-step", type=int, default=10)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    cfg = tcfg.build_config(args.preset, None, args.overrides)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(cfg.train.seed)
-    if cfg.train.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
-    model = GPT(cfg.model).to(device)
-    model.loss_chunk_tokens = cfg.train.loss_chunk_tokens  # the same output layer and loss as the trainer's
-    if cfg.train.compile:
-        model = torch.compile(model)
-    opt = build_optimizer(model, cfg, device)
-    b = cfg.train.global_batch_tokens // cfg.model.context
-    micro = cfg.train.micro_batch_size
-    accum = b // micro
-    data = torch.randint(0, cfg.model.vocab_size, (accum, micro, cfg.model.context + 1), device=device)
-    bf16 = cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
-    kernels = sdpa_backends(cfg.train.attention, device.type)
-
-    @contextlib.contextmanager
-    def autocast() -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            if bf16:
-                stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
-            if kernels is not None:
-                stack.enter_context(sdpa_kernel(kernels))
-            yield
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
+    loop = BareLoop(tcfg.build_config(args.preset, None, args.overrides))
     start = None
     for step in range(1, args.steps + 1):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, lr=cfg.train.lr, min_lr=cfg.train.min_lr,
-                                warmup_steps=cfg.train.warmup_steps, total_steps=cfg.train.steps)
-        for m in range(accum):
-            with autocast():
-                _, loss = model(data[m, :, :-1], data[m, :, 1:])
-            (loss / accum).backward()
-        if cfg.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loop.step(step)
         if step == args.from_step:
-            sync()
+            loop.sync()
             start = time.perf_counter()
-    sync()
+    loop.sync()
     elapsed = time.perf_counter() - start
     print(json.dumps({"seconds_per_step": elapsed / (args.steps - args.from_step),
                       "from_step": args.from_step, "to_step": args.steps}))

@@ -232,7 +232,7 @@ def run(quick: bool = False) -> list[Figure]:
     old_per_epoch = old_gets / old_steps * old_epoch_steps / n_big
     over = disk_tok / disk_s
     shard_mb = shard_bytes / n_shards / 1e6
-    figures = [
+    return [
         Figure("data", "warm cache vs trainer consumption (here)", warm, "tokens/s", cpu_rate,
                f"trainer consumes ({cpu_what})", ratio(warm, cpu_rate), ">= 10x",
                ratio(warm, cpu_rate) is not None and ratio(warm, cpu_rate) >= 10),
@@ -265,4 +265,3 @@ def run(quick: bool = False) -> list[Figure]:
                warm * 2 / 1e6, "warm cache delivery (uint16 tokens)", ratio(hash_mbs, warm * 2 / 1e6),
                notes="verify=full hashes each shard once per process"),
     ]
-    return figures

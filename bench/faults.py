@@ -138,9 +138,8 @@ def callbacks(env: Mapping[str, str]) -> list[Any]:
     if "TRAINER_TEST_KILL_AT_STEP" in env:
         steps = [int(s) for s in env["TRAINER_TEST_KILL_AT_STEP"].split(",")]
         marker = env.get("TRAINER_TEST_KILL_MARKER")
-        for step in steps:
-            out.append(kill_at(step, int(env.get("TRAINER_TEST_KILL_RANK", "0")),
-                               f"{marker}-{step}" if marker and len(steps) > 1 else marker))
+        out += [kill_at(step, int(env.get("TRAINER_TEST_KILL_RANK", "0")),
+                        f"{marker}-{step}" if marker and len(steps) > 1 else marker) for step in steps]
     if "TRAINER_TEST_HANG_AT_STEP" in env:
         out.append(hang_at(int(env["TRAINER_TEST_HANG_AT_STEP"]), int(env.get("TRAINER_TEST_HANG_RANK", "0")),
                            float(env.get("TRAINER_TEST_HANG_S", "3600")), env.get("TRAINER_TEST_HANG_MARKER")))

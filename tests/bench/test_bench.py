@@ -64,6 +64,18 @@ def test_bare_reference_loop_runs():
     assert result["from_step"] == 2 and result["to_step"] == 4 and result["seconds_per_step"] > 0
 
 
+def test_interleaved_runs_both_loops_in_turn():
+    proc = subprocess.run([sys.executable, "-m", "bench.interleaved", "--preset", "tiny", "--blocks", "2",
+                           "--block-steps", "2", "--warmup", "1"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # 1 warm-up step, then 2 pairs of 2-step blocks: 5 steps of each loop, the trainer's through Trainer.advance().
+    assert result["trainer_steps"] == result["bare_steps"] == 5
+    assert len(result["ratios"]) == 2 and all(r > 0 for r in result["ratios"])
+    assert result["ours_s"] > 0 and result["bare_s"] > 0
+
+
 def test_serving_section_writes_results(tmp_path):
     out = tmp_path / "results.json"
     proc = run_bench("--only", "serving", "--quick", "--out", str(out))
