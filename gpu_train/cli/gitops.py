@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.carbon.estimate import job_estimate
-from gpu_train.client.cluster import ClientError, Session, call, team_namespace
+from gpu_train.client.cluster import Session, call, team_namespace
+from gpu_train.client.errors import ClientError
 from gpu_train.client.gitrepo import provenance
 from gpu_train.client.jobs import check_spec, read_spec, render
 from gpu_train.jobs import gitops
-from gpu_train.jobs.jobset import COMMIT_ANNOTATION, JOBSET_API, Provenance
+from gpu_train.jobs.jobset import COMMIT_ANNOTATION, JOBSET_API
 from gpu_train.spec.contract import PlatformContract
 from gpu_train.spec.job import JobSpec
 
@@ -123,7 +124,7 @@ def apply(session: Session | None, root: str, *, teams: list[str], contracts: Ca
         if not where.commit:
             raise ClientError(f"{path}: no git commit for this file (not in a git checkout, or changed since the last "
                            "commit): apply deploys what git holds; commit it, or pass --commit")
-        by_team.setdefault(job.team, {})[job.name] = _render(contracts(job.team), job, where)
+        by_team.setdefault(job.team, {})[job.name] = render(contracts(job.team), job, provenance=where)
     if unread:
         print(f"gpu-train: apply --dry-run: not compared with a cluster ({unread}): every job shows as create, and "
               "nothing as changed, drifted or pruned", file=sys.stderr)
@@ -140,10 +141,6 @@ def apply(session: Session | None, root: str, *, teams: list[str], contracts: Ca
     out.write("apply" + (" (dry run)" if dry_run else "") + ": " +
               (", ".join(f"{n} {k}" for k, n in sorted(totals.items())) or "nothing to do") + "\n")
     return 1 if needs_person else 0
-
-
-def _render(contract: PlatformContract, job: JobSpec, where: Provenance) -> Mapping[str, Any]:
-    return render(contract, job, provenance=where)
 
 
 def _live(session: Session, team: str) -> list[Mapping[str, Any]]:

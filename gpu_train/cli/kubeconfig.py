@@ -23,7 +23,8 @@ from typing import Any
 
 import yaml
 
-from gpu_train.client.cluster import ClientError, team_namespace
+from gpu_train.client.cluster import team_namespace
+from gpu_train.client.errors import ClientError
 from gpu_train.spec.contract import ContractError
 
 

@@ -12,7 +12,7 @@ import re
 import sys
 
 from gpu_train.cli import platform, sweep
-from gpu_train.client.cluster import ClientError, NoCluster
+from gpu_train.client.errors import ClientError, NoCluster, quiet_client_logs
 
 PROG = "gpu-train"
 # What lint, apply, submit and sweep say when they have neither a cluster nor a --platform file.
@@ -318,8 +318,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpu_train.client.cluster import quiet_client_logs
-
     quiet_client_logs()
     try:
         return run(argv)

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpu_train.client.cluster import ClientError
+from gpu_train.client.errors import ClientError
 from gpu_train.spec.install import install_hint
 
 

@@ -16,7 +16,7 @@ import sys
 
 from gpu_train import carbon
 from gpu_train.carbon import advisor
-from gpu_train.client.cluster import ClientError
+from gpu_train.client.errors import ClientError
 from gpu_train.spec import catalog
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.cli.service_spec import LOCAL_EXTRA, build_spec, registry
-from gpu_train.client.cluster import ClientError
+from gpu_train.client.errors import ClientError
 
 
 def _canary_flags(p: argparse.ArgumentParser) -> None:

@@ -12,16 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 import yaml
 
 from gpu_train.cli.service_spec import SERVE_EXTRA, build_spec, registry
-from gpu_train.client.cluster import ClientError, connect, load_contract, resolve_team
-
-
-def _yaml(objects: list[dict[str, Any]]) -> str:
-    return yaml.safe_dump_all(objects, sort_keys=False)
+from gpu_train.client.cluster import connect, load_contract, resolve_team
+from gpu_train.client.errors import ClientError
 
 
 def _client(args: argparse.Namespace, team: str, *, need_cluster: bool):
@@ -79,7 +75,7 @@ def _act(args: argparse.Namespace, client, team: str) -> int:
                                  "replicas": {"min": args.replicas, "max": args.replicas} if args.replicas else None})
         objects = client.deploy(spec, dry_run=args.dry_run)
         if args.dry_run:
-            sys.stdout.write(_yaml(objects))
+            sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
             return 0
         isvc = objects[0]["metadata"]
         print(f"deployed {isvc['annotations']['gpu-train.io/model']}:{isvc['annotations']['gpu-train.io/model-version']}"
@@ -109,7 +105,7 @@ def _canary(args: argparse.Namespace, client, team: str) -> int:
     objects, state = client.canary(spec, traffic=args.traffic, driver=driver, dry_run=args.dry_run,
                                    stable=args.stable)
     if args.dry_run:
-        sys.stdout.write(_yaml(objects))
+        sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
         return 0
     if driver == "manual":
         print(f"canary {state.model}:{state.canary} takes {args.traffic}% of {args.name}; gpu-train serve promote "

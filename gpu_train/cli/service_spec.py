@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gpu_train.client.cluster import ClientError
+from gpu_train.client.errors import ClientError
 from gpu_train.spec import yamlfile
 from gpu_train.spec.install import install_hint
 

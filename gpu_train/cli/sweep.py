@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_train.client.cluster import ClientError
+from gpu_train.client.errors import ClientError
 from gpu_train.spec.install import install_hint
 from gpu_train.sweeps.journal import CONTROLLER_PID
 

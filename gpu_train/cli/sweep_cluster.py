@@ -20,7 +20,8 @@ from typing import Any
 import yaml
 
 from gpu_train.client import jobs
-from gpu_train.client.cluster import ClientError, Session, call
+from gpu_train.client.cluster import Session, call
+from gpu_train.client.errors import ClientError
 from gpu_train.client.status import job_workload
 from gpu_train.jobs.jobset import PRIORITY_LABEL
 from gpu_train.jobs.sweep_platform import controller_name, sweep_deployment

@@ -8,15 +8,30 @@ Usage:
 
 Modules: api (Client, Job), jobs (spec reading, checks, rendering, create, pause/resume, cancel), status (list,
 state, queue position, progress), logs (a rank's log from its pod or the log store), local (`run --local`),
-cluster (the kubeconfig session, the contract, API errors as one line), gitrepo (a spec's git provenance).
-It imports neither Pulumi nor torch.
+cluster (the kubeconfig session, the contract, API errors as one line), errors (ClientError, and the quieting of
+the kubernetes client's log records), gitrepo (a spec's git provenance).
+It imports neither Pulumi nor torch, and each name in PUBLIC is imported when first used: importing
+`gpu_train.client.errors` alone (what `gpu-train` does for every command) does not import the `kubernetes` client.
 """
 
-from gpu_train.client.api import Client, Job
-from gpu_train.client.cluster import ClientError
-from gpu_train.client.jobs import Submitted, read_spec
-from gpu_train.client.local import run_local
-from gpu_train.client.status import JobStatus, JobSummary, PodState
+from __future__ import annotations
 
-__all__ = ["Client", "ClientError", "Job", "JobStatus", "JobSummary", "PodState", "Submitted", "read_spec",
-           "run_local"]
+import importlib
+from typing import Any
+
+PUBLIC = {"Client": "api", "Job": "api", "ClientError": "errors", "Submitted": "jobs", "read_spec": "jobs",
+          "run_local": "local", "JobStatus": "status", "JobSummary": "status", "PodState": "status"}
+__all__ = sorted(PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpu_train.client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"gpu_train.client.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *PUBLIC})

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.client import jobs, status
-from gpu_train.client.cluster import ClientError, Session, connect, load_contract, resolve_team
+from gpu_train.client.cluster import Session, connect, load_contract, resolve_team
+from gpu_train.client.errors import ClientError
 from gpu_train.jobs.prepare import PrepareRequest
 from gpu_train.spec.contract import PlatformContract
 from gpu_train.spec.job import JobSpec

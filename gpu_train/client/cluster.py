@@ -14,7 +14,6 @@ cloud CLI's exec plugin): nothing here holds or asks for a credential.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 from dataclasses import dataclass
@@ -26,25 +25,13 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from gpu_train.client.errors import PLUGIN_ERRORS, ClientError, NoCluster
 from gpu_train.spec import naming
 
 DOCS = "docs/teams.md"
 ANONYMOUS = "system:anonymous"
 # The RBAC authorizer's refusal (k8s.io/apiserver/pkg/endpoints/handlers/responsewriters: forbiddenMessage).
 RBAC_DENIAL = re.compile(r'User "[^"]*" cannot ')
-
-
-class ClientError(Exception):
-    """One line per problem for the user; `code` is the exit status `gpu-train` gives it (2: fix the input, 1: the
-    operation failed)."""
-
-    def __init__(self, message: str, code: int = 2):
-        super().__init__(message)
-        self.code = code
-
-
-class NoCluster(ClientError):
-    """No kubeconfig to reach a cluster with: the commands that can work from a platform file say how to get one."""
 
 
 @dataclass
@@ -125,31 +112,6 @@ def _status_message(exc: ApiException) -> str:
     except (TypeError, ValueError):
         return str(exc.reason or "").strip()
     return str(body.get("message") or exc.reason or "").strip() if isinstance(body, dict) else str(exc.reason)
-
-
-class _PluginErrors(logging.Handler):
-    """The kubernetes client logs a failing exec credential plugin (`aws eks get-token`, gke-gcloud-auth-plugin)
-    and goes on without a token; keep the reason for the error line instead of printing a log record."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage().strip().splitlines()[-1] if record.getMessage().strip() else "")
-
-
-PLUGIN_ERRORS = _PluginErrors()
-
-
-def quiet_client_logs() -> None:
-    """No log records on the terminal: urllib3's retry warnings, and the exec plugin's errors (kept for the
-    error line by PLUGIN_ERRORS)."""
-    logging.getLogger("urllib3").setLevel(logging.ERROR)
-    PLUGIN_ERRORS.messages.clear()
-    root = logging.getLogger()
-    if PLUGIN_ERRORS not in root.handlers:
-        root.addHandler(PLUGIN_ERRORS)
 
 
 def _unreachable(exc: Exception) -> str:

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_train.client.cluster import ClientError, Session, call, team_namespace
+from gpu_train.client.cluster import Session, call, team_namespace
+from gpu_train.client.errors import ClientError
 from gpu_train.client.status import (
     KUEUE_GROUP,
     KUEUE_VERSION,
@@ -45,6 +47,7 @@ from gpu_train.spec.job import JobSpec, read_job, read_job_file
 from gpu_train.spec.settings_checks import BUCKET_SCHEME
 
 JOB_NAME = re.compile(r"[a-z]([-a-z0-9]{0,30}[a-z0-9])?")
+WORKLOAD_POLL_S = 0.5
 
 
 def read_spec(path: str | Path) -> Mapping[str, Any]:
@@ -141,9 +144,10 @@ def create_jobset(session: Session, manifest: Mapping[str, Any], team: str) -> N
         raise
 
 
-def set_active(session: Session, team: str, name: str, active: bool) -> str:
+def set_active(session: Session, team: str, name: str, active: bool, *, wait_s: float = 0.0) -> str:
     """Pause (active False) or resume (True) a job through its Workload's spec.active; returns the queue it waits
-    in."""
+    in. A JobSet Kueue has not made a Workload for yet is refused at once, or after wait_s seconds of looking for
+    it again every WORKLOAD_POLL_S (the sweep controller waits: it pauses a trial it has just created)."""
     ns = team_namespace(team)
     js = get_jobset(session, ns, name, team)
     done = succeeded(js)
@@ -151,6 +155,10 @@ def set_active(session: Session, team: str, name: str, active: bool) -> str:
         raise ClientError(f"job {name!r} has {'completed' if done else 'failed'}; there is nothing "
                           f"to {'resume' if active else 'pause'}")
     workload = find_workload(session, ns, team, js)
+    deadline = time.monotonic() + wait_s
+    while workload is None and time.monotonic() < deadline:
+        time.sleep(WORKLOAD_POLL_S)
+        workload = find_workload(session, ns, team, js)
     if workload is None:
         raise ClientError(f"job {name!r} has no Workload yet (Kueue creates one as soon as it sees the JobSet); try "
                           "again in a few seconds", code=1)

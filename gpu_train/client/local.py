@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from gpu_train.client.cluster import ClientError
+from gpu_train.client.errors import ClientError
 from gpu_train.jobs.launch import Site, local, run_forwarding
 from gpu_train.sizing.job import layout_problems
 from gpu_train.spec import naming

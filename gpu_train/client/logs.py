@@ -26,7 +26,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpu_train.client.cluster import ClientError, Session, call, team_namespace
+from gpu_train.client.cluster import Session, call, team_namespace
+from gpu_train.client.errors import ClientError
 from gpu_train.client.status import INDEX_LABEL
 from gpu_train.jobs import jobset as jobset_api
 from gpu_train.spec import naming

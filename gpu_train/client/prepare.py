@@ -22,7 +22,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_train.client.cluster import ClientError, Session, call, team_namespace
+from gpu_train.client.cluster import Session, call, team_namespace
+from gpu_train.client.errors import ClientError
 from gpu_train.client.status import (
     JOB_UID_LABEL,
     JobStatus,

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_train.client.cluster import ClientError, Session, call, team_namespace
+from gpu_train.client.cluster import Session, call, team_namespace
+from gpu_train.client.errors import ClientError
 from gpu_train.jobs.jobset import COMMIT_ANNOTATION, CONTAINER, HASH_ANNOTATION, JOBSET_API, PATH_ANNOTATION
 from gpu_train.spec import naming
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from gpu_train.cli import gitops
-from gpu_train.client.cluster import ClientError
+from gpu_train.client.errors import ClientError
 from tests.gpu_train.cli.conftest import only_error_lines
 
 
