@@ -27,7 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from gpu_train.client.cluster import ClientError, Session, connect, load_contract
+from gpu_train.client.cluster import Session, connect, load_contract
+from gpu_train.client.errors import ClientError
 from gpu_train.jobs.sweep_platform import SPEC_ENV
 from gpu_train.spec import naming, yamlfile
 from gpu_train.spec.errors import SettingsError

@@ -160,12 +160,9 @@ class Policy:
             self.handle(number).report(value, tokens)
 
     # ------------------------------------------------------------------------------------------- decisions
-    def rung_of(self, tokens: int) -> int:
-        return self.sweep.rungs().index(tokens)
-
     def at_rung(self, number: int, tokens: int) -> str:
         """ASHA at rung `tokens`: "promote" (train on) or "pause"; Optuna's SuccessiveHalvingPruner decides."""
-        key = f"completed_rung_{self.rung_of(tokens)}"
+        key = f"completed_rung_{self.sweep.rungs().index(tokens)}"
         frozen = self.frozen(number)
         if key not in frozen.system_attrs:
             return "pause" if self.handle(number).should_prune() else "promote"

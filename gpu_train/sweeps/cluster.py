@@ -29,13 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from gpu_train.client import jobs
-from gpu_train.client.cluster import ClientError, Session
+from gpu_train.client.cluster import Session
+from gpu_train.client.errors import ClientError
 from gpu_train.client.jobs import check_spec, render
 from gpu_train.client.status import job_state
 from gpu_train.spec.contract import PlatformContract
 from gpu_train.spec.sweep import SweepSpec, bound_trials, trial_job, trial_name
 from gpu_train.sweeps.controller import Controller
 from gpu_train.sweeps.mirror import MirrorError, StateMirror
+
+WORKLOAD_WAIT_S = 60.0  # Kueue makes a Workload in well under a second; a minute covers a busy control plane
 
 
 def trial_settings(contract: PlatformContract, sweep: SweepSpec, trial: str) -> dict[str, Any]:
@@ -140,7 +143,9 @@ class ClusterBackend:
             jobs.set_active(self.session, self.team, t.id, True)
 
     def pause(self, t) -> None:
-        jobs.set_active(self.session, self.team, t.id, False)
+        """Kueue makes a JobSet's Workload within moments of its creation; a trial launched in the pass before
+        may still be without one, so this waits up to WORKLOAD_WAIT_S for it rather than fail the sweep."""
+        jobs.set_active(self.session, self.team, t.id, False, wait_s=WORKLOAD_WAIT_S)
 
     def stop(self, t) -> None:
         if job_state(self.session, self.team, t.id) is not None:

@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from gpu_train.client.cluster import ClientError
+from gpu_train.client.errors import ClientError
 from gpu_train.sweeps.controller import SweepFailed
 from gpu_train.sweeps.journal import CONTROLLER_PID
 

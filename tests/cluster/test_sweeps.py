@@ -28,7 +28,8 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from gpu_train.client import jobs
-from gpu_train.client.cluster import ClientError, connect, load_contract
+from gpu_train.client.cluster import connect, load_contract
+from gpu_train.client.errors import ClientError
 from gpu_train.jobs.jobset import PRIORITY_LABEL, QUEUE_LABEL
 from gpu_train.jobs.sweep_platform import controller_name, sweep_controller_rules
 from gpu_train.spec import naming
@@ -207,6 +208,7 @@ def test_trials_are_admitted_by_kueue_and_paused_and_resumed_through_their_workl
 
     held(s3, doc, name, t[2], 5.0)  # [3, 4, 5]: paused; t003 starts
     assert controller.step()
+    wait_for(f"Kueue to admit {t[3]}", lambda: admitted(platform, t[3]))  # a trial holds at a rung only once it ran
     held(s3, doc, name, t[3], 6.0)  # [3, 4, 5, 6]: paused, and now the best 2 include t001's 4.0
     assert controller.step()
     assert active(platform, t[1]) and budget(s3, doc, name, t[1]) == 2 * RUNG
