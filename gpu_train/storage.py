@@ -35,6 +35,7 @@ its token).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -484,10 +485,7 @@ class S3Store:
         multipart upload, so the object appears whole or not at all (S3 takes up to 5 GB in one PUT)."""
 
         def put() -> None:
-            if isinstance(data, bytes):
-                self.client.put_object(Bucket=self.bucket, Key=self.key_of(key), Body=data, IfNoneMatch="*")
-                return
-            with open(data, "rb") as body:
+            with contextlib.nullcontext(data) if isinstance(data, bytes) else open(data, "rb") as body:
                 self.client.put_object(Bucket=self.bucket, Key=self.key_of(key), Body=body, IfNoneMatch="*")
 
         try:
@@ -497,19 +495,12 @@ class S3Store:
         return True
 
     def list(self, prefix: str = "") -> list[str]:
-        base = f"{self.prefix}/" if self.prefix else ""
-        # GCS's XML API speaks ListObjects (v1); S3 and its clones prefer v2.
-        op = "list_objects" if self.scheme == "gs" else "list_objects_v2"
-
-        def run() -> list[str]:
-            pages = self.client.get_paginator(op).paginate(Bucket=self.bucket, Prefix=base + prefix)
-            return sorted(obj["Key"][len(base) :] for page in pages for obj in page.get("Contents", []))
-
-        return self._call(prefix, "LIST", run)
+        return [key for key, _, _ in self.list_objects(prefix)]
 
     def list_objects(self, prefix: str = "") -> list[tuple[str, int, str]]:
         """(key, size, etag) of the objects under ``prefix``, sorted by key (one LIST, no HEADs)."""
         base = f"{self.prefix}/" if self.prefix else ""
+        # GCS's XML API speaks ListObjects (v1); S3 and its clones prefer v2.
         op = "list_objects" if self.scheme == "gs" else "list_objects_v2"
 
         def run() -> list[tuple[str, int, str]]:

@@ -13,7 +13,6 @@ function, so CrossGuard and `python -m policies.check` share every line of rule 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
 from pulumi_policy import (
@@ -45,10 +44,6 @@ def current_stack() -> str:
         return ""
 
 
-def _context(config: Mapping[str, Any] | None) -> Context:
-    return Context.from_config(config, current_stack())
-
-
 def _parent(opts: Any) -> str | None:
     return getattr(opts, "parent", None) or None
 
@@ -59,7 +54,7 @@ def resource_validator(rule: Rule):
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
         res = Resource(type=args.resource_type, name=args.name, urn=args.urn, props=args.props,
                        parent=_parent(args.opts))
-        for violation in rule.run([res], _context(args.get_config())):
+        for violation in rule.run([res], Context.from_config(args.get_config(), current_stack())):
             report_violation(violation.message(), res.urn)
 
     return validate
@@ -72,7 +67,7 @@ def stack_validator(rule: Rule):
         resources = [Resource(type=r.resource_type, name=r.name, urn=r.urn, props=r.props,
                               parent=r.parent.urn if r.parent is not None else _parent(r.opts))
                      for r in args.resources]
-        for violation in rule.run(resources, _context(args.get_config())):
+        for violation in rule.run(resources, Context.from_config(args.get_config(), current_stack())):
             report_violation(violation.message(), violation.resource.urn if violation.resource else None)
 
     return validate

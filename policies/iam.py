@@ -154,8 +154,7 @@ def _gcp_members(res: Resource) -> list[tuple[str, str]]:
     role = res.get("role")
     if isinstance(res.get("member"), str):
         pairs.append((str(role), res.get("member")))
-    for m in as_list(plain(res.get("members"))):
-        pairs.append((str(role), str(m)))
+    pairs += [(str(role), str(m)) for m in as_list(plain(res.get("members")))]
     policy = document(res.get("policyData"))
     for binding in as_list((policy or {}).get("bindings")):
         if isinstance(binding, dict):

@@ -54,10 +54,6 @@ INGRESS_CLASS_ANNOTATION = "kubernetes.io/ingress.class"
 ALB_SCHEME_ANNOTATION = "alb.ingress.kubernetes.io/scheme"
 
 
-def _object(res: Resource) -> Mapping[str, Any] | None:
-    return k8s_object(res)
-
-
 # --------------------------------------------------------------------------------------------
 # Pod security
 # --------------------------------------------------------------------------------------------
@@ -65,21 +61,21 @@ def _object(res: Resource) -> Mapping[str, Any] | None:
 
 def pod_host_isolation(res: Resource, ctx: Context) -> Iterator[str]:
     """No pod is privileged, shares host namespaces, mounts other host paths, binds host ports or adds capabilities."""
-    obj = _object(res)
+    obj = k8s_object(res)
     if obj is not None:
         yield from pods.host_isolation_problems(obj)
 
 
 def pod_non_root(res: Resource, ctx: Context) -> Iterator[str]:
     """Pods other than training pods run as non-root without privilege escalation."""
-    obj = _object(res)
+    obj = k8s_object(res)
     if obj is not None and not is_training(obj):
         yield from pods.non_root_problems(obj)
 
 
 def training_pod_security(res: Resource, ctx: Context) -> Iterator[str]:
     """Training pods meet the restricted profile's user and process controls (GPUDirect sidecars exempt)."""
-    obj = _object(res)
+    obj = k8s_object(res)
     if obj is not None and is_training(obj):
         yield from pods.training_problems(obj)
 
@@ -97,21 +93,21 @@ def _unpinned(obj: Mapping[str, Any], exempt_sidecars: bool = False) -> Iterator
 def training_image_digest(res: Resource, ctx: Context) -> Iterator[str]:
     """Training pods run images pinned by digest (GPUDirect sidecars and KServe's pinned serving images exempt:
     Google and KServe tag them)."""
-    obj = _object(res)
+    obj = k8s_object(res)
     if obj is not None and is_training(obj):
         yield from _unpinned(obj, exempt_sidecars=True)
 
 
 def image_digest(res: Resource, ctx: Context) -> Iterator[str]:
     """Every other typed workload runs images pinned by digest (advisory)."""
-    obj = _object(res)
+    obj = k8s_object(res)
     if obj is not None and not is_training(obj):
         yield from _unpinned(obj)
 
 
 def container_requests(res: Resource, ctx: Context) -> Iterator[str]:
     """Every container of a typed workload requests CPU and memory."""
-    obj = _object(res)
+    obj = k8s_object(res)
     for where, spec in pod_specs(obj) if obj is not None else []:
         for name, c in containers(spec):
             if c in items(spec.get("ephemeralContainers")):
@@ -192,7 +188,7 @@ def allow_all_problems(obj: Mapping[str, Any]) -> list[str]:
 
 def network_policy_no_allow_all(res: Resource, ctx: Context) -> Iterator[str]:
     """No NetworkPolicy admits everyone, or lets pods reach everyone on every port."""
-    obj = _object(res)
+    obj = k8s_object(res)
     if obj is not None:
         yield from allow_all_problems(obj)
 
@@ -237,7 +233,7 @@ def no_public_load_balancer(resources: Sequence[Resource], ctx: Context) -> Iter
     """Services and Ingresses get internal load balancers only."""
     cloud = cloud_of(resources)
     for res in resources:
-        obj = _object(res)
+        obj = k8s_object(res)
         if obj is not None:
             for problem in load_balancer_problems(obj, cloud):
                 yield res, problem

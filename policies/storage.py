@@ -153,9 +153,8 @@ def tls_deny_gaps(st: Mapping, bucket_name: str | None) -> list[str]:
         gaps.append(f"it denies only {json.dumps(st.get('Action', st.get('NotAction')))}, not s3:*")
     resources = as_list(st.get("Resource"))
     name = bucket_name or "*"
-    for arn in (f"arn:aws:s3:::{name}", f"arn:aws:s3:::{name}/*"):
-        if "NotResource" in st or not _matches(resources, arn):
-            gaps.append(f"it does not cover {arn}")
+    gaps += [f"it does not cover {arn}" for arn in (f"arn:aws:s3:::{name}", f"arn:aws:s3:::{name}/*")
+             if "NotResource" in st or not _matches(resources, arn)]
     extra = [f"{op}:{key}" for op, keys in (st.get("Condition") or {}).items()
              for key in (keys if isinstance(keys, Mapping) else {})
              if not (op in ("Bool", "BoolIfExists") and key == "aws:SecureTransport")]

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from gpu_train.spec.errors import model_in
 from gpu_train.spec.job import JobSpec, NodeRange
 from gpu_train.spec.serving import ModelRef
 from gpu_train.spec.settings import StackSettings
@@ -73,16 +74,6 @@ def type_name(tp: Any, metadata: Sequence[Any] = ()) -> str:
     return {int: "int", str: "str", bool: "bool", float: "number"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
-def _model_of(tp: Any) -> type[BaseModel] | None:
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp
-    for arg in typing.get_args(tp):
-        found = _model_of(arg)
-        if found is not None:
-            return found
-    return None
-
-
 def default_text(field: Any) -> str:
     if field.is_required():
         return "required"
@@ -115,7 +106,7 @@ def models() -> dict[str, type[BaseModel]]:
 
     def walk(model: type[BaseModel], prefix: str) -> None:
         for name, field in model.model_fields.items():
-            sub = _model_of(field.annotation)
+            sub = model_in(field.annotation)
             if sub is None or sub in (NodeRange, ModelRef):
                 continue
             many = typing.get_origin(field.annotation) in (tuple, list)

@@ -211,23 +211,18 @@ class HeldRun(Protocol):
 
     def stop_flags(self) -> list[float]:
         """This rank's (whether it got a stop signal, whether that was SIGINT), as numbers for an all-reduce."""
-        ...
 
     def evaluate(self) -> float:
         """The validation loss at this step, recorded (and noted back through `note_eval`)."""
-        ...
 
     def save_checkpoint(self, *, block: bool) -> float:
         """Checkpoint this step."""
-        ...
 
     def saved_here(self) -> bool:
         """A checkpoint of this very step exists: saved by this launch, or the one this launch resumed from."""
-        ...
 
     def quiesce(self) -> None:
         """Wait for the checkpoint saves in flight and disarm the watchdog: nothing runs while held."""
-        ...
 
 
 class BudgetHold:

@@ -1,4 +1,5 @@
-"""Errors that name the setting, and the trainer's exit codes that the JobSet maps to failure rules.
+"""Errors that name the setting, the base of the models whose errors they word (SpecModel), and the trainer's exit
+codes that the JobSet maps to failure rules.
 
 Usage:
     raise SettingsError(["gpu-train:gpuPools[0].maxNodes must be >= minNodes (got 2 < 4)"])
@@ -21,7 +22,8 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 # Exit codes of `python -m trainer`, the launcher and any job the platform runs (docs/trainer.md). The JobSet's
@@ -50,6 +52,14 @@ def int32(value: int) -> int:
 # A whole number that fits the int32 fields of Kubernetes objects; each field states its own range besides
 # (`steps: Int = Field(1000, ge=1)`), which tests/gpu_train/spec/test_bounds.py requires.
 Int = Annotated[int, AfterValidator(int32)]
+
+
+class SpecModel(BaseModel):
+    """Base of the stack settings and the job and service specs: frozen, camelCase keys, unknown keys refused,
+    strict types."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True,
+                              strict=True)
 
 
 class BadInput(Exception):
@@ -139,15 +149,15 @@ def _model_at(root: type[BaseModel] | None, loc: Sequence[str | int]) -> type[Ba
         field = next((f for name, f in model.model_fields.items() if (f.alias or name) == part), None)
         if field is None:
             return None
-        model = _model_in(field.annotation)
+        model = model_in(field.annotation)
     return model
 
 
-def _model_in(tp: Any) -> type[BaseModel] | None:
+def model_in(tp: Any) -> type[BaseModel] | None:
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return tp
     for arg in typing.get_args(tp):
-        found = _model_in(arg)
+        found = model_in(arg)
         if found is not None:
             return found
     return None

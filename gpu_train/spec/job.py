@@ -31,18 +31,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PlainSerializer,
     PlainValidator,
     ValidationError,
     WithJsonSchema,
 )
-from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from gpu_train.spec.errors import ConfigError, Int, SettingsError, validation_problems
+from gpu_train.spec.errors import ConfigError, Int, SettingsError, SpecModel, validation_problems
 from gpu_train.spec.naming import DNS_LABEL, PROJECT
 
 # From Kueue's admission to a running trainer container on a fresh GPU node: the provisioner's decision, instance
@@ -120,11 +117,8 @@ Nodes = Annotated[NodeRange, PlainValidator(parse_nodes), PlainSerializer(str, r
                   WithJsonSchema({"type": "string", "pattern": "^[0-9]+:[0-9]+$"})]
 
 
-class JobSpec(BaseModel):
+class JobSpec(SpecModel):
     """A training job: the stack's `job` setting and the file `gpu-train submit` reads."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True,
-                              strict=True)
 
     name: str = Field(description="DNS label; the JobSet name")
     team: str = Field(description="one of teams[].name: picks the namespace and LocalQueue")

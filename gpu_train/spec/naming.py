@@ -50,8 +50,6 @@ MLFLOW_ARTIFACTS_PREFIX = "mlflow"
 TRAINER_SERVICE_ACCOUNT = "trainer"
 KARPENTER_NAMESPACE = "kube-system"
 KARPENTER_SERVICE_ACCOUNT = "karpenter"
-EBS_CSI_NAMESPACE = "kube-system"
-EBS_CSI_SERVICE_ACCOUNT = "ebs-csi-controller-sa"
 TEAM_LABEL = "gpu-train.io/team"
 # The file a prepared dataset's folder holds its manifest in (trainer/data/manifest.py; `run --local` checks it).
 DATASET_MANIFEST = "manifest.json"

@@ -29,8 +29,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PlainSerializer,
     PlainValidator,
@@ -38,10 +36,10 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from gpu_train.spec.errors import Int, SettingsError, validation_problems
+from gpu_train.spec.errors import SpecModel as Spec
 from gpu_train.spec.naming import DNS_LABEL
 
 # KServe, pinned: v0.20.0 is the newest release in its public repository (github.com/kserve/kserve tags), whose
@@ -104,11 +102,6 @@ class ModelRef:
 
 ModelText = Annotated[ModelRef, PlainValidator(ModelRef.parse), PlainSerializer(str, return_type=str),
                       WithJsonSchema({"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._-]*([:@].+)?$"})]
-
-
-class Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True,
-                              strict=True)
 
 
 class Slo(Spec):

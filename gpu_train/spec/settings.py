@@ -26,10 +26,9 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic.alias_generators import to_camel
+from pydantic import Field, ValidationError
 
-from gpu_train.spec.errors import Int, SettingsError, validation_problems
+from gpu_train.spec.errors import Int, SettingsError, SpecModel, validation_problems
 from gpu_train.spec.job import JobSpec
 from gpu_train.spec.naming import PROJECT
 from gpu_train.spec.serving import ServiceSpec
@@ -47,11 +46,8 @@ Xid = Annotated[Int, Field(ge=1, le=999)]
 Gpus = Annotated[Int, Field(ge=0)]
 
 
-class Settings(BaseModel):
-    """Base of every settings model: frozen, camelCase keys, unknown keys refused, strict types."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True,
-                              strict=True)
+class Settings(SpecModel):
+    """Base of every settings model (SpecModel: frozen, camelCase keys, unknown keys refused, strict types)."""
 
 
 class NetworkSettings(Settings):

@@ -36,7 +36,6 @@ from gpu_train.spec.job import MANAGED_OVERRIDES, JobSpec, command_problems, rea
 
 SWEEP_PRIORITY = "sweep"
 NAME = re.compile(r"^[a-z]([-a-z0-9]{0,22}[a-z0-9])?$")  # leaves room for "-t000" in a 32-character job name
-METRICS = ("val_loss",)
 
 
 class _Model(BaseModel):
@@ -63,9 +62,8 @@ class Parameter(_Model):
         if self.distribution == "choice":
             if not self.values:
                 problems.append("values: choice needs at least one value")
-            for name in ("min", "max", "step", "points"):
-                if getattr(self, name) is not None:
-                    problems.append(f"{name}: not used by choice (give values)")
+            problems += [f"{name}: not used by choice (give values)"
+                         for name in ("min", "max", "step", "points") if getattr(self, name) is not None]
         else:
             if self.values is not None:
                 problems.append(f"values: {self.distribution} takes min and max, not values")

@@ -177,6 +177,10 @@ class Config:
 GPT2_VOCAB = 50304
 
 
+def _preset(model: ModelConfig, train: TrainConfig, checkpoint_every: int) -> Config:
+    return Config(model=model, train=train, checkpoint=CheckpointConfig(every_steps=checkpoint_every))
+
+
 def tiny() -> Config:
     """Seconds on a CPU; byte-level vocabulary that covers `python -m trainer.data synth` output."""
     return Config()
@@ -184,68 +188,43 @@ def tiny() -> Config:
 
 def gpt2_124m() -> Config:
     """GPT-2 small shape (12 x 768, 12 heads, 1024 context): ~124M parameters with tied embeddings."""
-    return Config(
-        model=ModelConfig(n_layer=12, n_head=12, d_model=768, context=1024, vocab_size=GPT2_VOCAB),
-        train=TrainConfig(
-            steps=5000, global_batch_tokens=524288, micro_batch_size=16, lr=6e-4, min_lr=6e-5,
-            warmup_steps=200,
-        ),
-        checkpoint=CheckpointConfig(every_steps=500),
-    )
+    return _preset(ModelConfig(n_layer=12, n_head=12, d_model=768, context=1024, vocab_size=GPT2_VOCAB),
+                   TrainConfig(steps=5000, global_batch_tokens=524288, micro_batch_size=16, lr=6e-4,
+                               min_lr=6e-5, warmup_steps=200), 500)
 
 
 def gpt2_350m() -> Config:
     """GPT-2 medium shape (24 x 1024, 16 heads, 1024 context): ~350M parameters."""
-    return Config(
-        model=ModelConfig(n_layer=24, n_head=16, d_model=1024, context=1024, vocab_size=GPT2_VOCAB),
-        train=TrainConfig(
-            steps=10000, global_batch_tokens=524288, micro_batch_size=8, lr=3e-4, min_lr=3e-5,
-            warmup_steps=500,
-        ),
-        checkpoint=CheckpointConfig(every_steps=500),
-    )
+    return _preset(ModelConfig(n_layer=24, n_head=16, d_model=1024, context=1024, vocab_size=GPT2_VOCAB),
+                   TrainConfig(steps=10000, global_batch_tokens=524288, micro_batch_size=8, lr=3e-4,
+                               min_lr=3e-5, warmup_steps=500), 500)
 
 
 def one_b() -> Config:
     """~1.1B parameters (20 x 2048, 16 heads, 2048 context), RMSNorm + RoPE."""
-    return Config(
-        model=ModelConfig(
-            n_layer=20, n_head=16, d_model=2048, context=2048, vocab_size=GPT2_VOCAB, norm="rmsnorm", pos="rope"
-        ),
-        train=TrainConfig(
-            steps=20000, global_batch_tokens=1048576, micro_batch_size=4, lr=3e-4, min_lr=3e-5,
-            warmup_steps=1000, activation_checkpointing=True,
-        ),
-        checkpoint=CheckpointConfig(every_steps=500),
-    )
+    return _preset(ModelConfig(n_layer=20, n_head=16, d_model=2048, context=2048, vocab_size=GPT2_VOCAB,
+                               norm="rmsnorm", pos="rope"),
+                   TrainConfig(steps=20000, global_batch_tokens=1048576, micro_batch_size=4, lr=3e-4,
+                               min_lr=3e-5, warmup_steps=1000, activation_checkpointing=True), 500)
 
 
 def seven_b() -> Config:
     """~6.6B parameters (32 x 4096, 32 heads, 4096 context), sharded with FSDP2."""
-    return Config(
-        model=ModelConfig(
-            n_layer=32, n_head=32, d_model=4096, context=4096, vocab_size=GPT2_VOCAB, norm="rmsnorm", pos="rope"
-        ),
-        train=TrainConfig(
-            steps=50000, global_batch_tokens=4194304, micro_batch_size=1, lr=1.5e-4, min_lr=1.5e-5,
-            warmup_steps=2000, parallel="fsdp", activation_checkpointing=True,
-        ),
-        checkpoint=CheckpointConfig(every_steps=250),
-    )
+    return _preset(ModelConfig(n_layer=32, n_head=32, d_model=4096, context=4096, vocab_size=GPT2_VOCAB,
+                               norm="rmsnorm", pos="rope"),
+                   TrainConfig(steps=50000, global_batch_tokens=4194304, micro_batch_size=1, lr=1.5e-4,
+                               min_lr=1.5e-5, warmup_steps=2000, parallel="fsdp",
+                               activation_checkpointing=True), 250)
 
 
 def gpt2_2_7b() -> Config:
     """GPT-3 2.7B's shape in GPT-2's architecture (32 x 2560, 32 heads, 2048 context; Brown et al. 2020, table
     2.1): ~2.65B parameters. The layout here is the one for 8-GPU NVLink nodes (H100, H200, A100, B200); on other
     GPUs use the overrides gpu_train.sizing.memory.RECOMMENDED_LAYOUTS names for them (docs/trainer.md)."""
-    return Config(
-        model=ModelConfig(n_layer=32, n_head=32, d_model=2560, context=2048, vocab_size=GPT2_VOCAB),
-        train=TrainConfig(
-            steps=50000, global_batch_tokens=1048576, micro_batch_size=4, lr=1.6e-4, min_lr=1.6e-5,
-            warmup_steps=1000, parallel="fsdp", dp_shard=8, dp_replicate=-1,
-        ),
-        checkpoint=CheckpointConfig(every_steps=250),
-    )
+    return _preset(ModelConfig(n_layer=32, n_head=32, d_model=2560, context=2048, vocab_size=GPT2_VOCAB),
+                   TrainConfig(steps=50000, global_batch_tokens=1048576, micro_batch_size=4, lr=1.6e-4,
+                               min_lr=1.6e-5, warmup_steps=1000, parallel="fsdp", dp_shard=8,
+                               dp_replicate=-1), 250)
 
 
 PRESETS: dict[str, Callable[[], Config]] = {
@@ -264,6 +243,10 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in fields(cls)}
 
 
+class _WrongType(ConfigError):
+    """A value of another type than the key's ("expected an integer, got 'x'"): a union tries its next member."""
+
+
 def _coerce(key: str, value: Any, typ: Any) -> Any:
     """Convert a YAML or command-line value to the key's declared type, or raise ConfigError naming the key.
 
@@ -276,9 +259,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
             return value
         try:
             return _coerce(key, value, number)
-        except ConfigError as exc:
-            if "expected" not in str(exc):
-                raise
+        except _WrongType:
             raise ConfigError(f"{key}: expected an integer or {', '.join(typing.get_args(words))}, got {value!r}") \
                 from None
     if origin is Literal:
@@ -289,7 +270,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     if typ is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise _WrongType(f"{key}: expected a string, got {value!r}")
     parse, word = {bool: (parse_bool, "true or false"), int: (parse_int, "an integer"),
                    float: (parse_float, "a number")}.get(typ, (None, ""))
     if parse is None:
@@ -300,7 +281,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
         except NonFiniteError:
             raise ConfigError(f"{key} must be a finite number (got {value})") from None
         except ValueTextError:
-            raise ConfigError(f"{key}: expected {word}, got {value!r}") from None
+            raise _WrongType(f"{key}: expected {word}, got {value!r}") from None
     # A YAML value: already typed. bool is an int in Python, so it is checked first.
     if typ is bool and isinstance(value, bool):
         return value
@@ -308,7 +289,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
         return value
     if typ is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    raise ConfigError(f"{key}: expected {word}, got {value!r}")
+    raise _WrongType(f"{key}: expected {word}, got {value!r}")
 
 
 def _apply(cfg: Config, key: str, raw: Any) -> Config:

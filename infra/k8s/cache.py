@@ -238,14 +238,8 @@ class Cache(pulumi.ComponentResource):
             settings=args.settings, nvme_host_path=p.nvme_host_path, datasets_bucket=bucket, region=p.region,
             storage_class=args.storage_class, gpu_pools=list(p.gpu_pools),
             system_selector=dict(p.system_node_selector)))
-        self.release = k8s.helm.v3.Release(
-            f"{name}-alluxio",
-            name=RELEASE,
-            chart=CHART,
-            version=CHART_VERSION,
-            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=REPO),
-            namespace=ns_name,
-            values=values,
+        self.release = common.helm_release(
+            f"{name}-alluxio", RELEASE, CHART, CHART_VERSION, REPO, ns_name, values=values,
             # Masters format their journal on first start; don't block `up` on the NVMe nodes existing.
             # PlatformWorkloadUnavailable (rules/workloads.yaml) watches the workers and masters instead.
             skip_await=True,

@@ -114,6 +114,15 @@ def namespace(name: str, platform: ClusterPlatform, parent: pulumi.Resource, *,
         opts=k8s_opts(platform, parent, depends_on))
 
 
+def helm_release(resource_name: str, release: str, chart: str, version: str, repo: str | None, namespace: str,
+                 opts: pulumi.ResourceOptions, **kwargs: Any) -> k8s.helm.v3.Release:
+    """The Helm release `release` of `chart` at `version` from the repository `repo` (None: an OCI chart, whose
+    registry is part of `chart`) in `namespace`; kwargs are the Release's other arguments (values, skip_await)."""
+    repository = {"repository_opts": k8s.helm.v3.RepositoryOptsArgs(repo=repo)} if repo else {}
+    return k8s.helm.v3.Release(resource_name, name=release, chart=chart, version=version, namespace=namespace,
+                               **repository, **kwargs, opts=opts)
+
+
 # ------------------------------------------------------------------------------------------
 # NetworkPolicy specs. Each function returns (name, spec) for one policy in one namespace.
 # ------------------------------------------------------------------------------------------

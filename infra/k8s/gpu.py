@@ -159,26 +159,17 @@ class GpuStack(pulumi.ComponentResource):
 
         addons = p.node_addons
         if addons.device_plugin:
-            self.releases.append(k8s.helm.v3.Release(
-                f"{name}-device-plugin",
-                name="nvidia-device-plugin",
-                chart=DEVICE_PLUGIN_CHART,
-                version=DEVICE_PLUGIN_VERSION,
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=DEVICE_PLUGIN_REPO),
-                namespace=args.namespace,
+            self.releases.append(common.helm_release(
+                f"{name}-device-plugin", "nvidia-device-plugin", DEVICE_PLUGIN_CHART, DEVICE_PLUGIN_VERSION,
+                DEVICE_PLUGIN_REPO, args.namespace,
                 values=device_plugin_values(list(p.gpu_pools), dict(p.system_node_selector)),
                 opts=common.k8s_opts(p, self, deps)))
 
         for plugin in addons.device_plugins:
             pools = common.fabric_pools(p.gpu_pools, plugin.fabric)
-            self.releases.append(k8s.helm.v3.Release(
-                f"{name}-{plugin.fabric}-plugin",
-                name=plugin.release,
-                chart=plugin.chart,
-                version=plugin.version,
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=plugin.repo),
-                namespace=args.namespace,
-                values=fabric_plugin_values(plugin, pools),
+            self.releases.append(common.helm_release(
+                f"{name}-{plugin.fabric}-plugin", plugin.release, plugin.chart, plugin.version, plugin.repo,
+                args.namespace, values=fabric_plugin_values(plugin, pools),
                 opts=common.k8s_opts(p, self, deps)))
 
         for installer in addons.installers:

@@ -41,7 +41,6 @@ CHART_VERSION = "0.2.0"
 RELEASE = "fluent-bit"
 TEAM_LOG_FILES = f"/var/log/containers/*_{naming.team_namespace('')}*_*.log"
 POSITIONS_DB = "/var/log/gpu-train-fluent-bit.db"
-HEALTH_PORT = 2020  # the chart's HTTP server (its liveness probe)
 
 
 def outputs_config(store: LogStore) -> str:

@@ -45,6 +45,7 @@ from infra.k8s.common import (
     checkov_skip_annotations,
     cidr_peers,
     default_deny,
+    helm_release,
     k8s_opts,
     network_policies,
 )
@@ -358,9 +359,8 @@ def mlflow_network_policies(*, database: str, db_cidrs: Sequence[str] = (), db_p
     else:
         server_egress.append({"to": cidr_peers(db_cidrs), "ports": [{"port": db_port, "protocol": "TCP"}]})
     server_egress.append({"to": cidr_peers(object_store_cidrs), "ports": [{"port": 443, "protocol": "TCP"}]})
-    for target in identity_egress:
-        server_egress.append({"to": cidr_peers([target.cidr]),
-                              "ports": [{"port": target.port, "protocol": target.protocol}]})
+    server_egress += [{"to": cidr_peers([t.cidr]), "ports": [{"port": t.port, "protocol": t.protocol}]}
+                      for t in identity_egress]
 
     policies = [
         default_deny(),
@@ -500,18 +500,10 @@ class MlflowServer(pulumi.ComponentResource):
                                                     port=DB_PORT, database=DB_NAME, sslmode="require"))
         operator: list[pulumi.Resource] = []
         if args.install_operator:
-            self.operator = k8s.helm.v3.Release(
-                f"{name}-cnpg",
-                name="cnpg",
-                chart=CNPG_CHART,
-                version=CNPG_CHART_VERSION,
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CNPG_REPO),
-                namespace=CNPG_NAMESPACE,
-                create_namespace=True,
-                atomic=True,
-                values=operator_values(args.platform.system_node_selector),
-                opts=child(),
-            )
+            self.operator = helm_release(
+                f"{name}-cnpg", "cnpg", CNPG_CHART, CNPG_CHART_VERSION, CNPG_REPO, CNPG_NAMESPACE,
+                create_namespace=True, atomic=True, values=operator_values(args.platform.system_node_selector),
+                opts=child())
             operator.append(self.operator)
         cluster = postgres_cluster_manifest(common=common, storage_class=args.storage_class,
                                             storage_gb=args.settings.storage_gb, instances=args.db_instances,

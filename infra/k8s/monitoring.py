@@ -375,13 +375,8 @@ class Monitoring(pulumi.ComponentResource):
         self.agents_network_policies = common.network_policies(agents, agents_network_policies(), p, self,
                                                                agent_deps)
 
-        self.release = k8s.helm.v3.Release(
-            f"{name}-kube-prometheus-stack",
-            name=naming.MONITORING_RELEASE,
-            chart=KPS_CHART,
-            version=KPS_VERSION,
-            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=KPS_REPO),
-            namespace=ns,
+        self.release = common.helm_release(
+            f"{name}-kube-prometheus-stack", naming.MONITORING_RELEASE, KPS_CHART, KPS_VERSION, KPS_REPO, ns,
             values=prometheus_stack_values(
                 settings=s, storage_class=args.storage_class, system_selector=dict(p.system_node_selector),
                 internal_lb_annotations=dict(p.internal_lb_annotations), is_prod=args.is_prod),
@@ -410,13 +405,8 @@ class Monitoring(pulumi.ComponentResource):
             data={"dcgm-counters.csv": COUNTERS_CSV.read_text()},
             opts=common.k8s_opts(p, self, agent_deps))
         self.counter_fields = [r[0] for r in read_counters_csv()]
-        self.dcgm = k8s.helm.v3.Release(
-            f"{name}-dcgm-exporter",
-            name=DCGM_RELEASE,
-            chart=DCGM_CHART,
-            version=DCGM_VERSION,
-            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=DCGM_REPO),
-            namespace=agents,
+        self.dcgm = common.helm_release(
+            f"{name}-dcgm-exporter", DCGM_RELEASE, DCGM_CHART, DCGM_VERSION, DCGM_REPO, agents,
             values=dcgm_values(list(p.gpu_pools), p.node_addons.driver_host_path),
             # GPU pools may be scaled to zero; PlatformWorkloadUnavailable (rules/workloads.yaml) watches it.
             skip_await=True,

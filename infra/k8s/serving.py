@@ -211,10 +211,8 @@ class Serving(pulumi.ComponentResource):
                     namespace=ns_name, opts=common.k8s_opts(p, self, after))
                 after.append(releases["kserve-crd"])
             short = "kserve" if ns_name == KSERVE_NAMESPACE else ns_name
-            releases[short] = k8s.helm.v3.Release(
-                f"{name}-{short}", name=short, chart=chart, version=version, namespace=ns_name, values=values,
-                **({"repository_opts": k8s.helm.v3.RepositoryOptsArgs(repo=repo)} if repo else {}),
-                opts=common.k8s_opts(p, self, after))
+            releases[short] = common.helm_release(f"{name}-{short}", short, chart, version, repo, ns_name,
+                                                  values=values, opts=common.k8s_opts(p, self, after))
         self.releases = releases
         kserve = [releases["kserve-crd"], releases["kserve"]]
 

@@ -40,7 +40,6 @@ DOCUMENT_FIELDS: Mapping[str, tuple[str, str]] = {
     "aws:sqs/queuePolicy:QueuePolicy": ("policy", "queue"),
     "aws:ecr/repositoryPolicy:RepositoryPolicy": ("policy", "repository"),
 }
-RESOURCE_POLICY_KINDS = frozenset({"key", "bucket", "queue", "repository"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,12 +198,8 @@ def lint(doc: Mapping[str, Any], kind: str) -> list[Finding]:
 
 def failures(plan: Mapping[str, Any]) -> list[str]:
     """One line per finding no excuse covers, naming the resource, the input and the issue."""
-    out = []
-    for d in documents(plan):
-        for f in lint(d.document, d.kind):
-            if not f.excused_by:
-                out.append(f"{d.urn} {d.field} ({d.kind}): {f.issue}: {f.detail}")
-    return out
+    return [f"{d.urn} {d.field} ({d.kind}): {f.issue}: {f.detail}"
+            for d in documents(plan) for f in lint(d.document, d.kind) if not f.excused_by]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,13 +158,12 @@ def _network_problems(graph: PlanGraph, net: Record) -> list[str]:
         if i.get("network") in refs and i.get("region") != region:
             problems.append(f"{sub['name']}: subnet of RoCE VPC {name} must be in {region} (its profile's "
                             f"zone is {zone}), got {i.get('region')!r}")
-    for fw in graph.of_type(FIREWALL):
-        if (fw.get("inputs") or {}).get("network") in refs:
-            problems.append(f"{fw['name']}: a RoCE VPC ({name}) rejects VPC firewall rules; use a regional "
-                            "network firewall policy of type RDMA_ROCE_POLICY")
-    for assoc in graph.of_type(GLOBAL_POLICY_ASSOCIATION):
-        if (assoc.get("inputs") or {}).get("attachmentTarget") in refs:
-            problems.append(f"{assoc['name']}: a RoCE VPC ({name}) rejects global network firewall policies")
+    problems += [f"{fw['name']}: a RoCE VPC ({name}) rejects VPC firewall rules; use a regional "
+                 "network firewall policy of type RDMA_ROCE_POLICY"
+                 for fw in graph.of_type(FIREWALL) if (fw.get("inputs") or {}).get("network") in refs]
+    problems += [f"{assoc['name']}: a RoCE VPC ({name}) rejects global network firewall policies"
+                 for assoc in graph.of_type(GLOBAL_POLICY_ASSOCIATION)
+                 if (assoc.get("inputs") or {}).get("attachmentTarget") in refs]
     return problems
 
 

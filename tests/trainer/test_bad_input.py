@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.launch import FAULTS, ROOT, SMALL, child_env, run_trainer
+from trainer.distributed import free_port
 
 # Starts the trainer and its launcher as processes, one per case.
 pytestmark = pytest.mark.integration
@@ -96,12 +96,6 @@ def _file(tmp: Path) -> Path:
     f = tmp / "a-file"
     f.write_text("x")
     return f
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 CASES: dict[str, Case] = {
@@ -195,7 +189,7 @@ CASES: dict[str, Case] = {
     "dataset unreachable": Case([], ["data.uri", "s3://data/ds/manifest.json"],
                                 env={"AWS_MAX_ATTEMPTS": "1", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"},
                                 setup=lambda t, d, r: ["data.uri=s3://data/ds",
-                                                       f"data.endpoint_url=http://127.0.0.1:{_closed_port()}"]),
+                                                       f"data.endpoint_url=http://127.0.0.1:{free_port()}"]),
     "context longer than the data": Case(["model.context=1024", "train.global_batch_tokens=2048",
                                           "train.micro_batch_size=1"],
                                          ["model.context", "1025 tokens", "short/manifest.json"],
@@ -214,7 +208,7 @@ CASES: dict[str, Case] = {
                                          env={"AWS_MAX_ATTEMPTS": "1", "AWS_ACCESS_KEY_ID": "x",
                                               "AWS_SECRET_ACCESS_KEY": "x"},
                                          setup=lambda t, d, r: ["checkpoint.remote_uri=s3://ckpt/run",
-                                                                f"checkpoint.endpoint_url=http://127.0.0.1:{_closed_port()}"]),
+                                                                f"checkpoint.endpoint_url=http://127.0.0.1:{free_port()}"]),
     # ---- an existing checkpoint
     "resume with another model shape": Case(["model.n_layer=3"],
                                             ["n_layer=2", "n_layer=3", "model.n_layer differ", "step_000000002"],

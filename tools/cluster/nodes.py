@@ -37,9 +37,6 @@ def pool_nodes(contract: dict[str, Any], system_nodes: int = 1) -> list[dict[str
                      **{k: str(v) for k, v in pool["fabric"]["resources"].items()}, "pods": PODS_PER_NODE}
         labels = {**pool["nodeSelector"], naming.GPU_NODE_LABEL: "true", naming.GPU_TYPE_LABEL: pool["gpuType"],
                   naming.CAPACITY_LABEL: pool["capacity"], "node.kubernetes.io/instance-type": pool["instanceType"]}
-        for i in range(pool["maxNodes"]):
-            nodes.append(_node(f"{pool['name']}-{i}", labels, taints, resources))
-    for i in range(system_nodes):
-        nodes.append(_node(f"system-{i}", {naming.SYSTEM_LABEL: "true"}, [],
-                           {"cpu": "16", "memory": "64Gi", "pods": PODS_PER_NODE}))
-    return nodes
+        nodes += [_node(f"{pool['name']}-{i}", labels, taints, resources) for i in range(pool["maxNodes"])]
+    return nodes + [_node(f"system-{i}", {naming.SYSTEM_LABEL: "true"}, [],
+                          {"cpu": "16", "memory": "64Gi", "pods": PODS_PER_NODE}) for i in range(system_nodes)]

@@ -52,7 +52,6 @@ from lark import Tree
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "tests" / "schemas"
-CR_TYPE = "kubernetes:apiextensions.k8s.io:CustomResource"
 
 # Functions and macros of standard CEL that cel-python implements; any other function name in a rule
 # belongs to Kubernetes' CEL libraries (https://kubernetes.io/docs/reference/using-api/cel/).
@@ -313,17 +312,13 @@ def compile_rule(rule: str) -> tuple[Any, str]:
     return env.program(tree), ""
 
 
-def _to_cel(value: Any) -> Any:
-    return celpy.json_to_cel(value)
-
-
 def evaluate_rule(rule: str, value: Any) -> tuple[bool | None, str]:
     """(True, "") when the rule holds, (False, why) when it fails, (None, why) when not evaluated."""
     program, why = compile_rule(rule)
     if program is None:
         return None, why
     try:
-        result = program.evaluate({"self": _to_cel(value)})
+        result = program.evaluate({"self": celpy.json_to_cel(value)})
     except celpy.CELEvalError as exc:
         return False, f"evaluation error: {exc.args[0] if exc.args else exc}"
     except Exception as exc:  # cel-python signals some type errors as Python exceptions

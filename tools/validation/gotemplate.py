@@ -27,7 +27,7 @@ interpreter; it is developer tooling, run by `make schemas`, never by the progra
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -676,11 +676,3 @@ class _Scanner:
 def scan_templates(files: Mapping[str, str]) -> Scan:
     """Scan a chart's templates (path relative to the chart -> text)."""
     return _Scanner(files).run()
-
-
-def prefixes(paths: Iterable[Path]) -> set[Path]:
-    out: set[Path] = set()
-    for p in paths:
-        for i in range(1, len(p) + 1):
-            out.add(p[:i])
-    return out

@@ -122,16 +122,16 @@ def host_ports(meta: Mapping[str, Any], spec: Mapping[str, Any], minor: int) -> 
             for w, c in _containers(spec) for p in c.get("ports") or [] if p.get("hostPort")]
 
 
+def _bad_profiles(spec: Mapping[str, Any], field: str) -> list[str]:
+    """The pod's and each container's `field` (appArmorProfile, seccompProfile) whose type is neither RuntimeDefault
+    nor Localhost."""
+    scs = [("spec", spec.get("securityContext") or {}), *((w, _sc(c)) for w, c in _containers(spec))]
+    return [f"{w}.securityContext.{field}.type={prof.get('type')}" for w, sc in scs
+            if (prof := sc.get(field)) is not None and prof.get("type") not in ("RuntimeDefault", "Localhost")]
+
+
 def app_armor_profile(meta: Mapping[str, Any], spec: Mapping[str, Any], minor: int) -> list[str]:
-    ok = ("RuntimeDefault", "Localhost")
-    out = []
-    pod = (spec.get("securityContext") or {}).get("appArmorProfile")
-    if pod is not None and pod.get("type") not in ok:
-        out.append(f"spec.securityContext.appArmorProfile.type={pod.get('type')}")
-    for w, c in _containers(spec):
-        prof = _sc(c).get("appArmorProfile")
-        if prof is not None and prof.get("type") not in ok:
-            out.append(f"{w}.securityContext.appArmorProfile.type={prof.get('type')}")
+    out = _bad_profiles(spec, "appArmorProfile")
     for k, v in sorted((meta.get("annotations") or {}).items()):
         if k.startswith("container.apparmor.security.beta.kubernetes.io/") and v and v != "runtime/default" \
                 and not str(v).startswith("localhost/"):
@@ -160,16 +160,7 @@ def proc_mount(meta: Mapping[str, Any], spec: Mapping[str, Any], minor: int) -> 
 
 
 def seccomp_profile_baseline(meta: Mapping[str, Any], spec: Mapping[str, Any], minor: int) -> list[str]:
-    ok = ("RuntimeDefault", "Localhost")
-    out = []
-    pod = (spec.get("securityContext") or {}).get("seccompProfile")
-    if pod is not None and pod.get("type") not in ok:
-        out.append(f"spec.securityContext.seccompProfile.type={pod.get('type')}")
-    for w, c in _containers(spec):
-        prof = _sc(c).get("seccompProfile")
-        if prof is not None and prof.get("type") not in ok:
-            out.append(f"{w}.securityContext.seccompProfile.type={prof.get('type')}")
-    return out
+    return _bad_profiles(spec, "seccompProfile")
 
 
 def sysctls(meta: Mapping[str, Any], spec: Mapping[str, Any], minor: int) -> list[str]:

@@ -69,22 +69,14 @@ def load_yaml_all(text: str) -> list[Any]:
 # --------------------------------------------------------------------------------------- value trees
 
 
+# bool before int: True is an int in Python.
+_YAML_TYPES = ((type(None), "null"), (bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+               (list, "array"), (dict, "object"))
+
+
 def yaml_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "string"  # dates and other YAML scalars reach templates as strings
+    # Dates and other YAML scalars reach templates as strings.
+    return next((name for kind, name in _YAML_TYPES if isinstance(value, kind)), "string")
 
 
 def tree_from_defaults(value: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpu_train.cli.service_spec import build_spec
-from gpu_train.client.cluster import ClientError
+from gpu_train.client.errors import ClientError
 from gpu_train.spec import yamlfile
 from gpu_train.spec.errors import ConfigError, SettingsError
 from gpu_train.spec.job import read_job_file
