@@ -193,6 +193,8 @@ class GlobalSampler:
             )
             while len(self._layouts) > 3:
                 self._layouts.popitem(last=False)
+        else:
+            self._layouts.move_to_end(epoch)  # the least recently used goes first
         return layout
 
     def _windows_in_epoch(self, epoch: int, places: np.ndarray) -> np.ndarray:
@@ -233,6 +235,8 @@ class GlobalSampler:
             raise ValueError("this sampler was built without shard_windows: it does not know the shards")
         if step < 0 or count < 0:
             raise ValueError(f"step and count must be >= 0 (got {step}, {count})")
+        # No more distinct shards than those with windows: the walk stops there, not an epoch or two later.
+        count = min(count, int(np.count_nonzero(self._shard_windows)))
         out: dict[int, None] = {}
         end = None if end_step is None else end_step * self.global_batch_size  # first position not read
         epoch, place = divmod(step * self.global_batch_size, self.num_windows)

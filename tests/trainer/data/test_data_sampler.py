@@ -178,6 +178,29 @@ def test_upcoming_shards_lists_the_current_block_then_the_next_across_epochs():
         GlobalSampler(20, global_batch=4).upcoming_shards(0, 2)
 
 
+def test_a_run_builds_each_epochs_layout_once(monkeypatch):
+    """The trainer's steps (rank_slice, then upcoming_shards for two blocks) over three epochs of 5 shards in one
+    block, the tiny preset's shape: asking for more shards than there are stops the walk at the 5 there are, so
+    each epoch's block layout is built once (not again every step, as a walk into the epochs after it would); the
+    walk past an epoch's last block looks at the next epoch's layout, so epoch 3's is built too."""
+    from trainer.data import sampler as sampler_module
+
+    built = []
+
+    class Counted(sampler_module._EpochLayout):
+        def __init__(self, shard_windows, block_shards, seed, epoch):
+            built.append(epoch)
+            super().__init__(shard_windows, block_shards, seed, epoch)
+
+    monkeypatch.setattr(sampler_module, "_EpochLayout", Counted)
+    counts = [40, 40, 40, 40, 4]
+    s = GlobalSampler(sum(counts), global_batch=8, seed=2, shard_windows=counts, block_shards=8)
+    for step in range(3 * sum(counts) // 8):
+        s.rank_slice(step, 0, 1)
+        assert sorted(s.upcoming_shards(step, 16)) == [0, 1, 2, 3, 4]
+    assert built == [0, 1, 2, 3]
+
+
 def test_whole_dataset_shuffle_is_the_keyed_permutation_of_window_indices():
     n = 1000
     s = GlobalSampler(n, global_batch=10, seed=4)
