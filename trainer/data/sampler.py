@@ -44,6 +44,7 @@ _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
 DEFAULT_BLOCK_SHARDS = 4
 _STREAM_SHARD_ORDER = 1  # key stream of the per-epoch shard order; blocks use 2, 3, ...
+_AHEAD_STEPS = 32  # rank_slice orders this many steps' windows at once
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -150,6 +151,7 @@ class GlobalSampler:
         self._index = 0  # global sample index of the next sample to hand out
         self._perms: OrderedDict[tuple[int, int], FeistelPermutation] = OrderedDict()
         self._layouts: OrderedDict[int, _EpochLayout] = OrderedDict()
+        self._ahead: tuple[tuple[int, int, int] | None, np.ndarray] = (None, np.empty((0, 0), dtype=np.int64))
         self._shard_windows: np.ndarray | None = None
         self.block_shards = 0
         if shard_windows is not None:
@@ -276,10 +278,15 @@ class GlobalSampler:
         if step < 0:
             raise IndexError(f"step must be >= 0 (got {step})")
         per = self.global_batch_size // world
-        start = step * self.global_batch_size + rank * per
-        out = self.windows_at(np.arange(start, start + per, dtype=np.int64))
+        first = step - step % _AHEAD_STEPS
+        key = (rank, world, first)
+        if self._ahead[0] != key:  # this rank's windows of _AHEAD_STEPS steps in one pass: a step's alone costs
+            # about as much as all of them (numpy's per-call cost); a pure function of the positions, so exact
+            steps = np.arange(first, first + _AHEAD_STEPS, dtype=np.int64)[:, None] * self.global_batch_size
+            positions = steps + rank * per + np.arange(per, dtype=np.int64)
+            self._ahead = (key, self.windows_at(positions.ravel()).reshape(positions.shape))
         self._index = (step + 1) * self.global_batch_size
-        return out.tolist()
+        return self._ahead[1][step - first].tolist()
 
     # -- resume ------------------------------------------------------------------------------------
     @property

@@ -50,6 +50,19 @@ def test_rank_slices_reassemble_the_global_batch(world):
         assert [i for p in per_rank for i in p] == ref.global_batch(step)
 
 
+def test_one_samplers_rank_slices_step_after_step_are_its_global_batches():
+    """A rank's sampler orders several steps' windows at once: called step after step (across those groups and
+    epoch boundaries), after a jump back, and for another rank or world size, it still returns each step's part
+    of the global batch."""
+    counts, batch = [7, 13, 0, 21, 5, 9, 30, 2], 12
+    kw = dict(global_batch=batch, seed=5, shard_windows=counts, block_shards=3)
+    ref, s = GlobalSampler(sum(counts), **kw), GlobalSampler(sum(counts), **kw)
+    for step, rank, world in [*((k, 1, 2) for k in range(80)), (3, 1, 2), (3, 0, 2), (70, 2, 3), (31, 0, 1)]:
+        per = batch // world
+        assert s.rank_slice(step, rank, world) == ref.global_batch(step)[rank * per:(rank + 1) * per]
+        assert s.next_step == step + 1
+
+
 def test_rank_slice_rejects_indivisible_batch_and_bad_rank():
     s = GlobalSampler(100, global_batch=10, seed=0)
     with pytest.raises(ValueError, match="not divisible by world size 3"):
