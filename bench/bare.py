@@ -1,9 +1,7 @@
 """The reference for the overhead benchmark: a bare PyTorch training loop, nothing else.
 
 Usage: `python -m bench.bare --preset tiny --steps 60 model.n_layer=4 ...` prints one JSON line,
-{"seconds_per_step": ..., "from_step": ..., "to_step": ...}. With `--ends` it adds "ends": the wall-clock time
-(time.time()) at which each step from `from_step` on ended, as the trainer's metrics log records its steps' (on a
-CPU, where a step has ended when it returns; on a GPU the bare loop is not synchronized every step).
+{"seconds_per_step": ..., "from_step": ..., "to_step": ...}.
 
 Same model (chunked loss and attention kernel included), optimizer, learning-rate schedule, gradient
 accumulation, clipping, batch and precision as `python -m trainer` with the same preset and overrides; no
@@ -81,22 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--from-step", type=int, default=10)
-    ap.add_argument("--ends", action="store_true", help="also print each step's end time (CPU)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     loop = BareLoop(tcfg.build_config(args.preset, None, args.overrides))
-    start, ends = None, []
+    start = None
     for step in range(1, args.steps + 1):
         loop.step(step)
         if step == args.from_step:
             loop.sync()
             start = time.perf_counter()
-        if args.ends and step >= args.from_step:
-            ends.append(time.time())
     loop.sync()
     elapsed = time.perf_counter() - start
-    print(json.dumps({"seconds_per_step": elapsed / (args.steps - args.from_step), "from_step": args.from_step,
-                      "to_step": args.steps, **({"ends": ends} if args.ends else {})}))
+    print(json.dumps({"seconds_per_step": elapsed / (args.steps - args.from_step),
+                      "from_step": args.from_step, "to_step": args.steps}))
     return 0
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench import overhead
+from bench import turns
 from tests.conftest import ROOT
 
 # Runs the benchmarks' sections for real.
@@ -58,24 +58,22 @@ def test_gpu_section_says_what_each_row_needs_without_cuda(tmp_path):
 
 
 def test_bare_reference_loop_runs():
-    proc = subprocess.run([sys.executable, "-m", "bench.bare", "--preset", "tiny", "--steps", "4", "--from-step", "2",
-                           "--ends"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "bench.bare", "--preset", "tiny", "--steps", "4", "--from-step", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["from_step"] == 2 and result["to_step"] == 4 and result["seconds_per_step"] > 0
-    assert len(result["ends"]) == 3 and result["ends"] == sorted(result["ends"])  # steps 2, 3 and 4
 
 
-def test_the_side_by_side_rows_time_both_loops_over_the_seconds_both_stepped():
-    """Ours ends a step every 0.1 s from t=0 to 3.0, the bare loop every 0.2 s from t=1.0 to 6.0: both stepped
-    between 1.0 and 3.0, where ours has 21 step ends (1.0, 1.1, ..., 3.0) and the bare loop 11 (1.0, 1.2, ..., 3.0).
-    Fewer than 10 in that window is refused."""
-    ours = [round(0.1 * k, 6) for k in range(31)]
-    bare = [round(1.0 + 0.2 * k, 6) for k in range(26)]
-    o, b = overhead._over_the_same_window(ours, bare)
-    assert o == pytest.approx(0.1) and b == pytest.approx(0.2)
-    with pytest.raises(RuntimeError, match="stepped together for 0 steps"):
-        overhead._over_the_same_window(ours[:5], bare)
+def test_the_two_processes_take_turns_a_step_each():
+    """Our loop for 6 steps beside the bare loop: the bare loop steps once at each of our steps' callbacks (6), and
+    our turns run from one callback to the next (5); the run ends when ours does."""
+    ours, bare = turns.pair("tiny", ["metrics.port=0", "tracking.enabled=false", "checkpoint.every_steps=0"], 6)
+    assert len(ours) == 5 and len(bare) == 6 and all(t > 0 for t in ours + bare)
+    # A side that fails is not waited for: the other, waiting on the pipes, is ended and the failure said.
+    with pytest.raises(RuntimeError, match="turns failed") as failed:
+        turns.pair("tiny", ["train.no_such_setting=1"], 6)
+    assert "no_such_setting" in str(failed.value)
 
 
 def test_interleaved_runs_both_loops_in_turn():
