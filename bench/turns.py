@@ -3,8 +3,8 @@
 
 Usage: bench/overhead.py's process rows. `python -m bench.turns --preset tiny ... overrides` runs where
 `python -m trainer` would, with BENCH_TURNS_TO, BENCH_TURNS_FROM (two named pipes) and BENCH_TURNS_LOG (a file of
-one turn's seconds per line) set; `python -m bench.turns --bare --preset tiny --steps N --to F --from F --log L
-overrides` is the bare loop's side. `pair(...)` starts both and returns each side's turns.
+one turn's seconds per line) set; `python -m bench.turns --bare --preset tiny --to F --from F --log L overrides` is
+the bare loop's side, stepping until our side ends. `pair(...)` starts both and returns each side's turns.
 
 Why. On a shared machine separate runs of the same loop land up to 15% apart, and two loops running at once, each
 on a core of its own, still drift apart by as much, since each core is slowed at other times. Taking turns, the two
