@@ -98,6 +98,8 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+# A loop run by itself in a subprocess (the bare loop): one thread, this tree's modules, nothing else inherited.
+ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
 # Fast failure detection on localhost: a dead agent's heartbeat expires after 1 s x 3.
 RDZV_CONF = ["last_call_timeout=1", "close_timeout=10", "keep_alive_interval=1", "keep_alive_max_attempt=3"]
 

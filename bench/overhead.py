@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 from bench import turns
-from bench.common import Figure
+from bench.common import ONE_THREAD_ENV, Figure
 from bench.runs import QUIET, ROOT
 
 # A model big enough that a step is compute, not Python (about 0.1-0.3 s per step on one CPU core).
@@ -54,7 +54,7 @@ BIG_VOCAB = ["model.n_layer=2", "model.d_model=128", "model.n_head=4", "model.co
 def _run_json(module: str, args: list[str]) -> dict:
     """`python -m <module> args...` on one thread, from the repository root; the JSON line it prints last."""
     out = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+                         env=ONE_THREAD_ENV)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -97,8 +97,8 @@ def run(quick: bool = False) -> list[Figure]:
         o, b, r = statistics.median(ours), statistics.median(bare), statistics.median(ratios)
         figures.append(Figure("overhead", f"our loop vs bare loop, separate processes taking turns: {label}", 1 / o,
                               "steps/s", 1 / b, "bare PyTorch loop", r, ">= 0.97", r >= 0.97,
-                              notes=f"median of {len(ratios)} turns' ratios ({repeats} runs of {steps} steps, one "
-                                    f"core), ratio of the medians {b / o:.3f}, 1 worker"))
+                              notes=f"median of {len(ratios)} turns' ratios ({repeats} run{'s' * (repeats > 1)} of {steps} "
+                                    f"steps, one core), ratio of the medians {b / o:.3f}, 1 worker"))
     # The same loops in one process, taking turns every step (bench/interleaved.py): the loop's own per-step cost.
     # One-step turns: the pairs' ratios of `tiny` spread less than with 5-step blocks (median pair ratio 0.974-0.976
     # in three runs of 200 pairs, against 0.961-0.977 in three of 40 pairs of 5 steps), for the same steps.

@@ -17,7 +17,10 @@ next batch's read included. One byte through a pipe passes the turn; only the si
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, launch_local
+from bench.common import ONE_THREAD_ENV, ROOT, launch_local
 from trainer.distributed import free_port
 
 TURNS = "bench.turns"
@@ -36,13 +39,13 @@ class Turns:
     """One side of the exchange: `take()` waits for the other side's byte and starts this side's turn; `give()`
     ends it, logs its seconds and hands the turn over. EOF from the other side (it ended) stops the taking."""
 
-    def __init__(self, to_other: str, from_other: str, log: str, *, first: str) -> None:
+    def __init__(self, to_other: str, from_other: str, log: str, *, read_first: bool) -> None:
         # Opening a named pipe waits for its other end: our side opens the pipe to the bare loop first and the bare
-        # loop opens that one first too (first="in"), so neither waits on the other's second pipe.
-        if first == "in":
+        # loop opens that one first too (read_first), so neither waits on the other's second pipe.
+        if read_first:
             self._in = open(from_other, "rb", buffering=0)  # noqa: SIM115 - held for the process's life
         self._out = open(to_other, "wb", buffering=0)  # noqa: SIM115
-        if first != "in":
+        if not read_first:
             self._in = open(from_other, "rb", buffering=0)  # noqa: SIM115
         self._log = open(log, "a", buffering=1)  # noqa: SIM115
         self._start: float | None = None
@@ -66,7 +69,7 @@ class Turns:
 def _trainer_side() -> Callable[[Any, str, int], None]:
     """The step callback of our side: at each step's `before_sync` its turn ends and it waits for the next."""
     turns = Turns(os.environ["BENCH_TURNS_TO"], os.environ["BENCH_TURNS_FROM"], os.environ["BENCH_TURNS_LOG"],
-                  first="out")
+                  read_first=False)
 
     def turn(trainer: Any, point: str, step: int) -> None:
         if point == "before_sync" and trainer.env.rank == 0:
@@ -89,7 +92,7 @@ def _bare_side(argv: list[str]) -> int:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     loop = BareLoop(tcfg.build_config(args.preset, None, args.overrides))
-    turns = Turns(args.to, args.from_, args.log, first="in")
+    turns = Turns(args.to, args.from_, args.log, read_first=True)
     step = 0
     while True:  # our side gives the first turn once its first step is done, and its end ends this loop
         turns.take()
@@ -101,7 +104,8 @@ def _bare_side(argv: list[str]) -> int:
         turns.give()
 
 
-def pair(preset: str, overrides: list[str], steps: int, *, core: int | None = None) -> tuple[list[float], list[float]]:
+def pair(preset: str, overrides: list[str], steps: int, *, core: int | None = None,
+         timeout: float = 1200) -> tuple[list[float], list[float]]:
     """Run our loop for `steps` steps and the bare loop beside it, taking turns (both on `core`, if given); the
     seconds of each turn of ours and of the bare loop's, in order (the first is each side's first step)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,24 +117,29 @@ def pair(preset: str, overrides: list[str], steps: int, *, core: int | None = No
                                 module=TURNS, env={"BENCH_TURNS_TO": str(d / "to_bare"),
                                                    "BENCH_TURNS_FROM": str(d / "to_ours"),
                                                    "BENCH_TURNS_LOG": str(d / "ours.txt")})
+        bare_cmd = [sys.executable, "-m", TURNS, "--bare", "--preset", preset, "--to", str(d / "to_ours"), "--from",
+                    str(d / "to_bare"), "--log", str(d / "bare.txt"), *overrides, f"train.steps={steps}"]
         with (d / "ours.log").open("wb") as out, (d / "bare.log").open("wb") as err:
-            procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin),
-                     subprocess.Popen([sys.executable, "-m", TURNS, "--bare", "--preset", preset, "--to",
-                                       str(d / "to_ours"), "--from", str(d / "to_bare"), "--log", str(d / "bare.txt"),
-                                       *overrides, f"train.steps={steps}"], cwd=ROOT, preexec_fn=pin, stdout=err,
-                                      stderr=subprocess.STDOUT, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
-                                                                     "PYTHONPATH": str(ROOT)})]
-        # Each side waits on the other through the pipes: one that fails is not waited for, and the other is ended.
-        while all(p.poll() is None for p in procs):
-            time.sleep(0.2)
-        if any(p.returncode not in (None, 0) for p in procs):
-            for p in procs:
-                p.kill()
-        codes = [p.wait() for p in procs]
+            procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
+                                      start_new_session=True),
+                     subprocess.Popen(bare_cmd, cwd=ROOT, env=ONE_THREAD_ENV, stdout=err, stderr=subprocess.STDOUT,
+                                      preexec_fn=pin, start_new_session=True)]
+        # Each side waits on the other through the pipes. Our side's end closes them and ends the bare loop; a side
+        # that fails, or a pair still running at the timeout, is not waited for: both process groups are ended.
+        with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
+            ended, _ = concurrent.futures.wait([pool.submit(p.wait) for p in procs], timeout=timeout,
+                                               return_when=concurrent.futures.FIRST_COMPLETED)
+            if not ended or any(p.returncode not in (None, 0) for p in procs):
+                for p in procs:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
+            codes = [p.wait() for p in procs]
         if codes != [0, 0]:
-            raise RuntimeError(f"turns failed (ours {codes[0]}, bare {codes[1]}):\n"
+            raise RuntimeError(f"turns failed (ours {codes[0]}, bare {codes[1]}"
+                               f"{'' if ended else f', both ended after {timeout:.0f} s'}):\n"
                                f"{(d / 'ours.log').read_text()[-3000:]}\n{(d / 'bare.log').read_text()[-2000:]}")
         return [[float(x) for x in (d / f).read_text().split()] for f in ("ours.txt", "bare.txt")]
+
 
 if __name__ == "__main__":
     if "--bare" in sys.argv[1:]:

@@ -280,8 +280,9 @@ class GlobalSampler:
         per = self.global_batch_size // world
         first = step - step % _AHEAD_STEPS
         key = (rank, world, first)
-        if self._ahead[0] != key:  # this rank's windows of _AHEAD_STEPS steps in one pass: a step's alone costs
-            # about as much as all of them (numpy's per-call cost); a pure function of the positions, so exact
+        # This rank's windows of _AHEAD_STEPS steps in one pass: one step's alone costs about as much as all of them
+        # (numpy's per-call cost). Windows are a pure function of their positions, so the kept ones are exact.
+        if self._ahead[0] != key:
             steps = np.arange(first, first + _AHEAD_STEPS, dtype=np.int64)[:, None] * self.global_batch_size
             positions = steps + rank * per + np.arange(per, dtype=np.int64)
             self._ahead = (key, self.windows_at(positions.ravel()).reshape(positions.shape))
