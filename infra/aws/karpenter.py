@@ -61,6 +61,7 @@ from infra.aws.gpu_nodes import (
     node_labels,
     nvidia_ami_parameter,
 )
+from infra.aws.identities import pod_identity_role
 
 CHART = "oci://public.ecr.aws/karpenter/karpenter"
 CRD_CHART = "oci://public.ecr.aws/karpenter/karpenter-crd"
@@ -288,18 +289,15 @@ class Karpenter(pulumi.ComponentResource):
         entry = aws.eks.AccessEntry(f"{name}-nodes", cluster_name=args.cluster_name, principal_arn=node_role.arn,
                                     type="EC2_LINUX", tags=tags,
                                     opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
-        self.controller_role = controller = aws.iam.Role(
-            f"{name}-controller", name=args.controller_role_name,
-            assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)), tags=tags, opts=child)
-        aws.iam.RolePolicy(f"{name}-controller", role=controller.id, policy=pulumi.Output.all(
+        policy = pulumi.Output.all(
             args.cluster_arn, node_role.arn, queue.arn, args.ebs_key_arn, args.sqs_key_arn).apply(
             lambda a: json.dumps(iam.karpenter_controller_policy(
                 cluster_name=args.cluster_name, cluster_arn=a[0], region=args.region, account_id=args.account_id,
-                node_role_arn=a[1], queue_arn=a[2], ebs_key_arn=a[3], sqs_key_arn=a[4]))), opts=child)
-        association = aws.eks.PodIdentityAssociation(
-            f"{name}-controller", cluster_name=args.cluster_name, namespace=naming.KARPENTER_NAMESPACE,
-            service_account=naming.KARPENTER_SERVICE_ACCOUNT, role_arn=controller.arn, tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
+                node_role_arn=a[1], queue_arn=a[2], ebs_key_arn=a[3], sqs_key_arn=a[4])))
+        _, association = pod_identity_role(
+            f"{name}-controller", parent=self, role_name=args.controller_role_name, account_id=args.account_id,
+            policy=policy, cluster_name=args.cluster_name, namespace=naming.KARPENTER_NAMESPACE,
+            service_account=naming.KARPENTER_SERVICE_ACCOUNT, depends_on=args.depends_on, tags=tags)
         self.crds = k8s.helm.v3.Release(
             f"{name}-crd", name="karpenter-crd", chart=CRD_CHART, version=CHART_VERSION,
             namespace=naming.KARPENTER_NAMESPACE, atomic=True, timeout=300,
