@@ -257,10 +257,8 @@ class Karpenter(pulumi.ComponentResource):
         ami = aws.ssm.get_parameter(name=nvidia_ami_parameter(args.kubernetes_version),
                                     opts=pulumi.InvokeOptions(parent=self)).value
         self.node_pools: list[k8s.apiextensions.CustomResource] = []
-        self.placement_groups: dict[str, aws.ec2.PlacementGroup] = {}
         for pool in args.pools:
             self._pool(name, args, tags, pool, ami)
-        self.queue_url = queue.url
         self.register_outputs({"queue_url": queue.url, "release": self.release.name})
 
     def _interruption_queue(self, name: str, args: KarpenterArgs, tags: dict[str, str]) -> aws.sqs.Queue:
@@ -335,7 +333,6 @@ class Karpenter(pulumi.ComponentResource):
         if wants_placement_group(pool):
             pg = aws.ec2.PlacementGroup(f"{name}-{pool.name}", name=placement_group_name(args.cluster_name, pool),
                                         strategy="cluster", tags=tags, opts=pulumi.ResourceOptions(parent=self))
-            self.placement_groups[pool.name] = pg
             group_name = pg.name
         class_spec = pulumi.Output.all(args.ebs_key_arn, self.node_role.name, group_name).apply(
             lambda a: node_class_spec(

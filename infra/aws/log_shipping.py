@@ -93,13 +93,12 @@ class LogShipping(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         tags = dict(args.tags)
         groups: dict[str, str] = {}
-        self.log_groups: dict[str, aws.cloudwatch.LogGroup] = {}
         self.reader_policy_arns = {}
         for team in args.teams:
             namespace = naming.team_namespace(team)
             group = log_group_name(args.cluster_name, namespace)
             groups[namespace] = group
-            self.log_groups[team] = aws.cloudwatch.LogGroup(
+            aws.cloudwatch.LogGroup(
                 f"{name}-{team}", name=group, retention_in_days=args.retention_days, kms_key_id=args.logs_key_arn,
                 tags=tags, opts=child)
             arn = log_group_arn(args.region, args.account_id, group)
