@@ -10,6 +10,7 @@ they come from the cloud (bucket names, role ARNs, endpoints).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -152,6 +153,12 @@ class ManagedDatabase:
     password: pulumi.Input[str]  # a secret Output
     cidrs: Sequence[str]  # where the endpoint lives, for NetworkPolicy egress (the database subnets)
     sslmode: str = "require"
+
+
+def generate_password() -> str:
+    """A database password: 48 URL-safe characters from the OS CSPRNG (~286 bits), none of the characters RDS
+    forbids (/ @ " space), so no escaping is needed in a URL or a shell."""
+    return secrets.token_urlsafe(36)
 
 
 @dataclass(frozen=True)

@@ -88,18 +88,22 @@ def parse_config(doc: Any, source: str = "policy config") -> PackConfig:
     return PackConfig(levels=levels, properties=properties)
 
 
+def _read_json(path: Path, what: str) -> Any:
+    """The JSON document in `path`; PlanError naming the file when it is missing or not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlanError(f"{path}: no such {what} file") from None
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"{path}: not valid JSON: {exc}") from None
+
+
 def load_config(path: Path | None) -> PackConfig:
     if path is None:
         if not DEFAULT_CONFIG.exists():
             return PackConfig(levels={}, properties={})
         path = DEFAULT_CONFIG
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PlanError(f"{path}: no such policy config file") from None
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{path}: not valid JSON: {exc}") from None
-    return parse_config(doc, str(path))
+    return parse_config(_read_json(path, "policy config"), str(path))
 
 
 def resources_of_plan(plan: Any, source: str = "plan") -> list[Resource]:
@@ -158,12 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
         mandatory = 0
         for path in args.plans:
-            try:
-                plan = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise PlanError(f"{path}: no such plan file") from None
-            except json.JSONDecodeError as exc:
-                raise PlanError(f"{path}: not valid JSON: {exc}") from None
+            plan = _read_json(path, "plan")
             findings = check_plan(plan, config, str(path))
             for f in findings:
                 print(format_finding(f))

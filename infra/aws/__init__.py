@@ -21,14 +21,13 @@ import pulumi
 import pulumi_aws as aws
 
 from gpu_train.spec import naming
-from gpu_train.spec.catalog.aws import instance_spec
 from gpu_train.spec.contract import GpuPool
 from gpu_train.spec.settings import StackSettings
 from infra.aws import node_addons, settings_checks
 from infra.aws.cluster import Cluster, ClusterArgs
 from infra.aws.database import Database, DatabaseArgs
 from infra.aws.deploy_runner import DeployRunner, DeployRunnerArgs
-from infra.aws.gpu_nodes import NVME_HOST_PATH
+from infra.aws.gpu_nodes import NVME_HOST_PATH, network_cards
 from infra.aws.identities import WorkloadIdentities, WorkloadIdentitiesArgs, bindings
 from infra.aws.karpenter import Karpenter, KarpenterArgs
 from infra.aws.keys import Keys, KeysArgs
@@ -105,11 +104,14 @@ def build_platform(cfg: StackSettings, tags: dict[str, str]) -> ClusterPlatform:
                       opts=on_aws)
     registry = ContainerRegistry("registry", RegistryArgs(name=f"{cluster_name}-trainer", key_arn=keys.arns["ecr"],
                                                           force_delete=not cfg.is_prod, tags=tags), opts=on_aws)
-    cluster, karpenter = _eks(cfg, tags, provider, account_id, cluster_name, service_roles, keys, network)
+    # Each fabric pool's network cards as EC2 reports them (deploy time), for its EFA interfaces and devices.
+    cards = {p.name: network_cards(p.instance_type, pulumi.InvokeOptions(provider=provider))
+             for p in cfg.gpu_pools if p.fabric}
+    cluster, karpenter = _eks(cfg, tags, provider, account_id, cluster_name, service_roles, keys, network, cards)
     lb_controller, identities, log_shipping = _cluster_services(cfg, tags, on_aws, account_id, cluster_name, keys,
                                                                 network, storage, cluster)
     mlflow_database = _mlflow_database(cfg, tags, on_aws, cluster_name, keys, network) if managed_db else None
-    pools = node_addons.gpu_pools(cfg, karpenter.fabrics)
+    pools = node_addons.gpu_pools(cfg, cards)
 
     return ClusterPlatform(
         cloud="aws", region=region, cluster_name=cluster.cluster_name,
@@ -133,7 +135,8 @@ def build_platform(cfg: StackSettings, tags: dict[str, str]) -> ClusterPlatform:
 
 
 def _eks(cfg: StackSettings, tags: dict[str, str], provider: aws.Provider, account_id: str, cluster_name: str,
-         service_roles: ServiceLinkedRoles, keys: Keys, network: Network) -> tuple[Cluster, Karpenter]:
+         service_roles: ServiceLinkedRoles, keys: Keys, network: Network,
+         cards: Mapping[str, int]) -> tuple[Cluster, Karpenter]:
     """The EKS cluster (add-ons, system nodes, Kubernetes provider), then Karpenter with every GPU pool."""
     cluster = Cluster("cluster", ClusterArgs(
         cluster_name=cluster_name, kubernetes_version=cfg.cluster.kubernetes_version, region=cfg.region,
@@ -152,7 +155,7 @@ def _eks(cfg: StackSettings, tags: dict[str, str], provider: aws.Provider, accou
         account_id=account_id, vpc_id=network.vpc_id, zones=cfg.zones, controller_role_name=f"{cluster_name}-karpenter",
         sqs_key_arn=keys.arns["sqs"], ebs_key_arn=keys.arns["ebs"],
         kubernetes_version=cfg.cluster.kubernetes_version, provider=cluster.provider,
-        system_selector=SYSTEM_LABELS, pools=[(p, instance_spec(p.instance_type)) for p in cfg.gpu_pools],
+        system_selector=SYSTEM_LABELS, pools=cfg.gpu_pools, network_cards=cards,
         depends_on=cluster.ready, health=cfg.health, tags=tags),
         opts=pulumi.ResourceOptions(providers=[provider], depends_on=[cluster.cluster, service_roles]))
     return cluster, karpenter

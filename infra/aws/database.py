@@ -14,14 +14,13 @@ the OS CSPRNG and kept only in Pulumi's encrypted state and the cluster's Secret
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.platform import ManagedDatabase
+from infra.platform import ManagedDatabase, generate_password
 
 # Pinned minor: upgrades are a reviewed change of this constant, never a silent drift between the
 # program and the instance (auto minor upgrades are off for the same reason).
@@ -70,11 +69,6 @@ def parameters() -> dict[str, str]:
         "log_disconnections": "1",
         "log_min_duration_statement": "1000",
     }
-
-
-def generate_password() -> str:
-    """48 URL-safe characters from the OS CSPRNG; none of the characters RDS forbids (/ @ " space)."""
-    return secrets.token_urlsafe(36)
 
 
 @dataclass(frozen=True, kw_only=True)

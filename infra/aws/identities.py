@@ -70,6 +70,22 @@ def bindings(teams: Sequence[str], cache: bool, mlflow: bool, serving: bool = Fa
     return out
 
 
+def pod_identity_role(res: str, *, parent: pulumi.Resource, role_name: str, account_id: str,
+                      policy: pulumi.Input[str], cluster_name: pulumi.Input[str], namespace: str, service_account: str,
+                      depends_on: Sequence[pulumi.Resource],
+                      tags: Mapping[str, str]) -> tuple[aws.iam.Role, aws.eks.PodIdentityAssociation]:
+    """One service account's IAM role through Pod Identity: the role, its inline `policy` and the association, each
+    named `res` under `parent`; the association waits for `depends_on` (the Pod Identity agent)."""
+    child = pulumi.ResourceOptions(parent=parent)
+    role = aws.iam.Role(res, name=role_name, assume_role_policy=json.dumps(iam.pod_identity_trust(account_id)),
+                        tags=dict(tags), opts=child)
+    aws.iam.RolePolicy(res, role=role.id, policy=policy, opts=child)
+    association = aws.eks.PodIdentityAssociation(
+        res, cluster_name=cluster_name, namespace=namespace, service_account=service_account, role_arn=role.arn,
+        tags=dict(tags), opts=pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on)))
+    return role, association
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkloadIdentitiesArgs:
     cluster_name: pulumi.Input[str]  # EKS cluster for the associations
@@ -84,7 +100,6 @@ class WorkloadIdentitiesArgs:
 class WorkloadIdentities(pulumi.ComponentResource):
     def __init__(self, name: str, args: WorkloadIdentitiesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:aws:WorkloadIdentities", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         keys = sorted(args.resources)
         resolved = pulumi.Output.all(*[args.resources[k] for k in keys]).apply(lambda v: dict(zip(keys, v,
                                                                                                 strict=True)))
@@ -92,16 +107,12 @@ class WorkloadIdentities(pulumi.ComponentResource):
         self.role_arns: dict[str, pulumi.Output[str]] = {}
         self.associations: list[aws.eks.PodIdentityAssociation] = []
         for b in args.bindings:
-            res = f"{name}-{b.key.replace('/', '-')}"
-            role = aws.iam.Role(res, name=f"{args.role_prefix}-{b.key.replace('/', '-')}"[:64],
-                                assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)),
-                                tags=dict(args.tags), opts=child)
-            aws.iam.RolePolicy(res, role=role.id, policy=resolved.apply(lambda r, b=b: json.dumps(b.policy(r))),
-                               opts=child)
-            self.associations.append(aws.eks.PodIdentityAssociation(
-                res, cluster_name=args.cluster_name, namespace=b.namespace, service_account=b.service_account,
-                role_arn=role.arn, tags=dict(args.tags),
-                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on))))
+            key = b.key.replace("/", "-")
+            role, association = pod_identity_role(
+                f"{name}-{key}", parent=self, role_name=f"{args.role_prefix}-{key}"[:64], account_id=args.account_id,
+                policy=resolved.apply(lambda r, b=b: json.dumps(b.policy(r))), cluster_name=args.cluster_name,
+                namespace=b.namespace, service_account=b.service_account, depends_on=args.depends_on, tags=args.tags)
+            self.associations.append(association)
             self.role_arns[b.key] = role.arn
             self.identities[b.key] = WorkloadIdentity(namespaces=[b.namespace], name=b.service_account, annotations={})
         self.register_outputs({"role_arns": self.role_arns})

@@ -2,7 +2,6 @@
 
 Usage:
     karp = Karpenter("karpenter", KarpenterArgs(...))      # CRDs, controller, queue, IAM, classes and pools
-    karp.fabrics["h100"]                                    # the pool's Fabric for the platform
     node_class_spec(...), node_pools(...), helm_values(...) # pure: the custom resources and chart values
 
 Karpenter launches nodes only when pending pods need them and removes them when empty, so pools cost
@@ -51,8 +50,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from gpu_train.spec import naming
-from gpu_train.spec.catalog.aws import InstanceSpec
-from gpu_train.spec.contract import Fabric
+from gpu_train.spec.catalog.aws import InstanceSpec, instance_spec
 from gpu_train.spec.settings import GpuPoolSettings, HealthSettings
 from infra.aws import iam
 from infra.aws.gpu_nodes import (
@@ -60,11 +58,10 @@ from infra.aws.gpu_nodes import (
     Interface,
     efa_interfaces,
     efa_security_group_rules,
-    fabric_for,
-    network_cards,
     node_labels,
     nvidia_ami_parameter,
 )
+from infra.aws.identities import pod_identity_role
 
 CHART = "oci://public.ecr.aws/karpenter/karpenter"
 CRD_CHART = "oci://public.ecr.aws/karpenter/karpenter-crd"
@@ -242,7 +239,8 @@ class KarpenterArgs:
     kubernetes_version: str  # selects the NVIDIA AMI
     provider: k8s.Provider  # the cluster's Kubernetes provider
     system_selector: Mapping[str, str]  # where the controller runs
-    pools: Sequence[tuple[GpuPoolSettings, InstanceSpec]]  # every GPU pool of the stack
+    pools: Sequence[GpuPoolSettings]  # every GPU pool of the stack
+    network_cards: Mapping[str, int]  # network cards of each fabric pool's instance type (EC2), by pool name
     depends_on: Sequence[pulumi.Resource]  # add-ons and system nodes that must exist first
     tags: Mapping[str, str]  # common tags
     health: HealthSettings = field(default_factory=HealthSettings)  # node repair and repair budget (cfg.health)
@@ -255,15 +253,12 @@ class Karpenter(pulumi.ComponentResource):
         queue = self._interruption_queue(name, args, tags)
         self._controller(name, args, tags, queue)
         self.efa_security_group = self._efa_security_group(name, args, tags) \
-            if any(p.fabric for p, _ in args.pools) else None
+            if any(p.fabric for p in args.pools) else None
         ami = aws.ssm.get_parameter(name=nvidia_ami_parameter(args.kubernetes_version),
                                     opts=pulumi.InvokeOptions(parent=self)).value
-        self.fabrics: dict[str, Fabric] = {}
         self.node_pools: list[k8s.apiextensions.CustomResource] = []
-        self.placement_groups: dict[str, aws.ec2.PlacementGroup] = {}
-        for pool, spec in args.pools:
-            self._pool(name, args, tags, pool, spec, ami)
-        self.queue_url = queue.url
+        for pool in args.pools:
+            self._pool(name, args, tags, pool, ami)
         self.register_outputs({"queue_url": queue.url, "release": self.release.name})
 
     def _interruption_queue(self, name: str, args: KarpenterArgs, tags: dict[str, str]) -> aws.sqs.Queue:
@@ -292,23 +287,20 @@ class Karpenter(pulumi.ComponentResource):
         entry = aws.eks.AccessEntry(f"{name}-nodes", cluster_name=args.cluster_name, principal_arn=node_role.arn,
                                     type="EC2_LINUX", tags=tags,
                                     opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
-        self.controller_role = controller = aws.iam.Role(
-            f"{name}-controller", name=args.controller_role_name,
-            assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)), tags=tags, opts=child)
-        aws.iam.RolePolicy(f"{name}-controller", role=controller.id, policy=pulumi.Output.all(
+        policy = pulumi.Output.all(
             args.cluster_arn, node_role.arn, queue.arn, args.ebs_key_arn, args.sqs_key_arn).apply(
             lambda a: json.dumps(iam.karpenter_controller_policy(
                 cluster_name=args.cluster_name, cluster_arn=a[0], region=args.region, account_id=args.account_id,
-                node_role_arn=a[1], queue_arn=a[2], ebs_key_arn=a[3], sqs_key_arn=a[4]))), opts=child)
-        association = aws.eks.PodIdentityAssociation(
-            f"{name}-controller", cluster_name=args.cluster_name, namespace=naming.KARPENTER_NAMESPACE,
-            service_account=naming.KARPENTER_SERVICE_ACCOUNT, role_arn=controller.arn, tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
+                node_role_arn=a[1], queue_arn=a[2], ebs_key_arn=a[3], sqs_key_arn=a[4])))
+        _, association = pod_identity_role(
+            f"{name}-controller", parent=self, role_name=args.controller_role_name, account_id=args.account_id,
+            policy=policy, cluster_name=args.cluster_name, namespace=naming.KARPENTER_NAMESPACE,
+            service_account=naming.KARPENTER_SERVICE_ACCOUNT, depends_on=args.depends_on, tags=tags)
         self.crds = k8s.helm.v3.Release(
             f"{name}-crd", name="karpenter-crd", chart=CRD_CHART, version=CHART_VERSION,
             namespace=naming.KARPENTER_NAMESPACE, atomic=True, timeout=300,
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.depends_on)))
-        static = any(p.min_nodes > 0 for p, _ in args.pools)
+        static = any(p.min_nodes > 0 for p in args.pools)
         values = pulumi.Output.all(args.endpoint, queue.name).apply(lambda a: helm_values(
             cluster_name=args.cluster_name, endpoint=a[0], queue_name=a[1], system_selector=args.system_selector,
             static_capacity=static, node_repair=args.health.node_repair))
@@ -333,18 +325,14 @@ class Karpenter(pulumi.ComponentResource):
                 referenced_security_group_id=sg.id, description="EFA peers", tags=tags, opts=child)
         return sg
 
-    def _pool(self, name: str, args: KarpenterArgs, tags: dict[str, str], pool: GpuPoolSettings,
-              spec: InstanceSpec, ami: str) -> None:
-        """One GPU pool: its fabric, its placement group when it wants one, its EC2NodeClass and NodePools."""
+    def _pool(self, name: str, args: KarpenterArgs, tags: dict[str, str], pool: GpuPoolSettings, ami: str) -> None:
+        """One GPU pool: its placement group when it wants one, its EC2NodeClass and NodePools."""
         class_name = f"gpu-{pool.name}"
-        cards = network_cards(pool.instance_type, pulumi.InvokeOptions(parent=self)) if pool.fabric else 1
-        self.fabrics[pool.name] = fabric_for(pool, cards)
-        interfaces = efa_interfaces(cards) if pool.fabric else []
+        interfaces = efa_interfaces(args.network_cards[pool.name]) if pool.fabric else []
         group_name: pulumi.Input[str] = ""
         if wants_placement_group(pool):
             pg = aws.ec2.PlacementGroup(f"{name}-{pool.name}", name=placement_group_name(args.cluster_name, pool),
                                         strategy="cluster", tags=tags, opts=pulumi.ResourceOptions(parent=self))
-            self.placement_groups[pool.name] = pg
             group_name = pg.name
         class_spec = pulumi.Output.all(args.ebs_key_arn, self.node_role.name, group_name).apply(
             lambda a: node_class_spec(
@@ -358,6 +346,7 @@ class Karpenter(pulumi.ComponentResource):
             metadata={"name": class_name}, spec=class_spec,
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=class_deps))
         pool_opts = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[self.release, node_class])
+        spec = instance_spec(pool.instance_type)
         for pool_name, pool_spec in node_pools(pool, spec, node_class=class_name, zones=args.zones,
                                                max_disrupted=args.health.max_concurrent_repairs).items():
             self.node_pools.append(k8s.apiextensions.CustomResource(

@@ -27,10 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
-import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.aws import iam
+from infra.aws.identities import pod_identity_role
 
 CHART_REPO = "https://aws.github.io/eks-charts"
 CHART = "aws-load-balancer-controller"
@@ -92,16 +92,11 @@ class LoadBalancerControllerArgs:
 class LoadBalancerController(pulumi.ComponentResource):
     def __init__(self, name: str, args: LoadBalancerControllerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("gpu-train:aws:LoadBalancerController", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        tags = dict(args.tags)
-        role = aws.iam.Role(name, name=args.role_name,
-                            assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)), tags=tags,
-                            opts=child)
-        aws.iam.RolePolicy(name, role=role.id, policy=json.dumps(iam.load_balancer_controller_policy(
-            region=args.region, account_id=args.account_id)), opts=child)
-        association = aws.eks.PodIdentityAssociation(
-            name, cluster_name=args.cluster_name, namespace=NAMESPACE, service_account=SERVICE_ACCOUNT,
-            role_arn=role.arn, tags=tags, opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
+        role, association = pod_identity_role(
+            name, parent=self, role_name=args.role_name, account_id=args.account_id,
+            policy=json.dumps(iam.load_balancer_controller_policy(region=args.region, account_id=args.account_id)),
+            cluster_name=args.cluster_name, namespace=NAMESPACE, service_account=SERVICE_ACCOUNT,
+            depends_on=args.depends_on, tags=args.tags)
         values = pulumi.Output.all(args.cluster_name, args.vpc_id).apply(lambda a: helm_values(
             cluster_name=a[0], region=args.region, vpc_id=a[1], system_selector=args.system_selector))
         self.release = k8s.helm.v3.Release(
@@ -110,5 +105,4 @@ class LoadBalancerController(pulumi.ComponentResource):
             values=values, atomic=True, timeout=600,
             opts=pulumi.ResourceOptions(parent=self, provider=args.provider,
                                         depends_on=[*args.depends_on, association]))
-        self.role_arn = role.arn
         self.register_outputs({"role_arn": role.arn, "release": self.release.name})

@@ -30,6 +30,7 @@ import pulumi_aws as aws
 
 from gpu_train.spec import naming
 from infra.aws import iam
+from infra.aws.identities import pod_identity_role
 from infra.platform import LogStore, WorkloadIdentity
 
 # The shipper's Kubernetes service account (the Kubernetes layer installs the chart with these names).
@@ -92,13 +93,12 @@ class LogShipping(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         tags = dict(args.tags)
         groups: dict[str, str] = {}
-        self.log_groups: dict[str, aws.cloudwatch.LogGroup] = {}
         self.reader_policy_arns = {}
         for team in args.teams:
             namespace = naming.team_namespace(team)
             group = log_group_name(args.cluster_name, namespace)
             groups[namespace] = group
-            self.log_groups[team] = aws.cloudwatch.LogGroup(
+            aws.cloudwatch.LogGroup(
                 f"{name}-{team}", name=group, retention_in_days=args.retention_days, kms_key_id=args.logs_key_arn,
                 tags=tags, opts=child)
             arn = log_group_arn(args.region, args.account_id, group)
@@ -108,14 +108,11 @@ class LogShipping(pulumi.ComponentResource):
                 policy=json.dumps(reader_policy(arn)), tags=tags, opts=child).arn
 
         arns = [log_group_arn(args.region, args.account_id, g) for g in groups.values()]
-        self.role = aws.iam.Role(f"{name}-shipper", name=f"{args.cluster_name}-log-shipper"[:64],
-                                 assume_role_policy=json.dumps(iam.pod_identity_trust(args.account_id)),
-                                 tags=tags, opts=child)
-        aws.iam.RolePolicy(f"{name}-shipper", role=self.role.id, policy=json.dumps(shipper_policy(arns)), opts=child)
-        self.association = aws.eks.PodIdentityAssociation(
-            f"{name}-shipper", cluster_name=args.cluster, namespace=SHIPPER_NAMESPACE,
-            service_account=SHIPPER_SERVICE_ACCOUNT, role_arn=self.role.arn, tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.depends_on)))
+        self.role, self.association = pod_identity_role(
+            f"{name}-shipper", parent=self, role_name=f"{args.cluster_name}-log-shipper"[:64],
+            account_id=args.account_id, policy=json.dumps(shipper_policy(arns)), cluster_name=args.cluster,
+            namespace=SHIPPER_NAMESPACE, service_account=SHIPPER_SERVICE_ACCOUNT, depends_on=args.depends_on,
+            tags=tags)
         self.store = LogStore(
             kind="cloudwatch", region=args.region, groups=groups,
             shipper=WorkloadIdentity(namespaces=[SHIPPER_NAMESPACE], name=SHIPPER_SERVICE_ACCOUNT),

@@ -2,7 +2,7 @@
 
 Usage:
     pools = gpu_pools(settings)                       # before any resource: EFA devices from the catalog
-    pools = gpu_pools(settings, karpenter.fabrics)    # in build_platform: EFA devices from the EC2 API
+    pools = gpu_pools(settings, cards)                # in build_platform: EFA devices from the EC2 API
     addons = node_addons(pools)                       # for ClusterPlatform.node_addons
 
 The EKS-optimized NVIDIA AMI (AL2023) brings the driver and the container toolkit, so the platform installs
@@ -25,7 +25,7 @@ from fractions import Fraction
 
 from gpu_train.spec import naming
 from gpu_train.spec.catalog.aws import instance_spec
-from gpu_train.spec.contract import Allocatable, Fabric, GpuPool
+from gpu_train.spec.contract import Allocatable, GpuPool
 from gpu_train.spec.settings import StackSettings
 from infra.aws.gpu_nodes import EFA_RESOURCE, fabric_for
 from infra.platform import DevicePlugin, FabricProbe, NodeAddons, left_for_pods
@@ -61,14 +61,15 @@ def allocatable(instance_type: str) -> Allocatable:
     return left_for_pods(*kubelet_allocatable(instance_type))
 
 
-def gpu_pools(s: StackSettings, fabrics: Mapping[str, Fabric] | None = None) -> list[GpuPool]:
-    """Every GPU pool as a job sees it. `fabrics` (pool name -> Fabric) carries the EFA devices EC2 reports at
-    deploy time; without it they come from the catalog's network cards, which is what the checks before any
-    resource use (neither Kueue nor a node's fit counts EFA devices)."""
+def gpu_pools(s: StackSettings, network_cards: Mapping[str, int] | None = None) -> list[GpuPool]:
+    """Every GPU pool as a job sees it. `network_cards` (fabric pool name -> network cards) carries what EC2 reports
+    at deploy time, which sets the EFA devices; without it they come from the catalog's network cards, which is what
+    the checks before any resource use (neither Kueue nor a node's fit counts EFA devices)."""
     out = []
     for p in s.gpu_pools:
         spec = instance_spec(p.instance_type)
-        fabric = fabrics[p.name] if fabrics is not None else fabric_for(p, spec.network_cards if p.fabric else 1)
+        cards = network_cards[p.name] if network_cards is not None and p.fabric else spec.network_cards
+        fabric = fabric_for(p, cards)
         out.append(GpuPool(
             name=p.name, instance_type=p.instance_type, capacity=p.capacity, gpu_type=spec.gpu_type,
             gpus_per_node=spec.gpus, min_nodes=p.min_nodes, max_nodes=p.max_nodes, zone=p.zone,

@@ -23,7 +23,7 @@ from gpu_train.spec import naming
 from gpu_train.spec.contract import GpuPool
 from gpu_train.spec.settings import StackSettings
 from infra.gcp import node_addons, settings_checks
-from infra.gcp.cluster import GkeCluster, GkeClusterArgs, rbac_security_group
+from infra.gcp.cluster import GkeCluster, GkeClusterArgs
 from infra.gcp.database import Database, DatabaseArgs
 from infra.gcp.gpu_pools import GpuNodePool, GpuNodePoolArgs
 from infra.gcp.identity import Identities, IdentitiesArgs, identities
@@ -107,7 +107,7 @@ def build_platform(cfg: StackSettings, tags: dict[str, str]) -> ClusterPlatform:
     cluster = GkeCluster(
         "cluster",
         GkeClusterArgs(stack=stack, project=project_id, region=region, zones=cfg.zones, settings=cfg.cluster,
-                       vpc_cidr=ranges.vpc_cidr, security_group=rbac_security_group(cfg.teams),
+                       vpc_cidr=ranges.vpc_cidr, security_group=settings_checks.gke_security_group(cfg.teams),
                        node_repair=cfg.health.node_repair, deletion_protection=cfg.is_prod, labels=labels,
                        network=network.network, subnet=network.subnet,
                        database_key=keys.key_ids["gke"], disk_key=keys.key_ids["disks"],

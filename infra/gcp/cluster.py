@@ -2,7 +2,7 @@
 
 Usage (inside the Pulumi program; `build_platform` does this):
     cluster = GkeCluster("cluster", GkeClusterArgs(stack=cfg.stack, project=..., region=..., zones=...,
-                         settings=cfg.cluster, vpc_cidr=..., security_group=rbac_security_group(cfg.teams),
+                         settings=cfg.cluster, vpc_cidr=..., security_group=gke_security_group(cfg.teams),
                          node_repair=True, deletion_protection=True, labels=tags, network=net.network,
                          subnet=net.subnet, database_key=..., disk_key=..., multi_networking=True,
                          registry=reg.repository), opts)
@@ -23,8 +23,8 @@ Team groups in Kubernetes RBAC (infra/k8s/tenancy.py binds `Group` subjects by e
 with Google Groups for RBAC: the cluster names the `gke-security-groups@<domain>` group that the
 team groups are members of (https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac).
 
-`kubeconfig(...)`, `location(...)`, `authorized_networks(...)`, `rbac_security_group(teams)` and
-`maintenance_exclusion()` are pure and tested without mocks.
+`kubeconfig(...)`, `location(...)`, `authorized_networks(...)` and `maintenance_exclusion()` are pure and
+tested without mocks.
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from gpu_train.spec import naming
-from gpu_train.spec.settings import ClusterSettings, TeamSettings
+from gpu_train.spec.settings import ClusterSettings
 from infra.gcp.network import POD_RANGE, SERVICE_RANGE
-from infra.gcp.settings_checks import gke_security_group
 
 # Only what a node needs: ship logs and metrics, read images
 # (https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa).
@@ -88,12 +87,6 @@ def maintenance_exclusion() -> gcp.container.ClusterMaintenancePolicyMaintenance
                                   "end_time_behavior": "UNTIL_END_OF_SUPPORT"}}
 
 
-def rbac_security_group(teams: Sequence[TeamSettings]) -> str | None:
-    """The Google Groups for RBAC security group of the teams' groups (checked with the settings:
-    infra.gcp.settings_checks.gke_group_problems); None when no team names a group."""
-    return gke_security_group(teams)
-
-
 def kubeconfig(name: str, dns_endpoint: str) -> str:
     """A kubeconfig for the DNS-based endpoint that authenticates with gke-gcloud-auth-plugin
     (no static credentials; the endpoint's certificate is publicly trusted, so no CA bundle)."""
@@ -127,7 +120,7 @@ class GkeClusterArgs:
     zones: Sequence[str]  # node zones of a regional cluster; zones[0] is a zonal cluster's location
     settings: ClusterSettings  # gpu-train:cluster (version, channel, endpoint access, system pool, ranges)
     vpc_cidr: str  # the node range, always allowed to reach the API server
-    security_group: str | None  # Google Groups for RBAC group (rbac_security_group); None: off
+    security_group: str | None  # Google Groups for RBAC group (settings_checks.gke_security_group); None: off
     node_repair: bool  # node auto-repair of the system pool (gpu-train:health.nodeRepair)
     deletion_protection: bool  # prod: the cluster cannot be deleted
     labels: dict[str, str]  # common labels (GCE resource labels on the cluster and its nodes)

@@ -17,14 +17,13 @@ kept only in Pulumi's encrypted state and the cluster's Secret; see docs/gcp.md.
 from __future__ import annotations
 
 import ipaddress
-import secrets
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
 
 from gpu_train.spec import naming
-from infra.platform import ManagedDatabase
+from infra.platform import ManagedDatabase, generate_password
 
 DATABASE_VERSION = "POSTGRES_16"
 PORT = 5432
@@ -53,11 +52,6 @@ def instance_settings(*, is_prod: bool, storage_gb: int) -> InstanceSettings:
         retained_backups=14 if is_prod else 7,
         deletion_protection=is_prod,
     )
-
-
-def generate_password() -> str:
-    """48 URL-safe characters from the OS CSPRNG."""
-    return secrets.token_urlsafe(36)
 
 
 def psa_address(cidr: str) -> tuple[str, int]:

@@ -29,7 +29,6 @@ infra/k8s component, its manifests are pure functions beside the component (test
 from __future__ import annotations
 
 import ipaddress
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +48,7 @@ from infra.k8s.common import (
     k8s_opts,
     network_policies,
 )
-from infra.platform import ClusterPlatform, EgressTarget
+from infra.platform import ClusterPlatform, EgressTarget, generate_password
 
 NAMESPACE = naming.MLFLOW_NAMESPACE
 SERVICE_ACCOUNT = naming.MLFLOW_SERVICE_ACCOUNT
@@ -126,11 +125,6 @@ def validate(args: MlflowServerArgs) -> None:
 
 
 # ------------------------------------------------------------------------------------------- pure helpers
-def generate_password() -> str:
-    """48 URL-safe characters from the OS CSPRNG (~286 bits); no escaping needed in a URL or a shell."""
-    return secrets.token_urlsafe(36)
-
-
 def database_uri(*, user: str, password: str, host: str, port: int, database: str, sslmode: str) -> str:
     """The SQLAlchemy URL for MLflow; user and password are percent-encoded (cloud passwords carry @ : /)."""
     return (f"postgresql://{quote(user, safe='')}:{quote(password, safe='')}@{host}:{port}/"

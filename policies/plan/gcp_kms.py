@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from policies.core import dig
 from policies.plan.graph import PlanGraph, Record
 
 ENCRYPTER_DECRYPTER = "roles/cloudkms.cryptoKeyEncrypterDecrypter"
@@ -153,14 +154,6 @@ def key_index(graph: PlanGraph) -> dict[str, str]:
     return keys
 
 
-def _dig(value: Any, path: tuple[str, ...]) -> Any:
-    for part in path:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(part)
-    return value
-
-
 def _strings(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
     if isinstance(value, Mapping):
         for k, v in value.items():
@@ -197,7 +190,7 @@ def key_uses(records: Iterable[Record]) -> list[KeyUse]:
             if consumer.resource_type != typ or not consumer.applies(inputs):
                 continue
             known.add(consumer.path)
-            value = _dig(inputs, consumer.path)
+            value = dig(inputs, *consumer.path)
             if isinstance(value, str) and value:
                 uses.append(KeyUse(consumer=record["urn"], consumer_name=record["name"],
                                    field=".".join(consumer.path), key_id=value,

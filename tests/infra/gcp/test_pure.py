@@ -20,6 +20,7 @@ from infra.gcp import (
     node_addons,
     registry,
     services,
+    settings_checks,
     storage,
 )
 from tests.infra.gcp.conftest import fabric_pool, stack_cfg
@@ -182,20 +183,20 @@ def test_keys_storage_registry_cluster_helpers():
         ["10.10.0.0/20", "203.0.113.0/24"]
 
 
-def test_rbac_security_group_comes_from_the_team_groups_domain():
+def test_gke_security_group_comes_from_the_team_groups_domain():
     cfg = stack_cfg([L4])
-    assert cluster.rbac_security_group(cfg.teams) is None  # the test stack's team names no group
+    assert settings_checks.gke_security_group(cfg.teams) is None  # the test stack's team names no group
     team = TeamSettings(name="research", gpu_quota=1, submitters=("ml-research@corp.example.org",),
                              viewers=("ML-Platform@Corp.Example.Org",))
     # https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac: one
     # gke-security-groups@<domain> group per cluster.
-    assert cluster.rbac_security_group([team]) == "gke-security-groups@corp.example.org"
+    assert settings_checks.gke_security_group([team]) == "gke-security-groups@corp.example.org"
     other = TeamSettings(name="applied", gpu_quota=1, viewers=("ml@other.example.net",))
     with pytest.raises(SettingsError, match=r"several domains.*teams\[1\]\.viewers\[0\]"):
-        cluster.rbac_security_group([team, other])
+        settings_checks.gke_security_group([team, other])
     bare = TeamSettings(name="x", gpu_quota=1, submitters=("ml-research",))
     with pytest.raises(SettingsError, match=r"gpu-train:teams\[0\]\.submitters\[0\] must be a Google group"):
-        cluster.rbac_security_group([bare])
+        settings_checks.gke_security_group([bare])
 
 
 def test_build_cache_repository_cleanup_keeps_the_newest_and_expires_the_rest():
