@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,14 @@ ROOT = Path(__file__).resolve().parent.parent
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
 # Fast failure detection on localhost: a dead agent's heartbeat expires after 1 s x 3.
 RDZV_CONF = ["last_call_timeout=1", "close_timeout=10", "keep_alive_interval=1", "keep_alive_max_attempt=3"]
+
+
+def run_json(module: str, args: list[str], env: dict[str, str] = ONE_THREAD_ENV) -> dict:
+    """`python -m <module> args...` from the repository root, by default on one thread (ONE_THREAD_ENV); the JSON
+    line it prints last. CalledProcessError when it fails."""
+    out = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def launch_local(run_dir: Path, preset: str, overrides: list[str], *, port: int, nproc: int = 1,

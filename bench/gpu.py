@@ -21,17 +21,15 @@ loop at the same batch, so the script is known to run before a GPU is lent; MFU 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-from bench.common import Figure, preset_flops_per_token, ratio
+from bench.common import Figure, preset_flops_per_token, ratio, run_json
 from bench.runs import ROOT, run_trainer, seconds_per_step, summary
 from gpu_train.sizing.layout import resolve_layout
 from gpu_train.sizing.memory import fitting_micro_batch, memory_per_gpu, sized
@@ -152,10 +150,8 @@ def _bare(preset: str, steps: int, tokens_per_step: int, overrides: list[str]) -
     """Tokens/s of the bare loop (bench/bare.py) on one device, one micro batch per step."""
     # The trainer's workers run with OMP_NUM_THREADS=1 unless it is set (bench/runs.py); so does the bare loop.
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    out = subprocess.run([sys.executable, "-m", "bench.bare", "--preset", preset, "--steps", str(steps),
-                          "--from-step", str(FROM_STEP), *overrides], cwd=ROOT, capture_output=True, text=True,
-                         check=True, env=env)
-    tps = tokens_per_step / json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_step"]
+    tps = tokens_per_step / run_json("bench.bare", ["--preset", preset, "--steps", str(steps), "--from-step",
+                                                    str(FROM_STEP), *overrides], env=env)["seconds_per_step"]
     print(f"gpu: {preset} bare loop: {tps:,.0f} tokens/s", flush=True)
     return tps
 

@@ -13,15 +13,12 @@ whole logits in the bare loop, alternating runs.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
-import sys
 
 from bench import turns
-from bench.common import ONE_THREAD_ENV, Figure
-from bench.runs import QUIET, ROOT
+from bench.common import Figure, run_json
+from bench.runs import QUIET
 
 # A model big enough that a step is compute, not Python (about 0.1-0.3 s per step on one CPU core).
 SMALL = ["model.n_layer=4", "model.d_model=128", "model.n_head=4", "model.context=128",
@@ -51,16 +48,9 @@ BIG_VOCAB = ["model.n_layer=2", "model.d_model=128", "model.n_head=4", "model.co
              "train.global_batch_tokens=4096", "train.micro_batch_size=8"]
 
 
-def _run_json(module: str, args: list[str]) -> dict:
-    """`python -m <module> args...` on one thread, from the repository root; the JSON line it prints last."""
-    out = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env=ONE_THREAD_ENV)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def _bare(preset: str, overrides: list[str], steps: int) -> float:
     """Seconds per step of the bare loop (bench/bare.py) after step FROM_STEP."""
-    return _run_json("bench.bare", ["--preset", preset, "--steps", str(steps), "--from-step", str(FROM_STEP),
+    return run_json("bench.bare", ["--preset", preset, "--steps", str(steps), "--from-step", str(FROM_STEP),
                                     *overrides])["seconds_per_step"]
 
 
@@ -81,7 +71,7 @@ def chunked_loss(quick: bool = False) -> Figure:
 def interleaved(preset: str, overrides: list[str], blocks: int, block_steps: int) -> tuple[float, float, float]:
     """(median seconds/step of our loop, of the bare loop, median of the pairs' ratios) from bench/interleaved.py:
     both loops in one process, alternating blocks of steps."""
-    got = _run_json("bench.interleaved", ["--preset", preset, "--blocks", str(blocks), "--block-steps",
+    got = run_json("bench.interleaved", ["--preset", preset, "--blocks", str(blocks), "--block-steps",
                                           str(block_steps), *overrides])
     return got["ours_s"], got["bare_s"], statistics.median(got["ratios"])
 

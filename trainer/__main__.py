@@ -33,6 +33,7 @@ from trainer.errors import (
     BadInput,
     TrainingFailed,
     one_line,
+    stop_retries,
 )
 
 PROG = "python -m trainer"
@@ -61,8 +62,6 @@ def parser() -> argparse.ArgumentParser:
 def bad_input(message: str) -> int:
     """One line on stderr: under the launcher its own (the worker stops torchrun from restarting the group and
     leaves the message to it, trainer/errors.py), else this worker's."""
-    from trainer.errors import stop_retries
-
     text = one_line(message)
     if not stop_retries(text):
         print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)

@@ -416,8 +416,7 @@ class Tracker:
         self._submit("params", self._write_params, clean)
         if clean != text:  # the whole values still reach the run, as an artifact next to the cut params
             full = json.dumps({k: v for k, v in text.items() if clean[k] != v}, indent=1)
-            self._submit("params_full_values.json", lambda: self._client.log_text(
-                self._run_id, full, "params_full_values.json"))
+            self._submit("params_full_values.json", self._client_call("log_text", full, "params_full_values.json"))
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         clean = {k: clip(str(v), MAX_TAG_VALUE) for k, v in tags.items() if len(k) <= MAX_KEY}

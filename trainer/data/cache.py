@@ -413,18 +413,10 @@ class ShardCache:
                 store.download(ref.key, tmp)
                 size = tmp.stat().st_size
                 if size != ref.size:
-                    raise ShardIntegrityError(
-                        f"shard {ref.key} at {url}: size {size} bytes, manifest says {ref.size}",
-                        shard=ref.key,
-                        uri=url,
-                    )
+                    raise ShardIntegrityError.mismatch(ref.key, url, f"size {size} bytes", ref.size)
                 digest = sha256_file(tmp)
                 if digest != ref.sha256:
-                    raise ShardIntegrityError(
-                        f"shard {ref.key} at {url}: sha256 {digest}, manifest says {ref.sha256}",
-                        shard=ref.key,
-                        uri=url,
-                    )
+                    raise ShardIntegrityError.mismatch(ref.key, url, f"sha256 {digest}", ref.sha256)
                 with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
                 os.replace(tmp, path)

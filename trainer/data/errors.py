@@ -32,6 +32,12 @@ class ShardMissingError(ShardError):
 class ShardIntegrityError(ShardError):
     """A downloaded shard has the wrong size or sha256; it is deleted, never cached."""
 
+    @classmethod
+    def mismatch(cls, shard: str, uri: str, found: str, manifest: object) -> ShardIntegrityError:
+        """Shard `shard` at `uri` differs from the manifest: `found` ("size N bytes", "sha256 H") against the
+        manifest's value."""
+        return cls(f"shard {shard} at {uri}: {found}, manifest says {manifest}", shard=shard, uri=uri)
+
 
 class DatasetTooShortError(DataError):
     """No window of ``context + 1`` tokens fits in the dataset (or split)."""

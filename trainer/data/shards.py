@@ -268,17 +268,13 @@ class DirectShardSource:
         except FileNotFoundError as exc:
             raise ShardMissingError(f"shard {key} is missing at {url}", shard=key, uri=url) from exc
         if st.st_size != size:
-            raise ShardIntegrityError(
-                f"shard {key} at {url}: size {st.st_size} bytes, manifest says {size}", shard=key, uri=url
-            )
+            raise ShardIntegrityError.mismatch(key, url, f"size {st.st_size} bytes", size)
         if self.verify == "seal" and self.seals.matches(path, sha, st):
             return path
         digest = sha256_file(path)
         self.hashes += 1
         if digest != sha:
-            raise ShardIntegrityError(
-                f"shard {key} at {url}: sha256 {digest}, manifest says {sha}", shard=key, uri=url
-            )
+            raise ShardIntegrityError.mismatch(key, url, f"sha256 {digest}", sha)
         if SealBook.identity(path.stat()) == SealBook.identity(st):
             self.seals.record(path, sha, st)
         return path
