@@ -51,7 +51,7 @@ BIG_VOCAB = ["model.n_layer=2", "model.d_model=128", "model.n_head=4", "model.co
 def _bare(preset: str, overrides: list[str], steps: int) -> float:
     """Seconds per step of the bare loop (bench/bare.py) after step FROM_STEP."""
     return run_json("bench.bare", ["--preset", preset, "--steps", str(steps), "--from-step", str(FROM_STEP),
-                                    *overrides])["seconds_per_step"]
+                                   *overrides])["seconds_per_step"]
 
 
 def chunked_loss(quick: bool = False) -> Figure:
@@ -72,7 +72,7 @@ def interleaved(preset: str, overrides: list[str], blocks: int, block_steps: int
     """(median seconds/step of our loop, of the bare loop, median of the pairs' ratios) from bench/interleaved.py:
     both loops in one process, alternating blocks of steps."""
     got = run_json("bench.interleaved", ["--preset", preset, "--blocks", str(blocks), "--block-steps",
-                                          str(block_steps), *overrides])
+                                         str(block_steps), *overrides])
     return got["ours_s"], got["bare_s"], statistics.median(got["ratios"])
 
 
