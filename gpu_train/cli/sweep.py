@@ -180,19 +180,13 @@ def _journaled(sweep, directory: Path) -> Path:
 def _check_trials(sweep, source: str, nproc: int) -> None:
     """The template and its extreme trials (each bound, each choice) through `run --local`'s own job checks."""
     from gpu_train.client.local import local_problems
-    from gpu_train.spec.sweep import bound_trials
+    from gpu_train.spec.sweep import bound_trials, trial_job, trial_name
 
     for params in bound_trials(sweep):
-        problems = local_problems(sweep_job(sweep, params), nproc, key="trialTemplate")
+        problems = local_problems(trial_job(sweep, trial_name(sweep, 0), params, {}), nproc, key="trialTemplate")
         if problems:
             where = ", ".join(f"{k}={v}" for k, v in params.items())
             raise ClientError("\n".join(f"{source}: {p} (trial with {where})" for p in problems))
-
-
-def sweep_job(sweep, params):
-    from gpu_train.spec.sweep import trial_job, trial_name
-
-    return trial_job(sweep, trial_name(sweep, 0), params, {})
 
 
 def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int, workdir: Path | None = None) -> int:
