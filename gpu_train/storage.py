@@ -301,7 +301,6 @@ class S3Store:
         self.options = options
         self.signed = signs_requests(options.auth, endpoint)
         self.uri = f"{scheme}://{bucket}/{prefix}".rstrip("/")
-        self._local = threading.local()
         self._lock = threading.Lock()
         self._client_pid = -1
         self._client: Any = None

@@ -25,8 +25,9 @@ from gpu_train.client.cluster import Session, call, team_namespace
 from gpu_train.client.errors import ClientError
 from gpu_train.client.gitrepo import provenance
 from gpu_train.client.jobs import check_spec, read_spec, render
+from gpu_train.client.status import JOBSET_GROUP, JOBSET_VERSION, get_jobset, list_jobsets, no_job
 from gpu_train.jobs import gitops
-from gpu_train.jobs.jobset import COMMIT_ANNOTATION, JOBSET_API
+from gpu_train.jobs.jobset import COMMIT_ANNOTATION
 from gpu_train.spec.contract import PlatformContract
 from gpu_train.spec.job import JobSpec
 
@@ -100,11 +101,6 @@ def lint(target: str, contracts: Callable[[str], PlatformContract], out=None) ->
     return 0
 
 
-def _jobset_api() -> tuple[str, str]:
-    group, version = JOBSET_API.split("/")
-    return group, version
-
-
 def apply(session: Session | None, root: str, *, teams: list[str], contracts: Callable[[str], PlatformContract],
           prune: bool, dry_run: bool, replace_running: bool, commit: str = "", out=None, unread: str = "") -> int:
     """Make each team's namespace match its spec files; returns 1 when something needs a person (drift, a name
@@ -131,7 +127,7 @@ def apply(session: Session | None, root: str, *, teams: list[str], contracts: Ca
     needs_person = 0
     totals: dict[str, int] = {}
     for team, desired in sorted(by_team.items()):
-        live = [] if session is None else _live(session, team)
+        live = [] if session is None else list_jobsets(session, team_namespace(team), team)
         for action in gitops.plan(desired, live, prune=prune, replace_running=replace_running):
             totals[action.kind] = totals.get(action.kind, 0) + 1
             needs_person += action.kind in ("drift", "conflict")
@@ -141,13 +137,6 @@ def apply(session: Session | None, root: str, *, teams: list[str], contracts: Ca
     out.write("apply" + (" (dry run)" if dry_run else "") + ": " +
               (", ".join(f"{n} {k}" for k, n in sorted(totals.items())) or "nothing to do") + "\n")
     return 1 if needs_person else 0
-
-
-def _live(session: Session, team: str) -> list[Mapping[str, Any]]:
-    ns = team_namespace(team)
-    group, version = _jobset_api()
-    return call(session, session.custom.list_namespaced_custom_object, group, version, ns, "jobsets",
-                doing="list jobsets", namespace=ns, team=team).get("items") or []
 
 
 def _report(out, team: str, action: gitops.Action, contracts, jobs, dry_run: bool) -> None:
@@ -161,27 +150,25 @@ def _report(out, team: str, action: gitops.Action, contracts, jobs, dry_run: boo
 
 def _execute(session: Session, team: str, action: gitops.Action) -> None:
     ns = team_namespace(team)
-    group, version = _jobset_api()
     if action.kind in ("replace", "cancel"):
-        call(session, session.custom.delete_namespaced_custom_object, group, version, ns, "jobsets", action.name,
-             propagation_policy="Background", doing=f"delete job {action.name!r}", namespace=ns, team=team)
+        call(session, session.custom.delete_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets",
+             action.name, propagation_policy="Background", doing=f"delete job {action.name!r}", namespace=ns,
+             team=team)
     if action.kind == "replace":
         _wait_gone(session, ns, team, action.name)
     if action.kind in ("create", "replace"):
-        call(session, session.custom.create_namespaced_custom_object, group, version, ns, "jobsets",
+        call(session, session.custom.create_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets",
              dict(action.manifest or {}), doing=f"create job {action.name!r}", namespace=ns, team=team)
 
 
 def _wait_gone(session: Session, ns: str, team: str, name: str) -> None:
     """Until the deleted JobSet is gone (its finalizers done), so that its successor's create is not refused."""
-    group, version = _jobset_api()
     deadline = time.monotonic() + DELETE_WAIT_S
     while True:
         try:
-            call(session, session.custom.get_namespaced_custom_object, group, version, ns, "jobsets", name,
-                 doing=f"read job {name!r}", namespace=ns, team=team)
+            get_jobset(session, ns, name, team)
         except ClientError as exc:
-            if "(404)" in str(exc):
+            if no_job(exc, name):
                 return
             raise
         if time.monotonic() > deadline:

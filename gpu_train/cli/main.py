@@ -185,12 +185,6 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _session(args):
-    from gpu_train.client.cluster import connect
-
-    return connect(args.kubeconfig, args.context)
-
-
 def _client(args):
     from gpu_train.client.api import Client
 
@@ -285,7 +279,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_serve(args)
     if cmd == "sweep":
-        return sweep.run(args, _session)
+        return sweep.run(args)
     if cmd == "regions":
         from gpu_train.cli.regions import regions
 

@@ -149,7 +149,7 @@ def run_local(args: argparse.Namespace) -> int:
         raise ClientError(str(exc)) from None
     # A registered model needs a tracking server: asked for before anything runs or is written.
     mlflow = registry(args.local_tracking_uri, True) if registered else None
-    name = args.local_name or (found.name if isinstance(found, Path) else found.name)
+    name = args.local_name or found.name
     name = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:32] or "model"
     spec = build_spec(args, spec_file=args.local_spec, name=name, team="local",
                       model=f"{name}:1" if isinstance(found, Path) else str(found))

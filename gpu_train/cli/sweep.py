@@ -111,7 +111,7 @@ def load(spec: str | None):
         raise ClientError("\n".join(exc.problems)) from None
 
 
-def run(args: argparse.Namespace, session_of: Any = None) -> int:
+def run(args: argparse.Namespace) -> int:
     cmd = args.sweep_command
     cluster = cmd == "submit" or getattr(args, "cluster", False) or (cmd == "run" and not args.local)
     if cmd in ("run", "submit", "replay") or cluster:
@@ -130,10 +130,11 @@ def run(args: argparse.Namespace, session_of: Any = None) -> int:
     if not args.spec:
         raise ClientError("a sweep on the cluster needs a spec file (the embedded default is for --local)")
     from gpu_train.cli import sweep_cluster
-    from gpu_train.client.cluster import load_contract
+    from gpu_train.client.cluster import connect, load_contract
 
     dry = getattr(args, "dry_run", False)
-    session = None if (dry and args.platform) or (cmd == "status" and args.platform) else session_of(args)
+    offline = (dry and args.platform) or (cmd == "status" and args.platform)
+    session = None if offline else connect(args.kubeconfig, args.context)
     contract = load_contract(session, sweep.template.team, args.platform)
     if cmd == "status":
         sweep_cluster.pull_state(contract, sweep, sweep_dir)
@@ -180,19 +181,13 @@ def _journaled(sweep, directory: Path) -> Path:
 def _check_trials(sweep, source: str, nproc: int) -> None:
     """The template and its extreme trials (each bound, each choice) through `run --local`'s own job checks."""
     from gpu_train.client.local import local_problems
-    from gpu_train.spec.sweep import bound_trials
+    from gpu_train.spec.sweep import bound_trials, trial_job, trial_name
 
     for params in bound_trials(sweep):
-        problems = local_problems(sweep_job(sweep, params), nproc, key="trialTemplate")
+        problems = local_problems(trial_job(sweep, trial_name(sweep, 0), params, {}), nproc, key="trialTemplate")
         if problems:
             where = ", ".join(f"{k}={v}" for k, v in params.items())
             raise ClientError("\n".join(f"{source}: {p} (trial with {where})" for p in problems))
-
-
-def sweep_job(sweep, params):
-    from gpu_train.spec.sweep import trial_job, trial_name
-
-    return trial_job(sweep, trial_name(sweep, 0), params, {})
 
 
 def run_local(sweep, source: str, *, runs: Path, data: str, nproc: int, workdir: Path | None = None) -> int:

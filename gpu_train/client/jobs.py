@@ -32,11 +32,12 @@ from typing import Any
 from gpu_train.client.cluster import Session, call, team_namespace
 from gpu_train.client.errors import ClientError
 from gpu_train.client.status import (
+    JOBSET_GROUP,
+    JOBSET_VERSION,
     KUEUE_GROUP,
     KUEUE_VERSION,
     find_workload,
     get_jobset,
-    jobset_api,
     succeeded,
 )
 from gpu_train.jobs.check import check_job
@@ -133,10 +134,9 @@ def create(session: Session, prepared: Submitted) -> Submitted:
 def create_jobset(session: Session, manifest: Mapping[str, Any], team: str) -> None:
     """Create a rendered JobSet in its namespace; an existing one of the same name is a conflict (exit 1)."""
     ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    group, version = jobset_api()
     try:
-        call(session, session.custom.create_namespaced_custom_object, group, version, ns, "jobsets", dict(manifest),
-             doing="create jobsets", namespace=ns, team=team)
+        call(session, session.custom.create_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets",
+             dict(manifest), doing="create jobsets", namespace=ns, team=team)
     except ClientError as exc:
         if "(409)" in str(exc):
             raise ClientError(f"job {name!r} already exists in {ns}: `gpu-train status {name}` shows it, "
@@ -177,9 +177,8 @@ def patch_active(session: Session, team: str, workload: Mapping[str, Any], activ
 def cancel(session: Session, team: str, name: str) -> None:
     """Delete a job's JobSet (Kueue's Workload goes with it); its checkpoints stay in the bucket."""
     ns = team_namespace(team)
-    group, version = jobset_api()
     try:
-        call(session, session.custom.delete_namespaced_custom_object, group, version, ns, "jobsets", name,
+        call(session, session.custom.delete_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets", name,
              propagation_policy="Background", doing=f"delete job {name!r}", namespace=ns, team=team)
     except ClientError as exc:
         if "(404)" in str(exc):

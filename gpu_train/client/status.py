@@ -29,16 +29,12 @@ from gpu_train.jobs.jobset import COMMIT_ANNOTATION, CONTAINER, HASH_ANNOTATION,
 from gpu_train.spec import naming
 
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+JOBSET_GROUP, JOBSET_VERSION = JOBSET_API.split("/")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 VISIBILITY = "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/{name}/pendingworkloads"
 # Kubernetes sets this label on every pod of an Indexed Job (KEP-3329): the pod's index, here the node rank.
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 TERMINAL = ("Completed", "Failed")
-
-
-def jobset_api() -> tuple[str, str]:
-    group, version = JOBSET_API.split("/")
-    return group, version
 
 
 def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -107,14 +103,18 @@ def no_job(exc: ClientError, name: str) -> bool:
 
 
 def get_jobset(session: Session, ns: str, name: str, team: str) -> Mapping[str, Any]:
-    group, version = jobset_api()
     try:
-        return call(session, session.custom.get_namespaced_custom_object, group, version, ns, "jobsets", name,
-                    doing=f"read job {name!r}", namespace=ns, team=team)
+        return call(session, session.custom.get_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets",
+                    name, doing=f"read job {name!r}", namespace=ns, team=team)
     except ClientError as exc:
         if "(404)" in str(exc):
             raise ClientError(f"no job {name!r} in {ns} (`gpu-train list` shows the team's jobs)") from None
         raise
+
+
+def list_jobsets(session: Session, ns: str, team: str) -> list[Mapping[str, Any]]:
+    return call(session, session.custom.list_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets",
+                doing="list jobsets", namespace=ns, team=team).get("items") or []
 
 
 def workloads(session: Session, ns: str, team: str, selector: str = "") -> list[Mapping[str, Any]]:
@@ -170,9 +170,7 @@ class JobSummary:
 def list_jobs(session: Session, team: str) -> list[JobSummary]:
     """The team's jobs (JobSets)."""
     ns = team_namespace(team)
-    group, version = jobset_api()
-    jobsets = call(session, session.custom.list_namespaced_custom_object, group, version, ns, "jobsets",
-                   doing="list jobsets", namespace=ns, team=team).get("items") or []
+    jobsets = list_jobsets(session, ns, team)
     found = workloads(session, ns, team)
     rows = []
     for js in jobsets:

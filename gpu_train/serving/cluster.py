@@ -38,6 +38,7 @@ from gpu_train.spec import naming
 DECISIONS_KEY = "decisions.json"
 KEEP_DECISIONS = 20
 _PLURALS = {"InferenceService": "inferenceservices"}
+KSERVE_GROUP, KSERVE_VERSION = KSERVE_API.split("/")
 
 
 @dataclass
@@ -60,8 +61,7 @@ class ServingCluster:
         """Create the object, or replace the one of the same name (keeping its resourceVersion)."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         if kind in _PLURALS:
-            group, version = KSERVE_API.split("/")
-            args = (group, version, self.namespace, _PLURALS[kind])
+            args = (KSERVE_GROUP, KSERVE_VERSION, self.namespace, _PLURALS[kind])
             try:
                 current = self.custom.get_namespaced_custom_object(*args, name)
             except ApiException as exc:
@@ -87,17 +87,16 @@ class ServingCluster:
         getattr(api, f"replace_namespaced_{noun}")(name, self.namespace, body)
 
     def delete_version(self, service: str, version: int) -> None:
-        group, api_version = KSERVE_API.split("/")
         try:
-            self.custom.delete_namespaced_custom_object(group, api_version, self.namespace, "inferenceservices",
-                                                        naming.version_name(service, version))
+            self.custom.delete_namespaced_custom_object(KSERVE_GROUP, KSERVE_VERSION, self.namespace,
+                                                        "inferenceservices", naming.version_name(service, version))
         except ApiException as exc:
             if exc.status != 404:
                 raise
 
     def versions(self, service: str) -> list[dict[str, Any]]:
-        group, version = KSERVE_API.split("/")
-        found = self.custom.list_namespaced_custom_object(group, version, self.namespace, "inferenceservices",
+        found = self.custom.list_namespaced_custom_object(KSERVE_GROUP, KSERVE_VERSION, self.namespace,
+                                                          "inferenceservices",
                                                           label_selector=f"{naming.SERVICE_LABEL}={service}")
         return list(found.get("items", []))
 

@@ -97,17 +97,13 @@ class LocalBackend:
                                                 stdin=subprocess.DEVNULL, preexec_fn=detach_launcher)  # noqa: PLW1509
         (run_dir / LAUNCHER_PID).write_text(f"{self.procs[t.id].pid}\n")
 
-    def _signal(self, t: TrialState) -> None:
+    def pause(self, t: TrialState) -> None:
         proc = self.procs.get(t.id)
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
 
-    def pause(self, t: TrialState) -> None:
-        self._signal(t)
-
-    def stop(self, t: TrialState) -> None:
-        self._signal(t)
+    stop = pause  # a trial stopped for good gets the same SIGTERM as a paused one
 
     def ended(self, t: TrialState) -> str | None:
         """None while its launcher runs; "preempted" after a stop signal (exit 75), else what went wrong."""
