@@ -87,10 +87,6 @@ def pue(cloud: str) -> float:
     return float(_meta()["pue"][cloud]["value"])
 
 
-def pue_fact(cloud: str) -> dict:
-    return dict(_meta()["pue"][cloud])
-
-
 def source(source_id: str) -> dict:
     return dict(_meta()["sources"][source_id])
 
