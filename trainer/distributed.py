@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gpu_train.jobs.launch import STORE_SWITCH
+from gpu_train.spec import env as job_env
 from trainer.errors import BadInput, TrainingFailed
 
 log = logging.getLogger("trainer.distributed")
@@ -78,9 +78,6 @@ def free_port() -> int:
 
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ
-
-
-AGENT_PID_ENV = "TRAINER_AGENT_PID"  # set by trainer.torchrun, the launcher's torchrun: the workers' parent
 
 
 def _alive(pid: int) -> bool:
@@ -126,7 +123,7 @@ def bind_to_agent() -> None:
         log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): workers outlive a killed agent", ctypes.get_errno())
         return
     parent = os.getppid()
-    agent = os.environ.get(AGENT_PID_ENV, "")
+    agent = os.environ.get(job_env.AGENT_PID, "")  # set by trainer.torchrun, the launcher's torchrun: our parent
     if agent.isdigit():
         gone = parent != int(agent) and not _alive(int(agent))
     else:
@@ -142,12 +139,12 @@ def check_store_mode() -> None:
     restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
     if restarts.isdigit() and int(restarts) == 0:
         log.warning("%s is not 1 in torchrun's environment: a restart of the worker group (a node joining) "
-                    "would fail in gloo's connectFullMesh; use gpu-train-launch or set it", STORE_SWITCH)
+                    "would fail in gloo's connectFullMesh; use gpu-train-launch or set it", job_env.STORE_SWITCH)
         return
     raise BadInput(
-        f"torchrun runs with --max-restarts={restarts} but without {STORE_SWITCH}=1 in its environment: a "
+        f"torchrun runs with --max-restarts={restarts} but without {job_env.STORE_SWITCH}=1 in its environment: a "
         "restarted worker group would reuse the agent's store and fail; start it through gpu-train-launch "
-        f"(trainer/entrypoint.sh) or export {STORE_SWITCH}=1"
+        f"(trainer/entrypoint.sh) or export {job_env.STORE_SWITCH}=1"
     )
 
 

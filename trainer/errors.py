@@ -37,6 +37,7 @@ import os
 import signal
 from pathlib import Path
 
+from gpu_train.spec import env as job_env
 from gpu_train.spec.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -48,10 +49,6 @@ from gpu_train.spec.errors import (
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_RESUMABLE", "BadInput",
            "TrainingFailed", "one_line", "record_stop", "stop_retries"]
-
-EXIT_FILE_ENV = "TRAINER_EXIT_FILE"
-STOP_FILE_ENV = "TRAINER_STOP_FILE"
-LAUNCHER_PID_ENV = "TRAINER_LAUNCHER_PID"
 
 
 class TrainingFailed(Exception):
@@ -84,8 +81,8 @@ def stop_retries(message: str) -> bool:
     agent is our parent and the launcher is the agent's parent. Only the first worker of a node to get here
     writes the file (O_EXCL) and kills the agent; the others are killed with it.
     """
-    path = os.environ.get(EXIT_FILE_ENV)
-    launcher = os.environ.get(LAUNCHER_PID_ENV)
+    path = os.environ.get(job_env.EXIT_FILE)
+    launcher = os.environ.get(job_env.LAUNCHER_PID)
     if not path or not launcher or not launcher.isdigit():
         return False
     agent = os.getppid()
@@ -107,7 +104,7 @@ def record_stop(step: int, *, saved: bool | None, signal: str) -> None:
     """Tell the launcher (TRAINER_STOP_FILE, which it sets) how this node's workers stopped on a signal: at `step`,
     with its final checkpoint saved (True), not saved (False), or without a new one (None: stopped before training).
     The launcher prints it in its one line; without the launcher (or on a write error) nothing happens."""
-    path = os.environ.get(STOP_FILE_ENV)
+    path = os.environ.get(job_env.STOP_FILE)
     if not path:
         return
     try:

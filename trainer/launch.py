@@ -57,21 +57,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpu_train.jobs.launch import (
-    DATA_WAIT_ENV,
-    DNS_TIMEOUT_ENV,
-    SHUTDOWN_ENV,
-    STORE_SWITCH,
-    nccl_env,
-    run_forwarding,
-)
+from gpu_train.jobs.launch import nccl_env, run_forwarding
+from gpu_train.spec import env as job_env
 from trainer.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
-    EXIT_FILE_ENV,
     EXIT_INTERRUPTED,
-    LAUNCHER_PID_ENV,
-    STOP_FILE_ENV,
     BadInput,
     one_line,
 )
@@ -140,7 +131,7 @@ def _wait_for_manifest(uri: str, endpoint: str | None, wait_s: int) -> None:
                     EXIT_BAD_INPUT,
                 )
             if not told:
-                print(f"{PROG}: waiting up to {wait_s}s ({DATA_WAIT_ENV}) for dataset manifest {where}; upload it "
+                print(f"{PROG}: waiting up to {wait_s}s ({job_env.DATA_WAIT}) for dataset manifest {where}; upload it "
                       f"with: python -m trainer.data prepare ... --out {root}", file=sys.stderr, flush=True)
                 told = True
             time.sleep(min(POLL_S, max(left, 0.1)))
@@ -159,7 +150,7 @@ def preflight(args) -> None:
     targs = trainer_parser().parse_args(args.training_script_args)  # exits 2 itself on a bad option
     lo, hi = parse_min_max_nnodes(args.nnodes)
     local = _local_world_size(args.nproc_per_node)
-    wait_s = _seconds(DATA_WAIT_ENV, "0")
+    wait_s = _seconds(job_env.DATA_WAIT, "0")
     cfg = build_config(targs.preset, targs.config, targs.overrides)
     if cfg.data.uri != "synthetic":
         _wait_for_manifest(cfg.data.uri, cfg.data.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None,
@@ -226,8 +217,9 @@ def run_torchrun(argv: list[str], shutdown_timeout: int | None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-train-launch-") as tmp:
         exit_file, stop_file = Path(tmp) / "bad-input", Path(tmp) / "stopped"
         # NCCL's watchdog settings (trainer/watchdog.py) unless the caller chose others; the JobSet sets the same.
-        env = {**nccl_env(), **os.environ, STORE_SWITCH: "1", EXIT_FILE_ENV: str(exit_file),
-               STOP_FILE_ENV: str(stop_file), LAUNCHER_PID_ENV: str(os.getpid()), SHUTDOWN_ENV: str(shutdown_timeout)}
+        env = {**nccl_env(), **os.environ, job_env.STORE_SWITCH: "1", job_env.EXIT_FILE: str(exit_file),
+               job_env.STOP_FILE: str(stop_file), job_env.LAUNCHER_PID: str(os.getpid()),
+               job_env.SHUTDOWN: str(shutdown_timeout)}
         # trainer.torchrun: the torchrun on PATH, quiet when a stop signal ends it (its module docstring).
         code, stopped = run_forwarding([sys.executable, "-m", "trainer.torchrun", torchrun, *argv], env=env,
                                        preexec_fn=_torchrun_child)
@@ -244,7 +236,7 @@ def run_torchrun(argv: list[str], shutdown_timeout: int | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        dns_timeout = _seconds(DNS_TIMEOUT_ENV, "600")
+        dns_timeout = _seconds(job_env.DNS_TIMEOUT, "600")
         args = _torchrun_args(argv)
         is_trainer = args.module and args.training_script == "trainer"
         asks_help = any(a in ("-h", "--help") for a in args.training_script_args)

@@ -26,7 +26,7 @@ import runpy
 import sys
 from pathlib import Path
 
-AGENT_PID_ENV = "TRAINER_AGENT_PID"
+from gpu_train.spec import env as job_env
 
 
 def _runs_here(script: Path) -> bool:
@@ -48,7 +48,7 @@ def _runs_here(script: Path) -> bool:
 
 def main(argv: list[str]) -> int:
     script, args = Path(argv[0]), argv[1:]
-    os.environ[AGENT_PID_ENV] = str(os.getpid())
+    os.environ[job_env.AGENT_PID] = str(os.getpid())
     if not _runs_here(script):
         os.execv(script, [str(script), *args])
     from torch.distributed.elastic.multiprocessing.api import SignalException

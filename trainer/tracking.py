@@ -76,6 +76,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from gpu_train.spec import env as job_env
+
 _LOG = logging.getLogger(__name__)
 
 # Tag names the loop and the registry share. `mlflow.source.git.commit` is the name the MLflow UI shows as the
@@ -92,7 +94,6 @@ TAG_RESUMES = "trainer.resumes"
 TAG_RUN_KEY = "trainer.run_key"
 # The MLflow UI nests a run under the run this tag names: a sweep's trials under the sweep's run.
 TAG_PARENT_RUN = "mlflow.parentRunId"
-IMAGE_DIGEST_ENV = "TRAINER_IMAGE_DIGEST"
 
 # MLflow's limits (mlflow/utils/validation.py in 3.17): a longer value is rejected with its whole batch.
 MAX_PARAM_VALUE = 6000
@@ -327,7 +328,7 @@ class Tracker:
         artifacts = db.parent / "mlartifacts" if db else None
         if db:
             db.parent.mkdir(parents=True, exist_ok=True)
-        tags = {TAG_IMAGE_DIGEST: os.environ.get(IMAGE_DIGEST_ENV, "").strip(), TAG_GIT_COMMIT: git_commit() or "",
+        tags = {TAG_IMAGE_DIGEST: os.environ.get(job_env.IMAGE_DIGEST, "").strip(), TAG_GIT_COMMIT: git_commit() or "",
                 TAG_PARENT_RUN: parent_run_id.strip(), TAG_RUN_KEY: run_key.strip()}
         tracker._tags = {k: v for k, v in tags.items() if v}
         tracker._carry(carried)

@@ -54,8 +54,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpu_train.jobs.launch import SHUTDOWN_ENV, nccl_env
+from gpu_train.jobs.launch import nccl_env
 from gpu_train.sizing.layout import batch_layout
+from gpu_train.spec import env as job_env
 from gpu_train.spec.trainer_config import Config, to_dict
 from trainer import evaluate as evaluation
 from trainer.budget import BudgetHold, hold_for
@@ -141,7 +142,7 @@ class Trainer(contextlib.AbstractContextManager["Trainer"]):
             # `kill -USR1 <pid>` prints every thread's stack: the first thing to look at in a hung collective.
             faulthandler.register(signal.SIGUSR1, all_threads=True)
             self.cfg = cfg = sized_config(cfg, env)  # train.micro_batch_size=auto made a number
-            budget = os.environ.get(SHUTDOWN_ENV, "")
+            budget = os.environ.get(job_env.SHUTDOWN, "")
             # SIGTERM (torchrun, the kubelet) and SIGINT (Ctrl-C) both stop after a final checkpoint; a second
             # SIGINT stops at once.
             self.preemption = self.exits.enter_context(Preemption(

@@ -58,10 +58,6 @@ RDZV_PORT = 29400
 # preset's sharded state to local NVMe plus the upload of one checkpoint at object-store speeds.
 TERMINATION_GRACE_S = 300
 SHUTDOWN_MARGIN_S = 15
-STORE_SWITCH = job_env.STORE_SWITCH
-DATA_WAIT_ENV = job_env.DATA_WAIT  # seconds the launcher waits for the dataset manifest, then exits 2
-DNS_TIMEOUT_ENV = job_env.DNS_TIMEOUT  # seconds it waits for the rendezvous host's DNS name
-SHUTDOWN_ENV = job_env.SHUTDOWN  # torchrun's shutdown timeout, for the workers' final checkpoint
 PYTHONS = ("python", "python3")  # a command starting with one of these runs in torchrun's own interpreter
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what run_forwarding passes on to its child
 
@@ -83,10 +79,10 @@ def nccl_env() -> dict[str, str]:
 def rendezvous_env(job: JobSpec) -> dict[str, str]:
     """The store switch and the launcher's waits for this job."""
     return {
-        STORE_SWITCH: "1",
-        DATA_WAIT_ENV: str(job.data_wait_minutes * 60),
+        job_env.STORE_SWITCH: "1",
+        job_env.DATA_WAIT: str(job.data_wait_minutes * 60),
         # As long as torchrun's join: pod 0's DNS name appears only once the pod exists.
-        DNS_TIMEOUT_ENV: str(job.rendezvous_timeout_minutes * 60),
+        job_env.DNS_TIMEOUT: str(job.rendezvous_timeout_minutes * 60),
     }
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from gpu_train.spec.env import STORE_SWITCH
 from tests.trainer.launch import ROOT, child_env
-from trainer.distributed import STORE_SWITCH, check_store_mode
+from trainer.distributed import check_store_mode
 from trainer.errors import BadInput
 
 

@@ -10,8 +10,9 @@ import os
 import subprocess
 import sys
 
+from gpu_train.spec import env as job_env
 from tests.trainer.launch import ROOT, child_env
-from trainer.errors import EXIT_FILE_ENV, LAUNCHER_PID_ENV, one_line
+from trainer.errors import one_line
 
 # Stands in for torchrun: starts one "worker" and waits for it; exits 0 if it is not killed first.
 AGENT = """
@@ -32,7 +33,7 @@ def _agent(env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def test_bad_input_kills_the_agent_and_leaves_the_message_for_the_launcher(tmp_path):
     exit_file = tmp_path / "bad-input"
-    proc = _agent({EXIT_FILE_ENV: str(exit_file), LAUNCHER_PID_ENV: str(os.getpid())})  # we are the launcher
+    proc = _agent({job_env.EXIT_FILE: str(exit_file), job_env.LAUNCHER_PID: str(os.getpid())})  # we are the launcher
     assert proc.returncode == -9  # the agent was SIGKILLed before it could see its worker fail
     assert exit_file.read_text() == "data.uri: dataset manifest missing\n"
 
@@ -42,14 +43,14 @@ def test_a_second_worker_leaves_the_message_to_the_launcher_and_prints_nothing(t
     launcher prints it, so the message stays one line."""
     exit_file = tmp_path / "bad-input"
     exit_file.write_text("data.uri: the first worker's message\n")
-    proc = _agent({EXIT_FILE_ENV: str(exit_file), LAUNCHER_PID_ENV: str(os.getpid())})
+    proc = _agent({job_env.EXIT_FILE: str(exit_file), job_env.LAUNCHER_PID: str(os.getpid())})
     assert proc.returncode == 0 and proc.stdout.strip() == "True"
     assert exit_file.read_text() == "data.uri: the first worker's message\n"
 
 
 def test_without_the_launcher_nothing_is_killed(tmp_path):
     exit_file = tmp_path / "bad-input"
-    not_ours = _agent({EXIT_FILE_ENV: str(exit_file), LAUNCHER_PID_ENV: "1"})  # the agent's parent is not pid 1
+    not_ours = _agent({job_env.EXIT_FILE: str(exit_file), job_env.LAUNCHER_PID: "1"})  # the agent's parent is not pid 1
     assert not_ours.returncode == 0 and not_ours.stdout.strip() == "False"
     plain = _agent({})
     assert plain.returncode == 0 and plain.stdout.strip() == "False"

@@ -58,7 +58,7 @@ def test_a_local_launch_has_one_precedence_tuning_then_the_callers_environment_t
     caller = {"PATH": "/usr/bin", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "GPU_TRAIN_RUN_DIR": "/elsewhere", "HOME": "/h"}
     _, env = launch.local(JOB, site, 1, environ=caller)
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"  # the caller retunes the launcher
-    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and env[launch.STORE_SWITCH] == "1"  # else its tuning
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and env[job_env.STORE_SWITCH] == "1"  # else its tuning
     assert env["GPU_TRAIN_RUN_DIR"] == site.run_dir  # the job's places win
     assert env["HOME"] == "/h"
     assert env["PATH"] == f"{Path(sys.executable).parent}{os.pathsep}/usr/bin"
@@ -75,7 +75,7 @@ FULL = launch.Site(run_dir="/mnt/nvme/runs/llm", dataset_uri="http://cache/ds/ll
 
 def test_the_environment_is_the_store_switch_the_waits_and_nccls_watchdog():
     env = launch.launch_env(JOB, SITE)
-    assert env[launch.STORE_SWITCH] == "1"
+    assert env[job_env.STORE_SWITCH] == "1"
     assert (env["TRAINER_DATA_WAIT_S"], env["RDZV_DNS_TIMEOUT"]) == ("180", "2400")
     # torch 2.13's names (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp): tear down without a communicator
     # abort, keep and dump the flight recorder, keep the heartbeat monitor.
