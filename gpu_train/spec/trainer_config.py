@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 
 import yaml
 
+from gpu_train.spec import env as job_env
 from gpu_train.spec import yamlfile
 from gpu_train.spec.errors import ConfigError
 from gpu_train.spec.values import NonFiniteError, ValueTextError, as_uri, parse_bool, parse_float, parse_int
@@ -357,11 +358,11 @@ def build_config(
     cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, remote_uri=as_uri(cfg.checkpoint.remote_uri)))
     if cfg.train.budget_uri:
         cfg = replace(cfg, train=replace(cfg.train, budget_uri=as_uri(cfg.train.budget_uri)))
-    if not cfg.metrics.port and os.environ.get("TRAINER_METRICS_PORT"):
+    if not cfg.metrics.port and os.environ.get(job_env.METRICS_PORT):
         try:
-            cfg = _apply(cfg, "metrics.port", os.environ["TRAINER_METRICS_PORT"])
+            cfg = _apply(cfg, "metrics.port", os.environ[job_env.METRICS_PORT])
         except ConfigError as exc:
-            raise ConfigError(f"env TRAINER_METRICS_PORT: {exc}") from None
+            raise ConfigError(f"env {job_env.METRICS_PORT}: {exc}") from None
     validate(cfg)
     return cfg
 
