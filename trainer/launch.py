@@ -145,7 +145,7 @@ def preflight(args) -> None:
 
     from gpu_train.spec.trainer_config import build_config
     from trainer.__main__ import parser as trainer_parser
-    from trainer.preflight import check_inputs
+    from trainer.preflight import check_inputs, data_endpoint
 
     targs = trainer_parser().parse_args(args.training_script_args)  # exits 2 itself on a bad option
     lo, hi = parse_min_max_nnodes(args.nnodes)
@@ -153,8 +153,7 @@ def preflight(args) -> None:
     wait_s = _seconds(job_env.DATA_WAIT, "0")
     cfg = build_config(targs.preset, targs.config, targs.overrides)
     if cfg.data.uri != "synthetic":
-        _wait_for_manifest(cfg.data.uri, cfg.data.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None,
-                           wait_s)
+        _wait_for_manifest(cfg.data.uri, data_endpoint(cfg), wait_s)
     ds = check_inputs(cfg, targs.run_dir, world_sizes=range(lo * local, hi * local + 1, local),
                       local_world_size=local)
     ds.close()

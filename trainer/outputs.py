@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from trainer.errors import BadInput, one_line
 from trainer.evaluate import EvalState
 from trainer.metrics import plot_loss
 from trainer.model import GPT
+from trainer.preflight import data_endpoint
 
 log = logging.getLogger("trainer")
 
@@ -67,7 +67,7 @@ def dataset_tokenizer(cfg: Config) -> Any:
     from trainer.export import dataset_tokenizer as read
 
     try:
-        return read(cfg.data.uri, cfg.data.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None)
+        return read(cfg.data.uri, data_endpoint(cfg))
     except DataError as exc:
         raise BadInput(f"data.uri: the dataset's tokenizer: {exc}") from exc
 

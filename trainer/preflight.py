@@ -38,6 +38,12 @@ def cache_dir_of(cfg: Config) -> Path:
     return Path(cfg.data.cache_dir) if cfg.data.cache_dir else default_cache_dir()
 
 
+def data_endpoint(cfg: Config) -> str | None:
+    """The dataset's S3-compatible endpoint: data.endpoint_url, else env TRAINER_S3_ENDPOINT_URL; None: the store's
+    own."""
+    return cfg.data.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None
+
+
 def dataset_options(cfg: Config) -> dict[str, Any]:
     """open_dataset's arguments for the data.* settings (the same for both splits)."""
     d = cfg.data
@@ -47,7 +53,7 @@ def dataset_options(cfg: Config) -> dict[str, Any]:
         "cache_max_bytes": d.cache_max_bytes or None,
         "cache_disk_fraction": d.cache_disk_fraction,
         "prefetch_shards": d.prefetch_shards,
-        "endpoint_url": d.endpoint_url or os.environ.get("TRAINER_S3_ENDPOINT_URL") or None,
+        "endpoint_url": data_endpoint(cfg),
         # "auto" leaves env TRAINER_S3_AUTH its say (gpu_train/storage.py); the other two force a mode.
         "endpoint_auth": None if d.endpoint_auth == "auto" else d.endpoint_auth,
         "packing": d.packing,
