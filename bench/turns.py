@@ -138,7 +138,8 @@ def pair(preset: str, overrides: list[str], steps: int, *, core: int | None = No
             raise RuntimeError(f"turns failed (ours {codes[0]}, bare {codes[1]}"
                                f"{'' if ended else f', both ended after {timeout:.0f} s'}):\n"
                                f"{(d / 'ours.log').read_text()[-3000:]}\n{(d / 'bare.log').read_text()[-2000:]}")
-        return [[float(x) for x in (d / f).read_text().split()] for f in ("ours.txt", "bare.txt")]
+        ours, bare = ([float(x) for x in (d / f).read_text().split()] for f in ("ours.txt", "bare.txt"))
+        return ours, bare
 
 
 if __name__ == "__main__":
